@@ -1,0 +1,23 @@
+//! Compiles `proto/` into Rust with a vendored `protoc`, so a fresh machine
+//! needs no system protobuf compiler, and writes the descriptor set that
+//! server reflection serves.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    let well_known = protoc_bin_vendored::include_path()?;
+    // SAFETY: build scripts are single-threaded; nothing else reads the
+    // environment while we set it.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("ratelimitd_descriptor.bin"))
+        .compile_protos(
+            &[PathBuf::from("proto/ratelimitd/v1/ratelimit.proto")],
+            &[PathBuf::from("proto"), well_known],
+        )?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated request to
+//! the limiter, decision back to protobuf. Nothing else happens here.
+
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+use tracing::debug;
+
+use crate::error::Error;
+use crate::limit::{
+    self, Algorithm, CallerKey, Decision, FixedWindow, InvalidArgument, LimitRequest, Micros,
+    RetryAfter, SlidingWindow, TokenBucket,
+};
+use crate::limiter::Limiter;
+use crate::pb::ratelimitd::v1 as pb;
+use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
+
+/// The service, over one limiter.
+#[derive(Clone)]
+pub struct CheckService {
+    limiter: Limiter,
+}
+
+impl CheckService {
+    pub fn new(limiter: Limiter) -> Self {
+        Self { limiter }
+    }
+
+    pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
+        pb::rate_limiter_server::RateLimiterServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::rate_limiter_server::RateLimiter for CheckService {
+    async fn check_limit(
+        &self,
+        request: Request<pb::CheckLimitRequest>,
+    ) -> Result<Response<pb::CheckLimitResponse>, Status> {
+        let request = limit_request(request.into_inner()).map_err(Error::from)?;
+        let decision = self.limiter.check(&request).await.map_err(Error::from)?;
+        debug!(
+            algorithm = request.algorithm.name(),
+            allowed = decision.allowed,
+            remaining = decision.remaining,
+            "decided"
+        );
+        Ok(Response::new(response(&decision)))
+    }
+}
+
+/// Validates a request once, into the types the core trusts.
+pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, InvalidArgument> {
+    let key = CallerKey::new(request.key)?;
+    let algorithm = match request.algorithm {
+        None => {
+            return Err(InvalidArgument::new(
+                "algorithm",
+                "is required: set one of fixed_window, sliding_window, token_bucket",
+            ));
+        }
+        Some(PbAlgorithm::FixedWindow(p)) => {
+            let window = duration("window", p.window);
+            window
+                .and_then(|window| FixedWindow::new(p.limit, window))
+                .map(Algorithm::FixedWindow)
+                .map_err(|err| err.within("fixed_window"))?
+        }
+        Some(PbAlgorithm::SlidingWindow(p)) => {
+            let window = duration("window", p.window);
+            window
+                .and_then(|window| SlidingWindow::new(p.limit, window))
+                .map(Algorithm::SlidingWindow)
+                .map_err(|err| err.within("sliding_window"))?
+        }
+        Some(PbAlgorithm::TokenBucket(p)) => TokenBucket::new(p.capacity, p.refill_per_second)
+            .map(Algorithm::TokenBucket)
+            .map_err(|err| err.within("token_bucket"))?,
+    };
+    let cost = limit::cost(request.cost)?;
+    Ok(LimitRequest {
+        key,
+        algorithm,
+        cost,
+    })
+}
+
+/// A protobuf duration that must be present and not negative.
+fn duration(
+    field: &str,
+    value: Option<prost_types::Duration>,
+) -> Result<Duration, InvalidArgument> {
+    let value = value.ok_or_else(|| InvalidArgument::new(field, "is required"))?;
+    if value.seconds < 0 || value.nanos < 0 {
+        return Err(InvalidArgument::new(field, "must be positive (got a negative duration)"));
+    }
+    if value.nanos > 999_999_999 {
+        return Err(InvalidArgument::new(
+            field,
+            "nanos must be at most 999999999",
+        ));
+    }
+    Ok(Duration::new(value.seconds as u64, value.nanos as u32))
+}
+
+/// The protobuf form of a decision.
+pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
+    let (retry_after, cost_exceeds_limit) = match decision.retry_after {
+        RetryAfter::After(micros) => (Some(proto_duration(micros)), false),
+        RetryAfter::Never => (None, true),
+    };
+    pb::CheckLimitResponse {
+        allowed: decision.allowed,
+        limit: decision.limit,
+        remaining: decision.remaining,
+        reset_after: Some(proto_duration(decision.reset_after)),
+        retry_after,
+        cost_exceeds_limit,
+    }
+}
+
+fn proto_duration(micros: Micros) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (micros / 1_000_000) as i64,
+        nanos: ((micros % 1_000_000) * 1000) as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(algorithm: PbAlgorithm) -> pb::CheckLimitRequest {
+        pb::CheckLimitRequest {
+            key: "k".into(),
+            algorithm: Some(algorithm),
+            cost: None,
+        }
+    }
+
+    fn fixed(limit: u64, window: Option<prost_types::Duration>) -> PbAlgorithm {
+        PbAlgorithm::FixedWindow(pb::FixedWindow { limit, window })
+    }
+
+    fn secs(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
+        Some(prost_types::Duration { seconds, nanos })
+    }
+
+    #[test]
+    fn each_bad_field_is_named_in_the_error() {
+        let cases = [
+            (request(fixed(0, secs(1, 0))), "fixed_window.limit"),
+            (request(fixed(1, None)), "fixed_window.window"),
+            (request(fixed(1, secs(0, 0))), "fixed_window.window"),
+            (request(fixed(1, secs(-1, 0))), "fixed_window.window"),
+            (request(fixed(1, secs(0, -5))), "fixed_window.window"),
+            (request(fixed(1, secs(0, 1_000_000_000))), "fixed_window.window"),
+            (
+                request(PbAlgorithm::TokenBucket(pb::TokenBucket {
+                    capacity: 1,
+                    refill_per_second: f64::NAN,
+                })),
+                "token_bucket.refill_per_second",
+            ),
+            (
+                pb::CheckLimitRequest {
+                    cost: Some(limit::MAX_QUANTITY + 1),
+                    ..request(fixed(1, secs(1, 0)))
+                },
+                "cost",
+            ),
+            (
+                pb::CheckLimitRequest {
+                    algorithm: None,
+                    ..request(fixed(1, secs(1, 0)))
+                },
+                "algorithm",
+            ),
+        ];
+        for (request, field) in cases {
+            let err = limit_request(request.clone()).unwrap_err();
+            assert_eq!(err.field, field, "{request:?}");
+        }
+    }
+
+    #[test]
+    fn unset_cost_is_one_and_zero_cost_is_kept() {
+        let one = limit_request(request(fixed(1, secs(1, 0)))).unwrap();
+        assert_eq!(one.cost, 1);
+        let zero = pb::CheckLimitRequest {
+            cost: Some(0),
+            ..request(fixed(1, secs(1, 0)))
+        };
+        assert_eq!(limit_request(zero).unwrap().cost, 0);
+    }
+
+    #[test]
+    fn never_is_an_unset_retry_after_and_a_flag() {
+        let response = response(&Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 1,
+            reset_after: 1_500_000,
+            retry_after: RetryAfter::Never,
+        });
+        assert!(response.cost_exceeds_limit);
+        assert_eq!(response.retry_after, None);
+        assert_eq!(response.reset_after, secs(1, 500_000_000));
+    }
+}

@@ -1,0 +1,148 @@
+//! The command line, with a `RATELIMITD_*` environment fallback for every
+//! flag, parsed into one checked [`Config`].
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::limiter::DEFAULT_KEY_PREFIX;
+use crate::store::RedisSettings;
+use crate::telemetry::LogFormat;
+
+/// ratelimitd: answers "may this key spend this much now?" over gRPC.
+///
+/// Without --redis-url, state lives in this process (the embedded store) and
+/// is not shared with other instances.
+#[derive(Clone, Parser)]
+#[command(version, about)]
+pub struct Config {
+    /// Address to serve gRPC on.
+    #[arg(long, env = "RATELIMITD_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Redis to keep counters in, e.g. redis://127.0.0.1:6379/0 (user and
+    /// password go in the URL). Unset: the embedded in-memory store.
+    #[arg(long, env = "RATELIMITD_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Prefix of every storage key, to share one Redis between services.
+    #[arg(long, env = "RATELIMITD_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
+    pub key_prefix: String,
+
+    /// Most Redis connections held open at once.
+    #[arg(long, env = "RATELIMITD_REDIS_POOL_SIZE", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub redis_pool_size: u16,
+
+    /// Longest wait to open a Redis connection.
+    #[arg(long, env = "RATELIMITD_REDIS_CONNECT_TIMEOUT", default_value = "1s",
+          value_parser = positive_duration)]
+    pub redis_connect_timeout: Duration,
+
+    /// Longest one decision may wait on Redis (pool, command and reply)
+    /// before the call fails with UNAVAILABLE.
+    #[arg(long, env = "RATELIMITD_REDIS_COMMAND_TIMEOUT", default_value = "100ms",
+          value_parser = positive_duration)]
+    pub redis_command_timeout: Duration,
+
+    /// How often health checks that the store answers.
+    #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub health_interval: Duration,
+
+    /// How often the embedded store evicts expired keys.
+    #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
+          value_parser = positive_duration)]
+    pub memory_sweep_interval: Duration,
+
+    /// Log line format (filter with RUST_LOG, default info).
+    #[arg(long, env = "RATELIMITD_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// The Redis settings, when a Redis URL is configured.
+    pub fn redis(&self) -> Option<RedisSettings> {
+        self.redis_url.as_ref().map(|url| RedisSettings {
+            url: url.clone(),
+            pool_size: usize::from(self.redis_pool_size),
+            connect_timeout: self.redis_connect_timeout,
+            command_timeout: self.redis_command_timeout,
+        })
+    }
+}
+
+/// Debug output goes to logs: the Redis password never does.
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("redis_url", &self.redis_url.as_deref().map(redacted_url))
+            .field("key_prefix", &self.key_prefix)
+            .field("redis_pool_size", &self.redis_pool_size)
+            .field("redis_connect_timeout", &self.redis_connect_timeout)
+            .field("redis_command_timeout", &self.redis_command_timeout)
+            .field("health_interval", &self.health_interval)
+            .field("memory_sweep_interval", &self.memory_sweep_interval)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+/// `url` with any password replaced by `***`.
+pub fn redacted_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end..]
+        .find('/')
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+        return url.to_owned();
+    };
+    let user_info = &url[scheme_end..at];
+    let user = user_info.split(':').next().unwrap_or_default();
+    if user_info.contains(':') {
+        format!("{}{user}:***{}", &url[..scheme_end], &url[at..])
+    } else {
+        // `redis://password@host` is accepted by redis-rs too: hide it all.
+        format!("{}***{}", &url[..scheme_end], &url[at..])
+    }
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    if duration.is_zero() {
+        return Err("must be more than zero".into());
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(
+            redacted_url("redis://app:s3cret@127.0.0.1:6379/0"),
+            "redis://app:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redacted_url("redis://:s3cret@h/0"), "redis://:***@h/0");
+        assert_eq!(redacted_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        let config = Config::parse_from(["ratelimitd", "--redis-url", "redis://u:pw@h:1/0"]);
+        assert!(!format!("{config:?}").contains("pw"));
+    }
+
+    #[test]
+    fn defaults_are_sensible_and_zero_timeouts_are_refused() {
+        let config = Config::parse_from(["ratelimitd"]);
+        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(config.key_prefix, "ratelimitd:");
+        assert!(config.redis().is_none());
+        assert!(Config::try_parse_from(["ratelimitd", "--redis-command-timeout", "0s"]).is_err());
+        assert!(Config::try_parse_from(["ratelimitd", "--redis-pool-size", "0"]).is_err());
+    }
+}

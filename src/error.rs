@@ -1,0 +1,48 @@
+//! What can go wrong while deciding, and the one place it becomes a gRPC
+//! status. Being over the limit is not here: that is a decision.
+
+use std::time::Duration;
+
+use crate::limit::InvalidArgument;
+
+/// A failure of the store, classified where it entered.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer within the command timeout.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The store cannot be reached now (connection refused or lost, loading,
+    /// failing over); a later call may succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something we do not understand: a bug or a
+    /// misconfigured store, not a passing fault.
+    #[error("store replied unexpectedly: {0}")]
+    Reply(String),
+    /// The store's settings cannot work (e.g. a malformed URL).
+    #[error("store misconfigured: {0}")]
+    Config(String),
+}
+
+/// Why a request got no decision.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    InvalidArgument(#[from] InvalidArgument),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> Self {
+        match err {
+            Error::InvalidArgument(err) => tonic::Status::invalid_argument(err.to_string()),
+            Error::Store(err @ (StoreError::Timeout(_) | StoreError::Unavailable(_))) => {
+                tonic::Status::unavailable(err.to_string())
+            }
+            Error::Store(err @ (StoreError::Reply(_) | StoreError::Config(_))) => {
+                tonic::Status::internal(err.to_string())
+            }
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Keeps `grpc.health.v1.Health` truthful: SERVING only while the store
+//! answers, checked every interval, so load balancers and Kubernetes take an
+//! instance whose Redis is gone out of rotation and back in when it returns.
+
+use std::time::Duration;
+
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tracing::{info, warn};
+
+use crate::store::Store;
+
+/// The health service names we report: the whole server (`""`) and our API.
+pub const SERVICE_NAMES: [&str; 2] = ["", "ratelimitd.v1.RateLimiter"];
+
+/// Sets every name in [`SERVICE_NAMES`] to `status`.
+pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
+    for name in SERVICE_NAMES {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// Does the store answer now?
+async fn probe(store: &Store) -> Result<(), String> {
+    match store {
+        Store::Redis(redis) => redis.ping().await.map_err(|err| err.to_string()),
+        // In this process: it answers while we do.
+        Store::Memory(_) => Ok(()),
+    }
+}
+
+/// Probes `store` every `interval` for ever, reporting each change of
+/// state. Runs as a task; the server aborts it at shutdown.
+pub async fn watch(store: Store, reporter: HealthReporter, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut serving: Option<bool> = None;
+    loop {
+        tick.tick().await;
+        let result = probe(&store).await;
+        let now_serving = result.is_ok();
+        if serving == Some(now_serving) {
+            continue;
+        }
+        match result {
+            Ok(()) => {
+                info!(store = store.kind(), "store answers: health SERVING");
+                report(&reporter, ServingStatus::Serving).await;
+            }
+            Err(reason) => {
+                warn!(store = store.kind(), %reason, "store does not answer: health NOT_SERVING");
+                report(&reporter, ServingStatus::NotServing).await;
+            }
+        }
+        serving = Some(now_serving);
+    }
+}

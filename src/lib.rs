@@ -1,0 +1,32 @@
+//! ratelimitd: a rate-limit decision service.
+//!
+//! Application servers and proxies ask over gRPC "may this key spend this much
+//! now?" and get allow or deny, with the limit, what remains and when to retry.
+//! A request flows top to bottom through these modules:
+//!
+//! - [`server`] builds the tonic router (our API, health, reflection) and runs
+//!   it until a shutdown signal; [`health`] keeps the health status truthful.
+//! - [`api`] turns protobuf requests into validated [`limit`] types and
+//!   decisions back into protobuf; it is the only layer that knows tonic
+//!   besides [`server`] and [`pb`].
+//! - [`limiter`] names the storage key and hands the request to its
+//!   [`algorithm`] on the configured store.
+//! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
+//!   in-memory twin with the same semantics.
+//! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
+//!   an embedded map with expiry.
+//!
+//! [`config`] (command line and environment) and [`error`] are leaves that
+//! every layer may use.
+
+pub mod algorithm;
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod limit;
+pub mod limiter;
+pub mod pb;
+pub mod server;
+pub mod store;
+pub mod telemetry;

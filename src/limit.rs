@@ -1,0 +1,331 @@
+//! The validated model of a rate-limit question and its answer, free of
+//! protobuf and of any store.
+//!
+//! Every constructor here checks its rule once; code past the API layer holds
+//! only values that passed (a window is whole milliseconds within bounds, a
+//! limit is non-zero, a rate is finite and positive), so the algorithms never
+//! re-check. A rule that fails is an [`InvalidArgument`] naming the field.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Time inside the decision core: microseconds. Redis `TIME` gives
+/// microseconds, and 2^53 µs (the exact range of a Lua number) is 285 years,
+/// so the same arithmetic runs in Lua and in Rust without rounding.
+pub type Micros = u64;
+
+/// Longest caller key, in bytes. Keys longer than this are almost always a
+/// bug in the caller (a whole header or body used as a key), and each key is
+/// stored in Redis at this length.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Largest limit, capacity or cost: 10^15 keeps every count exact in a Lua
+/// number (a double, exact to 2^53 ≈ 9·10^15) even after adding a cost.
+pub const MAX_QUANTITY: u64 = 1_000_000_000_000_000;
+
+/// Largest sliding-window limit: the log holds one sorted-set entry per unit
+/// spent, so memory and the work of one decision grow with the limit.
+pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
+
+/// Longest window, and longest time a token bucket may take to refill: one
+/// leap year, so that no key lives longer than that.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+/// A request that breaks a rule, before anything is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidArgument {
+    /// The field's path in the request, e.g. `fixed_window.window`.
+    pub field: String,
+    /// The rule it breaks, e.g. `must be at least 1 ms`.
+    pub rule: String,
+}
+
+impl InvalidArgument {
+    pub fn new(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// The same error for a field nested one level deeper, e.g. `limit`
+    /// inside `fixed_window`.
+    pub fn within(self, parent: &str) -> Self {
+        Self {
+            field: format!("{parent}.{}", self.field),
+            rule: self.rule,
+        }
+    }
+}
+
+impl fmt::Display for InvalidArgument {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for InvalidArgument {}
+
+/// The caller's key: non-empty, at most [`MAX_KEY_BYTES`]. Any characters are
+/// allowed; they travel to Redis as a key argument, never as script text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallerKey(String);
+
+impl CallerKey {
+    pub fn new(key: String) -> Result<Self, InvalidArgument> {
+        if key.is_empty() {
+            return Err(InvalidArgument::new("key", "must not be empty"));
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(InvalidArgument::new(
+                "key",
+                format!(
+                    "must be at most {MAX_KEY_BYTES} bytes (got {})",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(Self(key))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A window length: whole milliseconds, from 1 ms to [`MAX_WINDOW`].
+/// Whole milliseconds because Redis expiry (`PEXPIRE`) counts in them; a
+/// sub-millisecond part would be silently rounded, so it is refused instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window(Duration);
+
+impl Window {
+    pub fn new(window: Duration) -> Result<Self, InvalidArgument> {
+        if window.is_zero() {
+            return Err(InvalidArgument::new("window", "must be positive"));
+        }
+        if window > MAX_WINDOW {
+            return Err(InvalidArgument::new(
+                "window",
+                format!("must be at most {} (366 days)", humantime::format_duration(MAX_WINDOW)),
+            ));
+        }
+        if window.subsec_nanos() % 1_000_000 != 0 {
+            return Err(InvalidArgument::new(
+                "window",
+                "must be a whole number of milliseconds",
+            ));
+        }
+        Ok(Self(window))
+    }
+
+    pub fn as_millis(self) -> u64 {
+        // At most 366 days, so this fits easily.
+        self.0.as_millis() as u64
+    }
+
+    pub fn as_micros(self) -> Micros {
+        self.0.as_micros() as Micros
+    }
+}
+
+/// A limit or capacity: 1 to `max`.
+fn quantity(field: &str, value: u64, max: u64) -> Result<u64, InvalidArgument> {
+    if value == 0 {
+        return Err(InvalidArgument::new(field, "must be at least 1"));
+    }
+    if value > max {
+        return Err(InvalidArgument::new(
+            field,
+            format!("must be at most {max} (got {value})"),
+        ));
+    }
+    Ok(value)
+}
+
+/// At most `limit` units per window; the window starts at the key's first
+/// spending request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    pub limit: u64,
+    pub window: Window,
+}
+
+impl FixedWindow {
+    pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            limit: quantity("limit", limit, MAX_QUANTITY)?,
+            window: Window::new(window)?,
+        })
+    }
+}
+
+/// At most `limit` units within any span of `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub limit: u64,
+    pub window: Window,
+}
+
+impl SlidingWindow {
+    pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            limit: quantity("limit", limit, MAX_SLIDING_WINDOW_LIMIT)?,
+            window: Window::new(window)?,
+        })
+    }
+}
+
+/// A bucket of `capacity` tokens, starting full, refilled continuously.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    pub capacity: u64,
+    pub refill_per_second: f64,
+}
+
+impl TokenBucket {
+    pub fn new(capacity: u64, refill_per_second: f64) -> Result<Self, InvalidArgument> {
+        let capacity = quantity("capacity", capacity, MAX_QUANTITY)?;
+        if !refill_per_second.is_finite() {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                "must be a finite number",
+            ));
+        }
+        if refill_per_second <= 0.0 {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                format!("must be positive (got {refill_per_second})"),
+            ));
+        }
+        // The key lives until the bucket is full again; bound that like a window.
+        let seconds_to_fill = capacity as f64 / refill_per_second;
+        if seconds_to_fill > MAX_WINDOW.as_secs_f64() {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                format!(
+                    "is too slow: refilling {capacity} tokens would take {seconds_to_fill:.0} s, \
+                     more than the maximum of 366 days"
+                ),
+            ));
+        }
+        Ok(Self {
+            capacity,
+            refill_per_second,
+        })
+    }
+}
+
+/// The algorithm and its parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Algorithm {
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+    TokenBucket(TokenBucket),
+}
+
+impl Algorithm {
+    /// The limit or capacity in force.
+    pub fn limit(&self) -> u64 {
+        match self {
+            Self::FixedWindow(p) => p.limit,
+            Self::SlidingWindow(p) => p.limit,
+            Self::TokenBucket(p) => p.capacity,
+        }
+    }
+
+    /// A short stable name, for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::FixedWindow(_) => "fixed_window",
+            Self::SlidingWindow(_) => "sliding_window",
+            Self::TokenBucket(_) => "token_bucket",
+        }
+    }
+}
+
+/// Units a request spends: 0 (look only) to [`MAX_QUANTITY`].
+pub fn cost(cost: Option<u64>) -> Result<u64, InvalidArgument> {
+    let cost = cost.unwrap_or(1);
+    if cost > MAX_QUANTITY {
+        return Err(InvalidArgument::new(
+            "cost",
+            format!("must be at most {MAX_QUANTITY} (got {cost})"),
+        ));
+    }
+    Ok(cost)
+}
+
+/// One validated question: may `key` spend `cost` under `algorithm` now?
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitRequest {
+    pub key: CallerKey,
+    pub algorithm: Algorithm,
+    pub cost: u64,
+}
+
+/// When a denied request could be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// After this long (zero when allowed).
+    After(Micros),
+    /// Never: the cost exceeds the limit or capacity itself.
+    Never,
+}
+
+/// The answer. Being over the limit is a decision, not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// The limit or capacity in force.
+    pub limit: u64,
+    /// Units left after this decision.
+    pub remaining: u64,
+    /// Until the key is back to its full quota.
+    pub reset_after: Micros,
+    pub retry_after: RetryAfter,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_must_be_whole_positive_milliseconds_within_a_year() {
+        assert!(Window::new(Duration::from_millis(1)).is_ok());
+        assert!(Window::new(MAX_WINDOW).is_ok());
+        assert_eq!(
+            Window::new(Duration::ZERO).unwrap_err().rule,
+            "must be positive"
+        );
+        assert!(Window::new(Duration::from_micros(1500)).is_err());
+        assert!(Window::new(MAX_WINDOW + Duration::from_millis(1)).is_err());
+    }
+
+    #[test]
+    fn token_bucket_refuses_rates_that_are_not_positive_finite_numbers() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let err = TokenBucket::new(10, rate).unwrap_err();
+            assert_eq!(err.field, "refill_per_second", "rate {rate}");
+        }
+        assert!(TokenBucket::new(10, 0.5).is_ok());
+        // 10 tokens at 1e-9/s would take centuries to refill.
+        assert!(TokenBucket::new(10, 1e-9).is_err());
+    }
+
+    #[test]
+    fn keys_are_bounded_but_take_any_text() {
+        assert!(CallerKey::new(String::new()).is_err());
+        assert!(CallerKey::new("x".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(CallerKey::new("x".repeat(MAX_KEY_BYTES + 1)).is_err());
+        assert!(CallerKey::new("}{\n\0'\"; redis.call('FLUSHALL')".into()).is_ok());
+    }
+
+    #[test]
+    fn nested_errors_name_the_full_field_path() {
+        let err = FixedWindow::new(0, Duration::from_secs(1))
+            .unwrap_err()
+            .within("fixed_window");
+        assert_eq!(err.to_string(), "fixed_window.limit: must be at least 1");
+    }
+}

@@ -1,0 +1,59 @@
+//! The `ratelimitd` binary: parse the command line, start logging, bind the
+//! listener, serve until SIGTERM or Ctrl-C.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ratelimitd::config::Config;
+use ratelimitd::{server, telemetry};
+use tokio::net::TcpListener;
+use tracing::{error, info};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    telemetry::init(config.log_format);
+    info!(?config, "starting ratelimitd {}", env!("CARGO_PKG_VERSION"));
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            error!(listen = %config.listen, %err, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    match server::run(config, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            error!(%err, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM (how orchestrators stop us) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            error!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                error!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("Ctrl-C received"),
+        () = terminate => info!("SIGTERM received"),
+    }
+}

@@ -1,0 +1,93 @@
+//! Builds the store and the tonic router (our API, health, reflection) from
+//! a [`Config`], and serves on a bound listener until `shutdown` resolves.
+//! Taking the listener and the shutdown future from the caller lets tests
+//! start a server on port 0 and stop it at will.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tracing::{info, warn};
+
+use crate::api::check::CheckService;
+use crate::config::{Config, redacted_url};
+use crate::error::StoreError;
+use crate::health;
+use crate::limiter::Limiter;
+use crate::store::{MemoryStore, MonotonicClock, RedisStore, Store};
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The store the configuration names. Must run inside a tokio runtime (the
+/// embedded store starts its eviction task).
+pub fn build_store(config: &Config) -> Result<Store, StoreError> {
+    match config.redis() {
+        Some(settings) => {
+            info!(url = %redacted_url(&settings.url), "using Redis");
+            Ok(Store::Redis(RedisStore::new(&settings)?))
+        }
+        None => {
+            warn!(
+                "no --redis-url: using the embedded in-memory store; limits are NOT shared \
+                 between ratelimitd instances and are lost on restart"
+            );
+            let memory = MemoryStore::new(Arc::new(MonotonicClock::default()));
+            memory.spawn_sweeper(config.memory_sweep_interval);
+            Ok(Store::Memory(memory))
+        }
+    }
+}
+
+/// Serves on `listener` until `shutdown` resolves; then health turns
+/// NOT_SERVING, no new calls are accepted, and calls in flight finish before
+/// this returns.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let store = build_store(&config)?;
+    let limiter = Limiter::new(store.clone(), config.key_prefix.clone());
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    health::report(&reporter, ServingStatus::NotServing).await;
+    let health_task = tokio::spawn(health::watch(
+        store,
+        reporter.clone(),
+        config.health_interval,
+    ));
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let address = listener.local_addr().ok();
+    info!(?address, "serving gRPC");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let stop = async move {
+        shutdown.await;
+        info!("shutting down: health NOT_SERVING, finishing calls in flight");
+        health_task.abort();
+        health::report(&reporter, ServingStatus::NotServing).await;
+    };
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(CheckService::new(limiter).into_server())
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await?;
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The Redis store: runs one algorithm's Lua script per decision through a
+//! deadpool pool of multiplexed connections, bounded by a command timeout,
+//! and classifies what goes wrong where it enters.
+//!
+//! Scripts are called by SHA (`EVALSHA`); redis-rs answers a `NOSCRIPT` (after
+//! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
+//! again, so that recovery needs nothing here.
+
+use std::time::Duration;
+
+use deadpool_redis::{Manager, Pool, PoolError, Runtime};
+use redis::aio::ConnectionLike;
+use redis::{AsyncConnectionConfig, RedisError, RetryMethod, Script, ToRedisArgs};
+
+use crate::error::StoreError;
+
+/// How to reach Redis and how long to wait for it.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    pub url: String,
+    pub pool_size: usize,
+    pub connect_timeout: Duration,
+    /// The longest one decision may take, from asking the pool for a
+    /// connection to reading the script's reply.
+    pub command_timeout: Duration,
+}
+
+/// A pool of connections to one Redis server.
+#[derive(Clone)]
+pub struct RedisStore {
+    pool: Pool,
+    command_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("pool", &self.pool.status())
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Builds the pool; connections open lazily, so this succeeds while Redis
+    /// is down (health reports it until it is up).
+    pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
+        let connection = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.command_timeout));
+        let manager = Manager::new_with_config(settings.url.as_str(), connection)
+            .map_err(|err| StoreError::Config(err.to_string()))?;
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .wait_timeout(Some(settings.command_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .recycle_timeout(Some(settings.command_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|err| StoreError::Config(err.to_string()))?;
+        Ok(Self {
+            pool,
+            command_timeout: settings.command_timeout,
+        })
+    }
+
+    /// Runs `script` on `key` with `args` and reads its four-integer reply.
+    pub async fn run_script(
+        &self,
+        script: &Script,
+        key: &str,
+        args: impl ToRedisArgs,
+    ) -> Result<[i64; 4], StoreError> {
+        self.bounded(async {
+            let mut connection = self.pool.get().await.map_err(classify_pool)?;
+            let reply: (i64, i64, i64, i64) = script
+                .key(key)
+                .arg(args)
+                .invoke_async(&mut connection)
+                .await
+                .map_err(classify)?;
+            Ok([reply.0, reply.1, reply.2, reply.3])
+        })
+        .await
+    }
+
+    /// Asks Redis for `PING`, for health checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.bounded(async {
+            let mut connection = self.pool.get().await.map_err(classify_pool)?;
+            connection
+                .req_packed_command(&redis::cmd("PING"))
+                .await
+                .map_err(classify)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `work` within the command timeout. A connection whose call is cut
+    /// off is dropped with it; the pool checks connections before reuse.
+    async fn bounded<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.command_timeout, work)
+            .await
+            .map_err(|_| StoreError::Timeout(self.command_timeout))?
+    }
+}
+
+/// Redis errors that a later call may not meet (connection lost, loading,
+/// failover) are `Unavailable`; the rest mean a bug or a misconfiguration.
+fn classify(err: RedisError) -> StoreError {
+    if err.is_timeout() {
+        return StoreError::Unavailable(format!("redis timed out: {err}"));
+    }
+    match err.retry_method() {
+        RetryMethod::NoRetry => StoreError::Reply(err.to_string()),
+        _ => StoreError::Unavailable(err.to_string()),
+    }
+}
+
+fn classify_pool(err: PoolError) -> StoreError {
+    match err {
+        PoolError::Backend(err) => classify(err),
+        PoolError::Timeout(kind) => {
+            StoreError::Unavailable(format!("redis pool timed out ({kind:?})"))
+        }
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
