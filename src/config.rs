@@ -57,8 +57,18 @@ pub struct Config {
           value_parser = positive_duration)]
     pub memory_sweep_interval: Duration,
 
+    /// After SIGTERM, longest wait for calls in flight before exiting anyway.
+    #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = positive_duration)]
+    pub shutdown_grace: Duration,
+
     /// Log line format (filter with RUST_LOG, default info).
-    #[arg(long, env = "RATELIMITD_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(
+        long,
+        env = "RATELIMITD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
 }
 
@@ -86,6 +96,7 @@ impl fmt::Debug for Config {
             .field("redis_command_timeout", &self.redis_command_timeout)
             .field("health_interval", &self.health_interval)
             .field("memory_sweep_interval", &self.memory_sweep_interval)
+            .field("shutdown_grace", &self.shutdown_grace)
             .field("log_format", &self.log_format)
             .finish()
     }
@@ -99,7 +110,10 @@ pub fn redacted_url(url: &str) -> String {
     let authority_end = url[scheme_end..]
         .find('/')
         .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
         return url.to_owned();
     };
     let user_info = &url[scheme_end..at];
@@ -131,7 +145,10 @@ mod tests {
             "redis://app:***@127.0.0.1:6379/0"
         );
         assert_eq!(redacted_url("redis://:s3cret@h/0"), "redis://:***@h/0");
-        assert_eq!(redacted_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
         let config = Config::parse_from(["ratelimitd", "--redis-url", "redis://u:pw@h:1/0"]);
         assert!(!format!("{config:?}").contains("pw"));
     }

@@ -79,10 +79,7 @@ impl CallerKey {
         if key.len() > MAX_KEY_BYTES {
             return Err(InvalidArgument::new(
                 "key",
-                format!(
-                    "must be at most {MAX_KEY_BYTES} bytes (got {})",
-                    key.len()
-                ),
+                format!("must be at most {MAX_KEY_BYTES} bytes (got {})", key.len()),
             ));
         }
         Ok(Self(key))
@@ -107,10 +104,13 @@ impl Window {
         if window > MAX_WINDOW {
             return Err(InvalidArgument::new(
                 "window",
-                format!("must be at most {} (366 days)", humantime::format_duration(MAX_WINDOW)),
+                format!(
+                    "must be at most {} (366 days)",
+                    humantime::format_duration(MAX_WINDOW)
+                ),
             ));
         }
-        if window.subsec_nanos() % 1_000_000 != 0 {
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(InvalidArgument::new(
                 "window",
                 "must be a whole number of milliseconds",

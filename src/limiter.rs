@@ -46,7 +46,9 @@ impl Limiter {
                     }
                     Algorithm::SlidingWindow(p) => {
                         let args = sliding_window::script_args(p, cost);
-                        redis.run_script(&sliding_window::SCRIPT, &key, args).await?
+                        redis
+                            .run_script(&sliding_window::SCRIPT, &key, args)
+                            .await?
                     }
                     Algorithm::TokenBucket(p) => {
                         let args = token_bucket::script_args(p, cost);

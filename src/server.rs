@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
@@ -51,7 +52,8 @@ pub fn build_store(config: &Config) -> Result<Store, StoreError> {
 
 /// Serves on `listener` until `shutdown` resolves; then health turns
 /// NOT_SERVING, no new calls are accepted, and calls in flight finish before
-/// this returns.
+/// this returns (waiting at most the configured grace, so a client holding a
+/// stream open cannot keep the process alive).
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -76,18 +78,31 @@ pub async fn run(
     let address = listener.local_addr().ok();
     info!(?address, "serving gRPC");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let stop = async move {
-        shutdown.await;
-        info!("shutting down: health NOT_SERVING, finishing calls in flight");
-        health_task.abort();
-        health::report(&reporter, ServingStatus::NotServing).await;
+    let draining = Arc::new(Notify::new());
+    let stop = {
+        let draining = draining.clone();
+        async move {
+            shutdown.await;
+            info!("shutting down: health NOT_SERVING, finishing calls in flight");
+            health_task.abort();
+            health::report(&reporter, ServingStatus::NotServing).await;
+            draining.notify_one();
+        }
     };
-    Server::builder()
+    let serve = Server::builder()
         .add_service(health_service)
         .add_service(reflection)
         .add_service(CheckService::new(limiter).into_server())
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await?;
+        .serve_with_incoming_shutdown(incoming, stop);
+    let grace = config.shutdown_grace;
+    let grace_expired = async move {
+        draining.notified().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = serve => result?,
+        () = grace_expired => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
+    }
     info!("stopped");
     Ok(())
 }

@@ -80,7 +80,12 @@ pub fn decide(
                 window_end,
             });
             decision.reset_after = params.window.as_micros();
-            (decision, MemoryChange::Written { expires_at: window_end })
+            (
+                decision,
+                MemoryChange::Written {
+                    expires_at: window_end,
+                },
+            )
         }
     }
 }

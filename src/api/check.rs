@@ -92,7 +92,10 @@ fn duration(
 ) -> Result<Duration, InvalidArgument> {
     let value = value.ok_or_else(|| InvalidArgument::new(field, "is required"))?;
     if value.seconds < 0 || value.nanos < 0 {
-        return Err(InvalidArgument::new(field, "must be positive (got a negative duration)"));
+        return Err(InvalidArgument::new(
+            field,
+            "must be positive (got a negative duration)",
+        ));
     }
     if value.nanos > 999_999_999 {
         return Err(InvalidArgument::new(
@@ -154,7 +157,10 @@ mod tests {
             (request(fixed(1, secs(0, 0))), "fixed_window.window"),
             (request(fixed(1, secs(-1, 0))), "fixed_window.window"),
             (request(fixed(1, secs(0, -5))), "fixed_window.window"),
-            (request(fixed(1, secs(0, 1_000_000_000))), "fixed_window.window"),
+            (
+                request(fixed(1, secs(0, 1_000_000_000))),
+                "fixed_window.window",
+            ),
             (
                 request(PbAlgorithm::TokenBucket(pb::TokenBucket {
                     capacity: 1,

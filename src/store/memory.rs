@@ -180,7 +180,12 @@ mod tests {
     fn count(state: &mut Option<u64>, now: Micros) -> (u64, MemoryChange) {
         let n = state.get_or_insert(0);
         *n += 1;
-        (*n, MemoryChange::Written { expires_at: now + 10 })
+        (
+            *n,
+            MemoryChange::Written {
+                expires_at: now + 10,
+            },
+        )
     }
 
     #[test]

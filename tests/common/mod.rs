@@ -1,0 +1,375 @@
+//! What the integration tests start for themselves: `redis-server` processes
+//! on free loopback ports in temporary directories, ratelimitd servers in
+//! process (port 0, shutdown channel) or as separate processes, and clients.
+//! Nothing here touches the machine's own Redis on 6379.
+
+#![allow(dead_code)] // each test file uses its own part of this module
+
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ratelimitd::config::Config;
+use ratelimitd::pb::ratelimitd::v1 as pb;
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// How long a test waits for a condition (a server up, a status flipped)
+/// before failing. Generous: CI machines are slow, and a passing test never
+/// waits this long.
+pub const PATIENCE: Duration = Duration::from_secs(15);
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    StdTcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("no free loopback port")
+}
+
+/// Polls `condition` until it holds or [`PATIENCE`] runs out.
+pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `redis-server` of our own, killed when dropped.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory for redis-server");
+        let mut server = Self {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts (again) on the same port, and waits until it answers.
+    pub async fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot start redis-server ({err}); the tests need Redis 7: \
+                     install it with `apt-get install redis-server`"
+                )
+            });
+        self.child = Some(child);
+        let url = self.url();
+        eventually("redis-server to answer PING", || {
+            let url = url.clone();
+            async move { ping(&url).await }
+        })
+        .await;
+    }
+
+    /// SIGKILL: gone at once, as in a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: connections stay open but nothing answers, as in a hung host.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`RedisServer::freeze`].
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("redis-server is running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to test redis")
+    }
+
+    /// Every key in the database.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut connection = self.connection().await;
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut connection)
+                .await
+                .expect("SCAN");
+            keys.extend(batch);
+            if next == 0 {
+                return keys;
+            }
+            cursor = next;
+        }
+    }
+
+    /// Fails unless every key in the database will expire.
+    pub async fn assert_every_key_expires(&self) {
+        let mut connection = self.connection().await;
+        for key in self.keys().await {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .expect("PTTL");
+            // -2: expired between SCAN and PTTL, which is fine.
+            assert!(ttl != -1, "key {key:?} has no TTL");
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A frozen server ignores SIGKILL only until it is thawed.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+    }
+}
+
+async fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    redis::cmd("PING")
+        .query_async::<String>(&mut connection)
+        .await
+        .is_ok()
+}
+
+/// A ratelimitd server running in this test process, on port 0.
+pub struct TestServer {
+    pub address: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts with these command-line flags (as after `ratelimitd`).
+    pub async fn start(flags: &[&str]) -> Self {
+        let config =
+            Config::try_parse_from(std::iter::once("ratelimitd").chain(flags.iter().copied()))
+                .expect("test flags parse");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let address = listener.local_addr().expect("local address");
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let stop = async {
+                let _ = stopped.await;
+            };
+            ratelimitd::server::run(config, listener, stop)
+                .await
+                .expect("server runs");
+        });
+        Self {
+            address,
+            shutdown: Some(shutdown),
+            task: Some(task),
+        }
+    }
+
+    /// A server on the embedded store.
+    pub async fn memory() -> Self {
+        Self::start(&[]).await
+    }
+
+    /// A server on `redis`.
+    pub async fn on_redis(redis: &RedisServer) -> Self {
+        Self::start(&["--redis-url", &redis.url()]).await
+    }
+
+    pub async fn client(&self) -> RateLimiterClient<Channel> {
+        RateLimiterClient::new(channel(self.address).await)
+    }
+
+    pub async fn health(&self) -> HealthClient<Channel> {
+        HealthClient::new(channel(self.address).await)
+    }
+
+    /// Asks the server to stop and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A ratelimitd server as a separate process, killed when dropped.
+pub struct ServerProcess {
+    pub address: SocketAddr,
+    pub child: Child,
+}
+
+impl ServerProcess {
+    /// Starts the `ratelimitd` binary with these flags plus `--listen`, and
+    /// waits until its health says SERVING.
+    pub async fn start(flags: &[&str]) -> Self {
+        let address: SocketAddr = format!("127.0.0.1:{}", free_port())
+            .parse()
+            .expect("address");
+        let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+            .args(flags)
+            .args(["--listen", &address.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the ratelimitd binary");
+        let server = Self { address, child };
+        eventually("ratelimitd process to be SERVING", || async {
+            health_status(address, "").await == Some(ServingStatus::Serving)
+        })
+        .await;
+        server
+    }
+
+    pub async fn client(&self) -> RateLimiterClient<Channel> {
+        RateLimiterClient::new(channel(self.address).await)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn channel(address: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to ratelimitd")
+}
+
+/// The health status of `service` at `address`, or `None` if it cannot be
+/// asked.
+pub async fn health_status(address: SocketAddr, service: &str) -> Option<ServingStatus> {
+    let endpoint = Channel::from_shared(format!("http://{address}")).ok()?;
+    let mut client = HealthClient::new(endpoint.connect().await.ok()?);
+    let response = client
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .ok()?;
+    ServingStatus::try_from(response.into_inner().status).ok()
+}
+
+/// A `Duration` from its protobuf form.
+pub fn duration(value: Option<prost_types::Duration>) -> Duration {
+    let value = value.expect("duration is set");
+    Duration::new(value.seconds as u64, value.nanos as u32)
+}
+
+pub fn fixed_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
+    pb::check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
+        limit,
+        window: Some(window.try_into().expect("window")),
+    })
+}
+
+pub fn sliding_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
+    pb::check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
+        limit,
+        window: Some(window.try_into().expect("window")),
+    })
+}
+
+pub fn token_bucket(capacity: u64, refill_per_second: f64) -> pb::check_limit_request::Algorithm {
+    pb::check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
+        capacity,
+        refill_per_second,
+    })
+}
+
+pub fn request(
+    key: &str,
+    algorithm: pb::check_limit_request::Algorithm,
+    cost: Option<u64>,
+) -> pb::CheckLimitRequest {
+    pb::CheckLimitRequest {
+        key: key.to_owned(),
+        algorithm: Some(algorithm),
+        cost,
+    }
+}
+
+/// One `CheckLimit` call that must succeed.
+pub async fn check(
+    client: &mut RateLimiterClient<Channel>,
+    key: &str,
+    algorithm: &pb::check_limit_request::Algorithm,
+    cost: Option<u64>,
+) -> pb::CheckLimitResponse {
+    client
+        .check_limit(request(key, *algorithm, cost))
+        .await
+        .unwrap_or_else(|status| panic!("CheckLimit({key}) failed: {status}"))
+        .into_inner()
+}

@@ -1,0 +1,171 @@
+//! The server around the API: health, reflection, start-up on the embedded
+//! store and graceful shutdown on SIGTERM.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{RedisServer, ServerProcess, TestServer, fixed_window, free_port, request};
+use futures::StreamExt;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+#[tokio::test]
+async fn reflection_lists_every_service() {
+    let server = TestServer::memory().await;
+    let mut client = ServerReflectionClient::new(common::channel(server.address).await);
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = client
+        .server_reflection_info(futures::stream::iter([list]))
+        .await
+        .expect("reflection answers")
+        .into_inner();
+    let reply = replies.next().await.expect("a reply").expect("no error");
+    let Some(MessageResponse::ListServicesResponse(services)) = reply.message_response else {
+        panic!("unexpected reply {reply:?}");
+    };
+    let mut names: Vec<String> = services.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "ratelimitd.v1.RateLimiter",
+        ]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_serves_for_the_server_and_the_api() {
+    let server = TestServer::memory().await;
+    for service in ["", "ratelimitd.v1.RateLimiter"] {
+        common::eventually("SERVING", || async {
+            common::health_status(server.address, service).await == Some(ServingStatus::Serving)
+        })
+        .await;
+    }
+    let status = server
+        .health()
+        .await
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .expect_err("unknown service");
+    assert_eq!(status.code(), Code::NotFound);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn starts_on_the_embedded_store_and_says_state_is_not_shared() {
+    let address = format!("127.0.0.1:{}", free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+        .args(["--listen", &address])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ratelimitd");
+    let pid = child.id().to_string();
+    let address = address.parse().expect("address");
+    common::eventually("SERVING", || async {
+        common::health_status(address, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+    let mut client = ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient::new(
+        common::channel(address).await,
+    );
+    let response = client
+        .check_limit(request("k", fixed_window(1, Duration::from_secs(1)), None))
+        .await
+        .expect("a decision");
+    assert!(response.into_inner().allowed);
+
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("wait for ratelimitd");
+    assert!(output.status.success(), "exit status {:?}", output.status);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("NOT shared"), "start-up log: {log}");
+}
+
+/// SIGTERM while a call waits on a frozen Redis: a health watcher sees
+/// NOT_SERVING, the call in flight still gets its answer, and the process
+/// exits 0.
+#[tokio::test]
+async fn sigterm_drains_calls_in_flight_and_exits_zero() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let server = ServerProcess::start(&[
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "2s",
+        "--health-interval",
+        "1h",
+    ])
+    .await;
+    let mut watch = HealthClient::new(common::channel(server.address).await)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner();
+    let first = watch.next().await.expect("a status").expect("no error");
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+
+    redis.freeze();
+    let mut client = server.client().await;
+    let in_flight = tokio::spawn(async move {
+        client
+            .check_limit(request("k", fixed_window(1, Duration::from_secs(1)), None))
+            .await
+    });
+    // Nothing observable marks the call's arrival while Redis is frozen: give
+    // it a moment to reach the server.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+
+    let next = watch.next().await.expect("a status").expect("no error");
+    assert_eq!(next.status, ServingStatus::NotServing as i32);
+    drop(watch);
+
+    let answer = in_flight.await.expect("join");
+    let status = answer.expect_err("Redis is frozen");
+    assert_eq!(
+        status.code(),
+        Code::Unavailable,
+        "the call was answered by the server, not cut off: {status:?}"
+    );
+    let exit = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.child.wait()
+    })
+    .await
+    .expect("join")
+    .expect("wait");
+    assert!(exit.success(), "exit status {exit:?}");
+    redis.thaw();
+}
