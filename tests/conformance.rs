@@ -58,6 +58,8 @@ on_every_store!(
     a_cost_above_the_limit_is_never_allowed,
     algorithms_keep_separate_state_for_one_key,
     any_characters_in_a_key_are_safe,
+    one_millisecond_windows_work,
+    large_costs_on_the_sliding_log_are_exact,
 );
 
 /// Every algorithm with the given limit and a window or refill long enough
@@ -294,4 +296,34 @@ async fn any_characters_in_a_key_are_safe(client: &mut Client) {
         // Each key was its own limit: a neighbour is untouched.
         assert!(check(client, "a}b", &limit, None).await.allowed);
     }
+}
+
+async fn one_millisecond_windows_work(client: &mut Client) {
+    for limit in [
+        fixed_window(1, Duration::from_millis(1)),
+        sliding_window(1, Duration::from_millis(1)),
+    ] {
+        let first = check(client, "k", &limit, None).await;
+        assert!(first.allowed, "{limit:?}");
+        let reset_after = duration(first.reset_after);
+        assert!(
+            reset_after > Duration::ZERO && reset_after <= Duration::from_millis(1),
+            "{limit:?}: {reset_after:?}"
+        );
+        common::eventually("the 1 ms window to pass", || {
+            let mut client = client.clone();
+            let limit = limit;
+            async move { check(&mut client, "k", &limit, Some(0)).await.remaining == 1 }
+        })
+        .await;
+    }
+}
+
+async fn large_costs_on_the_sliding_log_are_exact(client: &mut Client) {
+    // 2500 entries per call: more than one ZADD batch in the script.
+    let limit = sliding_window(5000, Duration::from_secs(60));
+    assert_eq!(check(client, "k", &limit, Some(2500)).await.remaining, 2500);
+    assert_eq!(check(client, "k", &limit, Some(2499)).await.remaining, 1);
+    assert!(!check(client, "k", &limit, Some(2)).await.allowed);
+    assert!(check(client, "k", &limit, Some(1)).await.allowed);
 }
