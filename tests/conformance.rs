@@ -312,7 +312,6 @@ async fn one_millisecond_windows_work(client: &mut Client) {
         );
         common::eventually("the 1 ms window to pass", || {
             let mut client = client.clone();
-            let limit = limit;
             async move { check(&mut client, "k", &limit, Some(0)).await.remaining == 1 }
         })
         .await;
