@@ -53,6 +53,18 @@ async fn allowed_count(
     allowed
 }
 
+/// For each algorithm, on a key of its own: exactly [`LIMIT`] of [`CALLS`].
+async fn assert_every_algorithm_admits_exactly_the_limit(clients: &[RateLimiterClient<Channel>]) {
+    for (i, algorithm) in every_algorithm().iter().enumerate() {
+        let key = format!("hot-{i}");
+        assert_eq!(
+            allowed_count(&clients, &key, algorithm).await,
+            LIMIT as usize,
+            "{algorithm:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_processes_on_one_redis_admit_exactly_the_limit() {
     let redis = RedisServer::start().await;
@@ -70,14 +82,7 @@ async fn two_processes_on_one_redis_admit_exactly_the_limit() {
             clients.push(server.client().await);
         }
     }
-    for (i, algorithm) in every_algorithm().iter().enumerate() {
-        let key = format!("hot-{i}");
-        assert_eq!(
-            allowed_count(&clients, &key, algorithm).await,
-            LIMIT as usize,
-            "{algorithm:?}"
-        );
-    }
+    assert_every_algorithm_admits_exactly_the_limit(&clients).await;
     redis.assert_every_key_expires().await;
 }
 
@@ -88,13 +93,6 @@ async fn the_embedded_store_admits_exactly_the_limit() {
     for _ in 0..4 {
         clients.push(server.client().await);
     }
-    for (i, algorithm) in every_algorithm().iter().enumerate() {
-        let key = format!("hot-{i}");
-        assert_eq!(
-            allowed_count(&clients, &key, algorithm).await,
-            LIMIT as usize,
-            "{algorithm:?}"
-        );
-    }
+    assert_every_algorithm_admits_exactly_the_limit(&clients).await;
     server.stop().await;
 }
