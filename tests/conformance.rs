@@ -101,7 +101,7 @@ async fn fixed_window_allows_exactly_the_limit_then_denies(client: &mut Client) 
 }
 
 async fn fixed_window_allows_again_after_the_window(client: &mut Client) {
-    let limit = fixed_window(2, Duration::from_millis(250));
+    let limit = fixed_window(2, Duration::from_millis(500));
     assert!(check(client, "k", &limit, None).await.allowed);
     assert!(check(client, "k", &limit, None).await.allowed);
     let denied = check(client, "k", &limit, None).await;
@@ -132,7 +132,7 @@ async fn sliding_window_allows_exactly_the_limit_then_denies(client: &mut Client
 }
 
 async fn sliding_window_frees_units_as_they_age_out(client: &mut Client) {
-    let window = Duration::from_millis(600);
+    let window = Duration::from_millis(1500);
     let limit = sliding_window(3, window);
     let first = check(client, "k", &limit, None).await;
     assert!(first.allowed);
@@ -182,18 +182,18 @@ async fn token_bucket_starts_full_then_denies(client: &mut Client) {
 }
 
 async fn token_bucket_refills_continuously(client: &mut Client) {
-    let limit = token_bucket(2, 10.0);
+    let limit = token_bucket(2, 4.0);
     assert!(check(client, "k", &limit, None).await.allowed);
     assert!(check(client, "k", &limit, None).await.allowed);
     let denied = check(client, "k", &limit, None).await;
     assert!(!denied.allowed);
-    assert!(duration(denied.retry_after) <= Duration::from_millis(100));
+    assert!(duration(denied.retry_after) <= Duration::from_millis(250));
     tokio::time::sleep(duration(denied.retry_after)).await;
     let refilled = check(client, "k", &limit, None).await;
     assert!(refilled.allowed, "one token is back after retry_after");
     assert_eq!(refilled.remaining, 0);
     // Long after, the bucket is full again but never more than full.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let look = check(client, "k", &limit, Some(0)).await;
     assert_eq!(look.remaining, 2);
     assert_eq!(duration(look.reset_after), Duration::ZERO);

@@ -159,6 +159,10 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
         Code::Unavailable,
         "the call was answered by the server, not cut off: {status:?}"
     );
+    assert!(
+        status.message().contains("did not answer within"),
+        "the server's own timeout answered it: {status:?}"
+    );
     let exit = tokio::task::spawn_blocking(move || {
         let mut server = server;
         server.child.wait()
