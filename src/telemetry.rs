@@ -1,6 +1,8 @@
 //! Logging: tracing-subscriber writing text or JSON lines to stderr, filtered
 //! by `RUST_LOG` (default `info`).
 
+use std::io::IsTerminal;
+
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
@@ -17,6 +19,7 @@ pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
