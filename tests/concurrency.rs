@@ -58,7 +58,7 @@ async fn assert_every_algorithm_admits_exactly_the_limit(clients: &[RateLimiterC
     for (i, algorithm) in every_algorithm().iter().enumerate() {
         let key = format!("hot-{i}");
         assert_eq!(
-            allowed_count(&clients, &key, algorithm).await,
+            allowed_count(clients, &key, algorithm).await,
             LIMIT as usize,
             "{algorithm:?}"
         );
