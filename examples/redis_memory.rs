@@ -50,11 +50,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 key: CallerKey::new(caller_key.clone())?,
                 algorithm,
                 cost: 1,
+                shadow: false,
             };
             for _ in 0..spent {
                 limiter.check(&request).await?;
             }
-            let key = storage_key(PREFIX, &algorithm, &caller_key);
+            let key = storage_key(PREFIX, &algorithm, &request.key);
             let bytes: i64 = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(&key)

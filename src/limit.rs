@@ -66,12 +66,27 @@ impl fmt::Display for InvalidArgument {
 
 impl std::error::Error for InvalidArgument {}
 
-/// The caller's key: non-empty, at most [`MAX_KEY_BYTES`]. Any characters are
-/// allowed; they travel to Redis as a key argument, never as script text.
+/// Who is limited: a caller's key from `CheckLimit`, or a key ratelimitd
+/// composed from an Envoy descriptor. Any characters are allowed; they travel
+/// to Redis as a key argument, never as script text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CallerKey(String);
+pub struct CallerKey {
+    text: String,
+    origin: KeyOrigin,
+}
+
+/// Where a key came from. Keys of different origins never name the same
+/// storage key, whatever their text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrigin {
+    /// A `CheckLimit` caller's key.
+    CheckLimit,
+    /// Composed from an Envoy rate-limit descriptor.
+    Envoy,
+}
 
 impl CallerKey {
+    /// A `CheckLimit` caller's key: non-empty, at most [`MAX_KEY_BYTES`].
     pub fn new(key: String) -> Result<Self, InvalidArgument> {
         if key.is_empty() {
             return Err(InvalidArgument::new("key", "must not be empty"));
@@ -82,11 +97,27 @@ impl CallerKey {
                 format!("must be at most {MAX_KEY_BYTES} bytes (got {})", key.len()),
             ));
         }
-        Ok(Self(key))
+        Ok(Self {
+            text: key,
+            origin: KeyOrigin::CheckLimit,
+        })
+    }
+
+    /// A key composed from an Envoy descriptor. Not length-checked: Envoy
+    /// bounds the headers it builds descriptors from.
+    pub fn envoy(composed: String) -> Self {
+        Self {
+            text: composed,
+            origin: KeyOrigin::Envoy,
+        }
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    pub fn origin(&self) -> KeyOrigin {
+        self.origin
     }
 }
 
@@ -143,19 +174,32 @@ fn quantity(field: &str, value: u64, max: u64) -> Result<u64, InvalidArgument> {
     Ok(value)
 }
 
-/// At most `limit` units per window; the window starts at the key's first
-/// spending request.
+/// At most `limit` units per window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
     pub limit: u64,
     pub window: Window,
+    /// `false`: the window starts at the key's first spending request
+    /// (`CheckLimit`). `true`: windows are the multiples of `window` since
+    /// the Unix epoch, as envoyproxy/ratelimit counts them.
+    pub aligned: bool,
 }
 
 impl FixedWindow {
+    /// A window anchored at the key's first spending request.
     pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
         Ok(Self {
             limit: quantity("limit", limit, MAX_QUANTITY)?,
             window: Window::new(window)?,
+            aligned: false,
+        })
+    }
+
+    /// A window aligned to multiples of its length since the Unix epoch.
+    pub fn aligned(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            aligned: true,
+            ..Self::new(limit, window)?
         })
     }
 }
@@ -262,6 +306,9 @@ pub struct LimitRequest {
     pub key: CallerKey,
     pub algorithm: Algorithm,
     pub cost: u64,
+    /// Decided and reported, but never the reason a group of limits is
+    /// denied (Envoy's shadow mode). Always `false` for `CheckLimit`.
+    pub shadow: bool,
 }
 
 /// When a denied request could be retried.

@@ -1,11 +1,12 @@
-//! Decides one validated request on the configured store: names the storage
-//! key, then runs the request's algorithm there. Knows nothing of gRPC.
+//! Decides validated requests on the configured store: names each storage
+//! key, then runs the requests' algorithms there, all of one call's limits
+//! together. Knows nothing of gRPC.
 
 use tracing::instrument;
 
-use crate::algorithm::{self, fixed_window, sliding_window, token_bucket};
+use crate::algorithm::{self, SCRIPT};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, LimitRequest};
+use crate::limit::{Algorithm, CallerKey, Decision, KeyOrigin, LimitRequest};
 use crate::store::Store;
 
 /// The default prefix of every storage key.
@@ -32,52 +33,137 @@ impl Limiter {
 
     /// May `request.key` spend `request.cost` now? Over the limit is an
     /// `Ok` decision; `Err` only when the store failed.
-    #[instrument(skip_all, fields(algorithm = request.algorithm.name(), cost = request.cost))]
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, StoreError> {
-        let key = storage_key(&self.key_prefix, &request.algorithm, request.key.as_str());
-        let limit = request.algorithm.limit();
-        match &self.store {
+        let mut decisions = self.check_all(std::slice::from_ref(request)).await?;
+        decisions
+            .pop()
+            .ok_or_else(|| StoreError::Reply("no decision for the request".into()))
+    }
+
+    /// Decides several limits for one request together, atomically: either
+    /// every limit not in shadow mode allows and each allowing limit spends
+    /// its cost, or nothing is spent. One decision per request, in order.
+    /// Requests naming the same storage key are decided as one, with their
+    /// costs added, so a key cannot pass twice on the same units.
+    #[instrument(skip_all, fields(limits = requests.len()))]
+    pub async fn check_all(&self, requests: &[LimitRequest]) -> Result<Vec<Decision>, StoreError> {
+        let groups = Groups::new(&self.key_prefix, requests);
+        let decisions = match &self.store {
             Store::Redis(redis) => {
-                let cost = request.cost;
-                let reply = match &request.algorithm {
-                    Algorithm::FixedWindow(p) => {
-                        let args = fixed_window::script_args(p, cost);
-                        redis.run_script(&fixed_window::SCRIPT, &key, args).await?
-                    }
-                    Algorithm::SlidingWindow(p) => {
-                        let args = sliding_window::script_args(p, cost);
-                        redis
-                            .run_script(&sliding_window::SCRIPT, &key, args)
-                            .await?
-                    }
-                    Algorithm::TokenBucket(p) => {
-                        let args = token_bucket::script_args(p, cost);
-                        redis.run_script(&token_bucket::SCRIPT, &key, args).await?
-                    }
-                };
-                algorithm::decision_from_reply(limit, reply).map_err(StoreError::Reply)
+                let mut invocation = SCRIPT.prepare_invoke();
+                for group in &groups.unique {
+                    invocation.key(group.key.as_str());
+                    algorithm::push_script_args(
+                        &mut invocation,
+                        &requests[group.first].algorithm,
+                        group.cost,
+                        group.shadow,
+                    );
+                }
+                let reply = redis.run_script(&invocation).await?;
+                if reply.len() != 4 * groups.unique.len() {
+                    return Err(StoreError::Reply(format!(
+                        "script replied {} values for {} limits",
+                        reply.len(),
+                        groups.unique.len()
+                    )));
+                }
+                groups
+                    .unique
+                    .iter()
+                    .zip(reply.chunks(4))
+                    .map(|(group, part)| {
+                        let limit = requests[group.first].algorithm.limit();
+                        algorithm::decision_from_reply(limit, part).map_err(StoreError::Reply)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
             }
-            Store::Memory(memory) => Ok(memory.update(&key, |state, now| {
-                algorithm::decide_in_memory(&request.algorithm, state, now, request.cost)
-            })),
-        }
+            Store::Memory(memory) => {
+                let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
+                let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
+                let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
+                memory.with_keys(&keys, |locked, now| {
+                    algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
+                        let algorithm = &requests[groups.unique[i].first].algorithm;
+                        locked.decide(i, |state| {
+                            algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+                        })
+                    })
+                })
+            }
+        };
+        Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
     }
 }
 
-/// `<prefix>{<tag>:<caller key>}`. The braces are a Redis Cluster hash tag:
-/// every key of one limit hashes to one slot, whatever the caller's key holds
-/// (a `}` inside it only shortens the tag; the key itself stays unique). The
-/// algorithm's tag keeps one caller key under two algorithms apart.
-pub fn storage_key(prefix: &str, algorithm: &Algorithm, caller_key: &str) -> String {
+/// Requests grouped by storage key.
+struct Groups {
+    unique: Vec<Group>,
+    /// For each request, the index of its group in `unique`.
+    of_request: Vec<usize>,
+}
+
+struct Group {
+    key: String,
+    /// The request whose algorithm decides the group.
+    first: usize,
+    cost: u64,
+    /// Only if every request of the group is in shadow mode.
+    shadow: bool,
+}
+
+impl Groups {
+    fn new(prefix: &str, requests: &[LimitRequest]) -> Self {
+        let mut unique: Vec<Group> = Vec::with_capacity(requests.len());
+        let mut of_request = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let key = storage_key(prefix, &request.algorithm, &request.key);
+            // Requests per call are few (Envoy descriptors): a scan is fine.
+            match unique.iter().position(|group| group.key == key) {
+                Some(existing) => {
+                    let group = &mut unique[existing];
+                    group.cost = group.cost.saturating_add(request.cost);
+                    group.shadow &= request.shadow;
+                    of_request.push(existing);
+                }
+                None => {
+                    of_request.push(unique.len());
+                    unique.push(Group {
+                        key,
+                        first: index,
+                        cost: request.cost,
+                        shadow: request.shadow,
+                    });
+                }
+            }
+        }
+        Self { unique, of_request }
+    }
+}
+
+/// `<prefix>{<tag>:<key>}`, with the tag `rls:<tag>` for keys composed from
+/// Envoy descriptors. The braces are a Redis Cluster hash tag: every key of
+/// one limit hashes to one slot, whatever the key holds (a `}` inside it
+/// only shortens the tag; the key itself stays unique). The algorithm's tag
+/// keeps one caller key under two algorithms apart, and no `CheckLimit` key
+/// can name an Envoy one (their tags never start with `rls`).
+pub fn storage_key(prefix: &str, algorithm: &Algorithm, key: &CallerKey) -> String {
     let tag = algorithm::key_tag(algorithm);
-    let mut key = String::with_capacity(prefix.len() + tag.len() + caller_key.len() + 3);
-    key.push_str(prefix);
-    key.push('{');
-    key.push_str(tag);
-    key.push(':');
-    key.push_str(caller_key);
-    key.push('}');
-    key
+    let origin = match key.origin() {
+        KeyOrigin::CheckLimit => "",
+        KeyOrigin::Envoy => "rls:",
+    };
+    let text = key.as_str();
+    let mut storage =
+        String::with_capacity(prefix.len() + origin.len() + tag.len() + text.len() + 3);
+    storage.push_str(prefix);
+    storage.push('{');
+    storage.push_str(origin);
+    storage.push_str(tag);
+    storage.push(':');
+    storage.push_str(text);
+    storage.push('}');
+    storage
 }
 
 #[cfg(test)]
@@ -87,18 +173,26 @@ mod tests {
     use super::*;
     use crate::limit::{FixedWindow, SlidingWindow};
 
+    fn caller(key: &str) -> CallerKey {
+        CallerKey::new(key.into()).unwrap()
+    }
+
     #[test]
     fn keys_carry_prefix_algorithm_and_a_hash_tag() {
         let fixed = Algorithm::FixedWindow(FixedWindow::new(1, Duration::from_secs(1)).unwrap());
         let sliding =
             Algorithm::SlidingWindow(SlidingWindow::new(1, Duration::from_secs(1)).unwrap());
         assert_eq!(
-            storage_key("ratelimitd:", &sliding, "user42"),
+            storage_key("ratelimitd:", &sliding, &caller("user42")),
             "ratelimitd:{sw:user42}"
         );
         assert_ne!(
-            storage_key("p:", &fixed, "user42"),
-            storage_key("p:", &sliding, "user42")
+            storage_key("p:", &fixed, &caller("user42")),
+            storage_key("p:", &sliding, &caller("user42"))
+        );
+        assert_ne!(
+            storage_key("p:", &fixed, &caller("rls:fw:x")),
+            storage_key("p:", &fixed, &CallerKey::envoy("x".into()))
         );
     }
 }

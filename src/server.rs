@@ -17,7 +17,7 @@ use crate::config::{Config, redacted_url};
 use crate::error::StoreError;
 use crate::health;
 use crate::limiter::Limiter;
-use crate::store::{MemoryStore, MonotonicClock, RedisStore, Store};
+use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +43,7 @@ pub fn build_store(config: &Config) -> Result<Store, StoreError> {
                 "no --redis-url: using the embedded in-memory store; limits are NOT shared \
                  between ratelimitd instances and are lost on restart"
             );
-            let memory = MemoryStore::new(Arc::new(MonotonicClock::default()));
+            let memory = MemoryStore::new(Arc::new(SystemClock::default()));
             memory.spawn_sweeper(config.memory_sweep_interval);
             Ok(Store::Memory(memory))
         }

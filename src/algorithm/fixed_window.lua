@@ -1,47 +1,64 @@
--- Fixed window: at most `limit` units per window; the window starts with the
--- key's first spending request and ends `window_ms` later.
+-- Fixed window: at most `limit` units per window of `window_ms`.
 --
--- KEYS[1]  the counter: a string holding the units spent in this window
--- ARGV[1]  limit, an integer >= 1
--- ARGV[2]  window_ms, an integer >= 1
--- ARGV[3]  cost, an integer >= 0 (0 looks without spending)
--- Reply    {allowed 1|0, remaining, reset_after_us, retry_after_us (-1: never)}
---
--- The counter is created with its expiry in one SET ... PX, so no counter is
+-- Anchored (aligned = 0), for CheckLimit: the window starts with the key's
+-- first spending request. KEY is a string counter whose expiry is the
+-- window's end, created with its expiry in one SET ... PX, so no counter is
 -- ever left without a TTL (the INCR-then-EXPIRE gap of the original
--- middleware). Time is Redis's own: the key's expiry is the window's end.
--- A denied request writes nothing.
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local window_ms = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-
-local ttl_ms = redis.call('PTTL', key)
-local used = 0
-local in_window = ttl_ms >= 0
-if in_window then
-  used = tonumber(redis.call('GET', key)) or 0
-else
-  -- -2: no window in progress. -1: a key without expiry that this script did
-  -- not write; it is overwritten below with one.
-  ttl_ms = 0
-end
-
-local remaining = math.max(0, limit - used)
-if cost > limit then
-  return {0, remaining, ttl_ms * 1000, -1}
-end
-if used + cost > limit then
-  -- The window's end is when the whole limit is back; PTTL 0 means "within
-  -- this millisecond".
-  return {0, remaining, ttl_ms * 1000, math.max(1, ttl_ms) * 1000}
-end
-if cost > 0 then
-  if in_window then
-    redis.call('INCRBY', key, cost)
+-- middleware). Time is Redis's own expiry clock.
+--
+-- Aligned (aligned = 1), as envoyproxy/ratelimit: windows are the multiples
+-- of `window_ms` since the Unix epoch (a minute starts at :00). KEY is a
+-- hash {w = window number, n = units spent} expiring at the window's end.
+-- The window number is stored because Redis expires keys by the script's
+-- start time while `now` is read from TIME a moment later: a key left from
+-- the previous window is recognised by its number, not counted.
+--
+-- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
+-- never). With `spend` false it decides the same and writes nothing.
+local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
+  local used = 0
+  local reset_after = 0
+  local window, window_end_ms, in_window
+  if aligned == 1 then
+    window = math.floor(now / (window_ms * 1000))
+    window_end_ms = (window + 1) * window_ms
+    local stored = redis.call('HMGET', key, 'w', 'n')
+    in_window = tonumber(stored[1]) == window
+    if in_window then
+      used = tonumber(stored[2]) or 0
+      reset_after = window_end_ms * 1000 - now
+    end
   else
-    redis.call('SET', key, cost, 'PX', window_ms)
-    ttl_ms = window_ms
+    local ttl_ms = redis.call('PTTL', key)
+    -- -2: no window in progress. -1: a key without expiry that this script
+    -- did not write; it is overwritten with one.
+    in_window = ttl_ms >= 0
+    if in_window then
+      used = tonumber(redis.call('GET', key)) or 0
+      reset_after = ttl_ms * 1000
+    end
   end
+
+  local remaining = math.max(0, limit - used)
+  if cost > limit then
+    return 0, remaining, reset_after, -1
+  end
+  if used + cost > limit then
+    -- The whole limit is back when the window ends (PTTL 0 means "within
+    -- this millisecond").
+    return 0, remaining, reset_after, math.max(1000, reset_after)
+  end
+  if cost > 0 and spend then
+    if aligned == 1 then
+      redis.call('HSET', key, 'w', window, 'n', used + cost)
+      redis.call('PEXPIREAT', key, window_end_ms)
+      reset_after = window_end_ms * 1000 - now
+    elseif in_window then
+      redis.call('INCRBY', key, cost)
+    else
+      redis.call('SET', key, cost, 'PX', window_ms)
+      reset_after = window_ms * 1000
+    end
+  end
+  return 1, remaining - cost, reset_after, 0
 end
-return {1, remaining - cost, ttl_ms * 1000, 0}

@@ -1,25 +1,13 @@
-//! Fixed window: a counter per key whose window starts at the key's first
-//! spending request. Its Redis script and its in-memory twin live side by
-//! side so one review covers both.
+//! Fixed window: a counter per key, either anchored (the window starts at
+//! the key's first spending request; `CheckLimit`) or aligned to multiples
+//! of the window since the Unix epoch (as envoyproxy/ratelimit does). The
+//! Lua side is `fixed_window.lua`; this file holds its in-memory twin.
 //!
-//! Cheapest of the algorithms (one small string per key) but it admits up to
-//! twice the limit across a window boundary.
+//! Cheapest of the algorithms (one small key) but it admits up to twice the
+//! limit across a window boundary.
 
-use std::sync::LazyLock;
-
-use redis::Script;
-
-use super::MemoryChange;
+use crate::algorithm::MemoryChange;
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
-
-/// The Redis side; `KEYS`, `ARGV` and reply are documented in the file.
-pub static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("fixed_window.lua")));
-
-/// `ARGV` for [`SCRIPT`]: limit, window in milliseconds, cost.
-pub fn script_args(params: &FixedWindow, cost: u64) -> (u64, u64, u64) {
-    (params.limit, params.window.as_millis(), cost)
-}
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,13 +16,15 @@ pub struct State {
     window_end: Micros,
 }
 
-/// The in-memory twin of [`SCRIPT`]. `state` is `None` when the key has no
-/// live window (the store drops expired state before calling).
+/// The in-memory twin of `fixed_window.lua`. `state` is `None` when the key
+/// has no live window (the store drops expired state before calling). With
+/// `spend` false it decides the same and changes nothing.
 pub fn decide(
     params: &FixedWindow,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
+    spend: bool,
 ) -> (Decision, MemoryChange) {
     let limit = params.limit;
     let (used, reset_after) = match state {
@@ -65,7 +55,7 @@ pub fn decide(
         reset_after,
         retry_after: RetryAfter::After(0),
     };
-    if cost == 0 {
+    if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
     match state {
@@ -74,12 +64,17 @@ pub fn decide(
             (decision, MemoryChange::Updated)
         }
         None => {
-            let window_end = now + params.window.as_micros();
+            let window = params.window.as_micros();
+            let window_end = if params.aligned {
+                (now / window + 1) * window
+            } else {
+                now + window
+            };
             *state = Some(State {
                 used: cost,
                 window_end,
             });
-            decision.reset_after = params.window.as_micros();
+            decision.reset_after = window_end - now;
             (
                 decision,
                 MemoryChange::Written {
@@ -101,15 +96,43 @@ mod tests {
     }
 
     #[test]
+    fn aligned_windows_end_on_multiples_of_the_window() {
+        let p = FixedWindow {
+            aligned: true,
+            ..params(2, 1000)
+        };
+        let mut state = None;
+        let (d, change) = decide(&p, &mut state, 2_300_000, 1, true);
+        assert_eq!(d.reset_after, 700_000);
+        assert_eq!(
+            change,
+            MemoryChange::Written {
+                expires_at: 3_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn a_dry_run_decides_without_spending() {
+        let p = params(2, 1000);
+        let mut state = None;
+        let (d, change) = decide(&p, &mut state, 0, 2, false);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(change, MemoryChange::None);
+        assert!(state.is_none());
+    }
+
+    #[test]
     fn allows_the_limit_then_denies_until_the_window_ends() {
         let p = params(3, 1000);
         let mut state = None;
         for expected_remaining in [2, 1, 0] {
-            let (d, _) = decide(&p, &mut state, 5_000, 1);
+            let (d, _) = decide(&p, &mut state, 5_000, 1, true);
             assert!(d.allowed);
             assert_eq!(d.remaining, expected_remaining);
         }
-        let (d, change) = decide(&p, &mut state, 205_000, 1);
+        let (d, change) = decide(&p, &mut state, 205_000, 1, true);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, RetryAfter::After(800_000));
         assert_eq!(d.reset_after, 800_000);
@@ -120,7 +143,7 @@ mod tests {
     fn a_cost_above_the_limit_is_never_allowed_and_spends_nothing() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, _) = decide(&p, &mut state, 0, 4);
+        let (d, _) = decide(&p, &mut state, 0, 4, true);
         assert_eq!(d.retry_after, RetryAfter::Never);
         assert_eq!(d.remaining, 3);
         assert!(state.is_none());
@@ -130,7 +153,7 @@ mod tests {
     fn cost_zero_looks_without_starting_a_window() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 0);
+        let (d, change) = decide(&p, &mut state, 0, 0, true);
         assert!(d.allowed);
         assert_eq!((d.remaining, d.reset_after), (3, 0));
         assert_eq!(change, MemoryChange::None);

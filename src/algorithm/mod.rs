@@ -1,13 +1,31 @@
-//! The rate-limit algorithms, one file each: parameters go in, a
-//! [`Decision`] comes out, either from the algorithm's Lua script on Redis or
-//! from its in-memory twin on the embedded store. This module picks the
-//! right one for a request and reads the scripts' shared reply.
+//! The rate-limit algorithms, one Lua file and one Rust file each: the Lua
+//! function decides on Redis, the Rust function is its in-memory twin with
+//! the same semantics. This module puts the Lua functions into the one
+//! script every decision runs (`decide.lua` decides one request's limits
+//! together, all or nothing) and is that script's twin for the embedded
+//! store.
 
 pub mod fixed_window;
 pub mod sliding_window;
 pub mod token_bucket;
 
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+
+/// The script behind every decision on Redis: the three algorithms'
+/// functions, then `decide.lua`, which documents `KEYS`, `ARGV` and reply.
+/// Loaded once per Redis and called by SHA.
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("fixed_window.lua"),
+        include_str!("sliding_window.lua"),
+        include_str!("token_bucket.lua"),
+        include_str!("decide.lua"),
+    ))
+});
 
 /// The in-memory state of one key, whichever algorithm owns it. A key's name
 /// includes its algorithm, so one key never holds two kinds of state.
@@ -29,20 +47,53 @@ pub enum MemoryChange {
     Written { expires_at: Micros },
 }
 
-/// The tag that starts the storage key's hash tag, one per algorithm, so the
-/// same caller key under two algorithms names two different keys.
+/// The tag in the storage key's hash tag, one per kind of state, so the same
+/// caller key under two algorithms names two different keys.
 pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     match algorithm {
+        Algorithm::FixedWindow(p) if p.aligned => "fa",
         Algorithm::FixedWindow(_) => "fw",
         Algorithm::SlidingWindow(_) => "sw",
         Algorithm::TokenBucket(_) => "tb",
     }
 }
 
-/// Reads every script's reply, `{allowed, remaining, reset_after_us,
-/// retry_after_us (-1: never)}`, refusing anything out of range.
-pub fn decision_from_reply(limit: u64, reply: [i64; 4]) -> Result<Decision, String> {
-    let [allowed, remaining, reset_after, retry_after] = reply;
+/// Adds one limit's six `ARGV` values for [`SCRIPT`].
+pub fn push_script_args(
+    invocation: &mut ScriptInvocation<'_>,
+    algorithm: &Algorithm,
+    cost: u64,
+    shadow: bool,
+) {
+    match algorithm {
+        Algorithm::FixedWindow(p) => invocation
+            .arg("fw")
+            .arg(p.limit)
+            .arg(p.window.as_millis())
+            .arg(u8::from(p.aligned)),
+        Algorithm::SlidingWindow(p) => invocation
+            .arg("sw")
+            .arg(p.limit)
+            .arg(p.window.as_micros())
+            .arg(0),
+        // The rate goes in Rust's shortest exact decimal form, which Lua's
+        // `tonumber` reads back to the same double.
+        Algorithm::TokenBucket(p) => invocation
+            .arg("tb")
+            .arg(p.capacity)
+            .arg(p.refill_per_second)
+            .arg(0),
+    };
+    invocation.arg(cost).arg(u8::from(shadow));
+}
+
+/// Reads one limit's part of the script's reply, `{allowed, remaining,
+/// reset_after_us, retry_after_us (-1: never)}`, refusing anything out of
+/// range.
+pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<Decision, String> {
+    let &[allowed, remaining, reset_after, retry_after] = reply else {
+        return Err(format!("script replied {} values, not 4", reply.len()));
+    };
     let non_negative = |name: &str, value: i64| {
         u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
     };
@@ -64,13 +115,15 @@ pub fn decision_from_reply(limit: u64, reply: [i64; 4]) -> Result<Decision, Stri
     })
 }
 
-/// Decides `cost` under `algorithm` on in-memory state: the twin of
-/// the algorithms' scripts. `state` is `None` for a key with no live state.
+/// Decides `cost` under `algorithm` on in-memory state: the twin of one
+/// algorithm's Lua function. `state` is `None` for a key with no live state;
+/// with `spend` false nothing is spent.
 pub fn decide_in_memory(
     algorithm: &Algorithm,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
+    spend: bool,
 ) -> (Decision, MemoryChange) {
     // Each arm lends the algorithm its own variant and puts it back after.
     macro_rules! with_variant {
@@ -79,7 +132,7 @@ pub fn decide_in_memory(
                 Some(State::$variant(s)) => Some(s),
                 _ => None,
             };
-            let outcome = $module::decide($params, &mut own, now, cost);
+            let outcome = $module::decide($params, &mut own, now, cost, spend);
             *state = own.map(State::$variant);
             outcome
         }};
@@ -89,4 +142,35 @@ pub fn decide_in_memory(
         Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p),
         Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p),
     }
+}
+
+/// The twin of `decide.lua`'s driver: decides `costs.len()` limits together,
+/// all or nothing. `decide(i, cost, spend)` decides limit `i`; `shadow[i]`
+/// says limit `i` may not deny the group.
+pub fn decide_together(
+    costs: &[u64],
+    shadow: &[bool],
+    mut decide: impl FnMut(usize, u64, bool) -> Decision,
+) -> Vec<Decision> {
+    if costs.len() == 1 {
+        // Alone, a limit spends only if it allows: no dry run needed.
+        return vec![decide(0, costs[0], true)];
+    }
+    let dry: Vec<Decision> = costs
+        .iter()
+        .enumerate()
+        .map(|(i, &cost)| decide(i, cost, false))
+        .collect();
+    let all_allow = dry
+        .iter()
+        .zip(shadow)
+        .all(|(decision, &shadow)| decision.allowed || shadow);
+    dry.into_iter()
+        .enumerate()
+        .map(|(i, decision)| match (decision.allowed, all_allow) {
+            (false, _) => decision,
+            (true, true) => decide(i, costs[i], true),
+            (true, false) => decide(i, 0, false),
+        })
+        .collect()
 }

@@ -1,24 +1,12 @@
 //! Sliding window (log): every unit spent is remembered with its time, and a
 //! request is allowed while the units within the last `window` plus its cost
-//! stay within the limit. Exact, with memory O(limit) per key. Its Redis
-//! script and its in-memory twin live side by side.
+//! stay within the limit. Exact, with memory O(limit) per key. The Lua side
+//! is `sliding_window.lua`; this file holds its in-memory twin.
 
 use std::collections::VecDeque;
-use std::sync::LazyLock;
-
-use redis::Script;
 
 use super::MemoryChange;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
-
-/// The Redis side; `KEYS`, `ARGV` and reply are documented in the file.
-pub static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("sliding_window.lua")));
-
-/// `ARGV` for [`SCRIPT`]: limit, window in microseconds, cost.
-pub fn script_args(params: &SlidingWindow, cost: u64) -> (u64, u64, u64) {
-    (params.limit, params.window.as_micros(), cost)
-}
 
 /// The in-memory state of one key: the log as (stamp, units) runs, oldest
 /// first. Runs instead of one entry per unit keep memory per request, not per
@@ -29,12 +17,14 @@ pub struct State {
     used: u64,
 }
 
-/// The in-memory twin of [`SCRIPT`].
+/// The in-memory twin of `sliding_window.lua`. With `spend` false it
+/// decides the same and adds nothing (it may still drop aged-out runs).
 pub fn decide(
     params: &SlidingWindow,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
+    spend: bool,
 ) -> (Decision, MemoryChange) {
     let limit = params.limit;
     let window = params.window.as_micros();
@@ -93,7 +83,7 @@ pub fn decide(
         reset_after,
         retry_after: RetryAfter::After(0),
     };
-    if cost == 0 {
+    if cost == 0 || !spend {
         return (decision, unchanged);
     }
     let stamp = match newest {
@@ -126,14 +116,14 @@ mod tests {
     fn units_leave_the_window_one_run_at_a_time() {
         let p = params(3, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 2).0.allowed);
-        assert!(decide(&p, &mut state, 400_000, 1).0.allowed);
-        let (d, _) = decide(&p, &mut state, 500_000, 1);
+        assert!(decide(&p, &mut state, 0, 2, true).0.allowed);
+        assert!(decide(&p, &mut state, 400_000, 1, true).0.allowed);
+        let (d, _) = decide(&p, &mut state, 500_000, 1, true);
         assert!(!d.allowed);
         // The two units spent at 0 leave at 1 s.
         assert_eq!(d.retry_after, RetryAfter::After(500_000));
         assert_eq!(d.reset_after, 900_000);
-        let (d, _) = decide(&p, &mut state, 1_000_000, 2);
+        let (d, _) = decide(&p, &mut state, 1_000_000, 2, true);
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
     }
@@ -143,10 +133,10 @@ mod tests {
         let p = params(4, 1000);
         let mut state = None;
         for t in [0, 100_000, 200_000, 300_000] {
-            assert!(decide(&p, &mut state, t, 1).0.allowed);
+            assert!(decide(&p, &mut state, t, 1, true).0.allowed);
         }
         // Cost 3 needs the three oldest gone: the one stamped 200 ms.
-        let (d, _) = decide(&p, &mut state, 300_000, 3);
+        let (d, _) = decide(&p, &mut state, 300_000, 3, true);
         assert_eq!(d.retry_after, RetryAfter::After(900_000));
     }
 
@@ -154,8 +144,8 @@ mod tests {
     fn stamps_never_go_backwards_when_the_clock_does() {
         let p = params(10, 1000);
         let mut state = None;
-        decide(&p, &mut state, 500_000, 1);
-        let (d, change) = decide(&p, &mut state, 400_000, 1);
+        decide(&p, &mut state, 500_000, 1, true);
+        let (d, change) = decide(&p, &mut state, 400_000, 1, true);
         assert!(d.allowed);
         assert_eq!(
             change,
@@ -169,8 +159,8 @@ mod tests {
     fn an_emptied_log_is_dropped() {
         let p = params(1, 10);
         let mut state = None;
-        decide(&p, &mut state, 0, 1);
-        let (d, _) = decide(&p, &mut state, 10_000, 0);
+        decide(&p, &mut state, 0, 1, true);
+        let (d, _) = decide(&p, &mut state, 10_000, 0, true);
         assert!(d.allowed);
         assert!(state.is_none());
     }

@@ -1,26 +1,11 @@
 //! Token bucket: `capacity` tokens, starting full, refilled continuously at
 //! `refill_per_second`; a request spends `cost` tokens. Allows bursts up to
-//! the capacity and a steady rate after. Its Redis script and its in-memory
-//! twin live side by side and do the same floating-point steps in the same
-//! order, so both give the same answers.
-
-use std::sync::LazyLock;
-
-use redis::Script;
+//! the capacity and a steady rate after. The Lua side is `token_bucket.lua`;
+//! this file holds its in-memory twin, which does the same floating-point
+//! steps in the same order, so both give the same answers.
 
 use super::MemoryChange;
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
-
-/// The Redis side; `KEYS`, `ARGV` and reply are documented in the file.
-pub static SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("token_bucket.lua")));
-
-/// `ARGV` for [`SCRIPT`]: capacity, refill per second, cost. The rate is sent
-/// in Rust's shortest exact decimal form, which Lua's `tonumber` reads back to
-/// the same double.
-pub fn script_args(params: &TokenBucket, cost: u64) -> (u64, f64, u64) {
-    (params.capacity, params.refill_per_second, cost)
-}
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,12 +14,14 @@ pub struct State {
     stamp: Micros,
 }
 
-/// The in-memory twin of [`SCRIPT`]. A missing state is a full bucket.
+/// The in-memory twin of `token_bucket.lua`. A missing state is a full
+/// bucket. With `spend` false it decides the same and changes nothing.
 pub fn decide(
     params: &TokenBucket,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
+    spend: bool,
 ) -> (Decision, MemoryChange) {
     let capacity = params.capacity as f64;
     let rate = params.refill_per_second;
@@ -67,13 +54,13 @@ pub fn decide(
     }
     decision.allowed = true;
     decision.retry_after = RetryAfter::After(0);
-    if cost == 0 {
-        return (decision, MemoryChange::None);
-    }
     tokens -= cost_tokens;
-    *state = Some(State { tokens, stamp });
     decision.remaining = tokens.floor() as u64;
     decision.reset_after = ahead + micros_to_refill(capacity - tokens);
+    if cost == 0 || !spend {
+        return (decision, MemoryChange::None);
+    }
+    *state = Some(State { tokens, stamp });
     // Redis expires the key on a whole millisecond; so does the twin.
     let expires_in = decision.reset_after.div_ceil(1000) * 1000;
     (
@@ -92,23 +79,23 @@ mod tests {
     fn starts_full_and_refills_at_fractional_rates() {
         let p = TokenBucket::new(2, 0.5).unwrap();
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 1).0.allowed);
-        let (d, _) = decide(&p, &mut state, 0, 1);
+        assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
+        let (d, _) = decide(&p, &mut state, 0, 1, true);
         assert!(d.allowed);
         assert_eq!(d.reset_after, 4_000_000);
-        let (d, _) = decide(&p, &mut state, 1_000_000, 1);
+        let (d, _) = decide(&p, &mut state, 1_000_000, 1, true);
         assert!(!d.allowed);
         // Half a token is back after 1 s at 0.5/s; the other half takes 1 s.
         assert_eq!(d.retry_after, RetryAfter::After(1_000_000));
-        assert!(decide(&p, &mut state, 2_000_000, 1).0.allowed);
+        assert!(decide(&p, &mut state, 2_000_000, 1, true).0.allowed);
     }
 
     #[test]
     fn never_refills_above_capacity() {
         let p = TokenBucket::new(3, 100.0).unwrap();
         let mut state = None;
-        decide(&p, &mut state, 0, 3);
-        let (d, _) = decide(&p, &mut state, 3_600_000_000, 0);
+        decide(&p, &mut state, 0, 3, true);
+        let (d, _) = decide(&p, &mut state, 3_600_000_000, 0, true);
         assert_eq!(d.remaining, 3);
         assert_eq!(d.reset_after, 0);
     }
@@ -117,7 +104,7 @@ mod tests {
     fn a_cost_above_capacity_is_never_allowed() {
         let p = TokenBucket::new(3, 1.0).unwrap();
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 4);
+        let (d, change) = decide(&p, &mut state, 0, 4, true);
         assert_eq!(d.retry_after, RetryAfter::Never);
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());

@@ -82,6 +82,7 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
         key,
         algorithm,
         cost,
+        shadow: false,
     })
 }
 

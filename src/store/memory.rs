@@ -1,18 +1,20 @@
 //! The embedded store: state in this process, for a single instance or for
 //! tests. Same answers as Redis, but not shared between instances.
 //!
-//! A concurrent map (dashmap: sharded locks) holds each key's state with its
-//! expiry. A decision runs under the key's shard lock, which makes it as
-//! atomic as a Lua script is on Redis. Expired state is treated as absent at
-//! once and evicted by a background sweep, so memory stays bounded by the
-//! keys live within their windows.
+//! Keys live in a fixed number of shards, each a `HashMap` behind a mutex. A
+//! decision runs with its keys' shards locked, which makes it as atomic as a
+//! Lua script is on Redis, also for a decision over several keys at once
+//! (shards are locked in ascending order, so two such decisions never wait on
+//! each other in a cycle). A concurrent map crate was not enough here: none
+//! locks several keys together. Expired state is treated as absent at once
+//! and evicted by a background sweep, so memory stays bounded by the keys
+//! live within their windows.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
-
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::algorithm::MemoryChange;
 use crate::limit::Micros;
@@ -20,23 +22,26 @@ use crate::limit::Micros;
 /// Where the embedded store reads the time. Redis reads its own clock; here
 /// a trait lets unit tests drive the time by hand.
 pub trait Clock: Send + Sync + 'static {
-    /// Microseconds since an arbitrary fixed start; never goes backwards.
+    /// Microseconds since the Unix epoch; never goes backwards.
     fn now(&self) -> Micros;
 }
 
-/// The process's monotonic clock.
-#[derive(Debug)]
-pub struct MonotonicClock(Instant);
-
-impl Default for MonotonicClock {
-    fn default() -> Self {
-        Self(Instant::now())
-    }
+/// The system's wall clock, held from going backwards. Wall time rather than
+/// a monotonic instant because windows aligned to the unit (a minute starting
+/// at :00) need the epoch, as they do on Redis.
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    latest: AtomicU64,
 }
 
-impl Clock for MonotonicClock {
+impl Clock for SystemClock {
     fn now(&self) -> Micros {
-        self.0.elapsed().as_micros() as Micros
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as Micros);
+        // A clock step backwards must not shorten anyone's window.
+        let previous = self.latest.fetch_max(wall, Ordering::Relaxed);
+        previous.max(wall)
     }
 }
 
@@ -56,6 +61,9 @@ impl Clock for ManualClock {
     }
 }
 
+/// Enough shards that two cores rarely meet on one lock.
+const SHARDS: usize = 64;
+
 #[derive(Debug)]
 struct Slot<S> {
     /// `None` once a decision emptied it; such a slot is removed right after.
@@ -64,36 +72,22 @@ struct Slot<S> {
     expires_at: Micros,
 }
 
-impl<S> Slot<S> {
-    /// Runs `decide` on this slot's live state and records its change.
-    fn decide<R>(
-        &mut self,
-        now: Micros,
-        decide: impl FnOnce(&mut Option<S>, Micros) -> (R, MemoryChange),
-    ) -> R {
-        if self.expires_at <= now {
-            self.state = None;
-        }
-        let (result, change) = decide(&mut self.state, now);
-        if let MemoryChange::Written { expires_at } = change {
-            self.expires_at = expires_at;
-        }
-        result
-    }
-}
+type Shard<S> = HashMap<Box<str>, Slot<S>>;
 
 /// Keys and their state of type `S`, with expiry.
 pub struct MemoryStore<S> {
-    slots: DashMap<Box<str>, Slot<S>>,
+    shards: Box<[Mutex<Shard<S>>]>,
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
 }
 
-impl<S: Send + Sync + 'static> MemoryStore<S> {
+impl<S: Send + 'static> MemoryStore<S> {
     /// A store on `clock`; call [`MemoryStore::spawn_sweeper`] to evict
     /// expired keys in the background.
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Self {
-            slots: DashMap::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
             clock,
         })
     }
@@ -112,19 +106,21 @@ impl<S: Send + Sync + 'static> MemoryStore<S> {
         });
     }
 
-    /// Drops every key whose state has expired.
+    /// Drops every key whose state has expired, one shard at a time.
     pub fn evict_expired(&self) {
         let now = self.clock.now();
-        self.slots.retain(|_, slot| slot.expires_at > now);
+        for shard in &self.shards {
+            lock(shard).retain(|_, slot| slot.expires_at > now);
+        }
     }
 
     /// Keys held, live or not yet evicted.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.len() == 0
     }
 
     /// Runs `decide` on `key`'s live state (`None` if absent or expired),
@@ -135,41 +131,106 @@ impl<S: Send + Sync + 'static> MemoryStore<S> {
         key: &str,
         decide: impl FnOnce(&mut Option<S>, Micros) -> (R, MemoryChange),
     ) -> R {
+        self.with_keys(&[key], |keys, now| {
+            keys.decide(0, |state| decide(state, now))
+        })
+    }
+
+    /// Locks the shards of all `keys` (in ascending order) and runs `work`,
+    /// which may decide on any of them through [`LockedKeys::decide`]; no
+    /// other call sees any of these keys until `work` returns.
+    pub fn with_keys<R>(
+        &self,
+        keys: &[&str],
+        work: impl FnOnce(&mut LockedKeys<'_, S>, Micros) -> R,
+    ) -> R {
+        let shard_of: Vec<usize> = keys
+            .iter()
+            .map(|key| (self.hasher.hash_one(key) as usize) % SHARDS)
+            .collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order
+            .into_iter()
+            .map(|index| (index, lock(&self.shards[index])))
+            .collect();
+        // Read the clock with the locks held, so decisions on a key see time
+        // in the order they run.
         let now = self.clock.now();
-        // Most calls find their key: look it up without allocating first.
-        if let Some(mut slot) = self.slots.get_mut(key) {
-            let result = slot.decide(now, decide);
-            let emptied = slot.state.is_none();
-            drop(slot);
-            if emptied {
-                // The shard lock is released: remove the key only if no call
-                // has written it since.
-                self.slots.remove_if(key, |_, slot| slot.state.is_none());
+        let mut locked = LockedKeys {
+            keys,
+            shard_of,
+            guards,
+            now,
+        };
+        work(&mut locked, now)
+    }
+}
+
+/// The keys of one [`MemoryStore::with_keys`] call, with their shards locked.
+pub struct LockedKeys<'a, S> {
+    keys: &'a [&'a str],
+    shard_of: Vec<usize>,
+    guards: Vec<(usize, MutexGuard<'a, Shard<S>>)>,
+    now: Micros,
+}
+
+impl<S> LockedKeys<'_, S> {
+    /// Runs `decide` on the live state of key number `index` and keeps what
+    /// it leaves, as [`MemoryStore::update`] does.
+    pub fn decide<T>(
+        &mut self,
+        index: usize,
+        decide: impl FnOnce(&mut Option<S>) -> (T, MemoryChange),
+    ) -> T {
+        let key = self.keys[index];
+        let shard = self.shard_of[index];
+        let now = self.now;
+        let map = self
+            .guards
+            .iter_mut()
+            .find(|(locked, _)| *locked == shard)
+            .map(|(_, guard)| &mut **guard)
+            .expect("with_keys locked the shard of every key");
+        let run = |slot: &mut Slot<S>| {
+            if slot.expires_at <= now {
+                slot.state = None;
             }
-            return result;
-        }
-        match self.slots.entry(key.into()) {
-            // Another call created the key since the lookup above.
-            Entry::Occupied(mut occupied) => {
-                let result = occupied.get_mut().decide(now, decide);
-                if occupied.get().state.is_none() {
-                    occupied.remove();
+            let (result, change) = decide(&mut slot.state);
+            if let MemoryChange::Written { expires_at } = change {
+                slot.expires_at = expires_at;
+            }
+            result
+        };
+        match map.get_mut(key) {
+            Some(slot) => {
+                let result = run(slot);
+                if slot.state.is_none() {
+                    map.remove(key);
                 }
                 result
             }
-            Entry::Vacant(vacant) => {
+            None => {
                 let mut slot = Slot {
                     state: None,
                     expires_at: now,
                 };
-                let result = slot.decide(now, decide);
+                let result = run(&mut slot);
                 if slot.state.is_some() {
-                    vacant.insert(slot);
+                    map.insert(key.into(), slot);
                 }
                 result
             }
         }
     }
+}
+
+/// A shard's lock. A panic while holding it cannot leave a half-written
+/// state (decisions only write whole values), so a poisoned lock is used
+/// as it is rather than failing every later request.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ pub mod redis;
 
 use std::sync::Arc;
 
-pub use self::memory::{Clock, ManualClock, MemoryStore, MonotonicClock};
+pub use self::memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use self::redis::{RedisSettings, RedisStore};
 use crate::algorithm::State;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, PoolError, Runtime};
 use redis::aio::ConnectionLike;
-use redis::{AsyncConnectionConfig, RedisError, RetryMethod, Script, ToRedisArgs};
+use redis::{AsyncConnectionConfig, RedisError, RetryMethod, ScriptInvocation};
 
 use crate::error::StoreError;
 
@@ -64,22 +64,18 @@ impl RedisStore {
         })
     }
 
-    /// Runs `script` on `key` with `args` and reads its four-integer reply.
+    /// Runs a prepared script call (by SHA, loading the script on
+    /// `NOSCRIPT`) and reads its reply: a list of integers.
     pub async fn run_script(
         &self,
-        script: &Script,
-        key: &str,
-        args: impl ToRedisArgs,
-    ) -> Result<[i64; 4], StoreError> {
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, StoreError> {
         self.bounded(async {
             let mut connection = self.pool.get().await.map_err(classify_pool)?;
-            let reply: (i64, i64, i64, i64) = script
-                .key(key)
-                .arg(args)
+            invocation
                 .invoke_async(&mut connection)
                 .await
-                .map_err(classify)?;
-            Ok([reply.0, reply.1, reply.2, reply.3])
+                .map_err(classify)
         })
         .await
     }
