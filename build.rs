@@ -15,7 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("ratelimitd_descriptor.bin"))
         .compile_protos(
-            &[PathBuf::from("proto/ratelimitd/v1/ratelimit.proto")],
+            &[
+                PathBuf::from("proto/ratelimitd/v1/ratelimit.proto"),
+                PathBuf::from("proto/envoy/service/ratelimit/v3/rls.proto"),
+            ],
             &[PathBuf::from("proto"), well_known],
         )?;
     println!("cargo:rerun-if-changed=proto");

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -40,6 +41,27 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_REDIS_CONNECT_TIMEOUT", default_value = "1s",
           value_parser = positive_duration)]
     pub redis_connect_timeout: Duration,
+
+    /// envoyproxy/ratelimit configuration for the Envoy face: a YAML file, or
+    /// a directory of them (`*.yaml`, `*.yml`; dotfiles ignored). Reloaded
+    /// when it changes. Unset: every Envoy domain is unconfigured (OK).
+    #[arg(long, env = "RATELIMITD_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// How often to look for changes to --config.
+    #[arg(long, env = "RATELIMITD_CONFIG_POLL_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub config_poll_interval: Duration,
+
+    /// Envoy face: decide, count and log as usual, but answer every request
+    /// OK (descriptor statuses still say OVER_LIMIT where they are).
+    #[arg(long, env = "RATELIMITD_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    /// Envoy face: add the IETF RateLimit-Policy and RateLimit headers
+    /// (draft-ietf-httpapi-ratelimit-headers) to responses.
+    #[arg(long, env = "RATELIMITD_ENVOY_RATELIMIT_HEADERS")]
+    pub envoy_ratelimit_headers: bool,
 
     /// Longest one decision may wait on Redis (pool, command and reply)
     /// before the call fails with UNAVAILABLE.
@@ -91,6 +113,10 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("redis_url", &self.redis_url.as_deref().map(redacted_url))
             .field("key_prefix", &self.key_prefix)
+            .field("config", &self.config)
+            .field("config_poll_interval", &self.config_poll_interval)
+            .field("shadow_mode", &self.shadow_mode)
+            .field("envoy_ratelimit_headers", &self.envoy_ratelimit_headers)
             .field("redis_pool_size", &self.redis_pool_size)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_command_timeout", &self.redis_command_timeout)

@@ -10,8 +10,12 @@ use tracing::{info, warn};
 
 use crate::store::Store;
 
-/// The health service names we report: the whole server (`""`) and our API.
-pub const SERVICE_NAMES: [&str; 2] = ["", "ratelimitd.v1.RateLimiter"];
+/// The health service names we report: the whole server (`""`) and each API.
+pub const SERVICE_NAMES: [&str; 3] = [
+    "",
+    "ratelimitd.v1.RateLimiter",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
 
 /// Sets every name in [`SERVICE_NAMES`] to `status`.
 pub async fn report(reporter: &HealthReporter, status: ServingStatus) {

@@ -8,6 +8,41 @@ pub mod ratelimitd {
     }
 }
 
+/// Envoy's rate limit service API, from the trimmed wire-compatible copies in
+/// `proto/envoy/`. The module tree mirrors the proto packages because the
+/// generated code refers to its neighbours by relative paths.
+#[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
+pub mod envoy {
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
 /// The encoded descriptors of every proto file we compile, for server
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ratelimitd_descriptor");

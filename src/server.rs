@@ -13,6 +13,9 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::api::check::CheckService;
+use crate::api::envoy::config_file::ConfigError;
+use crate::api::envoy::source::{ConfigSource, RulesHandle};
+use crate::api::envoy::{EnvoyService, EnvoySettings};
 use crate::config::{Config, redacted_url};
 use crate::error::StoreError;
 use crate::health;
@@ -24,6 +27,8 @@ use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 pub enum ServeError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("configuration: {0}")]
+    Config(#[from] ConfigError),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC transport: {0}")]
@@ -59,8 +64,25 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let (rules, config_watch) = match &config.config {
+        Some(path) => {
+            let (source, rules) = ConfigSource::load(path.clone())?;
+            let rules = RulesHandle::new(rules);
+            let watch = tokio::spawn(source.watch(rules.clone(), config.config_poll_interval));
+            (rules, Some(watch))
+        }
+        None => (RulesHandle::default(), None),
+    };
     let store = build_store(&config)?;
     let limiter = Limiter::new(store.clone(), config.key_prefix.clone());
+    let envoy = EnvoyService::new(
+        limiter.clone(),
+        rules,
+        EnvoySettings {
+            shadow_mode: config.shadow_mode,
+            ratelimit_headers: config.envoy_ratelimit_headers,
+        },
+    );
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health::report(&reporter, ServingStatus::NotServing).await;
@@ -85,6 +107,9 @@ pub async fn run(
             shutdown.await;
             info!("shutting down: health NOT_SERVING, finishing calls in flight");
             health_task.abort();
+            if let Some(config_watch) = config_watch {
+                config_watch.abort();
+            }
             health::report(&reporter, ServingStatus::NotServing).await;
             draining.notify_one();
         }
@@ -93,6 +118,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(CheckService::new(limiter).into_server())
+        .add_service(envoy.into_server())
         .serve_with_incoming_shutdown(incoming, stop);
     let grace = config.shutdown_grace;
     let grace_expired = async move {

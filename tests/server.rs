@@ -38,6 +38,7 @@ async fn reflection_lists_every_service() {
     assert_eq!(
         names,
         [
+            "envoy.service.ratelimit.v3.RateLimitService",
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
             "ratelimitd.v1.RateLimiter",
@@ -49,7 +50,7 @@ async fn reflection_lists_every_service() {
 #[tokio::test]
 async fn health_serves_for_the_server_and_the_api() {
     let server = TestServer::memory().await;
-    for service in ["", "ratelimitd.v1.RateLimiter"] {
+    for service in ratelimitd::health::SERVICE_NAMES {
         common::eventually("SERVING", || async {
             common::health_status(server.address, service).await == Some(ServingStatus::Serving)
         })

@@ -3,3 +3,4 @@
 //! turns decisions back into its protocol.
 
 pub mod check;
+pub mod envoy;

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test file uses its own part of this module
 
+pub mod envoy;
+
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,552 @@
+//! Reads envoyproxy/ratelimit configuration files, unchanged, into
+//! [`Rules`]: one YAML file per domain, or a directory of them. Every error
+//! names the file, the line and the reason.
+//!
+//! Accepted as upstream: `domain`, `descriptors` (nested), `key`, `value`
+//! (a trailing `*` makes a wildcard), `rate_limit` with `unit`,
+//! `requests_per_unit`, `unlimited`, `name`, `replaces`, and `shadow_mode`,
+//! `detailed_metric`, `value_to_metric`, `share_threshold` on descriptors.
+//! Two extensions on `rate_limit`: `algorithm` (`fixed_window`, the default,
+//! with windows aligned to the unit as upstream; `sliding_window`;
+//! `token_bucket`) and `unit_multiplier` (the window is `unit` × this).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit};
+use crate::limit::{Algorithm, FixedWindow, SlidingWindow, TokenBucket};
+
+/// A configuration that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based; 0 when the error concerns the whole file or directory.
+    pub line: u64,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.reason)
+        } else {
+            write!(f, "{}:{}: {}", self.file, self.line, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The files a `--config` path names, each with its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub files: Vec<(PathBuf, String)>,
+}
+
+impl Snapshot {
+    /// Reads `path`: a file, or every `*.yaml` / `*.yml` file directly in a
+    /// directory, in name order. Names starting with `.` are skipped: a
+    /// Kubernetes ConfigMap volume keeps its data in `..data` and
+    /// `..<timestamp>` entries, with the visible names linking into them.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let unreadable = |err: std::io::Error| ConfigError {
+            file: path.display().to_string(),
+            line: 0,
+            reason: format!("cannot read: {err}"),
+        };
+        let metadata = std::fs::metadata(path).map_err(unreadable)?;
+        let mut paths = Vec::new();
+        if metadata.is_dir() {
+            for entry in std::fs::read_dir(path).map_err(unreadable)? {
+                let entry_path = entry.map_err(unreadable)?.path();
+                let name = entry_path
+                    .file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+                if is_yaml && !name.starts_with('.') && entry_path.is_file() {
+                    paths.push(entry_path);
+                }
+            }
+            paths.sort();
+        } else {
+            paths.push(path.to_owned());
+        }
+        let mut files = Vec::with_capacity(paths.len());
+        for file in paths {
+            let text = std::fs::read_to_string(&file).map_err(|err| ConfigError {
+                file: file.display().to_string(),
+                line: 0,
+                reason: format!("cannot read: {err}"),
+            })?;
+            files.push((file, text));
+        }
+        Ok(Self { files })
+    }
+
+    /// Parses and checks every file into one set of rules.
+    pub fn compile(&self) -> Result<Rules, ConfigError> {
+        let mut rules = Rules::default();
+        let mut domain_lines: HashMap<String, String> = HashMap::new();
+        for (path, text) in &self.files {
+            let file = path.display().to_string();
+            let (domain, line, level) = compile_file(&file, text)?;
+            if let Some(first) = domain_lines.get(&domain) {
+                return Err(ConfigError {
+                    file,
+                    line,
+                    reason: format!("duplicate domain '{domain}' (first defined at {first})"),
+                });
+            }
+            domain_lines.insert(domain.clone(), format!("{}:{line}", path.display()));
+            rules.domains.insert(domain, level);
+        }
+        Ok(rules)
+    }
+}
+
+/// A YAML scalar read as text, as upstream's Go struct fields read them:
+/// `value: 123` is the string "123".
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Text, E> {
+                Ok(Text(text.to_owned()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Text, E> {
+                Ok(Text(number.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Text, E> {
+                Ok(Text(number.to_string()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, flag: bool) -> Result<Text, E> {
+                Ok(Text(flag.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    domain: Option<Spanned<Text>>,
+    #[serde(default)]
+    descriptors: Vec<Spanned<DescriptorSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorSpec {
+    key: Option<Text>,
+    value: Option<Text>,
+    rate_limit: Option<Spanned<RateLimitSpec>>,
+    #[serde(default)]
+    descriptors: Vec<Spanned<DescriptorSpec>>,
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Upstream: finer statistics names. Accepted; no effect on limiting.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: bool,
+    /// Upstream: values in statistics names. Accepted; no effect on limiting.
+    #[serde(default)]
+    #[allow(dead_code)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitSpec {
+    unit: Option<Text>,
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<Text>,
+    #[serde(default)]
+    replaces: Vec<ReplacesSpec>,
+    /// Extension: `fixed_window` (default), `sliding_window`, `token_bucket`.
+    algorithm: Option<Text>,
+    /// Extension: the window is `unit` × this.
+    unit_multiplier: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplacesSpec {
+    name: Option<Text>,
+}
+
+/// Parses one file: its domain, the line of `domain:`, and its tree.
+fn compile_file(file: &str, text: &str) -> Result<(String, u64, Level), ConfigError> {
+    let spec: Option<FileSpec> = serde_saphyr::from_str(text).map_err(|err| ConfigError {
+        file: file.to_owned(),
+        line: err.location().map_or(0, |at| at.line()),
+        reason: first_line(&err.to_string()),
+    })?;
+    let error = |line: u64, reason: String| ConfigError {
+        file: file.to_owned(),
+        line,
+        reason,
+    };
+    // An empty file parses as nothing: upstream's "empty domain".
+    let Some(spec) = spec else {
+        return Err(error(1, "config file cannot have empty domain".into()));
+    };
+    let (domain, line) = match spec.domain {
+        Some(domain) if !domain.value.0.is_empty() => (domain.value.0, domain.referenced.line()),
+        Some(domain) => {
+            let line = domain.referenced.line();
+            return Err(error(line, "config file cannot have empty domain".into()));
+        }
+        None => return Err(error(1, "config file cannot have empty domain".into())),
+    };
+    let mut context = Context {
+        file,
+        path: vec![domain.clone()],
+    };
+    let level = context.level(&spec.descriptors)?;
+    Ok((domain, line, level))
+}
+
+/// The reason alone: the YAML parser's message starts with "error: line L
+/// column C: " (the line is reported apart) and ends with a source excerpt.
+fn first_line(message: &str) -> String {
+    let first = message.lines().next().unwrap_or(message).trim();
+    let without_position = first
+        .strip_prefix("error: line ")
+        .and_then(|rest| rest.split_once(": "))
+        .map_or(first, |(_, reason)| reason);
+    without_position.to_owned()
+}
+
+struct Context<'a> {
+    file: &'a str,
+    /// The descriptor path down to the level being read, for policy ids.
+    path: Vec<String>,
+}
+
+impl Context<'_> {
+    fn error(&self, line: u64, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line,
+            reason: reason.into(),
+        }
+    }
+
+    fn level(&mut self, descriptors: &[Spanned<DescriptorSpec>]) -> Result<Level, ConfigError> {
+        let mut level = Level::default();
+        for descriptor in descriptors {
+            let line = descriptor.referenced.line();
+            let spec = &descriptor.value;
+            let key = match &spec.key {
+                Some(Text(key)) if !key.is_empty() => key.clone(),
+                _ => return Err(self.error(line, "descriptor has empty key")),
+            };
+            let value = spec
+                .value
+                .as_ref()
+                .map(|Text(value)| value.clone())
+                .filter(|v| !v.is_empty());
+            let composite = match &value {
+                Some(value) => format!("{key}_{value}"),
+                None => key.clone(),
+            };
+            let wildcard = value.as_deref().and_then(|value| value.strip_suffix('*'));
+            if spec.share_threshold && wildcard.is_none() {
+                return Err(self.error(
+                    line,
+                    format!(
+                        "share_threshold can only be used with wildcard values (ending with '*'), \
+                         but found key '{composite}'"
+                    ),
+                ));
+            }
+            self.path.push(composite.clone());
+            let rule = spec
+                .rate_limit
+                .as_ref()
+                .map(|rate_limit| self.rule(rate_limit, spec.shadow_mode))
+                .transpose()?;
+            let children = self.level(&spec.descriptors)?;
+            self.path.pop();
+            let node = Node {
+                rule: rule.map(Arc::new),
+                shared_pattern: spec.share_threshold.then(|| value.clone()).flatten(),
+                children,
+            };
+            let duplicate = match (&value, wildcard) {
+                (Some(_), Some(prefix)) => {
+                    let taken = level
+                        .wildcards
+                        .iter()
+                        .any(|(k, p, _)| *k == key && p.as_str() == prefix);
+                    if !taken {
+                        level.wildcards.push((key, prefix.to_owned(), node));
+                    }
+                    taken
+                }
+                (Some(value), None) => {
+                    let values = level.exact.entry(key).or_default();
+                    let taken = values.contains_key(value);
+                    if !taken {
+                        values.insert(value.clone(), node);
+                    }
+                    taken
+                }
+                (None, _) => {
+                    let taken = level.any_value.contains_key(&key);
+                    if !taken {
+                        level.any_value.insert(key, node);
+                    }
+                    taken
+                }
+            };
+            if duplicate {
+                let at = self.path.join(".");
+                return Err(self.error(
+                    line,
+                    format!("duplicate descriptor composite key '{at}.{composite}'"),
+                ));
+            }
+        }
+        Ok(level)
+    }
+
+    fn rule(&self, spanned: &Spanned<RateLimitSpec>, shadow: bool) -> Result<Rule, ConfigError> {
+        let line = spanned.referenced.line();
+        let spec = &spanned.value;
+        let unit_text = spec
+            .unit
+            .as_ref()
+            .map(|Text(unit)| unit.as_str())
+            .unwrap_or("");
+        let unit = Unit::parse(unit_text);
+        if spec.unlimited && unit.is_some() {
+            return Err(self.error(line, "should not specify rate limit unit when unlimited"));
+        }
+        let name = spec
+            .name
+            .as_ref()
+            .map(|Text(name)| name.clone())
+            .filter(|n| !n.is_empty());
+        let mut replaces = Vec::with_capacity(spec.replaces.len());
+        for replaced in &spec.replaces {
+            match &replaced.name {
+                Some(Text(replaced)) if !replaced.is_empty() => {
+                    if Some(replaced) == name.as_ref() {
+                        return Err(
+                            self.error(line, "replaces should not contain name of same descriptor")
+                        );
+                    }
+                    replaces.push(replaced.clone());
+                }
+                _ => return Err(self.error(line, "should not have an empty replaces entry")),
+            }
+        }
+        let policy_id = name.clone().unwrap_or_else(|| self.path[1..].join("."));
+        let source = Source {
+            file: self.file.to_owned(),
+            line,
+        };
+        if spec.unlimited {
+            return Ok(Rule {
+                name,
+                requests_per_unit: 0,
+                unit: Unit::Second,
+                unit_multiplier: 1,
+                limit: Limit::Unlimited,
+                replaces,
+                shadow,
+                policy_id,
+                source,
+            });
+        }
+        let Some(unit) = unit else {
+            return Err(self.error(line, format!("invalid rate limit unit '{unit_text}'")));
+        };
+        let unit_multiplier = spec.unit_multiplier.unwrap_or(1);
+        if unit_multiplier == 0 {
+            return Err(self.error(line, "unit_multiplier must be at least 1"));
+        }
+        // Upstream reads a missing requests_per_unit as 0: always denied.
+        let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
+        let mut rule = Rule {
+            name,
+            requests_per_unit,
+            unit,
+            unit_multiplier,
+            limit: Limit::Blocked,
+            replaces,
+            shadow,
+            policy_id,
+            source,
+        };
+        let window = rule.window();
+        let algorithm = spec
+            .algorithm
+            .as_ref()
+            .map(|Text(algorithm)| algorithm.as_str())
+            .unwrap_or("fixed_window");
+        let limit = u64::from(requests_per_unit);
+        let counted = match algorithm {
+            "fixed_window" => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
+            "sliding_window" => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
+            "token_bucket" => {
+                // Refills the whole bucket over one window.
+                let rate = limit as f64 / window.as_secs_f64();
+                TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
+            }
+            other => {
+                return Err(self.error(
+                    line,
+                    format!(
+                        "unknown algorithm '{other}': use fixed_window, sliding_window or \
+                         token_bucket"
+                    ),
+                ));
+            }
+        };
+        if requests_per_unit > 0 {
+            let algorithm = counted.map_err(|err| {
+                let field = match err.field.as_str() {
+                    "window" => "unit × unit_multiplier",
+                    "limit" | "capacity" => "requests_per_unit",
+                    other => other,
+                };
+                self.error(line, format!("{field}: {}", err.rule))
+            })?;
+            rule.limit = Limit::Counted(algorithm);
+        }
+        Ok(rule)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(text: &str) -> Result<Rules, ConfigError> {
+        Snapshot {
+            files: vec![(PathBuf::from("limits.yaml"), text.to_owned())],
+        }
+        .compile()
+    }
+
+    #[test]
+    fn the_upstream_examples_compile() {
+        let snapshot = Snapshot::read(Path::new("tests/fixtures/ratelimit")).unwrap();
+        assert_eq!(snapshot.files.len(), 13);
+        let rules = snapshot.compile().unwrap();
+        assert_eq!(rules.domains.len(), 13);
+    }
+
+    #[test]
+    fn errors_name_the_file_the_line_and_the_reason() {
+        let cases = [
+            ("", 1, "config file cannot have empty domain"),
+            (
+                "domain: d\ndescriptors:\n  - value: v\n",
+                3,
+                "descriptor has empty key",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+                5,
+                "invalid rate limit unit 'fortnight'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",
+                4,
+                "should not specify rate limit unit when unlimited",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
+                4,
+                "duplicate descriptor composite key 'd.k'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n",
+                4,
+                "replaces should not contain name of same descriptor",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n",
+                3,
+                "share_threshold can only be used with wildcard values",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n",
+                4,
+                "unknown algorithm 'leaky'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100001, algorithm: sliding_window}\n",
+                4,
+                "requests_per_unit: must be at most 100000",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 1}\n",
+                4,
+                "unit × unit_multiplier: must be at most",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    limit: 5\n",
+                4,
+                "unknown field `limit`",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: [\n",
+                3,
+                "invalid type: sequence",
+            ),
+            ("domain: d\n  descriptors: x\n", 2, ""),
+        ];
+        for (text, line, reason) in cases {
+            let err = compile(text).expect_err(text);
+            assert_eq!(err.file, "limits.yaml");
+            assert_eq!(err.line, line, "{text:?}: {err}");
+            assert!(err.reason.contains(reason), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_domain_in_two_files_is_refused() {
+        let snapshot = Snapshot {
+            files: vec![
+                (PathBuf::from("a.yaml"), "domain: d\n".into()),
+                (PathBuf::from("b.yaml"), "# again\ndomain: d\n".into()),
+            ],
+        };
+        let err = snapshot.compile().unwrap_err();
+        assert_eq!((err.file.as_str(), err.line), ("b.yaml", 2));
+        assert!(err.reason.contains("duplicate domain 'd'"), "{err}");
+    }
+
+    #[test]
+    fn scalars_of_any_type_are_text_and_units_ignore_case() {
+        let rules = compile(
+            "domain: d\ndescriptors:\n  - key: code\n    value: 429\n    rate_limit: {unit: MINUTE, requests_per_unit: 1}\n",
+        )
+        .unwrap();
+        let entries = [("code".to_owned(), "429".to_owned())];
+        let found = rules.find("d", &entries).unwrap();
+        assert_eq!(found.rule.unit, Unit::Minute);
+    }
+}

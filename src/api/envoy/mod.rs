@@ -1,0 +1,446 @@
+//! Envoy's external rate limit service, `envoy.service.ratelimit.v3`
+//! `RateLimitService/ShouldRateLimit`, over the same limiter and algorithms
+//! as `CheckLimit`: each request descriptor is matched to a configured rule
+//! (envoyproxy/ratelimit's format and matching), and all the descriptors of
+//! one request are decided together, so a request denied by one descriptor
+//! spends nothing on the others.
+
+pub mod config_file;
+pub mod headers;
+pub mod rules;
+pub mod source;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tonic::{Request, Response, Status};
+use tracing::{debug, info};
+
+use self::rules::{Limit, Rule, Rules, Source, Unit};
+use self::source::RulesHandle;
+use crate::error::Error;
+use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
+use crate::limiter::Limiter;
+use crate::pb::envoy::config::core::v3::HeaderValue;
+use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::pb::envoy::service::ratelimit::v3 as rls;
+use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit as CurrentLimit, rate_limit::Unit as RlsUnit,
+};
+
+/// Server-wide settings of the Envoy face.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnvoySettings {
+    /// Global shadow mode: decide, count and log, but always answer OK.
+    pub shadow_mode: bool,
+    /// Add the IETF `RateLimit-Policy` and `RateLimit` headers.
+    pub ratelimit_headers: bool,
+}
+
+/// The `RateLimitService` implementation.
+#[derive(Clone)]
+pub struct EnvoyService {
+    limiter: Limiter,
+    rules: RulesHandle,
+    settings: EnvoySettings,
+}
+
+impl EnvoyService {
+    pub fn new(limiter: Limiter, rules: RulesHandle, settings: EnvoySettings) -> Self {
+        Self {
+            limiter,
+            rules,
+            settings,
+        }
+    }
+
+    pub fn into_server(self) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
+        rls::rate_limit_service_server::RateLimitServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<rls::RateLimitRequest>,
+    ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        let rules = self.rules.current();
+        let plan = Plan::new(&rules, &request, self.settings.shadow_mode).map_err(Error::from)?;
+        let decisions = if plan.requests.is_empty() {
+            Vec::new()
+        } else {
+            self.limiter
+                .check_all(&plan.requests)
+                .await
+                .map_err(Error::from)?
+        };
+        let response = plan.response(&decisions, self.settings);
+        debug!(
+            domain = %request.domain,
+            overall = ?response.overall_code(),
+            "decided"
+        );
+        Ok(Response::new(response))
+    }
+}
+
+/// What governs one descriptor.
+enum Governed {
+    /// No rule: OK, not counted.
+    Nothing,
+    Unlimited,
+    /// `requests_per_unit: 0`: over the limit whenever it spends.
+    Blocked {
+        rule: Arc<Rule>,
+        cost: u64,
+    },
+    /// Decided on the store as `requests[index]`.
+    Counted {
+        rule: Arc<Rule>,
+        index: usize,
+    },
+}
+
+/// One request's descriptors, matched and ready for the limiter.
+struct Plan {
+    governed: Vec<Governed>,
+    requests: Vec<LimitRequest>,
+}
+
+impl Plan {
+    fn new(
+        rules: &Rules,
+        request: &rls::RateLimitRequest,
+        global_shadow: bool,
+    ) -> Result<Self, limit::InvalidArgument> {
+        if request.domain.is_empty() {
+            return Err(limit::InvalidArgument::new("domain", "must not be empty"));
+        }
+        if request.descriptors.is_empty() {
+            return Err(limit::InvalidArgument::new(
+                "descriptors",
+                "must not be empty",
+            ));
+        }
+        let mut matched = Vec::with_capacity(request.descriptors.len());
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let field = |name: &str| format!("descriptors[{i}].{name}");
+            let cost = limit::cost(Some(match descriptor.hits_addend {
+                // Present wins, and 0 only looks.
+                Some(hits) => hits,
+                None => u64::from(request.hits_addend.max(1)),
+            }))
+            .map_err(|err| limit::InvalidArgument::new(field("hits_addend"), err.rule))?;
+            matched.push(
+                match_descriptor(rules, &request.domain, descriptor, &field)?
+                    .map(|(rule, counter_key)| (rule, counter_key, cost)),
+            );
+        }
+        // A rule named in another matched rule's `replaces` is dropped.
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .flat_map(|(rule, _, _)| rule.replaces.iter().map(String::as_str))
+            .collect();
+        let mut governed = Vec::with_capacity(matched.len());
+        let mut requests = Vec::new();
+        for found in &matched {
+            let Some((rule, counter_key, cost)) = found else {
+                governed.push(Governed::Nothing);
+                continue;
+            };
+            if rule
+                .name
+                .as_deref()
+                .is_some_and(|name| replaced.contains(&name))
+            {
+                governed.push(Governed::Nothing);
+                continue;
+            }
+            governed.push(match &rule.limit {
+                Limit::Unlimited => Governed::Unlimited,
+                Limit::Blocked => Governed::Blocked {
+                    rule: rule.clone(),
+                    cost: *cost,
+                },
+                Limit::Counted(algorithm) => {
+                    requests.push(LimitRequest {
+                        key: CallerKey::envoy(counter_key.clone()),
+                        algorithm: *algorithm,
+                        cost: *cost,
+                        shadow: rule.shadow || global_shadow,
+                    });
+                    Governed::Counted {
+                        rule: rule.clone(),
+                        index: requests.len() - 1,
+                    }
+                }
+            });
+        }
+        // A blocked descriptor that denies the request: the others only look,
+        // so they spend nothing.
+        let blocked = governed.iter().any(|g| {
+            matches!(g, Governed::Blocked { rule, cost } if *cost > 0 && !rule.shadow && !global_shadow)
+        });
+        if blocked {
+            for request in &mut requests {
+                request.cost = 0;
+            }
+        }
+        Ok(Self { governed, requests })
+    }
+
+    fn response(&self, decisions: &[Decision], settings: EnvoySettings) -> rls::RateLimitResponse {
+        let statuses: Vec<DescriptorStatus> = self
+            .governed
+            .iter()
+            .map(|governed| status(governed, decisions))
+            .collect();
+        let over = statuses.iter().any(|s| s.code() == Code::OverLimit);
+        for governed in &self.governed {
+            if let Some(rule) = rule_of(governed)
+                && denied(governed, decisions)
+                && (rule.shadow || settings.shadow_mode)
+            {
+                info!(rule = %rule.policy_id, source = %rule.source, "shadow mode: would have denied");
+            }
+        }
+        let overall = if over && !settings.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        let mut response = rls::RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            ..Default::default()
+        };
+        if settings.ratelimit_headers {
+            response.response_headers_to_add = self.ietf_headers(&response.statuses);
+        }
+        response
+    }
+
+    /// `RateLimit-Policy` and `RateLimit` from the most restrictive
+    /// descriptor: the last one over its limit, else the first with the
+    /// fewest units left.
+    fn ietf_headers(&self, statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+        let limited = self
+            .governed
+            .iter()
+            .zip(statuses)
+            .filter_map(|(governed, status)| Some((rule_of(governed)?, status)))
+            .filter(|(_, status)| status.current_limit.is_some());
+        let chosen = limited
+            .clone()
+            .rfind(|(_, status)| status.code() == Code::OverLimit)
+            .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
+        let Some((rule, status)) = chosen else {
+            return Vec::new();
+        };
+        let quota = headers::Quota {
+            policy_id: &rule.policy_id,
+            quota: u64::from(rule.requests_per_unit),
+            window_seconds: rule.window().as_secs(),
+            remaining: u64::from(status.limit_remaining),
+            reset_seconds: status
+                .duration_until_reset
+                .map_or(0, |reset| reset.seconds.max(0) as u64),
+        };
+        headers::header_fields(&quota)
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_owned(),
+                value,
+                ..Default::default()
+            })
+            .collect()
+    }
+}
+
+fn rule_of(governed: &Governed) -> Option<&Arc<Rule>> {
+    match governed {
+        Governed::Blocked { rule, .. } | Governed::Counted { rule, .. } => Some(rule),
+        Governed::Nothing | Governed::Unlimited => None,
+    }
+}
+
+/// Would this descriptor deny the request, shadow mode aside?
+fn denied(governed: &Governed, decisions: &[Decision]) -> bool {
+    match governed {
+        Governed::Blocked { cost, .. } => *cost > 0,
+        Governed::Counted { index, .. } => !decisions[*index].allowed,
+        Governed::Nothing | Governed::Unlimited => false,
+    }
+}
+
+/// The rule for one descriptor and the name of its counter: the request's
+/// own limit override if it has one (only for a configured domain, as
+/// upstream), else the configured rule.
+fn match_descriptor(
+    rules: &Rules,
+    domain: &str,
+    descriptor: &RateLimitDescriptor,
+    field: &dyn Fn(&str) -> String,
+) -> Result<Option<(Arc<Rule>, String)>, limit::InvalidArgument> {
+    if !rules.has_domain(domain) {
+        return Ok(None);
+    }
+    let entries: Vec<(String, String)> = descriptor
+        .entries
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.value.clone()))
+        .collect();
+    if let Some(limit) = &descriptor.limit {
+        let rule = override_rule(limit.requests_per_unit, limit.unit).ok_or_else(|| {
+            limit::InvalidArgument::new(
+                field("limit.unit"),
+                "must be one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR",
+            )
+        })?;
+        let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
+        let key = counter_key(domain, &entries, &values, &rule);
+        return Ok(Some((Arc::new(rule), key)));
+    }
+    Ok(rules.find(domain, &entries).map(|found| {
+        let key = counter_key(domain, &entries, &found.counter_values, found.rule);
+        (found.rule.clone(), key)
+    }))
+}
+
+/// The rule for a limit Envoy sent with the descriptor: an aligned fixed
+/// window, never in shadow mode, as upstream treats it.
+fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
+    // envoy.type.v3.RateLimitUnit, with WEEK = 7 as in the rls enum.
+    let unit = match unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        7 => Unit::Week,
+        _ => return None,
+    };
+    let mut rule = Rule {
+        name: None,
+        requests_per_unit,
+        unit,
+        unit_multiplier: 1,
+        limit: Limit::Blocked,
+        replaces: Vec::new(),
+        shadow: false,
+        policy_id: "override".into(),
+        source: Source {
+            file: "request limit override".into(),
+            line: 0,
+        },
+    };
+    if requests_per_unit > 0 {
+        let window = rule.window();
+        // A unit is at most 365 days and the limit fits: always valid.
+        let fixed = FixedWindow::aligned(u64::from(requests_per_unit), window).ok()?;
+        rule.limit = Limit::Counted(Algorithm::FixedWindow(fixed));
+    }
+    Some(rule)
+}
+
+/// The counter's name: the domain, every entry's key and counted value, and
+/// the window, each length-prefixed so that no two descriptors share a name
+/// by accident of their characters.
+fn counter_key(domain: &str, entries: &[(String, String)], values: &[&str], rule: &Rule) -> String {
+    let mut key = String::new();
+    let mut push = |part: &str| {
+        key.push_str(&part.len().to_string());
+        key.push(':');
+        key.push_str(part);
+        key.push('|');
+    };
+    push(domain);
+    for ((entry_key, _), value) in entries.iter().zip(values) {
+        push(entry_key);
+        push(value);
+    }
+    key.push_str(&format!("w{}", rule.window().as_millis()));
+    key
+}
+
+/// A descriptor's status from its decision.
+fn status(governed: &Governed, decisions: &[Decision]) -> DescriptorStatus {
+    match governed {
+        Governed::Nothing => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        },
+        Governed::Unlimited => DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        },
+        Governed::Blocked { rule, .. } => {
+            let over = denied(governed, decisions) && !rule.shadow;
+            DescriptorStatus {
+                code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: 0,
+                duration_until_reset: Some(whole_seconds(micros_to_window_end(rule))),
+                quota: None,
+            }
+        }
+        Governed::Counted { rule, index } => {
+            let decision = &decisions[*index];
+            let over = denied(governed, decisions) && !rule.shadow;
+            // Denied: when this cost could pass again. Allowed: when the
+            // limit is whole again.
+            let reset = match (decision.allowed, decision.retry_after) {
+                (false, RetryAfter::After(retry)) => retry,
+                _ => decision.reset_after,
+            };
+            DescriptorStatus {
+                code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                current_limit: Some(current_limit(rule)),
+                limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(whole_seconds(reset)),
+                quota: None,
+            }
+        }
+    }
+}
+
+fn current_limit(rule: &Rule) -> CurrentLimit {
+    let unit = match rule.unit {
+        Unit::Second => RlsUnit::Second,
+        Unit::Minute => RlsUnit::Minute,
+        Unit::Hour => RlsUnit::Hour,
+        Unit::Day => RlsUnit::Day,
+        Unit::Week => RlsUnit::Week,
+        Unit::Month => RlsUnit::Month,
+        Unit::Year => RlsUnit::Year,
+    };
+    CurrentLimit {
+        name: rule.name.clone().unwrap_or_default(),
+        requests_per_unit: rule.requests_per_unit,
+        unit: unit as i32,
+    }
+}
+
+/// Rounded up to whole seconds: Envoy reads only the seconds, and a client
+/// told "0" would retry too early.
+fn whole_seconds(micros: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: micros.div_ceil(1_000_000) as i64,
+        nanos: 0,
+    }
+}
+
+/// Until the end of the rule's current aligned window, by this machine's
+/// clock (a blocked rule keeps no state to ask the store about).
+fn micros_to_window_end(rule: &Rule) -> u64 {
+    let window = rule.window().as_micros() as u64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
+    window - now % window
+}

@@ -1,0 +1,193 @@
+//! The limits configured for Envoy, compiled for lookup, and the matching
+//! rules of envoyproxy/ratelimit: which rule, if any, governs a request's
+//! descriptor. Pure: no I/O, no store.
+//!
+//! Matching walks the descriptor's entries down the domain's tree. At each
+//! level an entry matches, in this order: a rule with the same key and
+//! value; the first (in file order) wildcard rule with the same key whose
+//! value, less its trailing `*`, starts the entry's value; a rule with the
+//! same key and no value. A rule applies only at the depth of the request's
+//! last entry: a longer descriptor than the tree is deep, or one ending on a
+//! node without a `rate_limit`, has no limit.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::limit::Algorithm;
+
+/// A unit of envoyproxy/ratelimit. Windows are this many seconds, aligned to
+/// the Unix epoch (a month is 30 days and a year 365, as upstream counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// Case-insensitive, as upstream reads it.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "second" => Self::Second,
+            "minute" => Self::Minute,
+            "hour" => Self::Hour,
+            "day" => Self::Day,
+            "week" => Self::Week,
+            "month" => Self::Month,
+            "year" => Self::Year,
+            _ => return None,
+        })
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3600,
+            Self::Day => 86_400,
+            Self::Week => 604_800,
+            Self::Month => 30 * 86_400,
+            Self::Year => 365 * 86_400,
+        }
+    }
+}
+
+/// Where a rule was written, for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub file: String,
+    pub line: u64,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// What a rule does with the requests it governs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Limit {
+    /// Never limited, never counted.
+    Unlimited,
+    /// `requests_per_unit: 0`: always over the limit, never counted.
+    Blocked,
+    /// Counted on the store by this algorithm.
+    Counted(Algorithm),
+}
+
+/// One `rate_limit`, with the settings of the descriptor that holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// `name`, reported in `current_limit` and targeted by `replaces`.
+    pub name: Option<String>,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// The window is `unit` × this (1 unless `unit_multiplier` is set).
+    pub unit_multiplier: u32,
+    pub limit: Limit,
+    /// Names of rules this one replaces within the same request.
+    pub replaces: Vec<String>,
+    /// Decided and counted, but never denies.
+    pub shadow: bool,
+    /// An id for the IETF `RateLimit-Policy` header: the name, else the
+    /// descriptor path in the configuration.
+    pub policy_id: String,
+    pub source: Source,
+}
+
+impl Rule {
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(self.unit.seconds() * u64::from(self.unit_multiplier))
+    }
+}
+
+/// A node of a domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct Node {
+    pub rule: Option<Arc<Rule>>,
+    /// `share_threshold`: all values matching this wildcard share one
+    /// counter, named by the pattern instead of the value.
+    pub shared_pattern: Option<String>,
+    pub children: Level,
+}
+
+/// The rules at one depth.
+#[derive(Debug, Default)]
+pub struct Level {
+    /// key → value → node.
+    pub exact: HashMap<String, HashMap<String, Node>>,
+    /// (key, value prefix, node), in file order.
+    pub wildcards: Vec<(String, String, Node)>,
+    /// key → node, for rules without a value.
+    pub any_value: HashMap<String, Node>,
+}
+
+impl Level {
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcards.is_empty() && self.any_value.is_empty()
+    }
+
+    fn find(&self, key: &str, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
+            return Some(node);
+        }
+        if let Some((_, _, node)) = self
+            .wildcards
+            .iter()
+            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+        {
+            return Some(node);
+        }
+        self.any_value.get(key)
+    }
+}
+
+/// Every configured domain.
+#[derive(Debug, Default)]
+pub struct Rules {
+    pub domains: HashMap<String, Level>,
+}
+
+/// The rule governing a descriptor, and the values its counter is named by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found<'a> {
+    pub rule: &'a Arc<Rule>,
+    /// Per entry: the request's value, or the wildcard pattern where the
+    /// level shares one counter (`share_threshold`).
+    pub counter_values: Vec<&'a str>,
+}
+
+impl Rules {
+    /// Is `domain` configured?
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The rule for a descriptor of `(key, value)` entries in `domain`.
+    pub fn find<'a>(&'a self, domain: &str, entries: &'a [(String, String)]) -> Option<Found<'a>> {
+        let mut level = self.domains.get(domain)?;
+        let mut counter_values = Vec::with_capacity(entries.len());
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let node = level.find(key, value)?;
+            counter_values.push(node.shared_pattern.as_deref().unwrap_or(value));
+            if depth + 1 == entries.len() {
+                return node.rule.as_ref().map(|rule| Found {
+                    rule,
+                    counter_values,
+                });
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+}

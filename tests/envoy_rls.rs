@@ -1,0 +1,673 @@
+//! The Envoy face over gRPC, without Envoy: envoyproxy/ratelimit's README
+//! examples (ported as fixtures in tests/fixtures/ratelimit) give the
+//! answers upstream documents, and the protocol details hold (hits, limit
+//! overrides, shadow mode, headers, all-or-nothing across descriptors).
+//!
+//! Per-second and per-minute windows are aligned to the clock, as upstream;
+//! assertions that need several units spent do it in one request (with
+//! `hits_addend`) so that a window boundary cannot fall between two calls.
+
+mod common;
+
+use common::{RedisServer, TestServer};
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratelimitd::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::Code as GrpcCode;
+use tonic::transport::Channel;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ratelimit");
+
+type Client = RateLimitServiceClient<Channel>;
+
+async fn start(extra: &[&str]) -> (TestServer, Client) {
+    let mut flags = vec!["--config", FIXTURES];
+    flags.extend_from_slice(extra);
+    let server = TestServer::start(&flags).await;
+    let client = RateLimitServiceClient::new(common::channel(server.address).await);
+    (server, client)
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+    descriptor.hits_addend = Some(hits);
+    descriptor
+}
+
+async fn ask(
+    client: &mut Client,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.to_owned(),
+            descriptors,
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_or_else(|status| panic!("ShouldRateLimit({domain}) failed: {status}"))
+        .into_inner()
+}
+
+/// One descriptor's status.
+async fn one(
+    client: &mut Client,
+    domain: &str,
+    descriptor: RateLimitDescriptor,
+) -> DescriptorStatus {
+    let mut response = ask(client, domain, vec![descriptor]).await;
+    assert_eq!(response.statuses.len(), 1);
+    response.statuses.remove(0)
+}
+
+/// (code, requests_per_unit, unit, remaining) of a status with a limit.
+fn limited(status: &DescriptorStatus) -> (Code, u32, Unit, u32) {
+    let limit = status
+        .current_limit
+        .as_ref()
+        .unwrap_or_else(|| panic!("no current_limit in {status:?}"));
+    (
+        status.code(),
+        limit.requests_per_unit,
+        limit.unit(),
+        status.limit_remaining,
+    )
+}
+
+fn unlimited(status: &DescriptorStatus) -> bool {
+    status.code() == Code::Ok && status.current_limit.is_none()
+}
+
+#[tokio::test]
+async fn example_1_limits_per_value() {
+    let (server, mut client) = start(&[]).await;
+    let users = one(
+        &mut client,
+        "mongo_cps",
+        descriptor(&[("database", "users")]),
+    )
+    .await;
+    assert_eq!(limited(&users), (Code::Ok, 500, Unit::Second, 499));
+    let default = one(
+        &mut client,
+        "mongo_cps",
+        descriptor(&[("database", "default")]),
+    )
+    .await;
+    assert_eq!(limited(&default), (Code::Ok, 500, Unit::Second, 499));
+    assert!(unlimited(
+        &one(
+            &mut client,
+            "mongo_cps",
+            descriptor(&[("database", "other")])
+        )
+        .await
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_2_nested_descriptors_and_placeholders() {
+    let (server, mut client) = start(&[]).await;
+    let marketing = [("message_type", "marketing"), ("to_number", "2061111111")];
+    let status = one(&mut client, "messaging", descriptor(&marketing)).await;
+    assert_eq!(limited(&status), (Code::Ok, 5, Unit::Day, 4));
+    let other = [("message_type", "marketing"), ("to_number", "2062222222")];
+    let status = one(&mut client, "messaging", descriptor(&other)).await;
+    assert_eq!(
+        limited(&status),
+        (Code::Ok, 5, Unit::Day, 4),
+        "a counter per number"
+    );
+    let status = one(
+        &mut client,
+        "messaging",
+        descriptor(&[("to_number", "2061111111")]),
+    )
+    .await;
+    assert_eq!(limited(&status), (Code::Ok, 100, Unit::Day, 99));
+    let placeholder = one(
+        &mut client,
+        "messaging",
+        descriptor(&[("message_type", "marketing")]),
+    )
+    .await;
+    assert!(
+        unlimited(&placeholder),
+        "a node without rate_limit has no limit"
+    );
+
+    // Both in one request: either over denies the request ("logical OR").
+    let response = ask(
+        &mut client,
+        "messaging",
+        vec![
+            with_hits(descriptor(&[("to_number", "2063333333")]), 6),
+            with_hits(
+                descriptor(&[("message_type", "marketing"), ("to_number", "2063333333")]),
+                6,
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::Ok, 100, Unit::Day, 100)
+    );
+    assert_eq!(limited(&response.statuses[1]).0, Code::OverLimit);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_3_exact_value_beats_key_only_and_zero_blocks() {
+    let (server, mut client) = start(&[]).await;
+    let status = one(
+        &mut client,
+        "edge_proxy_per_ip",
+        descriptor(&[("remote_address", "50.0.0.1")]),
+    )
+    .await;
+    assert_eq!(limited(&status), (Code::Ok, 10, Unit::Second, 9));
+    let response = ask(
+        &mut client,
+        "edge_proxy_per_ip",
+        vec![
+            descriptor(&[("remote_address", "50.0.0.5")]),
+            descriptor(&[("remote_address", "50.0.0.7")]),
+        ],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::OverLimit, 0, Unit::Second, 0)
+    );
+    // Denied by the blocked address, the other descriptor spent nothing.
+    assert_eq!(
+        limited(&response.statuses[1]),
+        (Code::Ok, 10, Unit::Second, 10)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_4_a_rule_applies_only_at_the_request_depth() {
+    let (server, mut client) = start(&[]).await;
+    let two_levels = [("key", "value"), ("subkey", "subvalue")];
+    assert!(unlimited(
+        &one(&mut client, "example4a", descriptor(&two_levels)).await
+    ));
+    let status = one(&mut client, "example4b", descriptor(&two_levels)).await;
+    assert_eq!(limited(&status), (Code::Ok, 300, Unit::Second, 299));
+    assert!(unlimited(
+        &one(&mut client, "example4b", descriptor(&[("key", "value")])).await
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_5_unlimited_is_never_counted() {
+    let (server, mut client) = start(&[]).await;
+    let ldap = one(&mut client, "internal", descriptor(&[("ldap", "cn=x")])).await;
+    assert_eq!(ldap.code(), Code::Ok);
+    assert_eq!(ldap.current_limit, None);
+    assert_eq!(ldap.limit_remaining, u32::MAX);
+    let azure = one(&mut client, "internal", descriptor(&[("azure", "vm")])).await;
+    assert_eq!(limited(&azure), (Code::Ok, 100, Unit::Minute, 99));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_6_shadow_mode_counts_but_never_denies() {
+    let (server, mut client) = start(&[]).await;
+    let user_a = [("service", "auth-service"), ("user", "user-a")];
+    let response = ask(
+        &mut client,
+        "example6",
+        vec![with_hits(descriptor(&user_a), 11)],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::Ok, 10, Unit::Second, 10)
+    );
+    let user_b = [("service", "auth-service"), ("user", "user-b")];
+    let response = ask(
+        &mut client,
+        "example6",
+        vec![with_hits(descriptor(&user_b), 21)],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    assert!(unlimited(
+        &one(
+            &mut client,
+            "example6",
+            descriptor(&[("service", "s"), ("user", "user-c")])
+        )
+        .await
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_7_replaces_drops_the_named_rule_in_the_same_request() {
+    let (server, mut client) = start(&[]).await;
+    let first = [("key_1", "value_1"), ("user", "bkthomps")];
+    let second = [("key_2", "value_2"), ("user", "bkthomps")];
+    let alone = one(&mut client, "example7", descriptor(&first)).await;
+    assert_eq!(limited(&alone), (Code::Ok, 5, Unit::Second, 4));
+    let response = ask(
+        &mut client,
+        "example7",
+        vec![descriptor(&first), descriptor(&second)],
+    )
+    .await;
+    assert!(
+        unlimited(&response.statuses[0]),
+        "replaced: {:?}",
+        response.statuses[0]
+    );
+    assert_eq!(
+        limited(&response.statuses[1]),
+        (Code::Ok, 10, Unit::Second, 9)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_8_detailed_metric_changes_no_limit() {
+    let (server, mut client) = start(&[]).await;
+    let status = one(
+        &mut client,
+        "example8",
+        descriptor(&[("key1", "unspecified_value")]),
+    )
+    .await;
+    assert_eq!(limited(&status), (Code::Ok, 10, Unit::Minute, 9));
+    let status = one(&mut client, "example8", descriptor(&[("key1", "value1")])).await;
+    assert_eq!(limited(&status), (Code::Ok, 20, Unit::Minute, 19));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn example_9_wildcards_match_prefixes_with_a_counter_per_value() {
+    let (server, mut client) = start(&[]).await;
+    let response = ask(
+        &mut client,
+        "example9",
+        vec![
+            with_hits(descriptor(&[("key1", "value1")]), 20),
+            with_hits(descriptor(&[("key1", "value2")]), 20),
+        ],
+    )
+    .await;
+    assert_eq!(
+        response.overall_code(),
+        Code::Ok,
+        "separate counters: {response:?}"
+    );
+    let status = one(&mut client, "example9", descriptor(&[("key1", "value")])).await;
+    assert_eq!(limited(&status), (Code::Ok, 20, Unit::Minute, 19));
+    assert!(unlimited(
+        &one(&mut client, "example9", descriptor(&[("key1", "other")])).await
+    ));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn share_threshold_makes_one_counter_for_a_wildcard() {
+    let (server, mut client) = start(&[]).await;
+    let domain = "share-threshold-test";
+    let shared = ask(
+        &mut client,
+        domain,
+        vec![
+            with_hits(descriptor(&[("files", "files/a.pdf")]), 6),
+            with_hits(descriptor(&[("files", "files/b.csv")]), 5),
+        ],
+    )
+    .await;
+    assert_eq!(
+        shared.overall_code(),
+        Code::OverLimit,
+        "6 + 5 on one counter of 10"
+    );
+    let separate = ask(
+        &mut client,
+        domain,
+        vec![
+            with_hits(descriptor(&[("files_no_share", "files_no_share/a")]), 6),
+            with_hits(descriptor(&[("files_no_share", "files_no_share/b")]), 5),
+        ],
+    )
+    .await;
+    assert_eq!(separate.overall_code(), Code::Ok);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_upstream_demo_configuration() {
+    let (server, mut client) = start(&[]).await;
+    let status = one(&mut client, "rl", descriptor(&[("foo", "foo")])).await;
+    assert_eq!(limited(&status), (Code::Ok, 2, Unit::Minute, 1));
+    let status = one(
+        &mut client,
+        "rl",
+        descriptor(&[("foo", "foo"), ("bar", "bar")]),
+    )
+    .await;
+    assert_eq!(limited(&status), (Code::Ok, 3, Unit::Minute, 2));
+    let status = one(
+        &mut client,
+        "rl",
+        descriptor(&[("foo", "foo"), ("bar", "banned")]),
+    )
+    .await;
+    assert_eq!(limited(&status).0, Code::OverLimit);
+    let status = one(
+        &mut client,
+        "rl",
+        with_hits(descriptor(&[("foo", "f"), ("baz", "b")]), 2),
+    )
+    .await;
+    assert_eq!(limited(&status), (Code::OverLimit, 1, Unit::Second, 1));
+    let status = one(
+        &mut client,
+        "rl",
+        with_hits(descriptor(&[("foo", "f"), ("baz", "shady")]), 2),
+    )
+    .await;
+    assert_eq!(
+        limited(&status),
+        (Code::Ok, 1, Unit::Minute, 1),
+        "shadow mode"
+    );
+    assert_eq!(
+        one(&mut client, "rl", descriptor(&[("foo", "f"), ("bay", "x")]))
+            .await
+            .limit_remaining,
+        u32::MAX
+    );
+    assert_eq!(
+        one(&mut client, "rl", descriptor(&[("qux", "x")]))
+            .await
+            .limit_remaining,
+        u32::MAX
+    );
+    let mock = [("source_cluster", "proxy"), ("destination_cluster", "mock")];
+    assert_eq!(
+        limited(&one(&mut client, "rl", descriptor(&mock)).await),
+        (Code::Ok, 1, Unit::Minute, 0)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_domains_pass_and_malformed_requests_are_refused() {
+    let (server, mut client) = start(&[]).await;
+    let response = ask(&mut client, "nobody", vec![descriptor(&[("a", "b")])]).await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert!(unlimited(&response.statuses[0]));
+    for (domain, descriptors, field) in [
+        ("", vec![descriptor(&[("a", "b")])], "domain"),
+        ("mongo_cps", vec![], "descriptors"),
+    ] {
+        let status = client
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.into(),
+                descriptors,
+                hits_addend: 0,
+            })
+            .await
+            .expect_err(field);
+        assert_eq!(status.code(), GrpcCode::InvalidArgument);
+        assert!(
+            status.message().starts_with(&format!("{field}: ")),
+            "{status:?}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn hits_come_from_the_request_or_the_descriptor() {
+    let (server, mut client) = start(&[]).await;
+    let users = descriptor(&[("database", "users")]);
+    let response = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "mongo_cps".into(),
+            descriptors: vec![users.clone(), with_hits(users.clone(), 0)],
+            hits_addend: 3,
+        })
+        .await
+        .expect("answer")
+        .into_inner();
+    // One key in one request: both descriptors are decided as one, spending
+    // 3 (the request's) + 0 (the descriptor's own, which wins).
+    assert_eq!(response.statuses[0].limit_remaining, 497);
+    let look = one(&mut client, "mongo_cps", with_hits(users, 0)).await;
+    assert_eq!(
+        limited(&look),
+        (Code::Ok, 500, Unit::Second, look.limit_remaining)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_limit_override_from_the_request_is_honoured() {
+    let (server, mut client) = start(&[]).await;
+    let mut overridden = descriptor(&[("database", "users")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 7,
+        unit: 3, // HOUR
+    });
+    let status = one(&mut client, "mongo_cps", overridden.clone()).await;
+    assert_eq!(limited(&status), (Code::Ok, 7, Unit::Hour, 6));
+    let unknown_domain = one(&mut client, "nobody", overridden.clone()).await;
+    assert!(
+        unlimited(&unknown_domain),
+        "upstream ignores overrides for unknown domains"
+    );
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 7,
+        unit: 0,
+    });
+    let status = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "mongo_cps".into(),
+            descriptors: vec![overridden],
+            hits_addend: 0,
+        })
+        .await
+        .expect_err("UNKNOWN unit");
+    assert_eq!(status.code(), GrpcCode::InvalidArgument);
+    assert!(
+        status.message().starts_with("descriptors[0].limit.unit: "),
+        "{status:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn global_shadow_mode_answers_ok_but_reports_each_status() {
+    let (server, mut client) = start(&["--shadow-mode"]).await;
+    let response = ask(
+        &mut client,
+        "edge_proxy_per_ip",
+        vec![descriptor(&[("remote_address", "50.0.0.5")])],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert_eq!(response.statuses[0].code(), Code::OverLimit);
+    // Decisions are still counted: 10 per second spent in one request.
+    let spent = one(
+        &mut client,
+        "edge_proxy_per_ip",
+        with_hits(descriptor(&[("remote_address", "9.9.9.9")]), 10),
+    )
+    .await;
+    assert_eq!(limited(&spent), (Code::Ok, 10, Unit::Second, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ietf_headers_describe_the_most_restrictive_descriptor() {
+    let (server, mut client) = start(&["--envoy-ratelimit-headers"]).await;
+    let response = ask(
+        &mut client,
+        "messaging",
+        vec![
+            descriptor(&[("to_number", "1")]),
+            with_hits(
+                descriptor(&[("message_type", "marketing"), ("to_number", "1")]),
+                2,
+            ),
+        ],
+    )
+    .await;
+    let headers: Vec<(&str, &str)> = response
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    assert_eq!(
+        headers[0],
+        (
+            "RateLimit-Policy",
+            r#""message_type_marketing.to_number";q=5;w=86400"#
+        )
+    );
+    let (name, value) = headers[1];
+    assert_eq!(name, "RateLimit");
+    let t: u64 = value
+        .strip_prefix(r#""message_type_marketing.to_number";r=3;t="#)
+        .unwrap_or_else(|| panic!("RateLimit: {value}"))
+        .parse()
+        .expect("t is a number");
+    assert!((1..=86_400).contains(&t), "t={t}");
+    // Without the flag: no headers.
+    let (plain, mut plain_client) = start(&[]).await;
+    let response = ask(
+        &mut plain_client,
+        "messaging",
+        vec![descriptor(&[("to_number", "2")])],
+    )
+    .await;
+    assert!(response.response_headers_to_add.is_empty());
+    plain.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn extensions_sliding_window_token_bucket_and_unit_multiplier() {
+    let (server, mut client) = start(&[]).await;
+    let sliding = one(
+        &mut client,
+        "extensions",
+        with_hits(descriptor(&[("sliding", "a")]), 3),
+    )
+    .await;
+    assert_eq!(limited(&sliding), (Code::Ok, 3, Unit::Second, 0));
+    let denied = one(&mut client, "extensions", descriptor(&[("sliding", "a")])).await;
+    assert_eq!(denied.code(), Code::OverLimit);
+    assert_eq!(denied.duration_until_reset.map(|d| d.seconds), Some(1));
+
+    // 4 tokens, the whole bucket back in 2 s: one token per 0.5 s.
+    let bucket = one(
+        &mut client,
+        "extensions",
+        with_hits(descriptor(&[("bucket", "a")]), 4),
+    )
+    .await;
+    assert_eq!(limited(&bucket), (Code::Ok, 4, Unit::Second, 0));
+    let denied = one(&mut client, "extensions", descriptor(&[("bucket", "a")])).await;
+    assert_eq!(denied.code(), Code::OverLimit);
+    assert_eq!(denied.duration_until_reset.map(|d| d.seconds), Some(1));
+
+    // A 30-second window, aligned to multiples of 30 s since the epoch.
+    let thirty = one(
+        &mut client,
+        "extensions",
+        descriptor(&[("thirty_seconds", "a")]),
+    )
+    .await;
+    assert_eq!(limited(&thirty), (Code::Ok, 5, Unit::Second, 4));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let expected = 30.0 - now % 30.0;
+    let reset = thirty.duration_until_reset.expect("reset").seconds as f64;
+    let off = (reset - expected).abs();
+    assert!(
+        off <= 1.5 || off >= 28.5,
+        "reset {reset} s, window end in {expected} s"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn on_redis_a_denied_request_spends_nothing_on_its_other_descriptors() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let (server, mut client) = start(&["--redis-url", &url]).await;
+    let response = ask(
+        &mut client,
+        "messaging",
+        vec![
+            with_hits(descriptor(&[("to_number", "42")]), 6),
+            with_hits(
+                descriptor(&[("message_type", "marketing"), ("to_number", "42")]),
+                6,
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    let look = one(
+        &mut client,
+        "messaging",
+        with_hits(descriptor(&[("to_number", "42")]), 0),
+    )
+    .await;
+    assert_eq!(limited(&look), (Code::Ok, 100, Unit::Day, 100));
+    let allowed = ask(
+        &mut client,
+        "messaging",
+        vec![
+            with_hits(descriptor(&[("to_number", "42")]), 5),
+            with_hits(
+                descriptor(&[("message_type", "marketing"), ("to_number", "42")]),
+                5,
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(allowed.overall_code(), Code::Ok);
+    assert_eq!(allowed.statuses[0].limit_remaining, 95);
+    assert_eq!(allowed.statuses[1].limit_remaining, 0);
+    server.stop().await;
+    redis.assert_every_key_expires().await;
+}
