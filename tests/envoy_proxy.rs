@@ -25,6 +25,13 @@ fn header_number(response: &HttpResponse, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("{name}: {value}"))
 }
 
+fn limited_header(response: &HttpResponse) -> String {
+    response
+        .header("x-ratelimit-limit")
+        .unwrap_or_else(|| panic!("no x-ratelimit-limit in {response:?}"))
+        .to_owned()
+}
+
 async fn as_user(envoy: &Envoy, user: &str) -> HttpResponse {
     envoy.get("/", &[("x-user-id", user)]).await
 }
@@ -68,6 +75,11 @@ async fn scenario(store_flags: &[&str]) {
         let reset = header_number(&response, "x-ratelimit-reset");
         assert!((1..=3600).contains(&reset), "reset {reset}");
     }
+    // Envoy lists every descriptor's limit after the tightest: the generic
+    // key's and the client address's rules matched too.
+    let policies = limited_header(&as_user(&envoy, "carol").await);
+    assert!(policies.contains("1000;w=60"), "generic_key rule: {policies}");
+    assert!(policies.contains("10000;w=3600"), "remote_address rule: {policies}");
     let limited = as_user(&envoy, "alice").await;
     assert_eq!(limited.status, 429, "{limited:?}");
     assert_eq!(limited.header("x-envoy-ratelimited"), Some("true"));
