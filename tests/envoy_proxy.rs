@@ -78,8 +78,14 @@ async fn scenario(store_flags: &[&str]) {
     // Envoy lists every descriptor's limit after the tightest: the generic
     // key's and the client address's rules matched too.
     let policies = limited_header(&as_user(&envoy, "carol").await);
-    assert!(policies.contains("1000;w=60"), "generic_key rule: {policies}");
-    assert!(policies.contains("10000;w=3600"), "remote_address rule: {policies}");
+    assert!(
+        policies.contains("1000;w=60"),
+        "generic_key rule: {policies}"
+    );
+    assert!(
+        policies.contains("10000;w=3600"),
+        "remote_address rule: {policies}"
+    );
     let limited = as_user(&envoy, "alice").await;
     assert_eq!(limited.status, 429, "{limited:?}");
     assert_eq!(limited.header("x-envoy-ratelimited"), Some("true"));
