@@ -27,10 +27,6 @@ impl Limiter {
         }
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
     /// May `request.key` spend `request.cost` now? Over the limit is an
     /// `Ok` decision; `Err` only when the store failed.
     pub async fn check(&self, request: &LimitRequest) -> Result<Decision, StoreError> {

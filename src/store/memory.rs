@@ -123,19 +123,6 @@ impl<S: Send + 'static> MemoryStore<S> {
         self.len() == 0
     }
 
-    /// Runs `decide` on `key`'s live state (`None` if absent or expired),
-    /// atomically with respect to every other call on the same key, and keeps
-    /// what it leaves: a state left `None` removes the key.
-    pub fn update<R>(
-        &self,
-        key: &str,
-        decide: impl FnOnce(&mut Option<S>, Micros) -> (R, MemoryChange),
-    ) -> R {
-        self.with_keys(&[key], |keys, now| {
-            keys.decide(0, |state| decide(state, now))
-        })
-    }
-
     /// Locks the shards of all `keys` (in ascending order) and runs `work`,
     /// which may decide on any of them through [`LockedKeys::decide`]; no
     /// other call sees any of these keys until `work` returns.
@@ -177,8 +164,9 @@ pub struct LockedKeys<'a, S> {
 }
 
 impl<S> LockedKeys<'_, S> {
-    /// Runs `decide` on the live state of key number `index` and keeps what
-    /// it leaves, as [`MemoryStore::update`] does.
+    /// Runs `decide` on the live state of key number `index` (`None` if
+    /// absent or expired) and keeps what it leaves: a state left `None`
+    /// removes the key.
     pub fn decide<T>(
         &mut self,
         index: usize,
@@ -237,6 +225,17 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    /// One decision on one key.
+    fn update<R>(
+        store: &MemoryStore<u64>,
+        key: &str,
+        decide: impl FnOnce(&mut Option<u64>, Micros) -> (R, MemoryChange),
+    ) -> R {
+        store.with_keys(&[key], |keys, now| {
+            keys.decide(0, |state| decide(state, now))
+        })
+    }
+
     /// A counter that expires 10 µs after its last write.
     fn count(state: &mut Option<u64>, now: Micros) -> (u64, MemoryChange) {
         let n = state.get_or_insert(0);
@@ -253,11 +252,15 @@ mod tests {
     fn state_counts_until_it_expires_then_is_evicted() {
         let clock = Arc::new(ManualClock::default());
         let store = MemoryStore::new(clock.clone());
-        assert_eq!(store.update("k", count), 1);
+        assert_eq!(update(&store, "k", count), 1);
         clock.advance(Duration::from_micros(9));
-        assert_eq!(store.update("k", count), 2);
+        assert_eq!(update(&store, "k", count), 2);
         clock.advance(Duration::from_micros(10));
-        assert_eq!(store.update("k", count), 1, "expired state reads as absent");
+        assert_eq!(
+            update(&store, "k", count),
+            1,
+            "expired state reads as absent"
+        );
         clock.advance(Duration::from_micros(10));
         store.evict_expired();
         assert!(store.is_empty());
@@ -266,13 +269,31 @@ mod tests {
     #[test]
     fn a_decision_that_writes_nothing_stores_nothing() {
         let store: Arc<MemoryStore<u64>> = MemoryStore::new(Arc::new(ManualClock::default()));
-        store.update("k", |_, _| ((), MemoryChange::None));
+        update(&store, "k", |_, _| ((), MemoryChange::None));
         assert!(store.is_empty());
-        store.update("k", count);
-        store.update("k", |state, _| {
+        update(&store, "k", count);
+        update(&store, "k", |state, _| {
             *state = None;
             ((), MemoryChange::Updated)
         });
         assert!(store.is_empty(), "an emptied key is removed");
+    }
+
+    #[test]
+    fn several_keys_are_decided_under_one_lock() {
+        let store: Arc<MemoryStore<u64>> = MemoryStore::new(Arc::new(ManualClock::default()));
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        // 200 keys land on shards in every order; a key twice is fine too.
+        let mut with_repeat = keys.clone();
+        with_repeat.push(keys[0]);
+        let counts = store.with_keys(&with_repeat, |locked, now| {
+            (0..with_repeat.len())
+                .map(|i| locked.decide(i, |state| count(state, now)))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(counts[0], 1);
+        assert_eq!(counts[200], 2, "the repeated key saw the first write");
+        assert_eq!(store.len(), 200);
     }
 }
