@@ -311,6 +311,19 @@ async fn example_8_detailed_metric_changes_no_limit() {
 }
 
 #[tokio::test]
+async fn example_10_value_to_metric_changes_no_limit() {
+    let (server, mut client) = start(&[]).await;
+    let entries = [
+        ("route", "api"),
+        ("http_method", "GET"),
+        ("subject_id", "123"),
+    ];
+    let status = one(&mut client, "example10", descriptor(&entries)).await;
+    assert_eq!(limited(&status), (Code::Ok, 60, Unit::Minute, 59));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn example_9_wildcards_match_prefixes_with_a_counter_per_value() {
     let (server, mut client) = start(&[]).await;
     let response = ask(

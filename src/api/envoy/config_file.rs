@@ -452,9 +452,9 @@ mod tests {
     #[test]
     fn the_upstream_examples_compile() {
         let snapshot = Snapshot::read(Path::new("tests/fixtures/ratelimit")).unwrap();
-        assert_eq!(snapshot.files.len(), 13);
+        assert_eq!(snapshot.files.len(), 14);
         let rules = snapshot.compile().unwrap();
-        assert_eq!(rules.domains.len(), 13);
+        assert_eq!(rules.domains.len(), 14);
     }
 
     #[test]
