@@ -28,6 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         pool_size: 1,
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),
+        breaker_threshold: 3,
     })?;
     let limiter = Limiter::new(Store::Redis(store), PREFIX);
     let mut redis = redis::Client::open(url)?
@@ -53,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 shadow: false,
             };
             for _ in 0..spent {
-                limiter.check(&request).await?;
+                limiter.check(&request, None).await?;
             }
             let key = storage_key(PREFIX, &algorithm, &request.key);
             let bytes: i64 = redis::cmd("MEMORY")

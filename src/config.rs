@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
 use crate::store::RedisSettings;
 use crate::telemetry::LogFormat;
@@ -69,6 +70,23 @@ pub struct Config {
           value_parser = positive_duration)]
     pub redis_command_timeout: Duration,
 
+    /// What to answer when Redis cannot decide in time: fail-closed
+    /// (UNAVAILABLE), fail-open (allow), or local (decide on this instance's
+    /// own embedded store). CheckLimit calls may name their own.
+    #[arg(
+        long,
+        env = "RATELIMITD_FAILURE_POLICY",
+        value_enum,
+        default_value = "fail-closed"
+    )]
+    pub failure_policy: FailurePolicy,
+
+    /// Redis failures in a row after which calls stop waiting on Redis (and
+    /// the failure policy answers at once) until a health probe succeeds.
+    #[arg(long, env = "RATELIMITD_REDIS_BREAKER_THRESHOLD", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_breaker_threshold: u32,
+
     /// How often health checks that the store answers.
     #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
           value_parser = positive_duration)]
@@ -102,6 +120,7 @@ impl Config {
             pool_size: usize::from(self.redis_pool_size),
             connect_timeout: self.redis_connect_timeout,
             command_timeout: self.redis_command_timeout,
+            breaker_threshold: self.redis_breaker_threshold,
         })
     }
 }
@@ -120,6 +139,8 @@ impl fmt::Debug for Config {
             .field("redis_pool_size", &self.redis_pool_size)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_command_timeout", &self.redis_command_timeout)
+            .field("failure_policy", &self.failure_policy)
+            .field("redis_breaker_threshold", &self.redis_breaker_threshold)
             .field("health_interval", &self.health_interval)
             .field("memory_sweep_interval", &self.memory_sweep_interval)
             .field("shutdown_grace", &self.shutdown_grace)

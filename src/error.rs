@@ -15,6 +15,10 @@ pub enum StoreError {
     /// failing over); a later call may succeed.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The circuit breaker is open: Redis failed repeatedly and has not yet
+    /// answered a probe, so it was not asked.
+    #[error("store unavailable: circuit breaker open after repeated failures")]
+    CircuitOpen,
     /// The store answered something we do not understand: a bug or a
     /// misconfigured store, not a passing fault.
     #[error("store replied unexpectedly: {0}")]
@@ -22,6 +26,16 @@ pub enum StoreError {
     /// The store's settings cannot work (e.g. a malformed URL).
     #[error("store misconfigured: {0}")]
     Config(String),
+}
+
+impl StoreError {
+    /// A fault a later call may not meet: the failure policy answers it.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout(_) | Self::Unavailable(_) | Self::CircuitOpen
+        )
+    }
 }
 
 /// Why a request got no decision.
@@ -37,12 +51,8 @@ impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         match err {
             Error::InvalidArgument(err) => tonic::Status::invalid_argument(err.to_string()),
-            Error::Store(err @ (StoreError::Timeout(_) | StoreError::Unavailable(_))) => {
-                tonic::Status::unavailable(err.to_string())
-            }
-            Error::Store(err @ (StoreError::Reply(_) | StoreError::Config(_))) => {
-                tonic::Status::internal(err.to_string())
-            }
+            Error::Store(err) if err.is_transient() => tonic::Status::unavailable(err.to_string()),
+            Error::Store(err) => tonic::Status::internal(err.to_string()),
         }
     }
 }

@@ -34,8 +34,15 @@ async fn probe(store: &Store) -> Result<(), String> {
 }
 
 /// Probes `store` every `interval` for ever, reporting each change of
-/// state. Runs as a task; the server aborts it at shutdown.
-pub async fn watch(store: Store, reporter: HealthReporter, interval: Duration) {
+/// state. With `serves_without_store` (a failure policy that answers while
+/// Redis is down) the instance stays SERVING, and the probe only logs. Runs
+/// as a task; the server aborts it at shutdown.
+pub async fn watch(
+    store: Store,
+    reporter: HealthReporter,
+    interval: Duration,
+    serves_without_store: bool,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut serving: Option<bool> = None;
@@ -49,6 +56,10 @@ pub async fn watch(store: Store, reporter: HealthReporter, interval: Duration) {
         match result {
             Ok(()) => {
                 info!(store = store.kind(), "store answers: health SERVING");
+                report(&reporter, ServingStatus::Serving).await;
+            }
+            Err(reason) if serves_without_store => {
+                warn!(store = store.kind(), %reason, "store does not answer: the failure policy answers; health stays SERVING");
                 report(&reporter, ServingStatus::Serving).await;
             }
             Err(reason) => {

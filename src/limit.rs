@@ -320,6 +320,17 @@ pub enum RetryAfter {
     Never,
 }
 
+/// What to answer when the store cannot decide in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailurePolicy {
+    /// Fail with UNAVAILABLE: the caller decides.
+    FailClosed,
+    /// Allow, marked degraded.
+    FailOpen,
+    /// Decide on this instance's embedded store, marked degraded.
+    Local,
+}
+
 /// The answer. Being over the limit is a decision, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -331,6 +342,8 @@ pub struct Decision {
     /// Until the key is back to its full quota.
     pub reset_after: Micros,
     pub retry_after: RetryAfter,
+    /// Decided by the failure policy, without the shared store.
+    pub degraded: bool,
 }
 
 #[cfg(test)]

@@ -1,13 +1,18 @@
 //! Decides validated requests on the configured store: names each storage
 //! key, then runs the requests' algorithms there, all of one call's limits
-//! together. Knows nothing of gRPC.
+//! together; when Redis cannot answer, applies the failure policy. Knows
+//! nothing of gRPC.
 
-use tracing::instrument;
+use std::sync::Arc;
 
-use crate::algorithm::{self, SCRIPT};
+use tracing::{debug, instrument};
+
+use crate::algorithm::{self, SCRIPT, State};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, CallerKey, Decision, KeyOrigin, LimitRequest};
-use crate::store::Store;
+use crate::limit::{
+    Algorithm, CallerKey, Decision, FailurePolicy, KeyOrigin, LimitRequest, RetryAfter,
+};
+use crate::store::{MemoryStore, Store};
 
 /// The default prefix of every storage key.
 pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
@@ -17,20 +22,48 @@ pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
 pub struct Limiter {
     store: Store,
     key_prefix: String,
+    default_policy: FailurePolicy,
+    /// Where `Local` decides while Redis cannot: this instance's own state.
+    local: Option<Arc<MemoryStore<State>>>,
 }
 
 impl Limiter {
+    /// A limiter that fails closed when its store cannot answer.
     pub fn new(store: Store, key_prefix: impl Into<String>) -> Self {
         Self {
             store,
             key_prefix: key_prefix.into(),
+            default_policy: FailurePolicy::FailClosed,
+            local: None,
         }
+    }
+
+    /// Answers by `policy` when Redis cannot (unless a call names its own),
+    /// deciding `Local` calls on `local`.
+    pub fn with_failure_policy(
+        mut self,
+        policy: FailurePolicy,
+        local: Arc<MemoryStore<State>>,
+    ) -> Self {
+        self.default_policy = policy;
+        self.local = Some(local);
+        self
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// May `request.key` spend `request.cost` now? Over the limit is an
     /// `Ok` decision; `Err` only when the store failed.
-    pub async fn check(&self, request: &LimitRequest) -> Result<Decision, StoreError> {
-        let mut decisions = self.check_all(std::slice::from_ref(request)).await?;
+    pub async fn check(
+        &self,
+        request: &LimitRequest,
+        policy: Option<FailurePolicy>,
+    ) -> Result<Decision, StoreError> {
+        let mut decisions = self
+            .check_all(std::slice::from_ref(request), policy)
+            .await?;
         decisions
             .pop()
             .ok_or_else(|| StoreError::Reply("no decision for the request".into()))
@@ -40,11 +73,16 @@ impl Limiter {
     /// every limit not in shadow mode allows and each allowing limit spends
     /// its cost, or nothing is spent. One decision per request, in order.
     /// Requests naming the same storage key are decided as one, with their
-    /// costs added, so a key cannot pass twice on the same units.
+    /// costs added, so a key cannot pass twice on the same units. When Redis
+    /// cannot answer, `policy` (or the limiter's default) answers.
     #[instrument(skip_all, fields(limits = requests.len()))]
-    pub async fn check_all(&self, requests: &[LimitRequest]) -> Result<Vec<Decision>, StoreError> {
+    pub async fn check_all(
+        &self,
+        requests: &[LimitRequest],
+        policy: Option<FailurePolicy>,
+    ) -> Result<Vec<Decision>, StoreError> {
         let groups = Groups::new(&self.key_prefix, requests);
-        let decisions = match &self.store {
+        let decided = match &self.store {
             Store::Redis(redis) => {
                 let mut invocation = SCRIPT.prepare_invoke();
                 for group in &groups.unique {
@@ -56,39 +94,109 @@ impl Limiter {
                         group.shadow,
                     );
                 }
-                let reply = redis.run_script(&invocation).await?;
-                if reply.len() != 4 * groups.unique.len() {
-                    return Err(StoreError::Reply(format!(
-                        "script replied {} values for {} limits",
-                        reply.len(),
-                        groups.unique.len()
-                    )));
+                match redis.run_script(&invocation).await {
+                    Ok(reply) => decisions_from_reply(&groups, requests, &reply),
+                    Err(err) if err.is_transient() => {
+                        let policy = policy.unwrap_or(self.default_policy);
+                        debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
+                        return self.when_redis_fails(err, policy, &groups, requests);
+                    }
+                    Err(err) => Err(err),
                 }
-                groups
-                    .unique
-                    .iter()
-                    .zip(reply.chunks(4))
-                    .map(|(group, part)| {
-                        let limit = requests[group.first].algorithm.limit();
-                        algorithm::decision_from_reply(limit, part).map_err(StoreError::Reply)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
             }
-            Store::Memory(memory) => {
-                let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
-                let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
-                let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
-                memory.with_keys(&keys, |locked, now| {
-                    algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
-                        let algorithm = &requests[groups.unique[i].first].algorithm;
-                        locked.decide(i, |state| {
-                            algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-                        })
-                    })
-                })
-            }
+            Store::Memory(memory) => Ok(decide_in_memory(memory, &groups, requests)),
         };
+        let decisions = decided?;
         Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
+    }
+
+    /// The failure policy's answer while Redis cannot decide: the error
+    /// itself (fail closed), or degraded decisions.
+    fn when_redis_fails(
+        &self,
+        err: StoreError,
+        policy: FailurePolicy,
+        groups: &Groups,
+        requests: &[LimitRequest],
+    ) -> Result<Vec<Decision>, StoreError> {
+        let decisions = match (policy, &self.local) {
+            (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
+            (FailurePolicy::FailOpen, _) => groups
+                .unique
+                .iter()
+                .map(|group| fail_open(&requests[group.first].algorithm, group.cost))
+                .collect(),
+            (FailurePolicy::Local, Some(local)) => decide_in_memory(local, groups, requests),
+        };
+        Ok(groups
+            .of_request
+            .iter()
+            .map(|&g| Decision {
+                degraded: true,
+                ..decisions[g]
+            })
+            .collect())
+    }
+}
+
+/// Reads the script's reply: four integers per group.
+fn decisions_from_reply(
+    groups: &Groups,
+    requests: &[LimitRequest],
+    reply: &[i64],
+) -> Result<Vec<Decision>, StoreError> {
+    if reply.len() != 4 * groups.unique.len() {
+        return Err(StoreError::Reply(format!(
+            "script replied {} values for {} limits",
+            reply.len(),
+            groups.unique.len()
+        )));
+    }
+    groups
+        .unique
+        .iter()
+        .zip(reply.chunks(4))
+        .map(|(group, part)| {
+            let limit = requests[group.first].algorithm.limit();
+            algorithm::decision_from_reply(limit, part).map_err(StoreError::Reply)
+        })
+        .collect()
+}
+
+/// Decides the groups on an embedded store: the twin of the script.
+fn decide_in_memory(
+    memory: &MemoryStore<State>,
+    groups: &Groups,
+    requests: &[LimitRequest],
+) -> Vec<Decision> {
+    let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
+    let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
+    let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
+    memory.with_keys(&keys, |locked, now| {
+        algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
+            let algorithm = &requests[groups.unique[i].first].algorithm;
+            locked.decide(i, |state| {
+                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+            })
+        })
+    })
+}
+
+/// Failing open: allowed, with the whole limit said to remain (nothing is
+/// known), except a cost no state could ever allow.
+fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
+    let limit = algorithm.limit();
+    Decision {
+        allowed: cost <= limit,
+        limit,
+        remaining: limit.saturating_sub(cost),
+        reset_after: 0,
+        retry_after: if cost <= limit {
+            RetryAfter::After(0)
+        } else {
+            RetryAfter::Never
+        },
+        degraded: true,
     }
 }
 

@@ -19,6 +19,7 @@ use crate::api::envoy::{EnvoyService, EnvoySettings};
 use crate::config::{Config, redacted_url};
 use crate::error::StoreError;
 use crate::health;
+use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 
@@ -35,22 +36,36 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The store the configuration names. Must run inside a tokio runtime (the
-/// embedded store starts its eviction task).
-pub fn build_store(config: &Config) -> Result<Store, StoreError> {
+/// The limiter the configuration names: on Redis (with this instance's
+/// own embedded store for the `local` failure policy) or on the embedded
+/// store alone. Must run inside a tokio runtime (embedded stores start their
+/// eviction task).
+pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
+    let embedded = || {
+        let memory = MemoryStore::new(Arc::new(SystemClock::default()));
+        memory.spawn_sweeper(config.memory_sweep_interval);
+        memory
+    };
     match config.redis() {
         Some(settings) => {
-            info!(url = %redacted_url(&settings.url), "using Redis");
-            Ok(Store::Redis(RedisStore::new(&settings)?))
+            info!(
+                url = %redacted_url(&settings.url),
+                failure_policy = ?config.failure_policy,
+                "using Redis"
+            );
+            let store = Store::Redis(RedisStore::new(&settings)?);
+            Ok(Limiter::new(store, config.key_prefix.clone())
+                .with_failure_policy(config.failure_policy, embedded()))
         }
         None => {
             warn!(
                 "no --redis-url: using the embedded in-memory store; limits are NOT shared \
                  between ratelimitd instances and are lost on restart"
             );
-            let memory = MemoryStore::new(Arc::new(SystemClock::default()));
-            memory.spawn_sweeper(config.memory_sweep_interval);
-            Ok(Store::Memory(memory))
+            Ok(Limiter::new(
+                Store::Memory(embedded()),
+                config.key_prefix.clone(),
+            ))
         }
     }
 }
@@ -73,8 +88,7 @@ pub async fn run(
         }
         None => (RulesHandle::default(), None),
     };
-    let store = build_store(&config)?;
-    let limiter = Limiter::new(store.clone(), config.key_prefix.clone());
+    let limiter = build_limiter(&config)?;
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,
@@ -86,10 +100,14 @@ pub async fn run(
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health::report(&reporter, ServingStatus::NotServing).await;
+    // With a policy that answers without Redis, the instance can serve
+    // while Redis is down.
+    let serves_without_store = config.failure_policy != FailurePolicy::FailClosed;
     let health_task = tokio::spawn(health::watch(
-        store,
+        limiter.store().clone(),
         reporter.clone(),
         config.health_interval,
+        serves_without_store,
     ));
 
     let reflection = tonic_reflection::server::Builder::configure()

@@ -30,6 +30,7 @@ fn redis_limiter(redis: &RedisServer) -> Limiter {
         pool_size: 8,
         connect_timeout: Duration::from_secs(5),
         command_timeout: Duration::from_secs(10),
+        breaker_threshold: 3,
     })
     .expect("redis store");
     Limiter::new(Store::Redis(store), "t:")
@@ -59,7 +60,7 @@ fn every_algorithm(limit: u64) -> [Algorithm; 3] {
 
 async fn remaining(limiter: &Limiter, key: &str, algorithm: Algorithm) -> u64 {
     limiter
-        .check(&limit(key, algorithm, 0))
+        .check(&limit(key, algorithm, 0), None)
         .await
         .expect("look")
         .remaining
@@ -69,11 +70,14 @@ async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
     for (i, algorithm) in every_algorithm(5).into_iter().enumerate() {
         let (roomy, full) = (format!("roomy{i}"), format!("full{i}"));
         limiter
-            .check(&limit(&full, algorithm, 5))
+            .check(&limit(&full, algorithm, 5), None)
             .await
             .expect("fill");
         let decisions = limiter
-            .check_all(&[limit(&roomy, algorithm, 2), limit(&full, algorithm, 1)])
+            .check_all(
+                &[limit(&roomy, algorithm, 2), limit(&full, algorithm, 1)],
+                None,
+            )
             .await
             .expect("decide");
         assert!(decisions[0].allowed, "the roomy limit alone would allow");
@@ -89,10 +93,13 @@ async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
         );
 
         let both = limiter
-            .check_all(&[
-                limit(&roomy, algorithm, 2),
-                limit(&format!("free{i}"), algorithm, 1),
-            ])
+            .check_all(
+                &[
+                    limit(&roomy, algorithm, 2),
+                    limit(&format!("free{i}"), algorithm, 1),
+                ],
+                None,
+            )
             .await
             .expect("decide");
         assert!(both.iter().all(|d| d.allowed));
@@ -102,7 +109,7 @@ async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
 
 async fn a_shadow_limit_never_denies(limiter: &Limiter) {
     limiter
-        .check(&limit("shadowed", fixed(1), 1))
+        .check(&limit("shadowed", fixed(1), 1), None)
         .await
         .expect("fill");
     let shadowed = LimitRequest {
@@ -110,7 +117,7 @@ async fn a_shadow_limit_never_denies(limiter: &Limiter) {
         ..limit("shadowed", fixed(1), 1)
     };
     let decisions = limiter
-        .check_all(&[limit("enforced", fixed(3), 1), shadowed])
+        .check_all(&[limit("enforced", fixed(3), 1), shadowed], None)
         .await
         .expect("decide");
     assert!(decisions[0].allowed);
@@ -127,13 +134,19 @@ async fn a_shadow_limit_never_denies(limiter: &Limiter) {
 
 async fn one_key_twice_is_counted_once_with_both_costs(limiter: &Limiter) {
     let decisions = limiter
-        .check_all(&[limit("twice", fixed(3), 2), limit("twice", fixed(3), 2)])
+        .check_all(
+            &[limit("twice", fixed(3), 2), limit("twice", fixed(3), 2)],
+            None,
+        )
         .await
         .expect("decide");
     assert!(decisions.iter().all(|d| !d.allowed), "2 + 2 exceeds 3");
     assert_eq!(remaining(limiter, "twice", fixed(3)).await, 3);
     let decisions = limiter
-        .check_all(&[limit("twice", fixed(3), 1), limit("twice", fixed(3), 2)])
+        .check_all(
+            &[limit("twice", fixed(3), 1), limit("twice", fixed(3), 2)],
+            None,
+        )
         .await
         .expect("decide");
     assert!(decisions.iter().all(|d| d.allowed));
@@ -154,7 +167,7 @@ async fn concurrent_groups_admit_exactly_and_denials_leave_no_trace(limiter: &Li
         let calls = (0..300).map(|_| {
             let limiter = limiter.clone();
             let group = [limit(&shared, algorithm, 1), limit(&narrow, tight, 1)];
-            tokio::spawn(async move { limiter.check_all(&group).await })
+            tokio::spawn(async move { limiter.check_all(&group, None).await })
         });
         let mut allowed = 0;
         for result in join_all(calls).await {

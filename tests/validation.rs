@@ -35,6 +35,7 @@ fn bad_requests() -> Vec<(&'static str, pb::CheckLimitRequest, &'static str)> {
                 key: "k".into(),
                 algorithm: None,
                 cost: None,
+                failure_policy: None,
             },
             "algorithm",
         ),

@@ -38,6 +38,7 @@ pub fn decide(
         remaining,
         reset_after,
         retry_after,
+        degraded: false,
     };
     if cost > limit {
         return (denied(RetryAfter::Never), MemoryChange::None);
@@ -54,6 +55,7 @@ pub fn decide(
         remaining: remaining - cost,
         reset_after,
         retry_after: RetryAfter::After(0),
+        degraded: false,
     };
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);

@@ -112,6 +112,7 @@ pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<Decision, String
         remaining: non_negative("remaining", remaining)?,
         reset_after: non_negative("reset_after", reset_after)?,
         retry_after,
+        degraded: false,
     })
 }
 

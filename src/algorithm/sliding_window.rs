@@ -56,6 +56,7 @@ pub fn decide(
         remaining,
         reset_after,
         retry_after,
+        degraded: false,
     };
     if cost > limit {
         return (denied(RetryAfter::Never), unchanged);
@@ -82,6 +83,7 @@ pub fn decide(
         remaining: remaining - cost,
         reset_after,
         retry_after: RetryAfter::After(0),
+        degraded: false,
     };
     if cost == 0 || !spend {
         return (decision, unchanged);

@@ -43,6 +43,7 @@ pub fn decide(
         remaining: tokens.floor() as u64,
         reset_after: ahead + micros_to_refill(capacity - tokens),
         retry_after: RetryAfter::Never,
+        degraded: false,
     };
     if cost > params.capacity {
         return (decision, MemoryChange::None);

@@ -8,8 +8,8 @@ use tracing::debug;
 
 use crate::error::Error;
 use crate::limit::{
-    self, Algorithm, CallerKey, Decision, FixedWindow, InvalidArgument, LimitRequest, Micros,
-    RetryAfter, SlidingWindow, TokenBucket,
+    self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, InvalidArgument,
+    LimitRequest, Micros, RetryAfter, SlidingWindow, TokenBucket,
 };
 use crate::limiter::Limiter;
 use crate::pb::ratelimitd::v1 as pb;
@@ -37,8 +37,14 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
-        let request = limit_request(request.into_inner()).map_err(Error::from)?;
-        let decision = self.limiter.check(&request).await.map_err(Error::from)?;
+        let request = request.into_inner();
+        let policy = failure_policy(request.failure_policy).map_err(Error::from)?;
+        let request = limit_request(request).map_err(Error::from)?;
+        let decision = self
+            .limiter
+            .check(&request, policy)
+            .await
+            .map_err(Error::from)?;
         debug!(
             algorithm = request.algorithm.name(),
             allowed = decision.allowed,
@@ -86,6 +92,20 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
     })
 }
 
+/// The call's own failure policy, if it names one.
+fn failure_policy(value: Option<i32>) -> Result<Option<FailurePolicy>, InvalidArgument> {
+    match value.map(pb::FailurePolicy::try_from) {
+        None | Some(Ok(pb::FailurePolicy::Unspecified)) => Ok(None),
+        Some(Ok(pb::FailurePolicy::FailClosed)) => Ok(Some(FailurePolicy::FailClosed)),
+        Some(Ok(pb::FailurePolicy::FailOpen)) => Ok(Some(FailurePolicy::FailOpen)),
+        Some(Ok(pb::FailurePolicy::Local)) => Ok(Some(FailurePolicy::Local)),
+        Some(Err(_)) => Err(InvalidArgument::new(
+            "failure_policy",
+            "must be FAIL_CLOSED, FAIL_OPEN or LOCAL",
+        )),
+    }
+}
+
 /// A protobuf duration that must be present and not negative.
 fn duration(
     field: &str,
@@ -120,6 +140,7 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
         reset_after: Some(proto_duration(decision.reset_after)),
         retry_after,
         cost_exceeds_limit,
+        degraded: decision.degraded,
     }
 }
 
@@ -139,6 +160,7 @@ mod tests {
             key: "k".into(),
             algorithm: Some(algorithm),
             cost: None,
+            failure_policy: None,
         }
     }
 
@@ -209,6 +231,7 @@ mod tests {
             remaining: 1,
             reset_after: 1_500_000,
             retry_after: RetryAfter::Never,
+            degraded: false,
         });
         assert!(response.cost_exceeds_limit);
         assert_eq!(response.retry_after, None);

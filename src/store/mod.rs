@@ -1,6 +1,7 @@
 //! Where decisions keep their state: Redis, shared by every ratelimitd
 //! instance, or the embedded in-process store.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 

@@ -6,12 +6,14 @@
 //! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
 //! again, so that recovery needs nothing here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, PoolError, Runtime};
 use redis::aio::ConnectionLike;
 use redis::{AsyncConnectionConfig, RedisError, RetryMethod, ScriptInvocation};
 
+use super::breaker::CircuitBreaker;
 use crate::error::StoreError;
 
 /// How to reach Redis and how long to wait for it.
@@ -23,13 +25,16 @@ pub struct RedisSettings {
     /// The longest one decision may take, from asking the pool for a
     /// connection to reading the script's reply.
     pub command_timeout: Duration,
+    /// Failures in a row that open the circuit breaker.
+    pub breaker_threshold: u32,
 }
 
-/// A pool of connections to one Redis server.
+/// A pool of connections to one Redis server, behind a circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
     pool: Pool,
     command_timeout: Duration,
+    breaker: Arc<CircuitBreaker>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -61,15 +66,20 @@ impl RedisStore {
         Ok(Self {
             pool,
             command_timeout: settings.command_timeout,
+            breaker: Arc::new(CircuitBreaker::new(settings.breaker_threshold)),
         })
     }
 
     /// Runs a prepared script call (by SHA, loading the script on
-    /// `NOSCRIPT`) and reads its reply: a list of integers.
+    /// `NOSCRIPT`) and reads its reply: a list of integers. Fails at once
+    /// while the circuit breaker is open.
     pub async fn run_script(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Vec<i64>, StoreError> {
+        if !self.breaker.allows() {
+            return Err(StoreError::CircuitOpen);
+        }
         self.bounded(async {
             let mut connection = self.pool.get().await.map_err(classify_pool)?;
             invocation
@@ -80,7 +90,8 @@ impl RedisStore {
         .await
     }
 
-    /// Asks Redis for `PING`, for health checks.
+    /// Asks Redis for `PING`, whatever the breaker says: the health check's
+    /// probe, whose answer also closes (or opens) the breaker.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(async {
             let mut connection = self.pool.get().await.map_err(classify_pool)?;
@@ -93,15 +104,22 @@ impl RedisStore {
         .await
     }
 
-    /// Runs `work` within the command timeout. A connection whose call is cut
-    /// off is dropped with it; the pool checks connections before reuse.
+    /// Runs `work` within the command timeout and tells the breaker how it
+    /// went. A connection whose call is cut off is dropped with it; the pool
+    /// checks connections before reuse.
     async fn bounded<T>(
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.command_timeout, work)
+        let result = tokio::time::timeout(self.command_timeout, work)
             .await
-            .map_err(|_| StoreError::Timeout(self.command_timeout))?
+            .map_err(|_| StoreError::Timeout(self.command_timeout))
+            .and_then(|result| result);
+        match &result {
+            Err(err) if err.is_transient() => self.breaker.record_failure(),
+            _ => self.breaker.record_success(),
+        }
+        result
     }
 }
 

@@ -389,6 +389,7 @@ pub fn request(
         key: key.to_owned(),
         algorithm: Some(algorithm),
         cost,
+        failure_policy: None,
     }
 }
 

@@ -72,7 +72,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
             Vec::new()
         } else {
             self.limiter
-                .check_all(&plan.requests)
+                .check_all(&plan.requests, None)
                 .await
                 .map_err(Error::from)?
         };
