@@ -102,6 +102,30 @@ pub struct Config {
           value_parser = positive_duration)]
     pub shutdown_grace: Duration,
 
+    /// PEM certificate chain for serving gRPC over TLS (with --tls-key).
+    #[arg(long, env = "RATELIMITD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "RATELIMITD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: clients must present a certificate signed by one
+    /// (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "RATELIMITD_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Largest request message accepted, in bytes (larger: OUT_OF_RANGE).
+    #[arg(long, env = "RATELIMITD_MAX_REQUEST_BYTES", default_value_t = 1 << 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_request_bytes: u32,
+
+    /// Most calls in flight at once, over all connections; more get
+    /// RESOURCE_EXHAUSTED at once rather than queueing.
+    #[arg(long, env = "RATELIMITD_MAX_CONCURRENT_REQUESTS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_requests: u32,
+
     /// Log line format (filter with RUST_LOG, default info).
     #[arg(
         long,
@@ -144,6 +168,11 @@ impl fmt::Debug for Config {
             .field("health_interval", &self.health_interval)
             .field("memory_sweep_interval", &self.memory_sweep_interval)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("tls_client_ca", &self.tls_client_ca)
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("log_format", &self.log_format)
             .finish()
     }

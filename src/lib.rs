@@ -4,8 +4,10 @@
 //! now?" and get allow or deny, with the limit, what remains and when to retry.
 //! A request flows top to bottom through these modules:
 //!
-//! - [`server`] builds the tonic router (our API, health, reflection) and runs
-//!   it until a shutdown signal; [`health`] keeps the health status truthful.
+//! - [`server`] builds the tonic router (our API, Envoy's, health,
+//!   reflection; TLS; [`load_shed`] for calls beyond the limit in flight) and
+//!   runs it until a shutdown signal; [`health`] keeps the health status
+//!   truthful.
 //! - [`api`] turns protobuf requests into validated [`limit`] types and
 //!   decisions back into protobuf; it is the only layer that knows tonic
 //!   besides [`server`] and [`pb`].
@@ -26,6 +28,7 @@ pub mod error;
 pub mod health;
 pub mod limit;
 pub mod limiter;
+pub mod load_shed;
 pub mod pb;
 pub mod server;
 pub mod store;

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -21,6 +22,7 @@ use crate::error::StoreError;
 use crate::health;
 use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
+use crate::load_shed::LoadShedLayer;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 
 /// Why the server could not start or stopped with an error.
@@ -30,6 +32,11 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
+    #[error("TLS: cannot read {path}: {source}")]
+    TlsFile {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC transport: {0}")]
@@ -68,6 +75,27 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
             ))
         }
     }
+}
+
+/// The TLS settings the configuration names, if any: a certificate and
+/// key, and with a client CA, mutual TLS (clients must present a
+/// certificate it signed).
+fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>, ServeError> {
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| ServeError::TlsFile {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &config.tls_client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    info!(mutual = config.tls_client_ca.is_some(), "serving gRPC over TLS");
+    Ok(Some(tls))
 }
 
 /// Serves on `listener` until `shutdown` resolves; then health turns
@@ -132,11 +160,21 @@ pub async fn run(
             draining.notify_one();
         }
     };
-    let serve = Server::builder()
+    let max_request = config.max_request_bytes as usize;
+    let mut builder = Server::builder();
+    if let Some(tls) = tls_config(&config)? {
+        builder = builder.tls_config(tls)?;
+    }
+    let serve = builder
+        .layer(LoadShedLayer::new(config.max_concurrent_requests as usize))
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(CheckService::new(limiter).into_server())
-        .add_service(envoy.into_server())
+        .add_service(
+            CheckService::new(limiter)
+                .into_server()
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(envoy.into_server().max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(incoming, stop);
     let grace = config.shutdown_grace;
     let grace_expired = async move {
