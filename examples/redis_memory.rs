@@ -29,6 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),
         breaker_threshold: 3,
+        tls: Default::default(),
     })?;
     let limiter = Limiter::new(Store::Redis(store), PREFIX);
     let mut redis = redis::Client::open(url)?

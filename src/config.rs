@@ -10,7 +10,7 @@ use clap::Parser;
 
 use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
-use crate::store::RedisSettings;
+use crate::store::{RedisSettings, RedisTls};
 use crate::telemetry::LogFormat;
 
 /// ratelimitd: answers "may this key spend this much now?" over gRPC.
@@ -28,6 +28,20 @@ pub struct Config {
     /// password go in the URL). Unset: the embedded in-memory store.
     #[arg(long, env = "RATELIMITD_REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// For rediss:// URLs: PEM CA certificates to trust instead of the
+    /// system's.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<PathBuf>,
+
+    /// For rediss:// URLs: a PEM client certificate (with
+    /// --redis-tls-key), for a Redis with tls-auth-clients.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_CERT", requires = "redis_tls_key")]
+    pub redis_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --redis-tls-cert.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_KEY", requires = "redis_tls_cert")]
+    pub redis_tls_key: Option<PathBuf>,
 
     /// Prefix of every storage key, to share one Redis between services.
     #[arg(long, env = "RATELIMITD_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
@@ -137,15 +151,30 @@ pub struct Config {
 }
 
 impl Config {
-    /// The Redis settings, when a Redis URL is configured.
-    pub fn redis(&self) -> Option<RedisSettings> {
-        self.redis_url.as_ref().map(|url| RedisSettings {
+    /// The Redis settings, when a Redis URL is configured; an error names a
+    /// TLS file that cannot be read.
+    pub fn redis(&self) -> Result<Option<RedisSettings>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
+        };
+        let tls = RedisTls {
+            ca: self.redis_tls_ca.as_ref().map(read).transpose()?,
+            client: match (&self.redis_tls_cert, &self.redis_tls_key) {
+                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                _ => None,
+            },
+        };
+        Ok(Some(RedisSettings {
             url: url.clone(),
             pool_size: usize::from(self.redis_pool_size),
             connect_timeout: self.redis_connect_timeout,
             command_timeout: self.redis_command_timeout,
             breaker_threshold: self.redis_breaker_threshold,
-        })
+            tls,
+        }))
     }
 }
 
@@ -155,6 +184,9 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("listen", &self.listen)
             .field("redis_url", &self.redis_url.as_deref().map(redacted_url))
+            .field("redis_tls_ca", &self.redis_tls_ca)
+            .field("redis_tls_cert", &self.redis_tls_cert)
+            .field("redis_tls_key", &self.redis_tls_key)
             .field("key_prefix", &self.key_prefix)
             .field("config", &self.config)
             .field("config_poll_interval", &self.config_poll_interval)
@@ -234,7 +266,7 @@ mod tests {
         let config = Config::parse_from(["ratelimitd"]);
         assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
         assert_eq!(config.key_prefix, "ratelimitd:");
-        assert!(config.redis().is_none());
+        assert!(config.redis().unwrap().is_none());
         assert!(Config::try_parse_from(["ratelimitd", "--redis-command-timeout", "0s"]).is_err());
         assert!(Config::try_parse_from(["ratelimitd", "--redis-pool-size", "0"]).is_err());
     }

@@ -53,7 +53,7 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
         memory.spawn_sweeper(config.memory_sweep_interval);
         memory
     };
-    match config.redis() {
+    match config.redis().map_err(StoreError::Config)? {
         Some(settings) => {
             info!(
                 url = %redacted_url(&settings.url),
@@ -94,7 +94,10 @@ fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>, ServeError> {
     if let Some(ca) = &config.tls_client_ca {
         tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
     }
-    info!(mutual = config.tls_client_ca.is_some(), "serving gRPC over TLS");
+    info!(
+        mutual = config.tls_client_ca.is_some(),
+        "serving gRPC over TLS"
+    );
     Ok(Some(tls))
 }
 
@@ -107,6 +110,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    // rustls (TLS to clients and to Redis) needs one crypto provider for
+    // the process; a second call finds it installed, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let (rules, config_watch) = match &config.config {
         Some(path) => {
             let (source, rules) = ConfigSource::load(path.clone())?;

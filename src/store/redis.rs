@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, PoolError, Runtime};
-use redis::aio::ConnectionLike;
-use redis::{AsyncConnectionConfig, RedisError, RetryMethod, ScriptInvocation};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, RedisError, RetryMethod, ScriptInvocation,
+    TlsCertificates,
+};
 
 use super::breaker::CircuitBreaker;
 use crate::error::StoreError;
@@ -27,6 +29,27 @@ pub struct RedisSettings {
     pub command_timeout: Duration,
     /// Failures in a row that open the circuit breaker.
     pub breaker_threshold: u32,
+    /// For `rediss://`: certificates other than the system's.
+    pub tls: RedisTls,
+}
+
+/// TLS material for a `rediss://` Redis, as PEM bytes.
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    /// CA certificates to trust instead of the system's.
+    pub ca: Option<Vec<u8>>,
+    /// A client certificate and its key, for Redis's `tls-auth-clients`.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Key material stays out of logs.
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// A pool of connections to one Redis server, behind a circuit breaker.
@@ -53,8 +76,26 @@ impl RedisStore {
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
             .set_response_timeout(Some(settings.command_timeout));
-        let manager = Manager::new_with_config(settings.url.as_str(), connection)
-            .map_err(|err| StoreError::Config(err.to_string()))?;
+        let misconfigured = |err: RedisError| StoreError::Config(err.to_string());
+        let manager = if settings.tls.ca.is_some() || settings.tls.client.is_some() {
+            let certificates = TlsCertificates {
+                client_tls: settings
+                    .tls
+                    .client
+                    .clone()
+                    .map(|(client_cert, client_key)| ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: settings.tls.ca.clone(),
+            };
+            let client = redis::Client::build_with_tls(settings.url.as_str(), certificates)
+                .map_err(misconfigured)?;
+            Manager::new_with_config(client.get_connection_info().clone(), connection)
+        } else {
+            Manager::new_with_config(settings.url.as_str(), connection)
+        }
+        .map_err(misconfigured)?;
         let pool = Pool::builder(manager)
             .max_size(settings.pool_size)
             .wait_timeout(Some(settings.command_timeout))
@@ -95,8 +136,10 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.bounded(async {
             let mut connection = self.pool.get().await.map_err(classify_pool)?;
-            connection
-                .req_packed_command(&redis::cmd("PING"))
+            // Through `query_async`, so that an error reply (NOAUTH,
+            // LOADING...) is an error, not a value.
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
                 .await
                 .map_err(classify)?;
             Ok(())

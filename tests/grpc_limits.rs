@@ -1,0 +1,169 @@
+//! The gRPC listener's own defences: TLS and mutual TLS, the largest
+//! request accepted, and the most calls in flight (beyond it:
+//! RESOURCE_EXHAUSTED at once, no queue).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::topology::{TlsFiles, write_certificates};
+use common::{RedisServer, TestServer, fixed_window, request};
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+fn path(file: &std::path::Path) -> String {
+    file.to_string_lossy().into_owned()
+}
+
+/// A TLS channel to `server` trusting `trust`, with `identity` as the client
+/// certificate if given.
+async fn tls_channel(
+    server: &TestServer,
+    trust: &TlsFiles,
+    identity: Option<&TlsFiles>,
+) -> Result<Channel, tonic::transport::Error> {
+    let read = |file: &std::path::Path| std::fs::read(file).expect("read PEM");
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(&trust.ca_cert)))
+        .domain_name("localhost");
+    if let Some(files) = identity {
+        tls = tls.identity(Identity::from_pem(
+            read(&files.client_cert),
+            read(&files.client_key),
+        ));
+    }
+    Channel::from_shared(format!("https://localhost:{}", server.address.port()))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await
+}
+
+async fn one_call(channel: Channel) -> Result<bool, tonic::Status> {
+    RateLimiterClient::new(channel)
+        .check_limit(request("k", fixed_window(5, Duration::from_secs(60)), None))
+        .await
+        .map(|response| response.into_inner().allowed)
+}
+
+/// Connection refused, or the first call fails: either way, no decision.
+async fn refused(channel: Result<Channel, tonic::transport::Error>) -> bool {
+    match channel {
+        Err(_) => true,
+        Ok(channel) => one_call(channel).await.is_err(),
+    }
+}
+
+#[tokio::test]
+async fn tls_serves_clients_that_trust_its_certificate() {
+    let dir = tempfile::tempdir().expect("directory");
+    let files = write_certificates(dir.path());
+    let server = TestServer::start(&[
+        "--tls-cert",
+        &path(&files.server_cert),
+        "--tls-key",
+        &path(&files.server_key),
+    ])
+    .await;
+    let channel = tls_channel(&server, &files, None)
+        .await
+        .expect("TLS connect");
+    assert!(one_call(channel).await.expect("a decision over TLS"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_clients_without_a_certificate_from_its_ca() {
+    let dir = tempfile::tempdir().expect("directory");
+    let files = write_certificates(&dir.path().join("ours"));
+    let stranger = write_certificates(&dir.path().join("theirs"));
+    let server = TestServer::start(&[
+        "--tls-cert",
+        &path(&files.server_cert),
+        "--tls-key",
+        &path(&files.server_key),
+        "--tls-client-ca",
+        &path(&files.ca_cert),
+    ])
+    .await;
+    let trusted = tls_channel(&server, &files, Some(&files))
+        .await
+        .expect("mTLS connect");
+    assert!(one_call(trusted).await.expect("a decision over mutual TLS"));
+    assert!(
+        refused(tls_channel(&server, &files, None).await).await,
+        "no certificate"
+    );
+    assert!(
+        refused(tls_channel(&server, &files, Some(&stranger)).await).await,
+        "a certificate from another CA"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requests_larger_than_the_maximum_are_refused() {
+    let server = TestServer::start(&["--max-request-bytes", "200"]).await;
+    let mut client = server.client().await;
+    let small = request("k", fixed_window(5, Duration::from_secs(60)), None);
+    assert!(client.check_limit(small).await.is_ok());
+    let large = request(
+        &"k".repeat(500),
+        fixed_window(5, Duration::from_secs(60)),
+        None,
+    );
+    let status = client.check_limit(large).await.expect_err("too large");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_beyond_the_limit_in_flight_are_shed_at_once() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let server = TestServer::start(&[
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "2s",
+        "--max-concurrent-requests",
+        "2",
+    ])
+    .await;
+    // A frozen Redis holds every admitted call for the 2 s timeout.
+    redis.freeze();
+    let calls = (0..5).map(|_| {
+        let address = server.address;
+        tokio::spawn(async move {
+            let mut client = RateLimiterClient::new(common::channel(address).await);
+            let started = Instant::now();
+            let answer = client
+                .check_limit(request("k", fixed_window(5, Duration::from_secs(60)), None))
+                .await;
+            (
+                answer.expect_err("nothing is decided").code(),
+                started.elapsed(),
+            )
+        })
+    });
+    let mut shed = 0;
+    let mut waited = 0;
+    for call in futures::future::join_all(calls).await {
+        let (code, took) = call.expect("task");
+        match code {
+            Code::ResourceExhausted => {
+                shed += 1;
+                assert!(
+                    took < Duration::from_secs(1),
+                    "shed at once, not after {took:?}"
+                );
+            }
+            Code::Unavailable => waited += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((waited, shed), (2, 3));
+    redis.thaw();
+    server.stop().await;
+}

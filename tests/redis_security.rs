@@ -1,0 +1,111 @@
+//! Redis behind a password, an ACL user, TLS with a private CA, and TLS
+//! that wants a client certificate: ratelimitd decides on each, and a wrong
+//! credential is a store that does not answer (UNAVAILABLE, NOT_SERVING),
+//! never a crash.
+
+mod common;
+
+use std::time::Duration;
+
+use common::topology::SecureRedis;
+use common::{TestServer, check, fixed_window};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+/// Exactly two of three allowed on a fresh key.
+async fn decides_exactly(server: &TestServer) {
+    let mut client = server.client().await;
+    let limit = fixed_window(2, Duration::from_secs(60));
+    assert!(check(&mut client, "k", &limit, None).await.allowed);
+    assert!(check(&mut client, "k", &limit, None).await.allowed);
+    assert!(!check(&mut client, "k", &limit, None).await.allowed);
+}
+
+async fn serving(server: &TestServer) {
+    common::eventually("SERVING", || async {
+        common::health_status(server.address, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+}
+
+fn path(file: &std::path::Path) -> String {
+    file.to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn a_password() {
+    let redis = SecureRedis::with_password("s3cret p@ss").await;
+    let url = redis.url();
+    let server = TestServer::start(&["--redis-url", &url]).await;
+    serving(&server).await;
+    decides_exactly(&server).await;
+    server.stop().await;
+
+    let wrong = redis.url_without_credentials();
+    let server = TestServer::start(&["--redis-url", &wrong, "--health-interval", "100ms"]).await;
+    let status = server
+        .client()
+        .await
+        .check_limit(common::request(
+            "k",
+            fixed_window(2, Duration::from_secs(60)),
+            None,
+        ))
+        .await
+        .expect_err("no password");
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::Internal),
+        "{status:?}"
+    );
+    assert_eq!(
+        common::health_status(server.address, "").await,
+        Some(ServingStatus::NotServing)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_acl_user() {
+    let redis = SecureRedis::with_acl_user("limiter", "s3cret").await;
+    let url = redis.url();
+    let server = TestServer::start(&["--redis-url", &url]).await;
+    serving(&server).await;
+    decides_exactly(&server).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tls_with_a_private_ca() {
+    let redis = SecureRedis::with_tls().await;
+    let url = redis.url();
+    let ca = path(redis.ca_cert_path());
+    let server = TestServer::start(&["--redis-url", &url, "--redis-tls-ca", &ca]).await;
+    serving(&server).await;
+    decides_exactly(&server).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn tls_with_a_client_certificate() {
+    let redis = SecureRedis::with_tls_client_auth().await;
+    let url = redis.url();
+    let (ca, cert, key) = (
+        path(redis.ca_cert_path()),
+        path(redis.client_cert_path()),
+        path(redis.client_key_path()),
+    );
+    let server = TestServer::start(&[
+        "--redis-url",
+        &url,
+        "--redis-tls-ca",
+        &ca,
+        "--redis-tls-cert",
+        &cert,
+        "--redis-tls-key",
+        &key,
+    ])
+    .await;
+    serving(&server).await;
+    decides_exactly(&server).await;
+    server.stop().await;
+}
