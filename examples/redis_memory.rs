@@ -14,7 +14,7 @@ use ratelimitd::limit::{
     Algorithm, CallerKey, FixedWindow, LimitRequest, SlidingWindow, TokenBucket,
 };
 use ratelimitd::limiter::{Limiter, storage_key};
-use ratelimitd::store::{RedisSettings, RedisStore, Store};
+use ratelimitd::store::{RedisSettings, RedisStore, Store, Topology};
 
 const PREFIX: &str = "ratelimitd-memory-example:";
 
@@ -24,7 +24,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .ok_or("usage: redis_memory REDIS_URL (e.g. redis://127.0.0.1:6390/0)")?;
     let store = RedisStore::new(&RedisSettings {
-        url: url.clone(),
+        urls: vec![url.clone()],
+        topology: Topology::Standalone,
         pool_size: 1,
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),

@@ -10,7 +10,7 @@ use clap::Parser;
 
 use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
-use crate::store::{RedisSettings, RedisTls};
+use crate::store::{RedisSettings, RedisTls, Topology};
 use crate::telemetry::LogFormat;
 
 /// ratelimitd: answers "may this key spend this much now?" over gRPC.
@@ -25,9 +25,30 @@ pub struct Config {
     pub listen: SocketAddr,
 
     /// Redis to keep counters in, e.g. redis://127.0.0.1:6379/0 (user and
-    /// password go in the URL). Unset: the embedded in-memory store.
-    #[arg(long, env = "RATELIMITD_REDIS_URL")]
-    pub redis_url: Option<String>,
+    /// password go in the URL; rediss:// for TLS). With --redis-mode cluster,
+    /// seed nodes; with sentinel, the sentinels: repeat the flag or separate
+    /// URLs with commas. Unset: the embedded in-memory store.
+    #[arg(long, env = "RATELIMITD_REDIS_URL", value_delimiter = ',')]
+    pub redis_url: Vec<String>,
+
+    /// What --redis-url names: one standalone server, a Redis Cluster, or
+    /// Sentinels watching a primary (see --redis-sentinel-master).
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_MODE",
+        value_enum,
+        default_value = "standalone"
+    )]
+    pub redis_mode: RedisMode,
+
+    /// With --redis-mode sentinel: the name the sentinels monitor the
+    /// primary under. Its password and database come from the first URL.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_SENTINEL_MASTER",
+        default_value = "mymaster"
+    )]
+    pub redis_sentinel_master: String,
 
     /// For rediss:// URLs: PEM CA certificates to trust instead of the
     /// system's.
@@ -150,13 +171,28 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// The kinds of Redis deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RedisMode {
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
 impl Config {
     /// The Redis settings, when a Redis URL is configured; an error names a
     /// TLS file that cannot be read.
     pub fn redis(&self) -> Result<Option<RedisSettings>, String> {
-        let Some(url) = &self.redis_url else {
+        if self.redis_url.is_empty() {
             return Ok(None);
-        };
+        }
+        if self.redis_mode == RedisMode::Standalone && self.redis_url.len() > 1 {
+            return Err(
+                "--redis-url: a standalone Redis takes one URL (several are for \
+                        --redis-mode cluster or sentinel)"
+                    .into(),
+            );
+        }
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
         };
@@ -168,7 +204,14 @@ impl Config {
             },
         };
         Ok(Some(RedisSettings {
-            url: url.clone(),
+            urls: self.redis_url.clone(),
+            topology: match self.redis_mode {
+                RedisMode::Standalone => Topology::Standalone,
+                RedisMode::Cluster => Topology::Cluster,
+                RedisMode::Sentinel => Topology::Sentinel {
+                    master: self.redis_sentinel_master.clone(),
+                },
+            },
             pool_size: usize::from(self.redis_pool_size),
             connect_timeout: self.redis_connect_timeout,
             command_timeout: self.redis_command_timeout,
@@ -183,7 +226,16 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
-            .field("redis_url", &self.redis_url.as_deref().map(redacted_url))
+            .field(
+                "redis_url",
+                &self
+                    .redis_url
+                    .iter()
+                    .map(|url| redacted_url(url))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_mode", &self.redis_mode)
+            .field("redis_sentinel_master", &self.redis_sentinel_master)
             .field("redis_tls_ca", &self.redis_tls_ca)
             .field("redis_tls_cert", &self.redis_tls_cert)
             .field("redis_tls_key", &self.redis_tls_key)

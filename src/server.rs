@@ -56,7 +56,8 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     match config.redis().map_err(StoreError::Config)? {
         Some(settings) => {
             info!(
-                url = %redacted_url(&settings.url),
+                urls = ?settings.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
+                topology = ?settings.topology,
                 failure_policy = ?config.failure_policy,
                 "using Redis"
             );

@@ -1,12 +1,14 @@
 //! One behaviour suite for every store: each case below runs through gRPC
 //! against a server on the embedded store and against one on a real
-//! `redis-server`, and must give the same answers. On Redis, every case ends
-//! by checking that every key it wrote has a TTL.
+//! `redis-server`, and must give the same answers; and all of them in turn
+//! on a Redis Cluster and on a Sentinel-managed Redis. On standalone Redis,
+//! every case ends by checking that every key it wrote has a TTL.
 
 mod common;
 
 use std::time::Duration;
 
+use common::topology::{RedisCluster, RedisSentinel};
 use common::{
     RedisServer, TestServer, check, duration, fixed_window, sliding_window, token_bucket,
 };
@@ -41,6 +43,39 @@ macro_rules! on_every_store {
                     redis.assert_every_key_expires().await;
                 }
             )*
+        }
+        /// On a Redis Cluster and on Sentinel, one deployment runs every
+        /// case in turn, each under a key prefix of its own.
+        mod redis_cluster {
+            #[tokio::test]
+            async fn every_case() {
+                let cluster = super::RedisCluster::start().await;
+                let seeds = cluster.urls().join(",");
+                $(
+                    let prefix = concat!(stringify!($case), ":");
+                    let flags = ["--redis-mode", "cluster", "--redis-url", &seeds, "--key-prefix", prefix];
+                    let server = super::TestServer::start(&flags).await;
+                    super::$case(&mut server.client().await).await;
+                    server.stop().await;
+                )*
+            }
+        }
+        mod redis_sentinel {
+            #[tokio::test]
+            async fn every_case() {
+                let sentinel = super::RedisSentinel::start().await;
+                let sentinels = sentinel.sentinel_urls().join(",");
+                $(
+                    let prefix = concat!(stringify!($case), ":");
+                    let flags = [
+                        "--redis-mode", "sentinel", "--redis-url", &sentinels,
+                        "--redis-sentinel-master", sentinel.master_name(), "--key-prefix", prefix,
+                    ];
+                    let server = super::TestServer::start(&flags).await;
+                    super::$case(&mut server.client().await).await;
+                    server.stop().await;
+                )*
+            }
         }
     };
 }

@@ -15,7 +15,7 @@ use ratelimitd::limit::{
     Algorithm, CallerKey, FixedWindow, LimitRequest, SlidingWindow, TokenBucket,
 };
 use ratelimitd::limiter::Limiter;
-use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, Store, SystemClock};
+use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, Store, SystemClock, Topology};
 
 fn memory_limiter() -> Limiter {
     Limiter::new(
@@ -26,7 +26,8 @@ fn memory_limiter() -> Limiter {
 
 fn redis_limiter(redis: &RedisServer) -> Limiter {
     let store = RedisStore::new(&RedisSettings {
-        url: redis.url(),
+        urls: vec![redis.url()],
+        topology: Topology::Standalone,
         pool_size: 8,
         connect_timeout: Duration::from_secs(5),
         command_timeout: Duration::from_secs(10),

@@ -8,14 +8,16 @@
 --            'fw': limit, window_ms, aligned (1|0)
 --            'sw': limit, window_us, (unused)
 --            'tb': capacity, refill_per_second, (unused)
--- Reply    four integers per limit, limit i's from 4 * (i - 1) + 1:
+--          then, last, the mode: 'decide', or 'dry' (decide every limit as
+--          if spending, and write nothing)
+-- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
 --          allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
---          never)
+--          never), mark (what refund.lua needs to take a spend back)
 --
--- All or nothing: the limits are spent only if every limit not in shadow
--- mode allows its cost. Otherwise nothing is spent, and a limit that would
--- have allowed reports what it has (as a look with cost 0 would). Every
--- limit sees the same `now`, read once from Redis TIME.
+-- 'decide' is all or nothing: the limits are spent only if every limit not
+-- in shadow mode allows its cost. Otherwise nothing is spent, and a limit
+-- that would have allowed reports what it has (as a look with cost 0
+-- would). Every limit sees the same `now`, read once from Redis TIME.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
@@ -37,8 +39,8 @@ end
 
 local reply = {}
 local function answer(i, decision)
-  for j = 1, 4 do
-    reply[4 * (i - 1) + j] = decision[j]
+  for j = 1, 5 do
+    reply[5 * (i - 1) + j] = decision[j]
   end
 end
 
@@ -47,6 +49,13 @@ local function cost_of(i)
 end
 
 local count = #KEYS
+local mode = ARGV[6 * count + 1]
+if mode == 'dry' then
+  for i = 1, count do
+    answer(i, decide(i, cost_of(i), false))
+  end
+  return reply
+end
 if count == 1 then
   -- Alone, a limit spends only if it allows: no dry run needed.
   answer(1, decide(1, cost_of(1), true))

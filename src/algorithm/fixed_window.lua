@@ -14,7 +14,9 @@
 -- the previous window is recognised by its number, not counted.
 --
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
--- never). With `spend` false it decides the same and writes nothing.
+-- never), and a mark for refund.lua: the window number of an aligned
+-- window (0 when anchored). With `spend` false it decides the same and
+-- writes nothing.
 local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   local used = 0
   local reset_after = 0
@@ -41,12 +43,12 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
 
   local remaining = math.max(0, limit - used)
   if cost > limit then
-    return 0, remaining, reset_after, -1
+    return 0, remaining, reset_after, -1, 0
   end
   if used + cost > limit then
     -- The whole limit is back when the window ends (PTTL 0 means "within
     -- this millisecond").
-    return 0, remaining, reset_after, math.max(1000, reset_after)
+    return 0, remaining, reset_after, math.max(1000, reset_after), 0
   end
   if cost > 0 and spend then
     if aligned == 1 then
@@ -60,5 +62,5 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
       reset_after = window_ms * 1000
     end
   end
-  return 1, remaining - cost, reset_after, 0
+  return 1, remaining - cost, reset_after, 0, window or 0
 end

@@ -27,6 +27,29 @@ pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Takes back what [`SCRIPT`] spent, when a request spanning several Redis
+/// Cluster nodes was denied by one after another had spent; `refund.lua`
+/// documents `KEYS`, `ARGV` and reply.
+pub static REFUND_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("refund.lua")));
+
+/// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing), or
+/// only say what each limit would answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptMode {
+    Decide,
+    Dry,
+}
+
+impl ScriptMode {
+    pub fn arg(self) -> &'static str {
+        match self {
+            Self::Decide => "decide",
+            Self::Dry => "dry",
+        }
+    }
+}
+
 /// The in-memory state of one key, whichever algorithm owns it. A key's name
 /// includes its algorithm, so one key never holds two kinds of state.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,12 +81,13 @@ pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     }
 }
 
-/// Adds one limit's six `ARGV` values for [`SCRIPT`].
+/// Adds one limit's six `ARGV` values for [`SCRIPT`] (the last is shadow,
+/// 1 or 0) or [`REFUND_SCRIPT`] (the last is the mark).
 pub fn push_script_args(
     invocation: &mut ScriptInvocation<'_>,
     algorithm: &Algorithm,
     cost: u64,
-    shadow: bool,
+    last: i64,
 ) {
     match algorithm {
         Algorithm::FixedWindow(p) => invocation
@@ -84,15 +108,15 @@ pub fn push_script_args(
             .arg(p.refill_per_second)
             .arg(0),
     };
-    invocation.arg(cost).arg(u8::from(shadow));
+    invocation.arg(cost).arg(last);
 }
 
 /// Reads one limit's part of the script's reply, `{allowed, remaining,
-/// reset_after_us, retry_after_us (-1: never)}`, refusing anything out of
-/// range.
-pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<Decision, String> {
-    let &[allowed, remaining, reset_after, retry_after] = reply else {
-        return Err(format!("script replied {} values, not 4", reply.len()));
+/// reset_after_us, retry_after_us (-1: never), mark}`, refusing anything out
+/// of range; the mark is what a refund of this decision needs.
+pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<(Decision, i64), String> {
+    let &[allowed, remaining, reset_after, retry_after, mark] = reply else {
+        return Err(format!("script replied {} values, not 5", reply.len()));
     };
     let non_negative = |name: &str, value: i64| {
         u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
@@ -106,14 +130,15 @@ pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<Decision, String
         -1 => RetryAfter::Never,
         value => RetryAfter::After(non_negative("retry_after", value)?),
     };
-    Ok(Decision {
+    let decision = Decision {
         allowed,
         limit,
         remaining: non_negative("remaining", remaining)?,
         reset_after: non_negative("reset_after", reset_after)?,
         retry_after,
         degraded: false,
-    })
+    };
+    Ok((decision, mark))
 }
 
 /// Decides `cost` under `algorithm` on in-memory state: the twin of one

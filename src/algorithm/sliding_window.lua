@@ -10,8 +10,9 @@
 -- microsecond; cost N adds N members.
 --
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
--- never). With `spend` false it decides the same and adds nothing. Either
--- way it drops entries that have left the window.
+-- never), and a mark for refund.lua: the stamp of the entries added (0 when
+-- none). With `spend` false it decides the same and adds nothing. Either way
+-- it drops entries that have left the window.
 local function sliding_window(key, now, limit, window, cost, spend)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
   local used = redis.call('ZCARD', key)
@@ -26,16 +27,17 @@ local function sliding_window(key, now, limit, window, cost, spend)
     reset_after = newest + window - now
   end
   if cost > limit then
-    return 0, remaining, reset_after, -1
+    return 0, remaining, reset_after, -1, 0
   end
   if used + cost > limit then
     -- Enough of the oldest entries must leave: the k-th oldest is the last.
     local k = used + cost - limit
     local entry = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
-    return 0, remaining, reset_after, tonumber(entry[2]) + window - now
+    return 0, remaining, reset_after, tonumber(entry[2]) + window - now, 0
   end
+  local stamp = 0
   if cost > 0 and spend then
-    local stamp = now
+    stamp = now
     if newest and newest >= now then
       stamp = newest + 1
     end
@@ -53,5 +55,5 @@ local function sliding_window(key, now, limit, window, cost, spend)
     reset_after = stamp + window - now
     redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
   end
-  return 1, remaining - cost, reset_after, 0
+  return 1, remaining - cost, reset_after, 0, stamp
 end

@@ -9,8 +9,9 @@
 -- until it catches up.
 --
 -- Returns allowed (1|0), remaining (whole tokens), reset_after_us,
--- retry_after_us (-1: never). With `spend` false it decides the same and
--- writes nothing.
+-- retry_after_us (-1: never), and a mark for refund.lua (always 0: tokens
+-- are simply given back). With `spend` false it decides the same and writes
+-- nothing.
 local function token_bucket(key, now, capacity, rate, cost, spend)
   local tokens = capacity
   local stamp = now
@@ -33,11 +34,11 @@ local function token_bucket(key, now, capacity, rate, cost, spend)
 
   local ahead = stamp - now
   if cost > capacity then
-    return 0, math.floor(tokens), ahead + micros_to_refill(capacity - tokens), -1
+    return 0, math.floor(tokens), ahead + micros_to_refill(capacity - tokens), -1, 0
   end
   if cost > tokens then
     return 0, math.floor(tokens), ahead + micros_to_refill(capacity - tokens),
-      ahead + micros_to_refill(cost - tokens)
+      ahead + micros_to_refill(cost - tokens), 0
   end
   tokens = tokens - cost
   local reset_after = ahead + micros_to_refill(capacity - tokens)
@@ -45,5 +46,5 @@ local function token_bucket(key, now, capacity, rate, cost, spend)
     redis.call('HSET', key, 't', tokens, 'ts', stamp)
     redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
   end
-  return 1, math.floor(tokens), reset_after, 0
+  return 1, math.floor(tokens), reset_after, 0, 0
 end

@@ -8,7 +8,7 @@ pub mod redis;
 use std::sync::Arc;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, SystemClock};
-pub use self::redis::{RedisSettings, RedisStore, RedisTls};
+pub use self::redis::{RedisSettings, RedisStore, RedisTls, Topology};
 use crate::algorithm::State;
 
 /// The configured store.

@@ -1,6 +1,7 @@
-//! The Redis store: runs one algorithm's Lua script per decision through a
-//! deadpool pool of multiplexed connections, bounded by a command timeout,
-//! and classifies what goes wrong where it enters.
+//! The Redis store: runs one decision's Lua script through a deadpool pool
+//! of connections to a standalone Redis, a Redis Cluster, or the primary a
+//! set of Sentinels names, bounded by a command timeout, and classifies what
+//! goes wrong where it enters.
 //!
 //! Scripts are called by SHA (`EVALSHA`); redis-rs answers a `NOSCRIPT` (after
 //! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
@@ -11,17 +12,32 @@ use std::time::Duration;
 
 use deadpool_redis::{Manager, Pool, PoolError, Runtime};
 use redis::{
-    AsyncConnectionConfig, ClientTlsConfig, RedisError, RetryMethod, ScriptInvocation,
-    TlsCertificates,
+    AsyncConnectionConfig, ClientTlsConfig, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
+    RedisError, RetryMethod, ScriptInvocation, TlsCertificates,
 };
 
 use super::breaker::CircuitBreaker;
 use crate::error::StoreError;
 
+/// Which kind of Redis deployment the URLs name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server (the first URL).
+    Standalone,
+    /// A Redis Cluster; the URLs are seed nodes, the rest is discovered and
+    /// followed through resharding and failover.
+    Cluster,
+    /// Sentinels (the URLs) watching the primary named `master`; the pool
+    /// follows failovers.
+    Sentinel { master: String },
+}
+
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
-    pub url: String,
+    /// One URL, or several for Cluster seeds or Sentinels.
+    pub urls: Vec<String>,
+    pub topology: Topology,
     pub pool_size: usize,
     pub connect_timeout: Duration,
     /// The longest one decision may take, from asking the pool for a
@@ -52,18 +68,31 @@ impl std::fmt::Debug for RedisTls {
     }
 }
 
-/// A pool of connections to one Redis server, behind a circuit breaker.
+/// The pool for each topology.
+#[derive(Clone)]
+enum Pools {
+    Standalone(Pool),
+    Cluster(deadpool_redis::cluster::Pool),
+    Sentinel(deadpool_redis::sentinel::Pool),
+}
+
+/// A pool of connections to Redis, behind a circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
-    pool: Pool,
+    pools: Pools,
     command_timeout: Duration,
     breaker: Arc<CircuitBreaker>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = match &self.pools {
+            Pools::Standalone(pool) => pool.status(),
+            Pools::Cluster(pool) => pool.status(),
+            Pools::Sentinel(pool) => pool.status(),
+        };
         f.debug_struct("RedisStore")
-            .field("pool", &self.pool.status())
+            .field("pool", &status)
             .field("command_timeout", &self.command_timeout)
             .finish()
     }
@@ -73,39 +102,43 @@ impl RedisStore {
     /// Builds the pool; connections open lazily, so this succeeds while Redis
     /// is down (health reports it until it is up).
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
-        let connection = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.command_timeout));
         let misconfigured = |err: RedisError| StoreError::Config(err.to_string());
-        let manager = if settings.tls.ca.is_some() || settings.tls.client.is_some() {
-            let certificates = TlsCertificates {
-                client_tls: settings
-                    .tls
-                    .client
-                    .clone()
-                    .map(|(client_cert, client_key)| ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    }),
-                root_cert: settings.tls.ca.clone(),
-            };
-            let client = redis::Client::build_with_tls(settings.url.as_str(), certificates)
+        let urls = connection_infos(settings).map_err(misconfigured)?;
+        let Some(first) = urls.first().cloned() else {
+            return Err(StoreError::Config("no Redis URL".into()));
+        };
+        let pools = match &settings.topology {
+            Topology::Standalone => {
+                let connection = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(settings.connect_timeout))
+                    .set_response_timeout(Some(settings.command_timeout));
+                let manager = Manager::new_with_config(first, connection).map_err(misconfigured)?;
+                Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
+            }
+            Topology::Cluster => {
+                let manager =
+                    deadpool_redis::cluster::Manager::new(urls, false).map_err(misconfigured)?;
+                let builder = deadpool_redis::cluster::Pool::builder(manager);
+                Pools::Cluster(bounded_pool(builder, settings)?)
+            }
+            Topology::Sentinel { master } => {
+                let node = deadpool_redis::sentinel::SentinelNodeConnectionInfo {
+                    tls_mode: None,
+                    redis_connection_info: Some(first.redis_settings().clone().into()),
+                };
+                let manager = deadpool_redis::sentinel::Manager::new(
+                    urls,
+                    master.clone(),
+                    Some(node),
+                    deadpool_redis::sentinel::SentinelServerType::Master,
+                )
                 .map_err(misconfigured)?;
-            Manager::new_with_config(client.get_connection_info().clone(), connection)
-        } else {
-            Manager::new_with_config(settings.url.as_str(), connection)
-        }
-        .map_err(misconfigured)?;
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size)
-            .wait_timeout(Some(settings.command_timeout))
-            .create_timeout(Some(settings.connect_timeout))
-            .recycle_timeout(Some(settings.command_timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|err| StoreError::Config(err.to_string()))?;
+                let builder = deadpool_redis::sentinel::Pool::builder(manager);
+                Pools::Sentinel(bounded_pool(builder, settings)?)
+            }
+        };
         Ok(Self {
-            pool,
+            pools,
             command_timeout: settings.command_timeout,
             breaker: Arc::new(CircuitBreaker::new(settings.breaker_threshold)),
         })
@@ -114,35 +147,64 @@ impl RedisStore {
     /// Runs a prepared script call (by SHA, loading the script on
     /// `NOSCRIPT`) and reads its reply: a list of integers. Fails at once
     /// while the circuit breaker is open.
-    pub async fn run_script(
+    pub async fn run_script<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, StoreError> {
+    ) -> Result<T, StoreError> {
         if !self.breaker.allows() {
             return Err(StoreError::CircuitOpen);
         }
         self.bounded(async {
-            let mut connection = self.pool.get().await.map_err(classify_pool)?;
-            invocation
-                .invoke_async(&mut connection)
-                .await
-                .map_err(classify)
+            // The same call on each kind of pool; a connection whose call
+            // failed is dropped from the pool rather than reused (after a
+            // failover the old primary may still answer PING, as a replica
+            // that refuses every write).
+            macro_rules! on {
+                ($pool:expr, $connection:ty) => {{
+                    let mut connection = $pool.get().await.map_err(classify_pool)?;
+                    let reply = invocation.invoke_async(&mut connection).await;
+                    if reply.is_err() {
+                        drop(<$connection>::take(connection));
+                    }
+                    reply.map_err(classify)
+                }};
+            }
+            match &self.pools {
+                Pools::Standalone(pool) => on!(pool, deadpool_redis::Connection),
+                Pools::Cluster(pool) => on!(pool, deadpool_redis::cluster::Connection),
+                Pools::Sentinel(pool) => on!(pool, deadpool_redis::sentinel::Connection),
+            }
         })
         .await
+    }
+
+    /// Is this a Redis Cluster, where keys live on different nodes?
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.pools, Pools::Cluster(_))
     }
 
     /// Asks Redis for `PING`, whatever the breaker says: the health check's
     /// probe, whose answer also closes (or opens) the breaker.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        // Through `query_async`, so that an error reply (NOAUTH, LOADING...)
+        // is an error, not a value.
+        let ping = redis::cmd("PING");
         self.bounded(async {
-            let mut connection = self.pool.get().await.map_err(classify_pool)?;
-            // Through `query_async`, so that an error reply (NOAUTH,
-            // LOADING...) is an error, not a value.
-            redis::cmd("PING")
-                .query_async::<String>(&mut connection)
-                .await
-                .map_err(classify)?;
-            Ok(())
+            let pong: Result<String, RedisError> = match &self.pools {
+                Pools::Standalone(pool) => {
+                    let mut connection = pool.get().await.map_err(classify_pool)?;
+                    ping.query_async(&mut connection).await
+                }
+                Pools::Cluster(pool) => {
+                    let mut connection = pool.get().await.map_err(classify_pool)?;
+                    ping.query_async(&mut connection).await
+                }
+                Pools::Sentinel(pool) => {
+                    let mut connection = pool.get().await.map_err(classify_pool)?;
+                    ping.query_async(&mut connection).await
+                }
+            };
+            pong.map(drop).map_err(classify)
         })
         .await
     }
@@ -164,6 +226,52 @@ impl RedisStore {
         }
         result
     }
+}
+
+/// The URLs as connection settings, with the TLS material applied to each
+/// `rediss://` one.
+fn connection_infos(settings: &RedisSettings) -> Result<Vec<ConnectionInfo>, RedisError> {
+    settings
+        .urls
+        .iter()
+        .map(|url| {
+            if settings.tls.ca.is_none() && settings.tls.client.is_none() {
+                return url.as_str().into_connection_info();
+            }
+            let certificates = TlsCertificates {
+                client_tls: settings
+                    .tls
+                    .client
+                    .clone()
+                    .map(|(client_cert, client_key)| ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: settings.tls.ca.clone(),
+            };
+            let client = redis::Client::build_with_tls(url.as_str(), certificates)?;
+            Ok(client.get_connection_info().clone())
+        })
+        .collect()
+}
+
+/// The pool's size and timeouts, for any kind of pool.
+fn bounded_pool<M, W>(
+    builder: deadpool::managed::PoolBuilder<M, W>,
+    settings: &RedisSettings,
+) -> Result<deadpool::managed::Pool<M, W>, StoreError>
+where
+    M: deadpool::managed::Manager,
+    W: From<deadpool::managed::Object<M>>,
+{
+    builder
+        .max_size(settings.pool_size)
+        .wait_timeout(Some(settings.command_timeout))
+        .create_timeout(Some(settings.connect_timeout))
+        .recycle_timeout(Some(settings.command_timeout))
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|err| StoreError::Config(err.to_string()))
 }
 
 /// Redis errors that a later call may not meet (connection lost, loading,

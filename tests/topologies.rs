@@ -1,0 +1,392 @@
+//! Many instances, one limit, on a Redis Cluster (3 primaries, 3 replicas)
+//! and on a Sentinel-managed primary: three ratelimitd processes and 300
+//! concurrent callers on one key with limit 100 admit exactly 100, for every
+//! algorithm; keys spread over every primary; and ratelimitd follows a
+//! failover without a restart.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::topology::{RedisCluster, RedisSentinel};
+use common::{ServerProcess, fixed_window, request, sliding_window, token_bucket};
+use futures::future::join_all;
+use ratelimitd::pb::ratelimitd::v1 as pb;
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use tonic::transport::Channel;
+
+const CALLS: usize = 300;
+const LIMIT: u64 = 100;
+
+fn every_algorithm() -> [pb::check_limit_request::Algorithm; 3] {
+    [
+        fixed_window(LIMIT, Duration::from_secs(60)),
+        sliding_window(LIMIT, Duration::from_secs(60)),
+        token_bucket(LIMIT, 0.001),
+    ]
+}
+
+async fn three_instances(flags: &[&str]) -> (Vec<ServerProcess>, Vec<RateLimiterClient<Channel>>) {
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let server = ServerProcess::start(flags).await;
+        for _ in 0..3 {
+            clients.push(server.client().await);
+        }
+        servers.push(server);
+    }
+    (servers, clients)
+}
+
+/// 300 calls at once over all clients on one key: how many were allowed.
+async fn allowed_count(
+    clients: &[RateLimiterClient<Channel>],
+    key: &str,
+    algorithm: &pb::check_limit_request::Algorithm,
+) -> usize {
+    let calls = (0..CALLS).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        let request = request(key, *algorithm, None);
+        tokio::spawn(async move { client.check_limit(request).await })
+    });
+    let mut allowed = 0;
+    for result in join_all(calls).await {
+        let response = result.expect("task").expect("every call is answered");
+        allowed += usize::from(response.into_inner().allowed);
+    }
+    allowed
+}
+
+async fn exactly_the_limit_for_every_algorithm(clients: &[RateLimiterClient<Channel>]) {
+    for (i, algorithm) in every_algorithm().iter().enumerate() {
+        let key = format!("hot-{i}");
+        assert_eq!(
+            allowed_count(clients, &key, algorithm).await,
+            LIMIT as usize,
+            "{algorithm:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_shares_one_limit_across_instances_and_spreads_keys() {
+    let cluster = RedisCluster::start().await;
+    let seeds = cluster.urls().join(",");
+    let flags = [
+        "--redis-mode",
+        "cluster",
+        "--redis-url",
+        &seeds,
+        "--redis-command-timeout",
+        "10s",
+    ];
+    let (_servers, clients) = three_instances(&flags).await;
+    exactly_the_limit_for_every_algorithm(&clients).await;
+
+    // Callers' keys hash over all three primaries.
+    let mut client = clients[0].clone();
+    for i in 0..300 {
+        let key = format!("caller-{i}");
+        common::check(
+            &mut client,
+            &key,
+            &fixed_window(5, Duration::from_secs(60)),
+            None,
+        )
+        .await;
+    }
+    let spread = cluster.keys_per_primary().await;
+    assert_eq!(spread.len(), 3);
+    assert!(
+        spread.iter().all(|(_, keys)| *keys > 30),
+        "keys per primary: {spread:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_shares_one_limit_across_instances() {
+    let sentinel = RedisSentinel::start().await;
+    let sentinels = sentinel.sentinel_urls().join(",");
+    let flags = [
+        "--redis-mode",
+        "sentinel",
+        "--redis-url",
+        &sentinels,
+        "--redis-sentinel-master",
+        sentinel.master_name(),
+        "--redis-command-timeout",
+        "10s",
+    ];
+    let (_servers, clients) = three_instances(&flags).await;
+    exactly_the_limit_for_every_algorithm(&clients).await;
+}
+
+/// Steady load from a client while `fail` runs; returns (decided, failed,
+/// time from the start of `fail` until the first decision after the last
+/// failure).
+async fn under_load<F: Future<Output = ()>>(
+    client: RateLimiterClient<Channel>,
+    fail: F,
+) -> (u64, u64, Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let decided = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let last_failure = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let started = Instant::now();
+    let load = {
+        let (stop, decided, failed, last_failure) = (
+            stop.clone(),
+            decided.clone(),
+            failed.clone(),
+            last_failure.clone(),
+        );
+        let mut client = client;
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let call = request(
+                    &format!("load-{i}"),
+                    fixed_window(5, Duration::from_secs(60)),
+                    None,
+                );
+                let begun = Instant::now();
+                match client.check_limit(call).await {
+                    Ok(_) => {
+                        decided.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(status) => {
+                        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        *last_failure.lock().expect("lock") = Some(Instant::now());
+                    }
+                }
+                assert!(begun.elapsed() < Duration::from_secs(3), "a call hung");
+            }
+        })
+    };
+    common::eventually("load to flow", || async {
+        decided.load(Ordering::Relaxed) > 50
+    })
+    .await;
+    let failing_from = Instant::now();
+    fail.await;
+    // Recovered: 200 decisions in a row after the last failure.
+    common::eventually("decisions to flow again", || async {
+        let quiet = last_failure
+            .lock()
+            .expect("lock")
+            .is_none_or(|at| at.elapsed() > Duration::from_millis(500));
+        quiet && decided.load(Ordering::Relaxed) > 250
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.expect("no panic in the load");
+    let recovered = last_failure
+        .lock()
+        .expect("lock")
+        .map_or(Duration::ZERO, |at| at.duration_since(failing_from));
+    let _ = started;
+    (
+        decided.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        recovered,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_primary_killed_under_load_is_followed() {
+    let mut cluster = RedisCluster::start().await;
+    let seeds = cluster.urls().join(",");
+    let server = ServerProcess::start(&[
+        "--redis-mode",
+        "cluster",
+        "--redis-url",
+        &seeds,
+        "--redis-command-timeout",
+        "500ms",
+    ])
+    .await;
+    let client = server.client().await;
+    let cluster_ref = &mut cluster;
+    let (decided, failed, recovered) = under_load(client, async move {
+        let killed = cluster_ref.kill_primary(0).await;
+        cluster_ref.await_failover(&killed).await;
+    })
+    .await;
+    println!(
+        "cluster primary killed under load: {decided} decided, {failed} UNAVAILABLE, last error \
+         {recovered:?} after the kill"
+    );
+    // Exact again on the new topology.
+    let mut client = server.client().await;
+    let limit = fixed_window(2, Duration::from_secs(60));
+    for key in ["after-a", "after-b", "after-c"] {
+        assert!(common::check(&mut client, key, &limit, None).await.allowed);
+        assert!(common::check(&mut client, key, &limit, None).await.allowed);
+        assert!(!common::check(&mut client, key, &limit, None).await.allowed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sentinel_failover_is_followed() {
+    let mut sentinel = RedisSentinel::start().await;
+    let sentinels = sentinel.sentinel_urls().join(",");
+    let server = ServerProcess::start(&[
+        "--redis-mode",
+        "sentinel",
+        "--redis-url",
+        &sentinels,
+        "--redis-sentinel-master",
+        sentinel.master_name(),
+        "--redis-command-timeout",
+        "500ms",
+    ])
+    .await;
+    let client = server.client().await;
+    let sentinel_ref = &mut sentinel;
+    let (decided, failed, recovered) = under_load(client, async move {
+        let old = sentinel_ref.kill_primary().await;
+        sentinel_ref.await_failover(old).await;
+    })
+    .await;
+    println!(
+        "sentinel primary killed under load: {decided} decided, {failed} UNAVAILABLE, last error \
+         {recovered:?} after the kill"
+    );
+    let mut client = server.client().await;
+    let limit = fixed_window(2, Duration::from_secs(60));
+    assert!(
+        common::check(&mut client, "after", &limit, None)
+            .await
+            .allowed
+    );
+    assert!(
+        common::check(&mut client, "after", &limit, None)
+            .await
+            .allowed
+    );
+    assert!(
+        !common::check(&mut client, "after", &limit, None)
+            .await
+            .allowed
+    );
+}
+
+mod envoy_across_nodes {
+    use super::*;
+    use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    fn descriptor(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).into(),
+                    value: (*value).into(),
+                })
+                .collect(),
+            hits_addend: Some(hits),
+            ..Default::default()
+        }
+    }
+
+    /// (the 100-a-day number limit, the 5-a-day marketing limit) of
+    /// fixtures/ratelimit/example2.yaml, for one number: two keys that hash
+    /// to different cluster slots.
+    fn both(number: &str, hits: u64) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "messaging".into(),
+            descriptors: vec![
+                descriptor(&[("to_number", number)], hits),
+                descriptor(
+                    &[("message_type", "marketing"), ("to_number", number)],
+                    hits,
+                ),
+            ],
+            hits_addend: 0,
+        }
+    }
+
+    async fn remaining_of_number(
+        client: &mut RateLimitServiceClient<Channel>,
+        number: &str,
+    ) -> u32 {
+        let look = RateLimitRequest {
+            domain: "messaging".into(),
+            descriptors: vec![descriptor(&[("to_number", number)], 0)],
+            hits_addend: 0,
+        };
+        client
+            .should_rate_limit(look)
+            .await
+            .expect("answer")
+            .into_inner()
+            .statuses[0]
+            .limit_remaining
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn requests_spanning_cluster_nodes_are_all_or_nothing() {
+        let cluster = RedisCluster::start().await;
+        let seeds = cluster.urls().join(",");
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ratelimit");
+        let flags = [
+            "--redis-mode",
+            "cluster",
+            "--redis-url",
+            &seeds,
+            "--config",
+            fixtures,
+            "--redis-command-timeout",
+            "10s",
+        ];
+        let mut servers = Vec::new();
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let server = ServerProcess::start(&flags).await;
+            clients.push(RateLimitServiceClient::new(
+                common::channel(server.address).await,
+            ));
+            servers.push(server);
+        }
+        let mut client = clients[0].clone();
+
+        // Denied by the 5-a-day limit: the number's own limit spends nothing.
+        let denied = client
+            .should_rate_limit(both("1", 6))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert_eq!(denied.overall_code(), Code::OverLimit);
+        assert_eq!(remaining_of_number(&mut client, "1").await, 100);
+        let allowed = client
+            .should_rate_limit(both("1", 5))
+            .await
+            .expect("answer")
+            .into_inner();
+        assert_eq!(allowed.overall_code(), Code::Ok);
+        assert_eq!(remaining_of_number(&mut client, "1").await, 95);
+
+        // 300 at once through three instances: exactly 5 pass, and the 295
+        // denied ones leave the number's limit as the 5 left it.
+        let calls = (0..300).map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            tokio::spawn(async move { client.should_rate_limit(both("2", 1)).await })
+        });
+        let mut passed = 0;
+        for call in join_all(calls).await {
+            let response = call.expect("task").expect("answered").into_inner();
+            passed += usize::from(response.overall_code() == Code::Ok);
+        }
+        assert_eq!(passed, 5);
+        assert_eq!(remaining_of_number(&mut client, "2").await, 95);
+    }
+}
