@@ -1,14 +1,15 @@
 //! One behaviour suite for every store: each case below runs through gRPC
 //! against a server on the embedded store and against one on a real
 //! `redis-server`, and must give the same answers; and all of them in turn
-//! on a Redis Cluster and on a Sentinel-managed Redis. On standalone Redis,
+//! on a Redis Cluster, on a Sentinel-managed Redis, behind an ACL user, and
+//! over TLS with a client certificate. On standalone Redis,
 //! every case ends by checking that every key it wrote has a TTL.
 
 mod common;
 
 use std::time::Duration;
 
-use common::topology::{RedisCluster, RedisSentinel};
+use common::topology::{RedisCluster, RedisSentinel, SecureRedis};
 use common::{
     RedisServer, TestServer, check, duration, fixed_window, sliding_window, token_bucket,
 };
@@ -54,6 +55,44 @@ macro_rules! on_every_store {
                 $(
                     let prefix = concat!(stringify!($case), ":");
                     let flags = ["--redis-mode", "cluster", "--redis-url", &seeds, "--key-prefix", prefix];
+                    let server = super::TestServer::start(&flags).await;
+                    super::$case(&mut server.client().await).await;
+                    server.stop().await;
+                )*
+            }
+        }
+        /// Behind an ACL user and over TLS with a private CA and a client
+        /// certificate, every case in turn.
+        mod redis_secured {
+            #[tokio::test]
+            async fn every_case_with_an_acl_user() {
+                let redis = super::SecureRedis::with_acl_user("limiter", "s3cret").await;
+                let url = redis.url();
+                $(
+                    let prefix = concat!(stringify!($case), ":");
+                    let flags = ["--redis-url", &url, "--key-prefix", prefix];
+                    let server = super::TestServer::start(&flags).await;
+                    super::$case(&mut server.client().await).await;
+                    server.stop().await;
+                )*
+            }
+
+            #[tokio::test]
+            async fn every_case_over_tls() {
+                let redis = super::SecureRedis::with_tls_client_auth().await;
+                let url = redis.url();
+                let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
+                let (ca, cert, key) = (
+                    path(redis.ca_cert_path()),
+                    path(redis.client_cert_path()),
+                    path(redis.client_key_path()),
+                );
+                $(
+                    let prefix = concat!(stringify!($case), ":");
+                    let flags = [
+                        "--redis-url", &url, "--redis-tls-ca", &ca, "--redis-tls-cert", &cert,
+                        "--redis-tls-key", &key, "--key-prefix", prefix,
+                    ];
                     let server = super::TestServer::start(&flags).await;
                     super::$case(&mut server.client().await).await;
                     server.stop().await;
