@@ -11,22 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::topology::{RedisCluster, RedisSentinel};
-use common::{ServerProcess, fixed_window, request, sliding_window, token_bucket};
+use common::{ServerProcess, assert_exactly_100_of_300_for_every_algorithm, fixed_window, request};
 use futures::future::join_all;
-use ratelimitd::pb::ratelimitd::v1 as pb;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::Channel;
-
-const CALLS: usize = 300;
-const LIMIT: u64 = 100;
-
-fn every_algorithm() -> [pb::check_limit_request::Algorithm; 3] {
-    [
-        fixed_window(LIMIT, Duration::from_secs(60)),
-        sliding_window(LIMIT, Duration::from_secs(60)),
-        token_bucket(LIMIT, 0.001),
-    ]
-}
 
 async fn three_instances(flags: &[&str]) -> (Vec<ServerProcess>, Vec<RateLimiterClient<Channel>>) {
     let mut servers = Vec::new();
@@ -39,36 +27,6 @@ async fn three_instances(flags: &[&str]) -> (Vec<ServerProcess>, Vec<RateLimiter
         servers.push(server);
     }
     (servers, clients)
-}
-
-/// 300 calls at once over all clients on one key: how many were allowed.
-async fn allowed_count(
-    clients: &[RateLimiterClient<Channel>],
-    key: &str,
-    algorithm: &pb::check_limit_request::Algorithm,
-) -> usize {
-    let calls = (0..CALLS).map(|i| {
-        let mut client = clients[i % clients.len()].clone();
-        let request = request(key, *algorithm, None);
-        tokio::spawn(async move { client.check_limit(request).await })
-    });
-    let mut allowed = 0;
-    for result in join_all(calls).await {
-        let response = result.expect("task").expect("every call is answered");
-        allowed += usize::from(response.into_inner().allowed);
-    }
-    allowed
-}
-
-async fn exactly_the_limit_for_every_algorithm(clients: &[RateLimiterClient<Channel>]) {
-    for (i, algorithm) in every_algorithm().iter().enumerate() {
-        let key = format!("hot-{i}");
-        assert_eq!(
-            allowed_count(clients, &key, algorithm).await,
-            LIMIT as usize,
-            "{algorithm:?}"
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,7 +42,7 @@ async fn a_cluster_shares_one_limit_across_instances_and_spreads_keys() {
         "10s",
     ];
     let (_servers, clients) = three_instances(&flags).await;
-    exactly_the_limit_for_every_algorithm(&clients).await;
+    assert_exactly_100_of_300_for_every_algorithm(&clients).await;
 
     // Callers' keys hash over all three primaries.
     let mut client = clients[0].clone();
@@ -121,7 +79,7 @@ async fn sentinel_shares_one_limit_across_instances() {
         "10s",
     ];
     let (_servers, clients) = three_instances(&flags).await;
-    exactly_the_limit_for_every_algorithm(&clients).await;
+    assert_exactly_100_of_300_for_every_algorithm(&clients).await;
 }
 
 /// Steady load from a client while `fail` runs; returns (decided, failed,

@@ -407,3 +407,47 @@ pub async fn check(
         .unwrap_or_else(|status| panic!("CheckLimit({key}) failed: {status}"))
         .into_inner()
 }
+
+/// Every algorithm with limit `limit` and nothing coming back during a test
+/// (windows of a minute; the bucket refills one token in 1000 s).
+pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 3] {
+    [
+        fixed_window(limit, Duration::from_secs(60)),
+        sliding_window(limit, Duration::from_secs(60)),
+        token_bucket(limit, 0.001),
+    ]
+}
+
+/// Fires `calls` CheckLimit calls on `key` at once, spread round-robin over
+/// `clients`, and counts the allowed ones. Every call must get an answer.
+pub async fn allowed_of_concurrent_calls(
+    clients: &[RateLimiterClient<Channel>],
+    calls: usize,
+    key: &str,
+    algorithm: &pb::check_limit_request::Algorithm,
+) -> usize {
+    let calls = (0..calls).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        let request = request(key, *algorithm, None);
+        tokio::spawn(async move { client.check_limit(request).await })
+    });
+    let mut allowed = 0;
+    for result in futures::future::join_all(calls).await {
+        let response = result
+            .expect("task")
+            .expect("every call is answered")
+            .into_inner();
+        allowed += usize::from(response.allowed);
+    }
+    allowed
+}
+
+/// 300 concurrent calls on one key with limit 100 admit exactly 100, for
+/// each algorithm (on a key of its own).
+pub async fn assert_exactly_100_of_300_for_every_algorithm(clients: &[RateLimiterClient<Channel>]) {
+    for (i, algorithm) in every_algorithm(100).iter().enumerate() {
+        let key = format!("hot-{i}");
+        let allowed = allowed_of_concurrent_calls(clients, 300, &key, algorithm).await;
+        assert_eq!(allowed, 100, "{algorithm:?}");
+    }
+}
