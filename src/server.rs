@@ -114,6 +114,8 @@ pub async fn run(
     // rustls (TLS to clients and to Redis) needs one crypto provider for
     // the process; a second call finds it installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Everything that can refuse to start comes before any task is spawned.
+    let tls = tls_config(&config)?;
     let (rules, config_watch) = match &config.config {
         Some(path) => {
             let (source, rules) = ConfigSource::load(path.clone())?;
@@ -169,7 +171,7 @@ pub async fn run(
     };
     let max_request = config.max_request_bytes as usize;
     let mut builder = Server::builder();
-    if let Some(tls) = tls_config(&config)? {
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
     let serve = builder
