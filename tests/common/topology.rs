@@ -1,7 +1,8 @@
 //! Redis set up the ways production runs it, for the tests that need more
 //! than one plain server: a Redis Cluster (3 primaries, 3 replicas), a
 //! Sentinel group (a primary, a replica, 3 sentinels), and single servers
-//! that demand a password, an ACL user or TLS.
+//! that demand a password, an ACL user or TLS. The cluster and the sentinel
+//! group can demand a password and/or TLS too (`start_with(Security)`).
 //!
 //! Every process is `redis-server` from PATH (Redis 7), on free loopback
 //! ports, in its own folder of the harness's temporary directory, where it
@@ -66,6 +67,8 @@ pub struct RedisCluster {
     /// [`RedisCluster::primaries`]). Declared before `dir` so the processes
     /// die before their folders are removed.
     nodes: Vec<Process>,
+    /// What gets a client past the nodes (nothing, for [`RedisCluster::start`]).
+    access: Access,
     dir: tempfile::TempDir,
 }
 
@@ -132,7 +135,29 @@ impl RedisCluster {
     /// `cluster_state:ok` with all 16384 slots served, all nodes agree on who
     /// serves which, and every replica's link to its primary is up.
     pub async fn start() -> Self {
+        Self::start_with(Security::default()).await
+    }
+
+    /// As [`RedisCluster::start`], with every node demanding `security`: a
+    /// password (`requirepass`, and `masterauth` so that replicas get in),
+    /// and/or TLS only (`port 0`, `tls-port`; the cluster bus and the
+    /// replication links over TLS too: `tls-cluster yes`, `tls-replication
+    /// yes`), with certificates made for the test ([`write_certificates`];
+    /// the nodes show the client certificate when they connect to each
+    /// other). An ACL user is not supported here. [`RedisCluster::urls`]
+    /// then carry the password and use `rediss://`; a client must trust
+    /// [`RedisCluster::ca_cert_path`].
+    pub async fn start_with(security: Security) -> Self {
+        assert!(
+            security.acl_user.is_none(),
+            "RedisCluster supports a password and TLS, not an ACL user"
+        );
         let dir = tempfile::tempdir().expect("temporary directory for the Redis Cluster");
+        let tls_files = security
+            .tls
+            .map(|_| write_certificates(&dir.path().join("tls")));
+        let access = Access::new(&security, tls_files.as_ref());
+        let secured = secured_node_args(&security, tls_files.as_ref());
         let mut nodes = Vec::new();
         for index in 0..6 {
             let node_dir = dir.path().join(format!("node{index}"));
@@ -140,26 +165,30 @@ impl RedisCluster {
             let node = Process::start(
                 format!("cluster node {index}"),
                 node_dir,
-                Vec::new(),
+                access.cli_args(),
                 |port| {
                     // The bus port is set, not left at port + 10000, which
                     // may be above 65535 or taken.
                     let bus_port = free_port();
-                    strings(&["--bind", "127.0.0.1", "--port", &port.to_string()])
-                        .into_iter()
+                    let mut args = listen_args(port, tls_files.is_some());
+                    if tls_files.is_some() {
+                        args.extend(strings(&["--tls-cluster", "yes"]));
+                    }
+                    args.into_iter()
                         .chain(strings(&["--cluster-enabled", "yes"]))
                         .chain(strings(&["--cluster-port", &bus_port.to_string()]))
                         .chain(strings(&["--cluster-config-file", "nodes.conf"]))
                         .chain(strings(&["--cluster-node-timeout", "1000"]))
                         .chain(strings(&DATA_NODE_SETTINGS))
                         .chain(strings(&["--dir", &data_dir]))
+                        .chain(secured.iter().cloned())
                         .collect()
                 },
             )
             .await;
             nodes.push(node);
         }
-        let cluster = Self { nodes, dir };
+        let cluster = Self { nodes, access, dir };
         cluster.create().await;
         cluster.await_healthy().await;
         cluster
@@ -175,6 +204,8 @@ impl RedisCluster {
                 .map(|node| format!("127.0.0.1:{}", node.port)),
         );
         args.extend(strings(&["--cluster-replicas", "1", "--cluster-yes"]));
+        args.extend(self.access.cli_args());
+        args.push("--no-auth-warning".to_owned());
         let output = run("redis-cli", args, CREATE_TIMEOUT).await;
         let created = output
             .as_ref()
@@ -188,8 +219,41 @@ impl RedisCluster {
 
     /// The `redis://127.0.0.1:port` of each node still answering (neither
     /// killed nor frozen), in creation order: seeds for a cluster client.
+    /// Started [`RedisCluster::start_with`] a password, it is in each URL
+    /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded); with TLS they
+    /// are `rediss://`.
     pub fn urls(&self) -> Vec<String> {
-        self.live_ports().into_iter().map(node_url).collect()
+        self.live_ports()
+            .into_iter()
+            .map(|port| self.access.url(port))
+            .collect()
+    }
+
+    /// The password every node demands, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.access.password.as_deref()
+    }
+
+    /// The PEM files, for a cluster started with TLS.
+    pub fn tls_files(&self) -> &TlsFiles {
+        self.access
+            .tls
+            .as_ref()
+            .expect("started with TLS (RedisCluster::start_with)")
+    }
+
+    /// The test CA that signed the nodes' certificates.
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.tls_files().ca_cert
+    }
+
+    /// A client certificate signed by the test CA.
+    pub fn client_cert_path(&self) -> &Path {
+        &self.tls_files().client_cert
+    }
+
+    pub fn client_key_path(&self) -> &Path {
+        &self.tls_files().client_key
     }
 
     /// The ports of the nodes still answering (neither killed nor frozen).
@@ -279,7 +343,7 @@ impl RedisCluster {
                 if owner.port == killed.port {
                     return Err(format!("port {} still serves slot {slot}", owner.port));
                 }
-                let role = role(owner.port).await?;
+                let role = role(&self.access, owner.port).await?;
                 if role != "master" {
                     return Err(format!("port {} answers ROLE {role}", owner.port));
                 }
@@ -304,7 +368,7 @@ impl RedisCluster {
         let live = self.live_ports();
         let mut agreed: Option<(u16, SlotOwners)> = None;
         for &port in &live {
-            let info: String = query(port, redis::cmd("CLUSTER").arg("INFO")).await?;
+            let info: String = query(&self.access, port, redis::cmd("CLUSTER").arg("INFO")).await?;
             for (field, wanted) in [
                 ("cluster_state", "ok".to_owned()),
                 ("cluster_slots_assigned", CLUSTER_SLOTS.to_string()),
@@ -360,7 +424,7 @@ impl RedisCluster {
                 .ok_or_else(|| format!("port {port} does not list itself"))?;
             if myself.role == Role::Replica {
                 let replication: String =
-                    query(port, redis::cmd("INFO").arg("replication")).await?;
+                    query(&self.access, port, redis::cmd("INFO").arg("replication")).await?;
                 let link = info_field(&replication, "master_link_status");
                 if link != Some("up") {
                     return Err(format!("replica {port} has master_link_status:{link:?}"));
@@ -388,7 +452,7 @@ impl RedisCluster {
                         .iter()
                         .find(|node| Some(&node.id) == replica.primary_id.as_ref())
                         .ok_or_else(|| format!("replica {} has no known primary", replica.port))?;
-                    caught_up(primary.port, replica.port).await?;
+                    caught_up(&self.access, primary.port, replica.port).await?;
                 }
                 Ok(())
             },
@@ -399,17 +463,23 @@ impl RedisCluster {
     /// A cluster client's connection, seeded with every running node: it
     /// follows the slots itself (MOVED, ASK, failovers).
     pub async fn connection(&self) -> redis::cluster_async::ClusterConnection {
-        redis::cluster::ClusterClient::new(self.urls())
+        let mut builder = redis::cluster::ClusterClientBuilder::new(self.urls());
+        if let Some(certificates) = self.access.certificates() {
+            install_crypto_provider();
+            builder = builder.certs(certificates);
+        }
+        builder
+            .build()
             .expect("cluster client for the test cluster")
             .get_async_connection()
             .await
             .expect("connect to the test cluster")
     }
 
-    /// A plain connection to one node: it answers MOVED for keys it does
-    /// not serve.
+    /// A connection to one node (logged in, over TLS if need be): it
+    /// answers MOVED for keys it does not serve.
     pub async fn node_connection(&self, port: u16) -> redis::aio::MultiplexedConnection {
-        connect(port)
+        connect(&self.access, port)
             .await
             .unwrap_or_else(|why| panic!("cannot connect to cluster node {port}: {why}"))
     }
@@ -421,9 +491,13 @@ impl RedisCluster {
             .live_ports()
             .first()
             .expect("a cluster node is running");
-        query(port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
-            .await
-            .unwrap_or_else(|why| panic!("CLUSTER KEYSLOT {key}: {why}"))
+        query(
+            &self.access,
+            port,
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+        )
+        .await
+        .unwrap_or_else(|why| panic!("CLUSTER KEYSLOT {key}: {why}"))
     }
 
     /// The primary that serves `key` now.
@@ -441,7 +515,7 @@ impl RedisCluster {
     pub async fn keys_per_primary(&self) -> Vec<(u16, u64)> {
         let mut counts = Vec::new();
         for primary in self.primaries().await {
-            let keys: u64 = query(primary.port, &redis::cmd("DBSIZE"))
+            let keys: u64 = query(&self.access, primary.port, &redis::cmd("DBSIZE"))
                 .await
                 .unwrap_or_else(|why| panic!("DBSIZE on {}: {why}", primary.port));
             counts.push((primary.port, keys));
@@ -478,7 +552,7 @@ impl RedisCluster {
     }
 
     async fn nodes_seen_by(&self, port: u16) -> Result<Vec<ClusterNode>, String> {
-        let text: String = query(port, redis::cmd("CLUSTER").arg("NODES")).await?;
+        let text: String = query(&self.access, port, redis::cmd("CLUSTER").arg("NODES")).await?;
         let mut nodes = text
             .lines()
             .filter(|line| !line.trim().is_empty())
@@ -572,6 +646,10 @@ pub struct RedisSentinel {
     /// Started as primary (0) and replica (1); after a failover the roles
     /// are swapped: ask [`RedisSentinel::primary_port`].
     data: Vec<Process>,
+    /// What gets a client past the data nodes, and past the sentinels
+    /// (nothing, for [`RedisSentinel::start`]).
+    data_access: Access,
+    sentinel_access: Access,
     dir: tempfile::TempDir,
 }
 
@@ -581,24 +659,98 @@ impl RedisSentinel {
     /// failover timeout, and waits until every sentinel sees the primary up,
     /// the replica in sync and the 2 other sentinels.
     pub async fn start() -> Self {
+        Self::start_with(Security::default()).await
+    }
+
+    /// As [`RedisSentinel::start`], secured by `security`:
+    ///
+    /// - a password: the data nodes demand it (`requirepass`, and
+    ///   `masterauth` so that the replica gets in), the sentinels give it to
+    ///   them (`sentinel auth-pass`), and the sentinels demand it too
+    ///   (`requirepass` in sentinel mode), since a client that has one
+    ///   password for both (ratelimitd takes the data nodes' password from
+    ///   the sentinel URL) would otherwise be refused by the sentinels;
+    /// - TLS: every process, data node or sentinel, on a TLS port only
+    ///   (`port 0`, `tls-port`), replication and the sentinels' links to
+    ///   the data nodes and to each other over TLS too (`tls-replication
+    ///   yes`), with certificates made for the test ([`write_certificates`]).
+    ///
+    /// An ACL user is not supported here. [`RedisSentinel::sentinel_urls`]
+    /// then carry the password and use `rediss://`.
+    pub async fn start_with(security: Security) -> Self {
+        assert!(
+            security.acl_user.is_none(),
+            "RedisSentinel supports a password and TLS, not an ACL user"
+        );
         let dir = tempfile::tempdir().expect("temporary directory for Redis Sentinel");
-        let primary = start_data_node("sentinel primary", &dir.path().join("primary"), None).await;
+        let tls_files = security
+            .tls
+            .map(|_| write_certificates(&dir.path().join("tls")));
+        let data_access = Access::new(&security, tls_files.as_ref());
+        let sentinel_access = data_access.clone();
+        let secured = secured_node_args(&security, tls_files.as_ref());
+        let primary = start_data_node(
+            "sentinel primary",
+            &dir.path().join("primary"),
+            None,
+            &data_access,
+            &secured,
+        )
+        .await;
         let replica = start_data_node(
             "sentinel replica",
             &dir.path().join("replica"),
             Some(primary.port),
+            &data_access,
+            &secured,
         )
         .await;
         let (primary_port, replica_port) = (primary.port, replica.port);
-        settle("the replica to be in sync", || async move {
-            let replication: String =
-                query(replica_port, redis::cmd("INFO").arg("replication")).await?;
-            match info_field(&replication, "master_link_status") {
-                Some("up") => Ok(()),
-                link => Err(format!("master_link_status:{link:?}")),
+        settle("the replica to be in sync", || {
+            let data_access = &data_access;
+            async move {
+                let replication: String = query(
+                    data_access,
+                    replica_port,
+                    redis::cmd("INFO").arg("replication"),
+                )
+                .await?;
+                match info_field(&replication, "master_link_status") {
+                    Some("up") => Ok(()),
+                    link => Err(format!("master_link_status:{link:?}")),
+                }
             }
         })
         .await;
+        let mut secured_config = String::new();
+        if let Some(password) = &security.password {
+            secured_config.push_str(&format!(
+                "sentinel auth-pass {MASTER_NAME} {}\n\
+                 requirepass {}\n",
+                config_string(password),
+                config_string(password)
+            ));
+        }
+        if let Some(files) = &tls_files {
+            for (directive, file) in [
+                ("tls-cert-file", &files.server_cert),
+                ("tls-key-file", &files.server_key),
+                ("tls-client-cert-file", &files.client_cert),
+                ("tls-client-key-file", &files.client_key),
+                ("tls-ca-cert-file", &files.ca_cert),
+            ] {
+                secured_config
+                    .push_str(&format!("{directive} {}\n", config_string(&path_arg(file))));
+            }
+            let auth_clients = match security.tls {
+                Some(ClientCertificates::Required) => "yes",
+                _ => "optional",
+            };
+            secured_config.push_str(&format!(
+                "tls-replication yes\ntls-auth-clients {auth_clients}\n"
+            ));
+        }
+        let tls = tls_files.is_some();
         let mut sentinels = Vec::new();
         for index in 0..3 {
             let sentinel_dir = dir.path().join(format!("sentinel{index}"));
@@ -607,18 +759,24 @@ impl RedisSentinel {
             let sentinel = Process::start(
                 format!("sentinel {index}"),
                 sentinel_dir.clone(),
-                Vec::new(),
+                sentinel_access.cli_args(),
                 |port| {
                     // A sentinel rewrites its configuration file, so each
                     // has its own, written anew for each port tried.
+                    let listen = if tls {
+                        format!("port 0\ntls-port {port}\n")
+                    } else {
+                        format!("port {port}\n")
+                    };
                     let config = format!(
-                        "port {port}\n\
+                        "{listen}\
                          bind 127.0.0.1\n\
                          dir \"{data_dir}\"\n\
                          sentinel monitor {MASTER_NAME} 127.0.0.1 {primary_port} 2\n\
                          sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                          sentinel failover-timeout {MASTER_NAME} 3000\n\
-                         sentinel parallel-syncs {MASTER_NAME} 1\n"
+                         sentinel parallel-syncs {MASTER_NAME} 1\n\
+                         {secured_config}"
                     );
                     std::fs::write(&config_path, config).expect("write sentinel.conf");
                     vec![path_arg(&config_path), "--sentinel".to_owned()]
@@ -630,6 +788,8 @@ impl RedisSentinel {
         let group = Self {
             sentinels,
             data: vec![primary, replica],
+            data_access,
+            sentinel_access,
             dir,
         };
         settle("the sentinels to agree", || {
@@ -643,8 +803,12 @@ impl RedisSentinel {
     /// sync and each other, if they do not.
     async fn agreement(&self, primary: u16, replica: u16) -> Result<(), String> {
         for port in self.sentinel_ports() {
-            let master: HashMap<String, String> =
-                query(port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME)).await?;
+            let master: HashMap<String, String> = query(
+                &self.sentinel_access,
+                port,
+                redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+            )
+            .await?;
             let field = |name: &str| master.get(name).map(String::as_str).unwrap_or("");
             let expected = [
                 ("port", primary.to_string()),
@@ -658,6 +822,7 @@ impl RedisSentinel {
                 }
             }
             let replicas: Vec<HashMap<String, String>> = query(
+                &self.sentinel_access,
                 port,
                 redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME),
             )
@@ -688,7 +853,7 @@ impl RedisSentinel {
             let replicas = replicas.clone();
             async move {
                 for replica in replicas {
-                    caught_up(primary, replica).await?;
+                    caught_up(&self.data_access, primary, replica).await?;
                 }
                 Ok(())
             }
@@ -696,9 +861,42 @@ impl RedisSentinel {
         .await;
     }
 
-    /// The `redis://127.0.0.1:port` of each sentinel.
+    /// The `redis://127.0.0.1:port` of each sentinel; started
+    /// [`RedisSentinel::start_with`] a password, it is in each URL
+    /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded), and with TLS
+    /// they are `rediss://`.
     pub fn sentinel_urls(&self) -> Vec<String> {
-        self.sentinel_ports().into_iter().map(node_url).collect()
+        self.sentinel_ports()
+            .into_iter()
+            .map(|port| self.sentinel_access.url(port))
+            .collect()
+    }
+
+    /// The password the data nodes and the sentinels demand, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.data_access.password.as_deref()
+    }
+
+    /// The PEM files, for a group started with TLS.
+    pub fn tls_files(&self) -> &TlsFiles {
+        self.data_access
+            .tls
+            .as_ref()
+            .expect("started with TLS (RedisSentinel::start_with)")
+    }
+
+    /// The test CA that signed every process's certificate.
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.tls_files().ca_cert
+    }
+
+    /// A client certificate signed by the test CA.
+    pub fn client_cert_path(&self) -> &Path {
+        &self.tls_files().client_cert
+    }
+
+    pub fn client_key_path(&self) -> &Path {
+        &self.tls_files().client_key
     }
 
     pub fn sentinel_ports(&self) -> Vec<u16> {
@@ -718,7 +916,7 @@ impl RedisSentinel {
     pub async fn primary_port(&self) -> u16 {
         let mut last_error = String::from("no sentinel");
         for port in self.sentinel_ports() {
-            match master_address(port).await {
+            match master_address(&self.sentinel_access, port).await {
                 Ok(primary) => return primary,
                 Err(why) => last_error = why,
             }
@@ -726,9 +924,10 @@ impl RedisSentinel {
         panic!("no sentinel says where the primary is: {last_error}");
     }
 
-    /// `redis://` URL of the current primary.
+    /// `redis://` URL of the current primary (with the password, or
+    /// `rediss://`, as [`RedisSentinel::sentinel_urls`]).
     pub async fn primary_url(&self) -> String {
-        node_url(self.primary_port().await)
+        self.data_access.url(self.primary_port().await)
     }
 
     /// The ports of the primary and replica started, killed ones too.
@@ -736,10 +935,11 @@ impl RedisSentinel {
         self.data.iter().map(|node| node.port).collect()
     }
 
-    /// A plain connection to the current primary.
+    /// A connection to the current primary (logged in, over TLS if need
+    /// be).
     pub async fn primary_connection(&self) -> redis::aio::MultiplexedConnection {
         let port = self.primary_port().await;
-        connect(port)
+        connect(&self.data_access, port)
             .await
             .unwrap_or_else(|why| panic!("cannot connect to the primary on {port}: {why}"))
     }
@@ -762,7 +962,7 @@ impl RedisSentinel {
             || async move {
                 let mut agreed = None;
                 for port in self.sentinel_ports() {
-                    let primary = master_address(port).await?;
+                    let primary = master_address(&self.sentinel_access, port).await?;
                     if primary == old_port {
                         return Err(format!("sentinel {port} still names {old_port}"));
                     }
@@ -770,15 +970,19 @@ impl RedisSentinel {
                         return Err(format!("sentinels name {agreed:?} and {primary}"));
                     }
                     agreed = Some(primary);
-                    let flags: HashMap<String, String> =
-                        query(port, redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME)).await?;
+                    let flags: HashMap<String, String> = query(
+                        &self.sentinel_access,
+                        port,
+                        redis::cmd("SENTINEL").arg("MASTER").arg(MASTER_NAME),
+                    )
+                    .await?;
                     let flags = flags.get("flags").map(String::as_str).unwrap_or("");
                     if flags != "master" {
                         return Err(format!("sentinel {port} flags the new primary {flags:?}"));
                     }
                 }
                 let primary = agreed.ok_or("no sentinel")?;
-                let role = role(primary).await?;
+                let role = role(&self.data_access, primary).await?;
                 if role != "master" {
                     return Err(format!("port {primary} answers ROLE {role}"));
                 }
@@ -824,11 +1028,21 @@ impl RedisSentinel {
     }
 }
 
-/// A plain (non-cluster) data node, a replica of `primary` if given.
-async fn start_data_node(name: &str, dir: &Path, primary: Option<u16>) -> Process {
+/// A plain (non-cluster) data node, a replica of `primary` if given,
+/// secured by `secured` (from [`secured_node_args`]), which `access` gets
+/// past.
+async fn start_data_node(
+    name: &str,
+    dir: &Path,
+    primary: Option<u16>,
+    access: &Access,
+    secured: &[String],
+) -> Process {
     let data_dir = path_arg(dir);
-    Process::start(name.to_owned(), dir.to_owned(), Vec::new(), |port| {
-        let mut args = strings(&["--bind", "127.0.0.1", "--port", &port.to_string()]);
+    let tls = access.tls.is_some();
+    Process::start(name.to_owned(), dir.to_owned(), access.cli_args(), |port| {
+        let mut args = listen_args(port, tls);
+        args.extend(secured.iter().cloned());
         args.extend(strings(&DATA_NODE_SETTINGS));
         args.extend(strings(&["--dir", &data_dir]));
         if let Some(primary) = primary {
@@ -839,9 +1053,64 @@ async fn start_data_node(name: &str, dir: &Path, primary: Option<u16>) -> Proces
     .await
 }
 
+/// `--bind 127.0.0.1` and `--port PORT`, or for TLS `--port 0 --tls-port
+/// PORT`.
+fn listen_args(port: u16, tls: bool) -> Vec<String> {
+    let mut args = strings(&["--bind", "127.0.0.1"]);
+    if tls {
+        args.extend(strings(&["--port", "0", "--tls-port", &port.to_string()]));
+    } else {
+        args.extend(strings(&["--port", &port.to_string()]));
+    }
+    args
+}
+
+/// The `redis-server` arguments that make a data node of a cluster or a
+/// sentinel group demand `security` and reach its peers through it: the
+/// password as `requirepass` and `masterauth`; TLS with the test
+/// certificates, replication over TLS, the client certificate shown to
+/// peers (`tls-client-cert-file`: the server certificate is for servers
+/// only), and a client certificate from others as `security.tls` says.
+fn secured_node_args(security: &Security, files: Option<&TlsFiles>) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(password) = &security.password {
+        args.extend(strings(&[
+            "--requirepass",
+            password,
+            "--masterauth",
+            password,
+        ]));
+    }
+    if let (Some(mode), Some(files)) = (security.tls, files) {
+        for (option, file) in [
+            ("--tls-cert-file", &files.server_cert),
+            ("--tls-key-file", &files.server_key),
+            ("--tls-client-cert-file", &files.client_cert),
+            ("--tls-client-key-file", &files.client_key),
+            ("--tls-ca-cert-file", &files.ca_cert),
+        ] {
+            args.extend(strings(&[option, &path_arg(file)]));
+        }
+        let auth_clients = match mode {
+            ClientCertificates::Optional => "optional",
+            ClientCertificates::Required => "yes",
+        };
+        args.extend(strings(&["--tls-replication", "yes"]));
+        args.extend(strings(&["--tls-auth-clients", auth_clients]));
+    }
+    args
+}
+
+/// A string as a quoted `redis.conf` argument.
+fn config_string(text: &str) -> String {
+    let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
+    format!("\"{escaped}\"")
+}
+
 /// The primary's port according to the sentinel on `port`.
-async fn master_address(port: u16) -> Result<u16, String> {
+async fn master_address(access: &Access, port: u16) -> Result<u16, String> {
     let address: Vec<String> = query(
+        access,
         port,
         redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
@@ -1429,20 +1698,101 @@ fn node_url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
 
-/// A plain connection to 127.0.0.1:`port` (the redis crate's default
-/// timeouts apply: 1 s to connect, 500 ms for an answer, so a frozen node
-/// makes a query fail instead of hang).
-async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
-    redis::Client::open(node_url(port))
-        .map_err(|err| err.to_string())?
+/// What a client needs to get past a node of a secured topology: the
+/// password (`requirepass`) and, for TLS, the test CA and client
+/// certificate. The default is a plain node that asks for nothing.
+#[derive(Debug, Clone, Default)]
+struct Access {
+    password: Option<String>,
+    tls: Option<TlsFiles>,
+}
+
+impl Access {
+    fn new(security: &Security, tls: Option<&TlsFiles>) -> Self {
+        Self {
+            password: security.password.clone(),
+            tls: tls.cloned(),
+        }
+    }
+
+    /// `redis://` or, for TLS, `rediss://`, with the password (percent-
+    /// encoded) if there is one.
+    fn url(&self, port: u16) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let credentials = self
+            .password
+            .as_deref()
+            .map(|password| format!(":{}@", percent_encode(password)))
+            .unwrap_or_default();
+        format!("{scheme}://{credentials}127.0.0.1:{port}")
+    }
+
+    /// The test CA to trust and the client certificate to show, for the
+    /// redis crate; `None` without TLS.
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        let files = self.tls.as_ref()?;
+        let read = |path: &Path| {
+            std::fs::read(path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
+        };
+        Some(redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&files.client_cert),
+                client_key: read(&files.client_key),
+            }),
+            root_cert: Some(read(&files.ca_cert)),
+        })
+    }
+
+    fn client(&self, port: u16) -> Result<redis::Client, String> {
+        let client = match self.certificates() {
+            Some(certificates) => {
+                install_crypto_provider();
+                redis::Client::build_with_tls(self.url(port), certificates)
+            }
+            None => redis::Client::open(self.url(port)),
+        };
+        client.map_err(|err| err.to_string())
+    }
+
+    /// The `redis-cli` arguments that get past it.
+    fn cli_args(&self) -> Vec<String> {
+        let security = Security {
+            password: self.password.clone(),
+            ..Security::default()
+        };
+        cli_args(&security, self.tls.as_ref(), true)
+    }
+}
+
+/// rustls wants one process-wide crypto provider; ratelimitd installs
+/// `ring` (src/server.rs), and so does the harness before its own first TLS
+/// connection.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A connection to 127.0.0.1:`port` that gets past `access` (the redis
+/// crate's default timeouts apply: 1 s to connect, 500 ms for an answer, so
+/// a frozen node makes a query fail instead of hang).
+async fn connect(access: &Access, port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+    access
+        .client(port)?
         .get_multiplexed_async_connection()
         .await
         .map_err(|err| format!("connect to port {port}: {err}"))
 }
 
-/// One command on a fresh plain connection to 127.0.0.1:`port`.
-async fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> Result<T, String> {
-    let mut connection = connect(port).await?;
+/// One command on a fresh connection to 127.0.0.1:`port`, through `access`.
+async fn query<T: redis::FromRedisValue>(
+    access: &Access,
+    port: u16,
+    command: &redis::Cmd,
+) -> Result<T, String> {
+    let mut connection = connect(access, port).await?;
     command
         .query_async(&mut connection)
         .await
@@ -1451,15 +1801,15 @@ async fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> Res
 
 /// Whether the replica on `replica` has received all that the primary on
 /// `primary` has written (the primary's offset is read first).
-async fn caught_up(primary: u16, replica: u16) -> Result<(), String> {
+async fn caught_up(access: &Access, primary: u16, replica: u16) -> Result<(), String> {
     let offset = |info: &str, field: &str| -> Result<u64, String> {
         info_field(info, field)
             .and_then(|value| value.parse().ok())
             .ok_or_else(|| format!("no {field} in INFO replication"))
     };
-    let written: String = query(primary, redis::cmd("INFO").arg("replication")).await?;
+    let written: String = query(access, primary, redis::cmd("INFO").arg("replication")).await?;
     let written = offset(&written, "master_repl_offset")?;
-    let received: String = query(replica, redis::cmd("INFO").arg("replication")).await?;
+    let received: String = query(access, replica, redis::cmd("INFO").arg("replication")).await?;
     let received = offset(&received, "slave_repl_offset")?;
     if received < written {
         return Err(format!(
@@ -1470,8 +1820,8 @@ async fn caught_up(primary: u16, replica: u16) -> Result<(), String> {
 }
 
 /// What `ROLE` says first: `master`, `slave` or `sentinel`.
-async fn role(port: u16) -> Result<String, String> {
-    let reply: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).await?;
+async fn role(access: &Access, port: u16) -> Result<String, String> {
+    let reply: Vec<redis::Value> = query(access, port, &redis::cmd("ROLE")).await?;
     match reply.first() {
         Some(redis::Value::BulkString(bytes)) => Ok(String::from_utf8_lossy(bytes).into_owned()),
         Some(redis::Value::SimpleString(text)) => Ok(text.clone()),
