@@ -1,9 +1,7 @@
 //! ratelimitd on a Redis Cluster and on a Sentinel group that demand a
-//! password: one ratelimitd process on each, and a fixed window of 2 admits
-//! exactly 2 of 3 calls. (Over TLS both topologies start and the harness
-//! gets through, but ratelimitd does not yet: its cluster pool does not give
-//! the private CA to the nodes it connects to, and its sentinel pool
-//! connects to a TLS primary in plain TCP; see `RedisStore::new`.)
+//! password, or speak only TLS (a private CA, and a client certificate):
+//! one ratelimitd process on each, and a fixed window of 2 admits exactly 2
+//! of 3 calls.
 
 mod common;
 
@@ -70,5 +68,51 @@ async fn a_cluster_with_a_password() {
 async fn sentinel_with_a_password() {
     let sentinel = RedisSentinel::start_with(password()).await;
     let server = start(&sentinel_flags(&sentinel)).await;
+    decides_exactly(&server).await;
+}
+
+fn tls() -> Security {
+    Security {
+        tls: Some(common::topology::ClientCertificates::Optional),
+        ..Security::default()
+    }
+}
+
+/// The flags that give ratelimitd the harness's CA and client certificate.
+fn tls_flags(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Vec<String> {
+    let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
+    vec![
+        "--redis-tls-ca".into(),
+        path(ca),
+        "--redis-tls-cert".into(),
+        path(cert),
+        "--redis-tls-key".into(),
+        path(key),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_over_tls() {
+    let cluster = RedisCluster::start_with(tls()).await;
+    let mut flags = cluster_flags(&cluster);
+    flags.extend(tls_flags(
+        cluster.ca_cert_path(),
+        cluster.client_cert_path(),
+        cluster.client_key_path(),
+    ));
+    let server = start(&flags).await;
+    decides_exactly(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_over_tls() {
+    let sentinel = RedisSentinel::start_with(tls()).await;
+    let mut flags = sentinel_flags(&sentinel);
+    flags.extend(tls_flags(
+        sentinel.ca_cert_path(),
+        sentinel.client_cert_path(),
+        sentinel.client_key_path(),
+    ));
+    let server = start(&flags).await;
     decides_exactly(&server).await;
 }

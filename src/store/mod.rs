@@ -2,6 +2,7 @@
 //! instance, or the embedded in-process store.
 
 pub mod breaker;
+mod managers;
 pub mod memory;
 pub mod redis;
 

@@ -17,6 +17,7 @@ use redis::{
 };
 
 use super::breaker::CircuitBreaker;
+use super::managers::{ClusterManager, SentinelManager};
 use crate::error::StoreError;
 
 /// Which kind of Redis deployment the URLs name.
@@ -72,8 +73,8 @@ impl std::fmt::Debug for RedisTls {
 #[derive(Clone)]
 enum Pools {
     Standalone(Pool),
-    Cluster(deadpool_redis::cluster::Pool),
-    Sentinel(deadpool_redis::sentinel::Pool),
+    Cluster(deadpool::managed::Pool<ClusterManager>),
+    Sentinel(deadpool::managed::Pool<SentinelManager>),
 }
 
 /// A pool of connections to Redis, behind a circuit breaker.
@@ -116,25 +117,29 @@ impl RedisStore {
                 Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
             }
             Topology::Cluster => {
-                let manager =
-                    deadpool_redis::cluster::Manager::new(urls, false).map_err(misconfigured)?;
-                let builder = deadpool_redis::cluster::Pool::builder(manager);
-                Pools::Cluster(bounded_pool(builder, settings)?)
-            }
-            Topology::Sentinel { master } => {
-                let node = deadpool_redis::sentinel::SentinelNodeConnectionInfo {
-                    tls_mode: None,
-                    redis_connection_info: Some(first.redis_settings().clone().into()),
-                };
-                let manager = deadpool_redis::sentinel::Manager::new(
-                    urls,
-                    master.clone(),
-                    Some(node),
-                    deadpool_redis::sentinel::SentinelServerType::Master,
+                let manager = ClusterManager::new(
+                    plain_connection_infos(settings).map_err(misconfigured)?,
+                    certificates(settings),
+                    settings.connect_timeout,
+                    settings.command_timeout,
                 )
                 .map_err(misconfigured)?;
-                let builder = deadpool_redis::sentinel::Pool::builder(manager);
-                Pools::Sentinel(bounded_pool(builder, settings)?)
+                Pools::Cluster(bounded_pool(
+                    deadpool::managed::Pool::builder(manager),
+                    settings,
+                )?)
+            }
+            Topology::Sentinel { master } => {
+                let manager = SentinelManager::new(
+                    plain_connection_infos(settings).map_err(misconfigured)?,
+                    master,
+                    certificates(settings),
+                )
+                .map_err(misconfigured)?;
+                Pools::Sentinel(bounded_pool(
+                    deadpool::managed::Pool::builder(manager),
+                    settings,
+                )?)
             }
         };
         Ok(Self {
@@ -162,7 +167,7 @@ impl RedisStore {
             macro_rules! on {
                 ($pool:expr, $connection:ty) => {{
                     let mut connection = $pool.get().await.map_err(classify_pool)?;
-                    let reply = invocation.invoke_async(&mut connection).await;
+                    let reply = invocation.invoke_async(&mut *connection).await;
                     if reply.is_err() {
                         drop(<$connection>::take(connection));
                     }
@@ -171,8 +176,8 @@ impl RedisStore {
             }
             match &self.pools {
                 Pools::Standalone(pool) => on!(pool, deadpool_redis::Connection),
-                Pools::Cluster(pool) => on!(pool, deadpool_redis::cluster::Connection),
-                Pools::Sentinel(pool) => on!(pool, deadpool_redis::sentinel::Connection),
+                Pools::Cluster(pool) => on!(pool, deadpool::managed::Object<ClusterManager>),
+                Pools::Sentinel(pool) => on!(pool, deadpool::managed::Object<SentinelManager>),
             }
         })
         .await
@@ -193,15 +198,15 @@ impl RedisStore {
             let pong: Result<String, RedisError> = match &self.pools {
                 Pools::Standalone(pool) => {
                     let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut connection).await
+                    ping.query_async(&mut *connection).await
                 }
                 Pools::Cluster(pool) => {
                     let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut connection).await
+                    ping.query_async(&mut *connection).await
                 }
                 Pools::Sentinel(pool) => {
                     let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut connection).await
+                    ping.query_async(&mut *connection).await
                 }
             };
             pong.map(drop).map_err(classify)
@@ -228,28 +233,44 @@ impl RedisStore {
     }
 }
 
+/// The configured TLS material, if any (else the system's roots serve).
+fn certificates(settings: &RedisSettings) -> Option<TlsCertificates> {
+    if settings.tls.ca.is_none() && settings.tls.client.is_none() {
+        return None;
+    }
+    Some(TlsCertificates {
+        client_tls: settings
+            .tls
+            .client
+            .clone()
+            .map(|(client_cert, client_key)| ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: settings.tls.ca.clone(),
+    })
+}
+
+/// The URLs as connection settings, as written.
+fn plain_connection_infos(settings: &RedisSettings) -> Result<Vec<ConnectionInfo>, RedisError> {
+    settings
+        .urls
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect()
+}
+
 /// The URLs as connection settings, with the TLS material applied to each
-/// `rediss://` one.
+/// `rediss://` one (how a standalone client takes it).
 fn connection_infos(settings: &RedisSettings) -> Result<Vec<ConnectionInfo>, RedisError> {
+    let Some(certificates) = certificates(settings) else {
+        return plain_connection_infos(settings);
+    };
     settings
         .urls
         .iter()
         .map(|url| {
-            if settings.tls.ca.is_none() && settings.tls.client.is_none() {
-                return url.as_str().into_connection_info();
-            }
-            let certificates = TlsCertificates {
-                client_tls: settings
-                    .tls
-                    .client
-                    .clone()
-                    .map(|(client_cert, client_key)| ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    }),
-                root_cert: settings.tls.ca.clone(),
-            };
-            let client = redis::Client::build_with_tls(url.as_str(), certificates)?;
+            let client = redis::Client::build_with_tls(url.as_str(), certificates.clone())?;
             Ok(client.get_connection_info().clone())
         })
         .collect()
