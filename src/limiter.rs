@@ -196,21 +196,27 @@ async fn decide_on_redis(
         return Ok(result.into_iter().flatten().map(|(d, _)| d).collect());
     }
     // A node denied after others spent: those give the units back. A node
-    // spent only if none of its own enforcing limits denied.
+    // spent only if none of its own enforcing limits denied (otherwise its
+    // allowing limits answered with a look, spending nothing).
+    let mut refunded = vec![false; groups.unique.len()];
     for members in &partitions {
         let spent_here = members
             .iter()
             .all(|&g| groups.unique[g].shadow || result[g].is_some_and(|(d, _)| d.allowed));
         if spent_here {
             refund(redis, groups, requests, members, &result).await?;
+            for &g in members {
+                refunded[g] = true;
+            }
         }
     }
     Ok(result
         .into_iter()
         .zip(&groups.unique)
-        .filter_map(|(decided, group)| {
+        .zip(refunded)
+        .filter_map(|((decided, group), refunded)| {
             let (decision, _) = decided?;
-            Some(if decision.allowed {
+            Some(if decision.allowed && refunded {
                 // Given back: what is left is as before this request.
                 Decision {
                     remaining: decision.remaining + group.cost,
