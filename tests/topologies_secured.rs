@@ -1,7 +1,7 @@
 //! ratelimitd on a Redis Cluster and on a Sentinel group that demand a
-//! password, or speak only TLS (a private CA, and a client certificate):
-//! one ratelimitd process on each, and a fixed window of 2 admits exactly 2
-//! of 3 calls.
+//! password or an ACL user, or speak only TLS (a private CA, and a client
+//! certificate): one ratelimitd process on each, and a fixed window of 2
+//! admits exactly 2 of 3 calls.
 
 mod common;
 
@@ -67,6 +67,30 @@ async fn a_cluster_with_a_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinel_with_a_password() {
     let sentinel = RedisSentinel::start_with(password()).await;
+    let server = start(&sentinel_flags(&sentinel)).await;
+    decides_exactly(&server).await;
+}
+
+const ACL_USER: &str = "limiter";
+const ACL_PASSWORD: &str = "s3cret";
+
+fn acl_user() -> Security {
+    Security {
+        acl_user: Some((ACL_USER.to_owned(), ACL_PASSWORD.to_owned())),
+        ..Security::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_with_an_acl_user() {
+    let cluster = RedisCluster::start_with(acl_user()).await;
+    let server = start(&cluster_flags(&cluster)).await;
+    decides_exactly(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_with_an_acl_user() {
+    let sentinel = RedisSentinel::start_with(acl_user()).await;
     let server = start(&sentinel_flags(&sentinel)).await;
     decides_exactly(&server).await;
 }

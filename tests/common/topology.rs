@@ -144,14 +144,13 @@ impl RedisCluster {
     /// replication links over TLS too: `tls-cluster yes`, `tls-replication
     /// yes`), with certificates made for the test ([`write_certificates`];
     /// the nodes show the client certificate when they connect to each
-    /// other). An ACL user is not supported here. [`RedisCluster::urls`]
-    /// then carry the password and use `rediss://`; a client must trust
+    /// other), and/or an ACL user (`user NAME on >PASSWORD ~* &* +@all`,
+    /// the default user off, and `masteruser`/`masterauth` so that replicas
+    /// get in; `redis-cli --cluster create` and the harness's own queries
+    /// log in as that user). [`RedisCluster::urls`] then carry the password
+    /// (and the user) and use `rediss://`; a client must trust
     /// [`RedisCluster::ca_cert_path`].
     pub async fn start_with(security: Security) -> Self {
-        assert!(
-            security.acl_user.is_none(),
-            "RedisCluster supports a password and TLS, not an ACL user"
-        );
         let dir = tempfile::tempdir().expect("temporary directory for the Redis Cluster");
         let tls_files = security
             .tls
@@ -220,8 +219,9 @@ impl RedisCluster {
     /// The `redis://127.0.0.1:port` of each node still answering (neither
     /// killed nor frozen), in creation order: seeds for a cluster client.
     /// Started [`RedisCluster::start_with`] a password, it is in each URL
-    /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded); with TLS they
-    /// are `rediss://`.
+    /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded), and with an
+    /// ACL user, the user and its password (`redis://USER:PASSWORD@...`);
+    /// with TLS they are `rediss://`.
     pub fn urls(&self) -> Vec<String> {
         self.live_ports()
             .into_iter()
@@ -229,7 +229,8 @@ impl RedisCluster {
             .collect()
     }
 
-    /// The password every node demands, if any.
+    /// The password every node demands, if any (the ACL user's, if there
+    /// is one).
     pub fn password(&self) -> Option<&str> {
         self.access.password.as_deref()
     }
@@ -675,13 +676,17 @@ impl RedisSentinel {
     ///   the data nodes and to each other over TLS too (`tls-replication
     ///   yes`), with certificates made for the test ([`write_certificates`]).
     ///
-    /// An ACL user is not supported here. [`RedisSentinel::sentinel_urls`]
-    /// then carry the password and use `rediss://`.
+    /// - an ACL user: the data nodes demand it (`user NAME on >PASSWORD ~*
+    ///   &* +@all`, the default user off, and `masteruser`/`masterauth` so
+    ///   that the replica gets in), the sentinels log in as it (`sentinel
+    ///   auth-user`, `sentinel auth-pass`), and the sentinels demand it too
+    ///   (the same `user` line and `user default off` in sentinel.conf, and
+    ///   `sentinel sentinel-user`/`sentinel-pass` so that they get into each
+    ///   other), for the same reason as the password.
+    ///
+    /// [`RedisSentinel::sentinel_urls`] then carry the password (and the
+    /// user) and use `rediss://`.
     pub async fn start_with(security: Security) -> Self {
-        assert!(
-            security.acl_user.is_none(),
-            "RedisSentinel supports a password and TLS, not an ACL user"
-        );
         let dir = tempfile::tempdir().expect("temporary directory for Redis Sentinel");
         let tls_files = security
             .tls
@@ -723,7 +728,18 @@ impl RedisSentinel {
         })
         .await;
         let mut secured_config = String::new();
-        if let Some(password) = &security.password {
+        if let Some((user, password)) = &security.acl_user {
+            let rule = config_string(&format!(">{password}"));
+            let (user, password) = (config_string(user), config_string(password));
+            secured_config.push_str(&format!(
+                "sentinel auth-user {MASTER_NAME} {user}\n\
+                 sentinel auth-pass {MASTER_NAME} {password}\n\
+                 sentinel sentinel-user {user}\n\
+                 sentinel sentinel-pass {password}\n\
+                 user {user} on {rule} ~* &* +@all\n\
+                 user default off\n"
+            ));
+        } else if let Some(password) = &security.password {
             secured_config.push_str(&format!(
                 "sentinel auth-pass {MASTER_NAME} {}\n\
                  requirepass {}\n",
@@ -1073,7 +1089,12 @@ fn listen_args(port: u16, tls: bool) -> Vec<String> {
 /// only), and a client certificate from others as `security.tls` says.
 fn secured_node_args(security: &Security, files: Option<&TlsFiles>) -> Vec<String> {
     let mut args = Vec::new();
-    if let Some(password) = &security.password {
+    if let Some((user, password)) = &security.acl_user {
+        let rule = format!(">{password}");
+        args.extend(strings(&["--user", user, "on", &rule, "~*", "&*", "+@all"]));
+        args.extend(strings(&["--user", "default", "off"]));
+        args.extend(strings(&["--masteruser", user, "--masterauth", password]));
+    } else if let Some(password) = &security.password {
         args.extend(strings(&[
             "--requirepass",
             password,
@@ -1699,34 +1720,46 @@ fn node_url(port: u16) -> String {
 }
 
 /// What a client needs to get past a node of a secured topology: the
-/// password (`requirepass`) and, for TLS, the test CA and client
-/// certificate. The default is a plain node that asks for nothing.
+/// password (`requirepass`), or the ACL user and its password, and, for
+/// TLS, the test CA and client certificate. The default is a plain node
+/// that asks for nothing.
 #[derive(Debug, Clone, Default)]
 struct Access {
+    /// The ACL user to log in as; `None` for the default user.
+    user: Option<String>,
+    /// The password of `user`, or of the default user.
     password: Option<String>,
     tls: Option<TlsFiles>,
 }
 
 impl Access {
+    /// The ACL user if there is one (the default user is off then), or
+    /// else the password.
     fn new(security: &Security, tls: Option<&TlsFiles>) -> Self {
+        let (user, password) = match &security.acl_user {
+            Some((user, password)) => (Some(user.clone()), Some(password.clone())),
+            None => (None, security.password.clone()),
+        };
         Self {
-            password: security.password.clone(),
+            user,
+            password,
             tls: tls.cloned(),
         }
     }
 
-    /// `redis://` or, for TLS, `rediss://`, with the password (percent-
-    /// encoded) if there is one.
+    /// `redis://` or, for TLS, `rediss://`, with the user and password
+    /// (percent-encoded) if there are any.
     fn url(&self, port: u16) -> String {
         let scheme = if self.tls.is_some() {
             "rediss"
         } else {
             "redis"
         };
+        let user = self.user.as_deref().map(percent_encode).unwrap_or_default();
         let credentials = self
             .password
             .as_deref()
-            .map(|password| format!(":{}@", percent_encode(password)))
+            .map(|password| format!("{user}:{}@", percent_encode(password)))
             .unwrap_or_default();
         format!("{scheme}://{credentials}127.0.0.1:{port}")
     }
@@ -1760,9 +1793,15 @@ impl Access {
 
     /// The `redis-cli` arguments that get past it.
     fn cli_args(&self) -> Vec<String> {
-        let security = Security {
-            password: self.password.clone(),
-            ..Security::default()
+        let security = match (&self.user, &self.password) {
+            (Some(user), Some(password)) => Security {
+                acl_user: Some((user.clone(), password.clone())),
+                ..Security::default()
+            },
+            _ => Security {
+                password: self.password.clone(),
+                ..Security::default()
+            },
         };
         cli_args(&security, self.tls.as_ref(), true)
     }
