@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, TestServer, check, fixed_window, request};
+use common::{
+    RedisServer, TestServer, await_health, check, fixed_window, request, server_quick_to_notice,
+};
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -24,29 +26,6 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Only a hang would exceed this: the timeout plus room for a slow machine.
 const HANG: Duration = Duration::from_secs(3);
-
-async fn server_on(redis: &RedisServer, extra: &[&str]) -> TestServer {
-    let url = redis.url();
-    let mut flags = vec![
-        "--redis-url",
-        &url,
-        "--redis-command-timeout",
-        "300ms",
-        "--health-interval",
-        "100ms",
-    ];
-    flags.extend_from_slice(extra);
-    let server = TestServer::start(&flags).await;
-    await_health(server.address, ServingStatus::Serving).await;
-    server
-}
-
-async fn await_health(address: SocketAddr, wanted: ServingStatus) {
-    common::eventually(&format!("health {wanted:?}"), || async move {
-        common::health_status(address, "").await == Some(wanted)
-    })
-    .await;
-}
 
 /// A CheckLimit call that must be answered (with a decision) in time.
 async fn decide(server: &TestServer, call: pb::CheckLimitRequest) -> pb::CheckLimitResponse {
@@ -63,7 +42,7 @@ fn limit_two() -> pb::check_limit_request::Algorithm {
 #[tokio::test]
 async fn fail_open_allows_and_says_degraded_while_redis_is_down() {
     let mut redis = RedisServer::start().await;
-    let server = server_on(&redis, &["--failure-policy", "fail-open"]).await;
+    let server = server_quick_to_notice(&redis, &["--failure-policy", "fail-open"]).await;
     redis.kill();
     for _ in 0..5 {
         let answer = decide(&server, request("k", limit_two(), None)).await;
@@ -92,7 +71,7 @@ async fn fail_open_allows_and_says_degraded_while_redis_is_down() {
 #[tokio::test]
 async fn local_enforces_limits_on_the_instance_while_redis_is_down() {
     let mut redis = RedisServer::start().await;
-    let server = server_on(&redis, &["--failure-policy", "local"]).await;
+    let server = server_quick_to_notice(&redis, &["--failure-policy", "local"]).await;
     redis.kill();
     let first = decide(&server, request("k", limit_two(), None)).await;
     let second = decide(&server, request("k", limit_two(), None)).await;
@@ -106,7 +85,7 @@ async fn local_enforces_limits_on_the_instance_while_redis_is_down() {
 #[tokio::test]
 async fn a_call_names_its_own_policy() {
     let mut redis = RedisServer::start().await;
-    let server = server_on(&redis, &[]).await;
+    let server = server_quick_to_notice(&redis, &[]).await;
     redis.kill();
     let status = server
         .client()
@@ -218,7 +197,9 @@ async fn the_envoy_face_applies_the_server_policy() {
     let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ratelimit");
     for (policy, expect_ok) in [("fail-closed", false), ("fail-open", true), ("local", true)] {
         let mut redis = RedisServer::start().await;
-        let server = server_on(&redis, &["--failure-policy", policy, "--config", fixtures]).await;
+        let server =
+            server_quick_to_notice(&redis, &["--failure-policy", policy, "--config", fixtures])
+                .await;
         redis.kill();
         let answer = ask_envoy(server.address).await;
         match (expect_ok, answer) {

@@ -6,7 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{RedisServer, TestServer, check, fixed_window, request, sliding_window, token_bucket};
+use common::{
+    RedisServer, TestServer, await_health, check, fixed_window, request, server_quick_to_notice,
+    sliding_window, token_bucket,
+};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -15,31 +18,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
 /// A bound that only a hang would exceed: the timeout plus generous room
 /// for a slow machine. Not a speed measurement.
 const ANSWER_BOUND: Duration = Duration::from_secs(3);
-
-async fn server_on(redis: &RedisServer) -> TestServer {
-    let url = redis.url();
-    let server = TestServer::start(&[
-        "--redis-url",
-        &url,
-        "--redis-command-timeout",
-        "300ms",
-        "--health-interval",
-        "100ms",
-    ])
-    .await;
-    await_health(&server, ServingStatus::Serving).await;
-    server
-}
-
-async fn await_health(server: &TestServer, wanted: ServingStatus) {
-    for service in ratelimitd::health::SERVICE_NAMES {
-        common::eventually(
-            &format!("health of {service:?} to be {wanted:?}"),
-            || async { common::health_status(server.address, service).await == Some(wanted) },
-        )
-        .await;
-    }
-}
 
 /// Calls `CheckLimit` on a Redis that cannot answer: UNAVAILABLE, promptly.
 async fn assert_unavailable_promptly(server: &TestServer) {
@@ -60,18 +38,18 @@ async fn assert_unavailable_promptly(server: &TestServer) {
 #[tokio::test]
 async fn a_crashed_redis_gives_unavailable_then_decisions_resume() {
     let mut redis = RedisServer::start().await;
-    let server = server_on(&redis).await;
+    let server = server_quick_to_notice(&redis, &[]).await;
     let mut client = server.client().await;
     let limit = fixed_window(2, Duration::from_secs(60));
     assert!(check(&mut client, "before", &limit, None).await.allowed);
 
     redis.kill();
     assert_unavailable_promptly(&server).await;
-    await_health(&server, ServingStatus::NotServing).await;
+    await_health(server.address, ServingStatus::NotServing).await;
     assert_unavailable_promptly(&server).await;
 
     redis.restart().await;
-    await_health(&server, ServingStatus::Serving).await;
+    await_health(server.address, ServingStatus::Serving).await;
     // The restarted Redis lost its scripts and keys: both come back by
     // themselves, and decisions are exact again.
     assert!(check(&mut client, "after", &limit, None).await.allowed);
@@ -83,18 +61,18 @@ async fn a_crashed_redis_gives_unavailable_then_decisions_resume() {
 #[tokio::test]
 async fn a_hung_redis_times_out_instead_of_hanging() {
     let redis = RedisServer::start().await;
-    let server = server_on(&redis).await;
+    let server = server_quick_to_notice(&redis, &[]).await;
     let mut client = server.client().await;
     let limit = token_bucket(2, 1.0);
     assert!(check(&mut client, "k", &limit, None).await.allowed);
 
     redis.freeze();
     assert_unavailable_promptly(&server).await;
-    await_health(&server, ServingStatus::NotServing).await;
+    await_health(server.address, ServingStatus::NotServing).await;
     assert_unavailable_promptly(&server).await;
 
     redis.thaw();
-    await_health(&server, ServingStatus::Serving).await;
+    await_health(server.address, ServingStatus::Serving).await;
     let after = check(&mut client, "k", &limit, None).await;
     assert!(after.allowed);
     server.stop().await;
@@ -103,7 +81,7 @@ async fn a_hung_redis_times_out_instead_of_hanging() {
 #[tokio::test]
 async fn a_script_flush_is_survived() {
     let redis = RedisServer::start().await;
-    let server = server_on(&redis).await;
+    let server = server_quick_to_notice(&redis, &[]).await;
     let mut client = server.client().await;
     let mut connection = redis.connection().await;
     let limits = [

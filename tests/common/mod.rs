@@ -451,3 +451,34 @@ pub async fn assert_exactly_100_of_300_for_every_algorithm(clients: &[RateLimite
         assert_eq!(allowed, 100, "{algorithm:?}");
     }
 }
+
+/// Waits until every health service name of the server at `address`
+/// reports `wanted`.
+pub async fn await_health(address: SocketAddr, wanted: ServingStatus) {
+    for service in ratelimitd::health::SERVICE_NAMES {
+        eventually(
+            &format!("health of {service:?} to be {wanted:?}"),
+            || async move { health_status(address, service).await == Some(wanted) },
+        )
+        .await;
+    }
+}
+
+/// A server on `redis` that notices quickly when Redis fails (a 300 ms
+/// command timeout, a health probe every 100 ms), with `extra` flags, once
+/// it is SERVING.
+pub async fn server_quick_to_notice(redis: &RedisServer, extra: &[&str]) -> TestServer {
+    let url = redis.url();
+    let mut flags = vec![
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "300ms",
+        "--health-interval",
+        "100ms",
+    ];
+    flags.extend_from_slice(extra);
+    let server = TestServer::start(&flags).await;
+    await_health(server.address, ServingStatus::Serving).await;
+    server
+}
