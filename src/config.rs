@@ -161,6 +161,11 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_requests: u32,
 
+    /// Serve Prometheus metrics at http://<this address>/metrics. Unset:
+    /// no metrics endpoint.
+    #[arg(long, env = "RATELIMITD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// Log line format (filter with RUST_LOG, default info).
     #[arg(
         long,
@@ -257,6 +262,7 @@ impl fmt::Debug for Config {
             .field("tls_client_ca", &self.tls_client_ca)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("metrics_listen", &self.metrics_listen)
             .field("log_format", &self.log_format)
             .finish()
     }

@@ -48,6 +48,9 @@ pub async fn watch(
     let mut serving: Option<bool> = None;
     loop {
         tick.tick().await;
+        if let Store::Redis(redis) = &store {
+            redis.report_pool();
+        }
         let result = probe(&store).await;
         let now_serving = result.is_ok();
         if serving == Some(now_serving) {

@@ -29,6 +29,7 @@ pub mod health;
 pub mod limit;
 pub mod limiter;
 pub mod load_shed;
+pub mod metrics;
 pub mod pb;
 pub mod server;
 pub mod store;

@@ -8,8 +8,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
+
+use crate::metrics;
 
 /// Allows at most `limit` calls in flight across all connections.
 #[derive(Clone)]
@@ -46,6 +48,25 @@ pub struct LoadShed<S> {
     limit: usize,
 }
 
+/// A slot taken, counted in the in-flight gauge until dropped (also when a
+/// client gives up and the call's future is dropped unfinished).
+struct InFlight {
+    _slot: OwnedSemaphorePermit,
+}
+
+impl InFlight {
+    fn new(slot: OwnedSemaphorePermit) -> Self {
+        metrics::in_flight(1.0);
+        Self { _slot: slot }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::in_flight(-1.0);
+    }
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<http::Request<B>> for LoadShed<S>
@@ -66,11 +87,12 @@ where
         match self.slots.clone().try_acquire_owned() {
             Ok(slot) => {
                 let call = self.inner.call(request);
+                let in_flight = InFlight::new(slot);
                 Box::pin(async move {
                     let response = call.await;
                     // Held until the handler has answered (for a stream:
-                    // until its headers are out).
-                    drop(slot);
+                    // until its headers are out), or the call is dropped.
+                    drop(in_flight);
                     response
                 })
             }

@@ -23,6 +23,7 @@ use crate::health;
 use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
 use crate::load_shed::LoadShedLayer;
+use crate::metrics;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 
 /// Why the server could not start or stopped with an error.
@@ -37,6 +38,8 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
+    #[error("metrics: {0}")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC transport: {0}")]
@@ -116,6 +119,10 @@ pub async fn run(
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Everything that can refuse to start comes before any task is spawned.
     let tls = tls_config(&config)?;
+    if let Some(listen) = config.metrics_listen {
+        metrics::install(listen)?;
+        info!(%listen, "serving Prometheus metrics at /metrics");
+    }
     let (rules, config_watch) = match &config.config {
         Some(path) => {
             let (source, rules) = ConfigSource::load(path.clone())?;

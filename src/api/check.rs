@@ -12,6 +12,7 @@ use crate::limit::{
     LimitRequest, Micros, RetryAfter, SlidingWindow, TokenBucket,
 };
 use crate::limiter::Limiter;
+use crate::metrics::{self, Api};
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 
@@ -45,6 +46,7 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
             .check(&request, policy)
             .await
             .map_err(Error::from)?;
+        metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
         debug!(
             algorithm = request.algorithm.name(),
             allowed = decision.allowed,

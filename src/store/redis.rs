@@ -19,6 +19,7 @@ use redis::{
 use super::breaker::CircuitBreaker;
 use super::managers::{ClusterManager, SentinelManager};
 use crate::error::StoreError;
+use crate::metrics;
 
 /// Which kind of Redis deployment the URLs name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,30 +158,48 @@ impl RedisStore {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         if !self.breaker.allows() {
+            metrics::redis_command(Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
-        self.bounded(async {
-            // The same call on each kind of pool; a connection whose call
-            // failed is dropped from the pool rather than reused (after a
-            // failover the old primary may still answer PING, as a replica
-            // that refuses every write).
-            macro_rules! on {
-                ($pool:expr, $connection:ty) => {{
-                    let mut connection = $pool.get().await.map_err(classify_pool)?;
-                    let reply = invocation.invoke_async(&mut *connection).await;
-                    if reply.is_err() {
-                        drop(<$connection>::take(connection));
-                    }
-                    reply.map_err(classify)
-                }};
-            }
-            match &self.pools {
-                Pools::Standalone(pool) => on!(pool, deadpool_redis::Connection),
-                Pools::Cluster(pool) => on!(pool, deadpool::managed::Object<ClusterManager>),
-                Pools::Sentinel(pool) => on!(pool, deadpool::managed::Object<SentinelManager>),
-            }
-        })
-        .await
+        let started = std::time::Instant::now();
+        let reply = self
+            .bounded(async {
+                // The same call on each kind of pool; a connection whose call
+                // failed is dropped from the pool rather than reused (after a
+                // failover the old primary may still answer PING, as a replica
+                // that refuses every write).
+                macro_rules! on {
+                    ($pool:expr, $connection:ty) => {{
+                        let mut connection = $pool.get().await.map_err(classify_pool)?;
+                        let reply = invocation.invoke_async(&mut *connection).await;
+                        if reply.is_err() {
+                            drop(<$connection>::take(connection));
+                        }
+                        reply.map_err(classify)
+                    }};
+                }
+                match &self.pools {
+                    Pools::Standalone(pool) => on!(pool, deadpool_redis::Connection),
+                    Pools::Cluster(pool) => on!(pool, deadpool::managed::Object<ClusterManager>),
+                    Pools::Sentinel(pool) => on!(pool, deadpool::managed::Object<SentinelManager>),
+                }
+            })
+            .await;
+        metrics::redis_command(started.elapsed(), reply.as_ref().map(drop));
+        reply
+    }
+
+    /// Reports the pool's connections in use and idle to the metrics.
+    pub fn report_pool(&self) {
+        let status = match &self.pools {
+            Pools::Standalone(pool) => pool.status(),
+            Pools::Cluster(pool) => pool.status(),
+            Pools::Sentinel(pool) => pool.status(),
+        };
+        metrics::redis_pool(
+            status.size.saturating_sub(status.available),
+            status.available,
+        );
     }
 
     /// Is this a Redis Cluster, where keys live on different nodes?

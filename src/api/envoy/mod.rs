@@ -21,6 +21,7 @@ use self::source::RulesHandle;
 use crate::error::Error;
 use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
 use crate::limiter::Limiter;
+use crate::metrics::{self, Api};
 use crate::pb::envoy::config::core::v3::HeaderValue;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3 as rls;
@@ -76,6 +77,9 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
                 .await
                 .map_err(Error::from)?
         };
+        for (request, decision) in plan.requests.iter().zip(&decisions) {
+            metrics::decision(Api::Envoy, request.algorithm.name(), decision);
+        }
         let response = plan.response(&decisions, self.settings);
         debug!(
             domain = %request.domain,
@@ -105,6 +109,8 @@ enum Governed {
 
 /// One request's descriptors, matched and ready for the limiter.
 struct Plan {
+    /// The request's domain: configured, if any rule matched.
+    domain: String,
     governed: Vec<Governed>,
     requests: Vec<LimitRequest>,
 }
@@ -189,7 +195,11 @@ impl Plan {
                 request.cost = 0;
             }
         }
-        Ok(Self { governed, requests })
+        Ok(Self {
+            domain: request.domain.clone(),
+            governed,
+            requests,
+        })
     }
 
     fn response(&self, decisions: &[Decision], settings: EnvoySettings) -> rls::RateLimitResponse {
@@ -205,6 +215,7 @@ impl Plan {
                 && (rule.shadow || settings.shadow_mode)
             {
                 info!(rule = %rule.policy_id, source = %rule.source, "shadow mode: would have denied");
+                metrics::shadow_decision(&self.domain);
             }
         }
         let overall = if over && !settings.shadow_mode {

@@ -13,6 +13,7 @@ use tracing::{error, info};
 
 use super::config_file::{ConfigError, Snapshot};
 use super::rules::Rules;
+use crate::metrics;
 
 /// The rules in force, shared by every request and swapped whole on reload.
 #[derive(Clone, Default)]
@@ -100,8 +101,10 @@ impl ConfigSource {
                     "reloaded Envoy rate limit configuration"
                 );
                 rules.replace(compiled);
+                metrics::config_reload(true);
             }
             Err(err) => {
+                metrics::config_reload(false);
                 error!(
                     file = %err.file,
                     line = err.line,

@@ -1,0 +1,98 @@
+//! Prometheus metrics, off unless `--metrics-listen` names an address.
+//! Every metric's name and labels live here, so what is exported is read in
+//! one place. Labels stay bounded: APIs, algorithms, outcomes, error kinds
+//! and configured Envoy domains, never a caller's key. Without the exporter
+//! the `metrics` macros record into nothing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+use crate::error::StoreError;
+use crate::limit::Decision;
+
+/// Serves `/metrics` on `listen`. Call once, inside the tokio runtime.
+pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("ratelimitd_redis_command_seconds".into()),
+            &[
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ],
+        )?
+        .install()
+}
+
+/// Which face a decision came through.
+#[derive(Debug, Clone, Copy)]
+pub enum Api {
+    CheckLimit,
+    Envoy,
+}
+
+impl Api {
+    fn label(self) -> &'static str {
+        match self {
+            Self::CheckLimit => "check_limit",
+            Self::Envoy => "envoy",
+        }
+    }
+}
+
+/// One decision: allowed, denied, or degraded (made by the failure policy).
+pub fn decision(api: Api, algorithm: &'static str, decision: &Decision) {
+    let outcome = if decision.degraded {
+        "degraded"
+    } else if decision.allowed {
+        "allowed"
+    } else {
+        "denied"
+    };
+    counter!(
+        "ratelimitd_decisions_total",
+        "api" => api.label(),
+        "algorithm" => algorithm,
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
+/// A would-be denial let through by shadow mode, for a configured domain.
+pub fn shadow_decision(domain: &str) {
+    counter!("ratelimitd_shadow_decisions_total", "domain" => domain.to_owned()).increment(1);
+}
+
+/// One script call on Redis: how long it took, and how it failed if it did.
+pub fn redis_command(took: Duration, outcome: Result<(), &StoreError>) {
+    histogram!("ratelimitd_redis_command_seconds").record(took.as_secs_f64());
+    if let Err(err) = outcome {
+        let kind = match err {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::CircuitOpen => "circuit_open",
+            StoreError::Reply(_) => "reply",
+            StoreError::Config(_) => "config",
+        };
+        counter!("ratelimitd_redis_errors_total", "kind" => kind).increment(1);
+    }
+}
+
+/// The Redis pool's connections now.
+pub fn redis_pool(in_use: usize, idle: usize) {
+    gauge!("ratelimitd_redis_pool_connections", "state" => "in_use").set(in_use as f64);
+    gauge!("ratelimitd_redis_pool_connections", "state" => "idle").set(idle as f64);
+}
+
+/// A configuration reload that took, or was refused.
+pub fn config_reload(succeeded: bool) {
+    let result = if succeeded { "success" } else { "failure" };
+    counter!("ratelimitd_config_reloads_total", "result" => result).increment(1);
+}
+
+/// Calls in flight, up or down by one.
+pub fn in_flight(delta: f64) {
+    gauge!("ratelimitd_requests_in_flight").increment(delta);
+}

@@ -1,0 +1,203 @@
+//! The Prometheus endpoint: scraped and parsed, it counts decisions by API,
+//! algorithm and outcome, Redis command latency, shadow decisions, config
+//! reloads, pool connections and calls in flight; and it never names a
+//! caller's key.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::envoy::get;
+use common::{RedisServer, ServerProcess, check, fixed_window, free_port, token_bucket};
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+/// The exposition text as `series → value`, a series being the metric name
+/// with its labels as written (`name{a="x",b="y"}`).
+fn parse(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
+    let response = get(port, "/metrics", &[])
+        .await
+        .expect("the endpoint answers");
+    assert_eq!(response.status, 200);
+    let series = parse(&response.body);
+    (response.body, series)
+}
+
+/// The value of the series whose name is `name` and whose labels include
+/// every `labels` pair.
+fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+    series
+        .iter()
+        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
+        .filter(|(key, _)| {
+            labels
+                .iter()
+                .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
+        })
+        .map(|(_, value)| *value)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_counts_what_happened_and_names_no_caller() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().expect("config directory");
+    let limits = dir.path().join("limits.yaml");
+    let shadowed = "domain: metered\ndescriptors:\n  - key: k\n    shadow_mode: true\n    \
+                    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+    std::fs::write(&limits, shadowed).expect("write");
+    let limits_path = limits.to_string_lossy().into_owned();
+    let server = ServerProcess::start(&[
+        "--redis-url",
+        &url,
+        "--metrics-listen",
+        &listen,
+        "--config",
+        &limits_path,
+        "--config-poll-interval",
+        "50ms",
+        "--health-interval",
+        "100ms",
+    ])
+    .await;
+
+    let mut client = server.client().await;
+    let limit = fixed_window(2, Duration::from_secs(60));
+    for _ in 0..3 {
+        check(&mut client, "secret-caller-key", &limit, None).await;
+    }
+    check(&mut client, "another-caller", &token_bucket(5, 1.0), None).await;
+    let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
+    let over = RateLimitDescriptor {
+        entries: vec![Entry {
+            key: "k".into(),
+            value: "v".into(),
+        }],
+        hits_addend: Some(2),
+        ..Default::default()
+    };
+    envoy
+        .should_rate_limit(RateLimitRequest {
+            domain: "metered".into(),
+            descriptors: vec![over],
+            hits_addend: 0,
+        })
+        .await
+        .expect("an answer");
+    std::fs::write(&limits, "domain: metered\n").expect("rewrite");
+    std::fs::write(&limits, "{{ broken").expect("rewrite");
+
+    common::eventually("the reloads to be counted", || async {
+        let (_, series) = scrape(port).await;
+        value(
+            &series,
+            "ratelimitd_config_reloads_total",
+            &[("result", "failure")],
+        ) >= 1.0
+    })
+    .await;
+    let (text, series) = scrape(port).await;
+    let decisions = "ratelimitd_decisions_total";
+    let check_limit = ("api", "check_limit");
+    assert_eq!(
+        value(
+            &series,
+            decisions,
+            &[
+                check_limit,
+                ("algorithm", "fixed_window"),
+                ("outcome", "allowed")
+            ]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(
+            &series,
+            decisions,
+            &[
+                check_limit,
+                ("algorithm", "fixed_window"),
+                ("outcome", "denied")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &series,
+            decisions,
+            &[
+                check_limit,
+                ("algorithm", "token_bucket"),
+                ("outcome", "allowed")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &series,
+            decisions,
+            &[("api", "envoy"), ("outcome", "denied")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &series,
+            "ratelimitd_shadow_decisions_total",
+            &[("domain", "metered")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&series, "ratelimitd_redis_command_seconds_count", &[]),
+        5.0,
+        "one script per decision: {text}"
+    );
+    assert!(
+        series
+            .keys()
+            .any(|key| key.starts_with("ratelimitd_redis_pool_connections"))
+    );
+    assert!(
+        series
+            .keys()
+            .any(|key| key.starts_with("ratelimitd_requests_in_flight"))
+    );
+    assert!(!text.contains("secret-caller-key") && !text.contains("another-caller"));
+
+    // Redis gone: errors are counted by kind, decisions as failures are not.
+    drop(redis);
+    common::eventually("Redis errors to be counted", || async {
+        let _ = server
+            .client()
+            .await
+            .check_limit(common::request(
+                "k",
+                fixed_window(2, Duration::from_secs(60)),
+                None,
+            ))
+            .await;
+        let (_, series) = scrape(port).await;
+        value(&series, "ratelimitd_redis_errors_total", &[]) >= 1.0
+    })
+    .await;
+}
