@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use tracing::{debug, instrument};
 
-use futures::future::join_all;
+mod on_redis;
 
-use crate::algorithm::{self, REFUND_SCRIPT, SCRIPT, ScriptMode, State};
+use crate::algorithm::{self, State};
 use crate::error::StoreError;
 use crate::limit::{
     Algorithm, CallerKey, Decision, FailurePolicy, KeyOrigin, LimitRequest, RetryAfter,
 };
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{MemoryStore, Store};
 
 /// The default prefix of every storage key.
 pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
@@ -85,7 +85,7 @@ impl Limiter {
     ) -> Result<Vec<Decision>, StoreError> {
         let groups = Groups::new(&self.key_prefix, requests);
         let decided = match &self.store {
-            Store::Redis(redis) => match decide_on_redis(redis, &groups, requests).await {
+            Store::Redis(redis) => match on_redis::decide(redis, &groups, requests).await {
                 Err(err) if err.is_transient() => {
                     let policy = policy.unwrap_or(self.default_policy);
                     debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
@@ -126,181 +126,6 @@ impl Limiter {
             })
             .collect())
     }
-}
-
-/// Decides the groups on Redis: one script call when every key lives on
-/// one node. On a Redis Cluster, where a request's keys can hash to several
-/// nodes and no script may span them, all or nothing takes three steps:
-/// every node says what it would answer (writing nothing); if any limit
-/// would deny, nothing is spent; else every node spends (atomically on its
-/// own), and if one now denies (another request took the units in between),
-/// the nodes that spent give it back. No limit ever admits more than it
-/// allows; a request denied that way held units only between its spend and
-/// its refund.
-async fn decide_on_redis(
-    redis: &RedisStore,
-    groups: &Groups,
-    requests: &[LimitRequest],
-) -> Result<Vec<Decision>, StoreError> {
-    let partitions = if redis.is_cluster() {
-        groups.by_slot()
-    } else {
-        vec![(0..groups.unique.len()).collect()]
-    };
-    if let [everyone] = partitions.as_slice() {
-        let decided =
-            run_decide(redis, groups, requests, everyone, ScriptMode::Decide, false).await?;
-        return Ok(decided.into_iter().map(|(decision, _)| decision).collect());
-    }
-    let on_every_node = |mode, look| {
-        join_all(
-            partitions
-                .iter()
-                .map(move |members| run_decide(redis, groups, requests, members, mode, look)),
-        )
-    };
-    let mut result = vec![None; groups.unique.len()];
-    let gather = |replies: Vec<Result<Vec<(Decision, i64)>, StoreError>>,
-                  result: &mut Vec<Option<(Decision, i64)>>|
-     -> Result<(), StoreError> {
-        for (members, reply) in partitions.iter().zip(replies) {
-            for (&g, decided) in members.iter().zip(reply?) {
-                result[g] = Some(decided);
-            }
-        }
-        Ok(())
-    };
-    let denies = |result: &[Option<(Decision, i64)>]| {
-        groups
-            .unique
-            .iter()
-            .zip(result)
-            .any(|(group, decided)| !group.shadow && decided.is_some_and(|(d, _)| !d.allowed))
-    };
-    gather(on_every_node(ScriptMode::Dry, false).await, &mut result)?;
-    if denies(&result) {
-        // Nothing is spent; the limits that would allow report what they have.
-        let mut looks = vec![None; groups.unique.len()];
-        gather(on_every_node(ScriptMode::Dry, true).await, &mut looks)?;
-        return Ok(result
-            .into_iter()
-            .zip(looks)
-            .filter_map(|(dry, look)| match dry? {
-                (decision, _) if !decision.allowed => Some(decision),
-                _ => look.map(|(decision, _)| decision),
-            })
-            .collect());
-    }
-    gather(on_every_node(ScriptMode::Decide, false).await, &mut result)?;
-    if !denies(&result) {
-        return Ok(result.into_iter().flatten().map(|(d, _)| d).collect());
-    }
-    // A node denied after others spent: those give the units back. A node
-    // spent only if none of its own enforcing limits denied (otherwise its
-    // allowing limits answered with a look, spending nothing).
-    let mut refunded = vec![false; groups.unique.len()];
-    for members in &partitions {
-        let spent_here = members
-            .iter()
-            .all(|&g| groups.unique[g].shadow || result[g].is_some_and(|(d, _)| d.allowed));
-        if spent_here {
-            refund(redis, groups, requests, members, &result).await?;
-            for &g in members {
-                refunded[g] = true;
-            }
-        }
-    }
-    Ok(result
-        .into_iter()
-        .zip(&groups.unique)
-        .zip(refunded)
-        .filter_map(|((decided, group), refunded)| {
-            let (decision, _) = decided?;
-            Some(if decision.allowed && refunded {
-                // Given back: what is left is as before this request.
-                Decision {
-                    remaining: decision.remaining + group.cost,
-                    ..decision
-                }
-            } else {
-                decision
-            })
-        })
-        .collect())
-}
-
-/// One call of the decision script for the groups `members` (all on one
-/// node); with `look`, every cost is 0.
-async fn run_decide(
-    redis: &RedisStore,
-    groups: &Groups,
-    requests: &[LimitRequest],
-    members: &[usize],
-    mode: ScriptMode,
-    look: bool,
-) -> Result<Vec<(Decision, i64)>, StoreError> {
-    let mut invocation = SCRIPT.prepare_invoke();
-    for &g in members {
-        let group = &groups.unique[g];
-        invocation.key(group.key.as_str());
-        let cost = if look { 0 } else { group.cost };
-        algorithm::push_script_args(
-            &mut invocation,
-            &requests[group.first].algorithm,
-            cost,
-            i64::from(group.shadow),
-        );
-    }
-    invocation.arg(mode.arg());
-    let reply: Vec<i64> = redis.run_script(&invocation).await?;
-    if reply.len() != 5 * members.len() {
-        return Err(StoreError::Reply(format!(
-            "script replied {} values for {} limits",
-            reply.len(),
-            members.len()
-        )));
-    }
-    members
-        .iter()
-        .zip(reply.chunks(5))
-        .map(|(&g, part)| {
-            let limit = requests[groups.unique[g].first].algorithm.limit();
-            algorithm::decision_from_reply(limit, part).map_err(StoreError::Reply)
-        })
-        .collect()
-}
-
-/// Gives back what the groups `members` (all on one node) spent.
-async fn refund(
-    redis: &RedisStore,
-    groups: &Groups,
-    requests: &[LimitRequest],
-    members: &[usize],
-    spent: &[Option<(Decision, i64)>],
-) -> Result<(), StoreError> {
-    let mut invocation = REFUND_SCRIPT.prepare_invoke();
-    let mut any = false;
-    for &g in members {
-        let group = &groups.unique[g];
-        let Some((decision, mark)) = spent[g] else {
-            continue;
-        };
-        if !decision.allowed || group.cost == 0 {
-            continue;
-        }
-        invocation.key(group.key.as_str());
-        algorithm::push_script_args(
-            &mut invocation,
-            &requests[group.first].algorithm,
-            group.cost,
-            mark,
-        );
-        any = true;
-    }
-    if any {
-        let _refunded: i64 = redis.run_script(&invocation).await?;
-    }
-    Ok(())
 }
 
 /// Decides the groups on an embedded store: the twin of the script.
@@ -357,20 +182,6 @@ struct Group {
 }
 
 impl Groups {
-    /// The groups by Redis Cluster slot: each inner list can go to one node
-    /// in one script.
-    fn by_slot(&self) -> Vec<Vec<usize>> {
-        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (g, group) in self.unique.iter().enumerate() {
-            let slot = cluster_slot(&group.key);
-            match slots.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(g),
-                None => slots.push((slot, vec![g])),
-            }
-        }
-        slots.into_iter().map(|(_, members)| members).collect()
-    }
-
     fn new(prefix: &str, requests: &[LimitRequest]) -> Self {
         let mut unique: Vec<Group> = Vec::with_capacity(requests.len());
         let mut of_request = Vec::with_capacity(requests.len());
@@ -397,18 +208,6 @@ impl Groups {
         }
         Self { unique, of_request }
     }
-}
-
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of
-/// the whole key without one, modulo 16384.
-fn cluster_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-        // `{}` is no tag: the whole key counts.
-        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-    });
-    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % 16384
 }
 
 /// `<prefix>{<tag>:<key>}`, with the tag `rls:<tag>` for keys composed from
@@ -445,19 +244,6 @@ mod tests {
 
     fn caller(key: &str) -> CallerKey {
         CallerKey::new(key.into()).unwrap()
-    }
-
-    #[test]
-    fn slots_follow_redis_cluster_hashing() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(cluster_slot("123456789"), 0x31C3);
-        assert_eq!(
-            cluster_slot("{user1000}.following"),
-            cluster_slot("user1000")
-        );
-        assert_eq!(cluster_slot("foo{{bar}}zap"), cluster_slot("{bar"));
-        // An empty first tag means no tag: the whole key is hashed.
-        assert_ne!(cluster_slot("foo{}{bar}"), cluster_slot("bar"));
     }
 
     #[test]
