@@ -3,11 +3,11 @@
 //! together; when Redis cannot answer, applies the failure policy. Knows
 //! nothing of gRPC.
 
+mod on_redis;
+
 use std::sync::Arc;
 
 use tracing::{debug, instrument};
-
-mod on_redis;
 
 use crate::algorithm::{self, State};
 use crate::error::StoreError;
