@@ -184,7 +184,7 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
     );
     assert!(!text.contains("secret-caller-key") && !text.contains("another-caller"));
 
-    // Redis gone: errors are counted by kind, decisions as failures are not.
+    // Redis gone: its errors are counted.
     drop(redis);
     common::eventually("Redis errors to be counted", || async {
         let _ = server

@@ -8,17 +8,13 @@ mod common;
 use std::time::Duration;
 
 use common::topology::SecureRedis;
-use common::{TestServer, check, fixed_window};
+use common::{TestServer, fixed_window};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Exactly two of three allowed on a fresh key.
 async fn decides_exactly(server: &TestServer) {
-    let mut client = server.client().await;
-    let limit = fixed_window(2, Duration::from_secs(60));
-    assert!(check(&mut client, "k", &limit, None).await.allowed);
-    assert!(check(&mut client, "k", &limit, None).await.allowed);
-    assert!(!check(&mut client, "k", &limit, None).await.allowed);
+    common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
 }
 
 async fn serving(server: &TestServer) {

@@ -5,10 +5,8 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::ServerProcess;
 use common::topology::{RedisCluster, RedisSentinel, Security};
-use common::{ServerProcess, check, fixed_window};
 
 const PASSWORD: &str = "s3cret p@ss";
 
@@ -21,11 +19,7 @@ fn password() -> Security {
 
 /// Exactly two of three allowed on a fresh key.
 async fn decides_exactly(server: &ServerProcess) {
-    let mut client = server.client().await;
-    let limit = fixed_window(2, Duration::from_secs(60));
-    assert!(check(&mut client, "k", &limit, None).await.allowed);
-    assert!(check(&mut client, "k", &limit, None).await.allowed);
-    assert!(!check(&mut client, "k", &limit, None).await.allowed);
+    common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
 }
 
 fn cluster_flags(cluster: &RedisCluster) -> Vec<String> {

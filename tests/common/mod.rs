@@ -482,3 +482,21 @@ pub async fn server_quick_to_notice(redis: &RedisServer, extra: &[&str]) -> Test
     await_health(server.address, ServingStatus::Serving).await;
     server
 }
+
+/// On a fresh `key`, a fixed window of 2 admits exactly 2 of 3 calls: the
+/// quick proof that decisions reach a store and are exact.
+pub async fn assert_two_of_three_admitted(client: &mut RateLimiterClient<Channel>, key: &str) {
+    let limit = fixed_window(2, Duration::from_secs(60));
+    assert!(
+        check(client, key, &limit, None).await.allowed,
+        "first call on {key}"
+    );
+    assert!(
+        check(client, key, &limit, None).await.allowed,
+        "second call on {key}"
+    );
+    assert!(
+        !check(client, key, &limit, None).await.allowed,
+        "third call on {key}"
+    );
+}
