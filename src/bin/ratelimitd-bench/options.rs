@@ -1,0 +1,165 @@
+//! The load generator's command line: what to drive, with what load, and
+//! how to report it.
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Drives a rate-limit service (ratelimitd's `CheckLimit`, any Envoy RLS
+/// server's `ShouldRateLimit`) or Redis itself, running ratelimitd's own
+/// decision script, with the same load, and reports throughput, outcomes and
+/// latency.
+#[derive(Debug, Parser)]
+#[command(name = "ratelimitd-bench", version)]
+pub struct Options {
+    /// What to drive.
+    #[arg(long, value_enum, default_value_t = TargetKind::CheckLimit)]
+    pub target: TargetKind,
+
+    /// The gRPC server, for `check-limit` and `should-rate-limit`.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub address: String,
+
+    /// The Redis, for `redis-direct`.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
+    pub redis_url: String,
+
+    /// For `redis-direct`: the storage-key prefix ratelimitd would use.
+    #[arg(long, default_value = ratelimitd::limiter::DEFAULT_KEY_PREFIX)]
+    pub redis_key_prefix: String,
+
+    /// Requests in flight at once (workers).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+
+    /// gRPC connections (HTTP/2) or Redis connections (multiplexed) the
+    /// workers share, round robin.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+
+    /// How long to measure, after the warm-up.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Measure this many requests instead of a duration.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub requests: Option<u64>,
+
+    /// Load sent, and not measured, before measuring starts.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub warm_up: Duration,
+
+    /// Open loop: start requests at this many per second, whatever the
+    /// answers' latency (latency counts from each request's scheduled
+    /// start). Unset: closed loop, each worker sends its next request when
+    /// the last is answered.
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    #[arg(long, value_enum, default_value_t = AlgorithmKind::FixedWindow)]
+    pub algorithm: AlgorithmKind,
+
+    /// Requests per window; a token bucket's capacity.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: u64,
+
+    /// The window; a token bucket refills `limit` per window.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+
+    /// Units each request spends.
+    #[arg(long, default_value_t = 1)]
+    pub cost: u64,
+
+    /// Which keys the requests name.
+    #[arg(long, value_enum, default_value_t = KeyPattern::Uniform)]
+    pub keys: KeyPattern,
+
+    /// How many keys `uniform` and `zipf` draw from.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub key_count: u64,
+
+    /// The exponent of `zipf` (1.0: the second key is drawn half as often as
+    /// the first).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf_exponent: f64,
+
+    /// Every caller key starts with this; change it between runs that must
+    /// not share counters.
+    #[arg(long, default_value = "bench:")]
+    pub key_prefix: String,
+
+    /// The Envoy domain, for `should-rate-limit` (its descriptor is
+    /// `("key", <key>)`; `--print-envoy-config` writes the matching rules).
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+
+    /// Deadline of each call.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Tokio worker threads of this generator (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Print ratelimitd rules (envoyproxy/ratelimit format) that give
+    /// `--domain` the limit of `--algorithm`, `--limit` and `--window`, and
+    /// exit.
+    #[arg(long)]
+    pub print_envoy_config: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TargetKind {
+    /// ratelimitd's `ratelimitd.v1.RateLimiter/CheckLimit`.
+    CheckLimit,
+    /// `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+    ShouldRateLimit,
+    /// ratelimitd's decision script, called on Redis by SHA: the baseline.
+    RedisDirect,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmKind {
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeyPattern {
+    /// One key for every request: a flood on one limit.
+    Hot,
+    /// `--key-count` keys, each as likely.
+    Uniform,
+    /// `--key-count` keys, the k-th drawn in proportion to 1/k^s.
+    Zipf,
+}
+
+impl Options {
+    /// Checks what clap cannot: values whose rules span several options.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(rate) = self.rate
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            return Err(format!("--rate must be a positive number (got {rate})"));
+        }
+        if !(self.zipf_exponent.is_finite() && self.zipf_exponent > 0.0) {
+            return Err(format!(
+                "--zipf-exponent must be a positive number (got {})",
+                self.zipf_exponent
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err("--timeout must be positive".into());
+        }
+        if self.requests.is_none() && self.duration.is_zero() {
+            return Err("--duration must be positive (or give --requests)".into());
+        }
+        Ok(())
+    }
+}
