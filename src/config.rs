@@ -122,6 +122,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_breaker_threshold: u32,
 
+    /// Keys this instance remembers Redis denied (until their denial lifts),
+    /// to answer a flood on them without Redis; 0 turns the cache off. A
+    /// cached denial only answers the same limit and the same or a larger
+    /// cost, so it never denies what Redis would allow (but a key deleted by
+    /// hand in Redis stays denied here until its retry-after).
+    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
+    pub local_cache_size: usize,
+
     /// How often health checks that the store answers.
     #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
           value_parser = positive_duration)]
@@ -254,6 +262,7 @@ impl fmt::Debug for Config {
             .field("redis_command_timeout", &self.redis_command_timeout)
             .field("failure_policy", &self.failure_policy)
             .field("redis_breaker_threshold", &self.redis_breaker_threshold)
+            .field("local_cache_size", &self.local_cache_size)
             .field("health_interval", &self.health_interval)
             .field("memory_sweep_interval", &self.memory_sweep_interval)
             .field("shutdown_grace", &self.shutdown_grace)

@@ -65,6 +65,11 @@ pub fn shadow_decision(domain: &str) {
     counter!("ratelimitd_shadow_decisions_total", "domain" => domain.to_owned()).increment(1);
 }
 
+/// A request answered from the local over-limit cache, without Redis.
+pub fn denial_cache_hit() {
+    counter!("ratelimitd_local_cache_hits_total").increment(1);
+}
+
 /// One script call on Redis: how long it took, and how it failed if it did.
 pub fn redis_command(took: Duration, outcome: Result<(), &StoreError>) {
     histogram!("ratelimitd_redis_command_seconds").record(took.as_secs_f64());

@@ -21,7 +21,7 @@ use crate::config::{Config, redacted_url};
 use crate::error::StoreError;
 use crate::health;
 use crate::limit::FailurePolicy;
-use crate::limiter::Limiter;
+use crate::limiter::{DenialCache, Limiter};
 use crate::load_shed::LoadShedLayer;
 use crate::metrics;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
@@ -66,7 +66,8 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
             );
             let store = Store::Redis(RedisStore::new(&settings)?);
             Ok(Limiter::new(store, config.key_prefix.clone())
-                .with_failure_policy(config.failure_policy, embedded()))
+                .with_failure_policy(config.failure_policy, embedded())
+                .with_denial_cache(DenialCache::new(config.local_cache_size)))
         }
         None => {
             warn!(

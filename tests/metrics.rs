@@ -1,7 +1,7 @@
 //! The Prometheus endpoint: scraped and parsed, it counts decisions by API,
-//! algorithm and outcome, Redis command latency, shadow decisions, config
-//! reloads, pool connections and calls in flight; and it never names a
-//! caller's key.
+//! algorithm and outcome, local-cache hits, Redis command latency, shadow
+//! decisions, config reloads, pool connections and calls in flight; and it
+//! never names a caller's key.
 
 mod common;
 
@@ -79,7 +79,8 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
 
     let mut client = server.client().await;
     let limit = fixed_window(2, Duration::from_secs(60));
-    for _ in 0..3 {
+    // Two allowed, one denied by Redis, two denied from the local cache.
+    for _ in 0..5 {
         check(&mut client, "secret-caller-key", &limit, None).await;
     }
     check(&mut client, "another-caller", &token_bucket(5, 1.0), None).await;
@@ -137,7 +138,11 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
                 ("outcome", "denied")
             ]
         ),
-        1.0
+        3.0
+    );
+    assert_eq!(
+        value(&series, "ratelimitd_local_cache_hits_total", &[]),
+        2.0
     );
     assert_eq!(
         value(

@@ -3,9 +3,11 @@
 //! together; when Redis cannot answer, applies the failure policy. Knows
 //! nothing of gRPC.
 
+mod denial_cache;
 mod on_redis;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::{debug, instrument};
 
@@ -14,7 +16,10 @@ use crate::error::StoreError;
 use crate::limit::{
     Algorithm, CallerKey, Decision, FailurePolicy, KeyOrigin, LimitRequest, RetryAfter,
 };
+use crate::metrics;
 use crate::store::{MemoryStore, Store};
+
+pub use denial_cache::DenialCache;
 
 /// The default prefix of every storage key.
 pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
@@ -27,6 +32,8 @@ pub struct Limiter {
     default_policy: FailurePolicy,
     /// Where `Local` decides while Redis cannot: this instance's own state.
     local: Option<Arc<MemoryStore<State>>>,
+    /// Keys Redis denied until a known instant, answered without Redis.
+    denials: Option<Arc<DenialCache>>,
 }
 
 impl Limiter {
@@ -37,7 +44,15 @@ impl Limiter {
             key_prefix: key_prefix.into(),
             default_policy: FailurePolicy::FailClosed,
             local: None,
+            denials: None,
         }
+    }
+
+    /// Answers requests that Redis has already denied from `cache`, until
+    /// their denial lifts, without asking Redis.
+    pub fn with_denial_cache(mut self, cache: Option<DenialCache>) -> Self {
+        self.denials = cache.map(Arc::new);
+        self
     }
 
     /// Answers by `policy` when Redis cannot (unless a call names its own),
@@ -84,19 +99,90 @@ impl Limiter {
         policy: Option<FailurePolicy>,
     ) -> Result<Vec<Decision>, StoreError> {
         let groups = Groups::new(&self.key_prefix, requests);
-        let decided = match &self.store {
-            Store::Redis(redis) => match on_redis::decide(redis, &groups, requests).await {
-                Err(err) if err.is_transient() => {
-                    let policy = policy.unwrap_or(self.default_policy);
-                    debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
-                    return self.when_redis_fails(err, policy, &groups, requests);
+        let decisions = match &self.store {
+            Store::Redis(redis) => {
+                if let Some(decisions) = self.known_denial(&groups, requests) {
+                    return Ok(decisions);
                 }
-                decided => decided,
-            },
-            Store::Memory(memory) => Ok(decide_in_memory(memory, &groups, requests)),
+                let sent = Instant::now();
+                match on_redis::decide(redis, &groups, requests).await {
+                    Err(err) if err.is_transient() => {
+                        let policy = policy.unwrap_or(self.default_policy);
+                        debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
+                        return self.when_redis_fails(err, policy, &groups, requests);
+                    }
+                    decided => {
+                        let decisions = decided?;
+                        self.remember_denials(&groups, requests, &decisions, sent);
+                        decisions
+                    }
+                }
+            }
+            Store::Memory(memory) => decide_in_memory(memory, &groups, requests),
         };
-        let decisions = decided?;
         Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
+    }
+
+    /// The request's decisions from the denial cache, when one of its
+    /// enforcing limits is known to deny it (so the whole request is
+    /// denied). Its other limits were not asked: they report their whole
+    /// limit as remaining, the most they could have.
+    fn known_denial(&self, groups: &Groups, requests: &[LimitRequest]) -> Option<Vec<Decision>> {
+        let cache = self.denials.as_deref()?;
+        let now = Instant::now();
+        let algorithm = |group: &Group| &requests[group.first].algorithm;
+        let known: Vec<Option<Decision>> = groups
+            .unique
+            .iter()
+            .map(|group| cache.denial(&group.key, algorithm(group), group.cost, now))
+            .collect();
+        let enforced = groups
+            .unique
+            .iter()
+            .zip(&known)
+            .any(|(group, known)| !group.shadow && known.is_some());
+        if !enforced {
+            return None;
+        }
+        metrics::denial_cache_hit();
+        Some(
+            groups
+                .of_request
+                .iter()
+                .map(|&g| {
+                    known[g].unwrap_or_else(|| {
+                        let limit = algorithm(&groups.unique[g]).limit();
+                        Decision {
+                            allowed: true,
+                            limit,
+                            remaining: limit,
+                            reset_after: 0,
+                            retry_after: RetryAfter::After(0),
+                            degraded: false,
+                        }
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// Keeps Redis's denials of `groups` (asked at `sent`) in the cache.
+    fn remember_denials(
+        &self,
+        groups: &Groups,
+        requests: &[LimitRequest],
+        decisions: &[Decision],
+        sent: Instant,
+    ) {
+        let Some(cache) = self.denials.as_deref() else {
+            return;
+        };
+        for (group, decision) in groups.unique.iter().zip(decisions) {
+            if !decision.allowed {
+                let algorithm = &requests[group.first].algorithm;
+                cache.remember(&group.key, algorithm, group.cost, decision, sent);
+            }
+        }
     }
 
     /// The failure policy's answer while Redis cannot decide: the error
@@ -134,6 +220,22 @@ fn decide_in_memory(
     groups: &Groups,
     requests: &[LimitRequest],
 ) -> Vec<Decision> {
+    if let [group] = groups.unique.as_slice() {
+        // Most calls decide one key: borrow its parameters in place rather
+        // than collect them, as this path runs millions of times a second.
+        let algorithm = &requests[group.first].algorithm;
+        return memory.with_keys(&[group.key.as_str()], |locked, now| {
+            algorithm::decide_together(
+                std::slice::from_ref(&group.cost),
+                std::slice::from_ref(&group.shadow),
+                |i, cost, spend| {
+                    locked.decide(i, |state| {
+                        algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+                    })
+                },
+            )
+        });
+    }
     let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
     let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
     let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();

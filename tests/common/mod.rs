@@ -131,6 +131,26 @@ impl RedisServer {
             .expect("connect to test redis")
     }
 
+    /// Script calls (`EVALSHA` and `EVAL`) this Redis has run, from
+    /// `INFO commandstats`.
+    pub async fn script_calls(&self) -> u64 {
+        let mut connection = self.connection().await;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .expect("INFO commandstats");
+        info.lines()
+            .filter(|line| {
+                line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")
+            })
+            .filter_map(|line| {
+                let calls = line.split_once("calls=")?.1;
+                calls.split(',').next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     /// Every key in the database.
     pub async fn keys(&self) -> Vec<String> {
         let mut connection = self.connection().await;

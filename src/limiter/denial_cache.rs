@@ -1,0 +1,208 @@
+//! The local over-limit cache: a bounded, per-instance memory of keys Redis
+//! denied and until when, so that a flood on a key already over its limit
+//! is answered without a Redis call.
+//!
+//! Why a cached denial is safe: when Redis denies cost `d` and says "retry
+//! after `r`", no cost of `d` or more can pass on that key before `r` has
+//! passed, because what frees capacity before then is only time, and other
+//! requests only use more. So a denial of cost `d` until `T` may answer a
+//! later request of cost `c >= d` before `T`, under the same limit, and
+//! nothing else: a smaller cost may still fit, and a request under other
+//! parameters (another window, a reloaded rule) is another question. `T` is
+//! counted from when the request was sent, which is before Redis decided,
+//! so the cache lets go no later than Redis would.
+//!
+//! What can free capacity early, and so make a cached denial stale for up
+//! to `r`: an operator deleting the key, a Redis failover to a replica that
+//! had not seen the spending, and the refunds of a request spanning Redis
+//! Cluster nodes (it holds units only between its spend and its refund).
+
+use std::time::{Duration, Instant};
+
+use quick_cache::sync::Cache;
+
+use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+
+/// Denials by storage key.
+pub struct DenialCache {
+    denials: Cache<String, Denial>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    /// The limit the denial was made under.
+    algorithm: Algorithm,
+    /// The cost denied: this or more is denied until `until`.
+    cost: u64,
+    until: Instant,
+    /// When the key is back to its whole quota.
+    reset_at: Instant,
+    /// What Redis said was left; less may be left now, never more.
+    remaining: u64,
+}
+
+impl DenialCache {
+    /// A cache of at most `capacity` keys (least useful evicted first), or
+    /// none for 0.
+    pub fn new(capacity: usize) -> Option<Self> {
+        (capacity > 0).then(|| Self {
+            denials: Cache::new(capacity),
+        })
+    }
+
+    /// The denial of `cost` on `key` under `algorithm` at `now`, if one is
+    /// known.
+    pub fn denial(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        cost: u64,
+        now: Instant,
+    ) -> Option<Decision> {
+        let denial = self.denials.get(key)?;
+        if now >= denial.until {
+            // Stale; a later denial replaces it, or eviction takes it.
+            return None;
+        }
+        if cost < denial.cost || denial.algorithm != *algorithm {
+            return None;
+        }
+        Some(Decision {
+            allowed: false,
+            limit: algorithm.limit(),
+            remaining: denial.remaining,
+            reset_after: micros(denial.reset_at.saturating_duration_since(now)),
+            // At least 1 µs: a denial always says to wait.
+            retry_after: RetryAfter::After(micros(denial.until - now).max(1)),
+            degraded: false,
+        })
+    }
+
+    /// Remembers Redis's `decision` on `key` for `cost` under `algorithm`,
+    /// asked at `sent`, if it is a denial that time will lift.
+    pub fn remember(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        cost: u64,
+        decision: &Decision,
+        sent: Instant,
+    ) {
+        let RetryAfter::After(retry_after) = decision.retry_after else {
+            // A cost above the limit is denied whatever the state: nothing
+            // about the key to remember.
+            return;
+        };
+        if decision.allowed || decision.degraded || retry_after == 0 {
+            return;
+        }
+        let denial = Denial {
+            algorithm: *algorithm,
+            cost,
+            until: sent + Duration::from_micros(retry_after),
+            reset_at: sent + Duration::from_micros(decision.reset_after),
+            remaining: decision.remaining,
+        };
+        // The newest denial replaces an older one: each is true on its own.
+        self.denials.insert(key.to_owned(), denial);
+    }
+
+    /// Keys held now (stale ones included until evicted or replaced).
+    pub fn len(&self) -> usize {
+        self.denials.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.denials.is_empty()
+    }
+}
+
+fn micros(duration: Duration) -> Micros {
+    Micros::try_from(duration.as_micros()).unwrap_or(Micros::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::{FixedWindow, TokenBucket};
+
+    fn fixed(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow(FixedWindow::new(limit, Duration::from_secs(10)).unwrap())
+    }
+
+    fn denied(remaining: u64, retry_after_ms: u64) -> Decision {
+        Decision {
+            allowed: false,
+            limit: 10,
+            remaining,
+            reset_after: retry_after_ms * 1000,
+            retry_after: RetryAfter::After(retry_after_ms * 1000),
+            degraded: false,
+        }
+    }
+
+    #[test]
+    fn a_denial_answers_the_same_or_larger_cost_until_it_lifts() {
+        let cache = DenialCache::new(10).unwrap();
+        let sent = Instant::now();
+        cache.remember("k", &fixed(10), 5, &denied(3, 1000), sent);
+        let soon = sent + Duration::from_millis(400);
+        let decision = cache.denial("k", &fixed(10), 5, soon).unwrap();
+        assert!(!decision.allowed);
+        assert_eq!(decision.remaining, 3);
+        assert_eq!(decision.retry_after, RetryAfter::After(600_000));
+        assert!(cache.denial("k", &fixed(10), 7, soon).is_some());
+        // Cost 4 might fit in what is left: only Redis can say.
+        assert!(cache.denial("k", &fixed(10), 4, soon).is_none());
+        assert!(
+            cache
+                .denial("k", &fixed(10), 5, sent + Duration::from_secs(1))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_denial_answers_only_the_limit_it_was_made_under_and_only_its_key() {
+        let cache = DenialCache::new(10).unwrap();
+        let now = Instant::now();
+        cache.remember("k", &fixed(10), 1, &denied(0, 1000), now);
+        assert!(cache.denial("k", &fixed(20), 1, now).is_none());
+        let bucket = Algorithm::TokenBucket(TokenBucket::new(10, 1.0).unwrap());
+        assert!(cache.denial("k", &bucket, 1, now).is_none());
+        assert!(cache.denial("other", &fixed(10), 1, now).is_none());
+    }
+
+    #[test]
+    fn only_denials_that_time_lifts_are_remembered() {
+        let cache = DenialCache::new(10).unwrap();
+        let now = Instant::now();
+        let allowed = Decision {
+            allowed: true,
+            retry_after: RetryAfter::After(0),
+            ..denied(5, 0)
+        };
+        let never = Decision {
+            retry_after: RetryAfter::Never,
+            ..denied(10, 0)
+        };
+        let degraded = Decision {
+            degraded: true,
+            ..denied(0, 1000)
+        };
+        for decision in [allowed, never, degraded] {
+            cache.remember("k", &fixed(10), 1, &decision, now);
+        }
+        assert!(cache.is_empty());
+        assert!(DenialCache::new(0).is_none(), "size 0 turns it off");
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_size() {
+        let cache = DenialCache::new(100).unwrap();
+        let now = Instant::now();
+        for i in 0..1000 {
+            cache.remember(&format!("k{i}"), &fixed(10), 1, &denied(0, 1000), now);
+        }
+        assert!(cache.len() <= 100, "{} keys held", cache.len());
+    }
+}
