@@ -1,23 +1,111 @@
-//! deadpool managers for Redis Cluster and Sentinel connections that carry
-//! ratelimitd's TLS settings. deadpool-redis's own managers build their
-//! clients from URLs alone, which drops a private CA and a client
-//! certificate (the cluster client takes them only from its builder's
-//! `certs`, the sentinel client only from its builder), so TLS to a Cluster
-//! or a Sentinel group needs these.
+//! The deadpool managers behind the Redis store, one per topology, and the
+//! pooled connection they make: a multiplexed connection that calls share.
+//!
+//! Sharing: a call takes a connection from the pool, clones its handle and
+//! gives it back at once, so concurrent calls pipeline on a few connections
+//! (one write and one read carry many commands, on both sides) instead of
+//! each holding a connection of its own for a round trip. A call that fails
+//! marks the connection broken, and the pool replaces it at its next
+//! checkout. A connection is PINGed before reuse only after it has sat idle
+//! (a Redis restarted while nothing was asked); one in steady use never is,
+//! which saves deadpool-redis's PING (and UNWATCH) per checkout: two of
+//! every three commands Redis ran per decision.
+//!
+//! deadpool-redis's own managers build Cluster and Sentinel clients from
+//! URLs alone, which drops a private CA and a client certificate (the
+//! cluster client takes them only from its builder's `certs`, the sentinel
+//! client only from its builder), so those two are built here too.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::MultiplexedConnection;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates, TlsMode};
-use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, RecycleResult};
+/// Idle longer than this, a pooled connection is PINGed before reuse.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
-/// Checks a pooled connection before reuse.
-async fn ping(connection: &mut impl redis::aio::ConnectionLike) -> RecycleResult<RedisError> {
-    redis::cmd("PING").query_async::<String>(connection).await?;
-    Ok(())
+/// A pooled connection that calls share through clones of its handle.
+pub struct Shared<C> {
+    connection: C,
+    broken: Arc<AtomicBool>,
+}
+
+/// Marks the connection a handle came from as broken.
+pub struct Breakage(Arc<AtomicBool>);
+
+impl Breakage {
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
+    fn new(connection: C) -> Self {
+        Self {
+            connection,
+            broken: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A handle onto the connection, and the means to report it broken.
+    pub fn handle(&self) -> (C, Breakage) {
+        (self.connection.clone(), Breakage(Arc::clone(&self.broken)))
+    }
+
+    /// The check before reuse: not broken, and answering if it sat idle.
+    async fn recycle(&mut self, metrics: &Metrics) -> RecycleResult<RedisError> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(RecycleError::message("a call on it failed"));
+        }
+        if metrics.last_used() > IDLE_BEFORE_PING {
+            // Boxed as `create` is: rare, and kept out of every checkout.
+            Box::pin(redis::cmd("PING").query_async::<String>(&mut self.connection)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Connections to one Redis server (deadpool-redis's manager opens them).
+pub struct StandaloneManager {
+    connections: deadpool_redis::Manager,
+}
+
+impl StandaloneManager {
+    pub fn new(
+        info: ConnectionInfo,
+        config: redis::AsyncConnectionConfig,
+    ) -> Result<Self, RedisError> {
+        Ok(Self {
+            connections: deadpool_redis::Manager::new_with_config(info, config)?,
+        })
+    }
+}
+
+impl managed::Manager for StandaloneManager {
+    type Type = Shared<MultiplexedConnection>;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Self::Type, RedisError> {
+        // Boxed, here and in the other managers: deadpool's checkout future
+        // holds this one, and every decision's future holds a checkout, so
+        // an unboxed connect (kilobytes, the Sentinel one over 20) would be
+        // copied with each decision although it runs only now and then.
+        Box::pin(self.connections.create()).await.map(Shared::new)
+    }
+
+    async fn recycle(
+        &self,
+        shared: &mut Self::Type,
+        metrics: &Metrics,
+    ) -> RecycleResult<RedisError> {
+        shared.recycle(metrics).await
+    }
 }
 
 /// Connections to a Redis Cluster.
@@ -45,19 +133,21 @@ impl ClusterManager {
 }
 
 impl managed::Manager for ClusterManager {
-    type Type = ClusterConnection;
+    type Type = Shared<ClusterConnection>;
     type Error = RedisError;
 
-    async fn create(&self) -> Result<ClusterConnection, RedisError> {
-        self.client.get_async_connection().await
+    async fn create(&self) -> Result<Self::Type, RedisError> {
+        Box::pin(self.client.get_async_connection())
+            .await
+            .map(Shared::new)
     }
 
     async fn recycle(
         &self,
-        connection: &mut ClusterConnection,
-        _: &Metrics,
+        shared: &mut Self::Type,
+        metrics: &Metrics,
     ) -> RecycleResult<RedisError> {
-        ping(connection).await
+        shared.recycle(metrics).await
     }
 }
 
@@ -116,18 +206,20 @@ impl SentinelManager {
 }
 
 impl managed::Manager for SentinelManager {
-    type Type = MultiplexedConnection;
+    type Type = Shared<MultiplexedConnection>;
     type Error = RedisError;
 
-    async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
-        self.client.lock().await.get_async_connection().await
+    async fn create(&self) -> Result<Self::Type, RedisError> {
+        Box::pin(async { self.client.lock().await.get_async_connection().await })
+            .await
+            .map(Shared::new)
     }
 
     async fn recycle(
         &self,
-        connection: &mut MultiplexedConnection,
-        _: &Metrics,
+        shared: &mut Self::Type,
+        metrics: &Metrics,
     ) -> RecycleResult<RedisError> {
-        ping(connection).await
+        shared.recycle(metrics).await
     }
 }

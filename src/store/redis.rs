@@ -1,7 +1,7 @@
 //! The Redis store: runs one decision's Lua script through a deadpool pool
-//! of connections to a standalone Redis, a Redis Cluster, or the primary a
-//! set of Sentinels names, bounded by a command timeout, and classifies what
-//! goes wrong where it enters.
+//! of shared, multiplexed connections (see `managers`) to a standalone
+//! Redis, a Redis Cluster, or the primary a set of Sentinels names, bounded
+//! by a command timeout, and classifies what goes wrong where it enters.
 //!
 //! Scripts are called by SHA (`EVALSHA`); redis-rs answers a `NOSCRIPT` (after
 //! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
@@ -10,14 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::{Manager, Pool, PoolError, Runtime};
+use deadpool::managed::Pool;
+use deadpool_redis::{PoolError, Runtime};
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
     RedisError, RetryMethod, ScriptInvocation, TlsCertificates,
 };
 
 use super::breaker::CircuitBreaker;
-use super::managers::{ClusterManager, SentinelManager};
+use super::managers::{ClusterManager, SentinelManager, StandaloneManager};
 use crate::error::StoreError;
 use crate::metrics;
 
@@ -73,9 +74,9 @@ impl std::fmt::Debug for RedisTls {
 /// The pool for each topology.
 #[derive(Clone)]
 enum Pools {
-    Standalone(Pool),
-    Cluster(deadpool::managed::Pool<ClusterManager>),
-    Sentinel(deadpool::managed::Pool<SentinelManager>),
+    Standalone(Pool<StandaloneManager>),
+    Cluster(Pool<ClusterManager>),
+    Sentinel(Pool<SentinelManager>),
 }
 
 /// A pool of connections to Redis, behind a circuit breaker.
@@ -114,7 +115,7 @@ impl RedisStore {
                 let connection = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.connect_timeout))
                     .set_response_timeout(Some(settings.command_timeout));
-                let manager = Manager::new_with_config(first, connection).map_err(misconfigured)?;
+                let manager = StandaloneManager::new(first, connection).map_err(misconfigured)?;
                 Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
             }
             Topology::Cluster => {
@@ -125,10 +126,7 @@ impl RedisStore {
                     settings.command_timeout,
                 )
                 .map_err(misconfigured)?;
-                Pools::Cluster(bounded_pool(
-                    deadpool::managed::Pool::builder(manager),
-                    settings,
-                )?)
+                Pools::Cluster(bounded_pool(Pool::builder(manager), settings)?)
             }
             Topology::Sentinel { master } => {
                 let manager = SentinelManager::new(
@@ -137,10 +135,7 @@ impl RedisStore {
                     certificates(settings),
                 )
                 .map_err(misconfigured)?;
-                Pools::Sentinel(bounded_pool(
-                    deadpool::managed::Pool::builder(manager),
-                    settings,
-                )?)
+                Pools::Sentinel(bounded_pool(Pool::builder(manager), settings)?)
             }
         };
         Ok(Self {
@@ -164,24 +159,26 @@ impl RedisStore {
         let started = std::time::Instant::now();
         let reply = self
             .bounded(async {
-                // The same call on each kind of pool; a connection whose call
-                // failed is dropped from the pool rather than reused (after a
-                // failover the old primary may still answer PING, as a replica
-                // that refuses every write).
+                // The same call on each kind of pool, on a shared handle (the
+                // pool has its connection back before the call starts). A
+                // connection whose call failed is marked broken and replaced
+                // rather than reused (after a failover the old primary may
+                // still answer PING, as a replica that refuses every write).
                 macro_rules! on {
-                    ($pool:expr, $connection:ty) => {{
-                        let mut connection = $pool.get().await.map_err(classify_pool)?;
-                        let reply = invocation.invoke_async(&mut *connection).await;
+                    ($pool:expr) => {{
+                        let (mut connection, breakage) =
+                            $pool.get().await.map_err(classify_pool)?.handle();
+                        let reply = invocation.invoke_async(&mut connection).await;
                         if reply.is_err() {
-                            drop(<$connection>::take(connection));
+                            breakage.mark();
                         }
                         reply.map_err(classify)
                     }};
                 }
                 match &self.pools {
-                    Pools::Standalone(pool) => on!(pool, deadpool_redis::Connection),
-                    Pools::Cluster(pool) => on!(pool, deadpool::managed::Object<ClusterManager>),
-                    Pools::Sentinel(pool) => on!(pool, deadpool::managed::Object<SentinelManager>),
+                    Pools::Standalone(pool) => on!(pool),
+                    Pools::Cluster(pool) => on!(pool),
+                    Pools::Sentinel(pool) => on!(pool),
                 }
             })
             .await;
@@ -214,19 +211,21 @@ impl RedisStore {
         // is an error, not a value.
         let ping = redis::cmd("PING");
         self.bounded(async {
-            let pong: Result<String, RedisError> = match &self.pools {
-                Pools::Standalone(pool) => {
-                    let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut *connection).await
-                }
-                Pools::Cluster(pool) => {
-                    let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut *connection).await
-                }
-                Pools::Sentinel(pool) => {
-                    let mut connection = pool.get().await.map_err(classify_pool)?;
-                    ping.query_async(&mut *connection).await
-                }
+            macro_rules! on {
+                ($pool:expr) => {{
+                    let (mut connection, breakage) =
+                        $pool.get().await.map_err(classify_pool)?.handle();
+                    let pong: Result<String, RedisError> = ping.query_async(&mut connection).await;
+                    if pong.is_err() {
+                        breakage.mark();
+                    }
+                    pong
+                }};
+            }
+            let pong = match &self.pools {
+                Pools::Standalone(pool) => on!(pool),
+                Pools::Cluster(pool) => on!(pool),
+                Pools::Sentinel(pool) => on!(pool),
             };
             pong.map(drop).map_err(classify)
         })
@@ -234,8 +233,8 @@ impl RedisStore {
     }
 
     /// Runs `work` within the command timeout and tells the breaker how it
-    /// went. A connection whose call is cut off is dropped with it; the pool
-    /// checks connections before reuse.
+    /// went. A call cut off leaves its connection usable: a multiplexed
+    /// connection drops the late reply.
     async fn bounded<T>(
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
@@ -299,7 +298,7 @@ fn connection_infos(settings: &RedisSettings) -> Result<Vec<ConnectionInfo>, Red
 fn bounded_pool<M, W>(
     builder: deadpool::managed::PoolBuilder<M, W>,
     settings: &RedisSettings,
-) -> Result<deadpool::managed::Pool<M, W>, StoreError>
+) -> Result<Pool<M, W>, StoreError>
 where
     M: deadpool::managed::Manager,
     W: From<deadpool::managed::Object<M>>,
