@@ -15,6 +15,38 @@ use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 pub struct State {
     runs: VecDeque<(Micros, u64)>,
     used: u64,
+    /// Copies of the log's first run and last stamp (meaningless while it
+    /// is empty). Most decisions need only these, and the log's buffer is
+    /// rarely in cache (its two ends apart, among thousands of keys): read
+    /// from here, it is touched only to prune or to count further back.
+    oldest: (Micros, u64),
+    newest: Micros,
+}
+
+impl State {
+    fn push(&mut self, stamp: Micros, units: u64) {
+        if self.runs.is_empty() {
+            self.oldest = (stamp, units);
+        }
+        self.runs.push_back((stamp, units));
+        self.used += units;
+        self.newest = stamp;
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((_, units)) = self.runs.pop_front() {
+            self.used -= units;
+        }
+        if let Some(&next) = self.runs.front() {
+            self.oldest = next;
+        }
+    }
+
+    /// The runs, oldest first, reading the buffer only past the first.
+    fn runs(&self) -> impl Iterator<Item = (Micros, u64)> + '_ {
+        let first = (!self.runs.is_empty()).then_some(self.oldest);
+        first.into_iter().chain(self.runs.iter().skip(1).copied())
+    }
 }
 
 /// The in-memory twin of `sliding_window.lua`. With `spend` false it
@@ -30,15 +62,11 @@ pub fn decide(
     let window = params.window.as_micros();
     let log = state.get_or_insert_with(State::default);
     let mut pruned = false;
-    while let Some(&(stamp, units)) = log.runs.front() {
-        if stamp + window > now {
-            break;
-        }
-        log.runs.pop_front();
-        log.used -= units;
+    while !log.runs.is_empty() && log.oldest.0 + window <= now {
+        log.pop_oldest();
         pruned = true;
     }
-    let newest = log.runs.back().map(|&(stamp, _)| stamp);
+    let newest = (!log.runs.is_empty()).then_some(log.newest);
     let used = log.used;
     let remaining = limit.saturating_sub(used);
     let reset_after = newest.map_or(0, |stamp| stamp + window - now);
@@ -67,7 +95,7 @@ pub fn decide(
         let mut seen = 0;
         let mut leaves_at = now;
         if let Some(log) = state.as_ref() {
-            for &(stamp, units) in &log.runs {
+            for (stamp, units) in log.runs() {
                 seen += units;
                 if seen >= k {
                     leaves_at = stamp + window;
@@ -92,9 +120,7 @@ pub fn decide(
         Some(newest) if newest >= now => newest + 1,
         _ => now,
     };
-    let log = state.get_or_insert_with(State::default);
-    log.runs.push_back((stamp, cost));
-    log.used += cost;
+    state.get_or_insert_with(State::default).push(stamp, cost);
     decision.reset_after = stamp + window - now;
     (
         decision,
@@ -140,6 +166,22 @@ mod tests {
         // Cost 3 needs the three oldest gone: the one stamped 200 ms.
         let (d, _) = decide(&p, &mut state, 300_000, 3, true);
         assert_eq!(d.retry_after, RetryAfter::After(900_000));
+    }
+
+    #[test]
+    fn after_pruning_the_next_run_is_the_oldest() {
+        let p = params(2, 1000);
+        let mut state = None;
+        assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, 500_000, 1, true).0.allowed);
+        // The run at 0 leaves; the one at 500 ms is now the first to go.
+        assert!(decide(&p, &mut state, 1_000_000, 1, true).0.allowed);
+        let (d, _) = decide(&p, &mut state, 1_200_000, 1, true);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, RetryAfter::After(300_000));
+        assert_eq!(d.reset_after, 800_000);
+        let (d, _) = decide(&p, &mut state, 1_200_000, 2, true);
+        assert_eq!(d.retry_after, RetryAfter::After(800_000));
     }
 
     #[test]

@@ -92,7 +92,7 @@ impl Limiter {
     /// Requests naming the same storage key are decided as one, with their
     /// costs added, so a key cannot pass twice on the same units. When Redis
     /// cannot answer, `policy` (or the limiter's default) answers.
-    #[instrument(skip_all, fields(limits = requests.len()))]
+    #[instrument(level = "debug", skip_all, fields(limits = requests.len()))]
     pub async fn check_all(
         &self,
         requests: &[LimitRequest],
@@ -105,7 +105,9 @@ impl Limiter {
                     return Ok(decisions);
                 }
                 let sent = Instant::now();
-                match on_redis::decide(redis, &groups, requests).await {
+                // Boxed: the Redis path's future is kilobytes, and unboxed it
+                // would be copied with every embedded-store decision too.
+                match Box::pin(on_redis::decide(redis, &groups, requests)).await {
                     Err(err) if err.is_transient() => {
                         let policy = policy.unwrap_or(self.default_policy);
                         debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
@@ -220,7 +222,7 @@ fn decide_in_memory(
     groups: &Groups,
     requests: &[LimitRequest],
 ) -> Vec<Decision> {
-    if let [group] = groups.unique.as_slice() {
+    if let [group] = &*groups.unique {
         // Most calls decide one key: borrow its parameters in place rather
         // than collect them, as this path runs millions of times a second.
         let algorithm = &requests[group.first].algorithm;
@@ -269,9 +271,37 @@ fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
 
 /// Requests grouped by storage key.
 struct Groups {
-    unique: Vec<Group>,
+    unique: OneOrMany<Group>,
     /// For each request, the index of its group in `unique`.
-    of_request: Vec<usize>,
+    of_request: OneOrMany<usize>,
+}
+
+/// A list that holds a single item without allocating: most calls carry one
+/// request, and on the embedded store allocations are a good part of a
+/// decision's cost. Used as a slice.
+enum OneOrMany<T> {
+    One([T; 1]),
+    Many(Vec<T>),
+}
+
+impl<T> std::ops::Deref for OneOrMany<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Self::One(item) => item,
+            Self::Many(items) => items,
+        }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a OneOrMany<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
 }
 
 struct Group {
@@ -285,6 +315,17 @@ struct Group {
 
 impl Groups {
     fn new(prefix: &str, requests: &[LimitRequest]) -> Self {
+        if let [request] = requests {
+            return Self {
+                unique: OneOrMany::One([Group {
+                    key: storage_key(prefix, &request.algorithm, &request.key),
+                    first: 0,
+                    cost: request.cost,
+                    shadow: request.shadow,
+                }]),
+                of_request: OneOrMany::One([0]),
+            };
+        }
         let mut unique: Vec<Group> = Vec::with_capacity(requests.len());
         let mut of_request = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
@@ -308,7 +349,10 @@ impl Groups {
                 }
             }
         }
-        Self { unique, of_request }
+        Self {
+            unique: OneOrMany::Many(unique),
+            of_request: OneOrMany::Many(of_request),
+        }
     }
 }
 

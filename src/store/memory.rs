@@ -11,7 +11,7 @@
 //! live within their windows.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,7 +39,13 @@ impl Clock for SystemClock {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_micros() as Micros);
-        // A clock step backwards must not shorten anyone's window.
+        // A clock step backwards must not shorten anyone's window. Writing
+        // only when time moved on spares threads deciding within the same
+        // microsecond from taking the line from each other.
+        let previous = self.latest.load(Ordering::Relaxed);
+        if wall <= previous {
+            return previous;
+        }
         let previous = self.latest.fetch_max(wall, Ordering::Relaxed);
         previous.max(wall)
     }
@@ -77,7 +83,8 @@ type Shard<S> = HashMap<Box<str>, Slot<S>>;
 /// Keys and their state of type `S`, with expiry.
 pub struct MemoryStore<S> {
     shards: Box<[Mutex<Shard<S>>]>,
-    hasher: RandomState,
+    /// Spreads keys over shards; seeded per store, as the maps' hashing is.
+    shard_hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
 }
 
@@ -87,7 +94,7 @@ impl<S: Send + 'static> MemoryStore<S> {
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
         Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shard_hasher: foldhash::fast::RandomState::default(),
             clock,
         })
     }
@@ -131,36 +138,56 @@ impl<S: Send + 'static> MemoryStore<S> {
         keys: &[&str],
         work: impl FnOnce(&mut LockedKeys<'_, S>, Micros) -> R,
     ) -> R {
-        let shard_of: Vec<usize> = keys
-            .iter()
-            .map(|key| (self.hasher.hash_one(key) as usize) % SHARDS)
-            .collect();
-        let mut order = shard_of.clone();
-        order.sort_unstable();
-        order.dedup();
-        let guards = order
-            .into_iter()
-            .map(|index| (index, lock(&self.shards[index])))
-            .collect();
+        let locked = if let [key] = keys {
+            // Most calls name one key: lock its shard with nothing to
+            // allocate or sort.
+            Locked::One(lock(&self.shards[self.shard_of(key)]))
+        } else {
+            let shard_of: Vec<usize> = keys.iter().map(|key| self.shard_of(key)).collect();
+            let mut order = shard_of.clone();
+            order.sort_unstable();
+            order.dedup();
+            let guards = order
+                .into_iter()
+                .map(|index| (index, lock(&self.shards[index])))
+                .collect();
+            Locked::Many { shard_of, guards }
+        };
         // Read the clock with the locks held, so decisions on a key see time
         // in the order they run.
         let now = self.clock.now();
-        let mut locked = LockedKeys {
-            keys,
-            shard_of,
-            guards,
-            now,
-        };
+        let mut locked = LockedKeys { keys, locked, now };
         work(&mut locked, now)
+    }
+
+    /// foldhash rather than the maps' SipHash, which as well made hashing a
+    /// fifth of a decision: a shard only spreads lock traffic, so keys
+    /// crafted to share one would only share its lock, while the map inside
+    /// still resists crafted collisions.
+    fn shard_of(&self, key: &str) -> usize {
+        let hash = self.shard_hasher.hash_one(key);
+        // The top bits, scaled to the shard count.
+        ((u128::from(hash) * SHARDS as u128) >> 64) as usize
     }
 }
 
 /// The keys of one [`MemoryStore::with_keys`] call, with their shards locked.
 pub struct LockedKeys<'a, S> {
     keys: &'a [&'a str],
-    shard_of: Vec<usize>,
-    guards: Vec<(usize, MutexGuard<'a, Shard<S>>)>,
+    locked: Locked<'a, S>,
     now: Micros,
+}
+
+/// The shards locked for a call's keys.
+enum Locked<'a, S> {
+    /// The shard of the call's only key.
+    One(MutexGuard<'a, Shard<S>>),
+    Many {
+        /// For each key, its shard's index.
+        shard_of: Vec<usize>,
+        /// Each shard of the keys, once, by index.
+        guards: Vec<(usize, MutexGuard<'a, Shard<S>>)>,
+    },
 }
 
 impl<S> LockedKeys<'_, S> {
@@ -173,14 +200,18 @@ impl<S> LockedKeys<'_, S> {
         decide: impl FnOnce(&mut Option<S>) -> (T, MemoryChange),
     ) -> T {
         let key = self.keys[index];
-        let shard = self.shard_of[index];
         let now = self.now;
-        let map = self
-            .guards
-            .iter_mut()
-            .find(|(locked, _)| *locked == shard)
-            .map(|(_, guard)| &mut **guard)
-            .expect("with_keys locked the shard of every key");
+        let map = match &mut self.locked {
+            Locked::One(guard) => &mut **guard,
+            Locked::Many { shard_of, guards } => {
+                let shard = shard_of[index];
+                guards
+                    .iter_mut()
+                    .find(|(locked, _)| *locked == shard)
+                    .map(|(_, guard)| &mut **guard)
+                    .expect("with_keys locked the shard of every key")
+            }
+        };
         let run = |slot: &mut Slot<S>| {
             if slot.expires_at <= now {
                 slot.state = None;
@@ -277,6 +308,24 @@ mod tests {
             ((), MemoryChange::Updated)
         });
         assert!(store.is_empty(), "an emptied key is removed");
+    }
+
+    #[test]
+    fn keys_spread_evenly_over_the_shards() {
+        let store: Arc<MemoryStore<u64>> = MemoryStore::new(Arc::new(ManualClock::default()));
+        let mut per_shard = [0; SHARDS];
+        let keys = 64_000;
+        for i in 0..keys {
+            per_shard[store.shard_of(&format!("ratelimitd:{{fw:user-{i}}}"))] += 1;
+        }
+        // 1000 a shard on average, give or take some 30: far within these.
+        let fair = keys / SHARDS;
+        assert!(
+            per_shard
+                .iter()
+                .all(|&n| n > fair * 4 / 5 && n < fair * 6 / 5),
+            "{per_shard:?}"
+        );
     }
 
     #[test]
