@@ -133,20 +133,21 @@ impl Limiter {
         let cache = self.denials.as_deref()?;
         let now = Instant::now();
         let algorithm = |group: &Group| &requests[group.first].algorithm;
+        let known = |group: &Group| cache.denial(&group.key, algorithm(group), group.cost, now);
+        // A first pass that allocates nothing: most requests miss.
+        let (hit, denial) = groups.unique.iter().enumerate().find_map(|(g, group)| {
+            let denial = known(group).filter(|_| !group.shadow)?;
+            Some((g, denial))
+        })?;
+        metrics::denial_cache_hit();
+        // The denial found is kept as found: looked up again, it could have
+        // been replaced in between.
         let known: Vec<Option<Decision>> = groups
             .unique
             .iter()
-            .map(|group| cache.denial(&group.key, algorithm(group), group.cost, now))
+            .enumerate()
+            .map(|(g, group)| if g == hit { Some(denial) } else { known(group) })
             .collect();
-        let enforced = groups
-            .unique
-            .iter()
-            .zip(&known)
-            .any(|(group, known)| !group.shadow && known.is_some());
-        if !enforced {
-            return None;
-        }
-        metrics::denial_cache_hit();
         Some(
             groups
                 .of_request

@@ -110,11 +110,16 @@ impl RedisStore {
         let Some(first) = urls.first().cloned() else {
             return Err(StoreError::Config("no Redis URL".into()));
         };
+        // The connections' own reply timeout is a backstop, twice the
+        // command timeout: the store's timeout (`bounded`, which covers the
+        // whole call) is the one that answers, with its own message. Equal,
+        // the two would race now that a checkout takes no time.
+        let reply_backstop = settings.command_timeout.saturating_mul(2);
         let pools = match &settings.topology {
             Topology::Standalone => {
                 let connection = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.connect_timeout))
-                    .set_response_timeout(Some(settings.command_timeout));
+                    .set_response_timeout(Some(reply_backstop));
                 let manager = StandaloneManager::new(first, connection).map_err(misconfigured)?;
                 Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
             }
@@ -123,7 +128,7 @@ impl RedisStore {
                     plain_connection_infos(settings).map_err(misconfigured)?,
                     certificates(settings),
                     settings.connect_timeout,
-                    settings.command_timeout,
+                    reply_backstop,
                 )
                 .map_err(misconfigured)?;
                 Pools::Cluster(bounded_pool(Pool::builder(manager), settings)?)
