@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, LimitRequest, SlidingWindow, TokenBucket,
+    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, TokenBucket,
 };
 use ratelimitd::limiter::{Limiter, storage_key};
 use ratelimitd::store::{RedisSettings, RedisStore, Store, Topology};
@@ -45,6 +45,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Algorithm::FixedWindow(FixedWindow::new(limit, hour)?),
             Algorithm::SlidingWindow(SlidingWindow::new(limit, hour)?),
             Algorithm::TokenBucket(TokenBucket::new(limit, 0.1)?),
+            // 1000 an hour, bursts of 1000.
+            Algorithm::Gcra(Gcra::new(limit, hour, limit)?),
         ];
         for algorithm in cases {
             // One request per unit, as callers spend them.

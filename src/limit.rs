@@ -260,12 +260,53 @@ impl TokenBucket {
     }
 }
 
+/// GCRA (the generic cell rate algorithm): `rate` requests per `period`
+/// sustained, one every `interval` microseconds, and up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    pub burst: u64,
+    /// The period divided by the rate, rounded up to a whole microsecond,
+    /// so the sustained rate is never above the one asked for.
+    pub interval: Micros,
+}
+
+impl Gcra {
+    pub fn new(rate: u64, period: Duration, burst: u64) -> Result<Self, InvalidArgument> {
+        let rate = quantity("rate", rate, MAX_QUANTITY)?;
+        let period = Window::new(period).map_err(|err| InvalidArgument::new("period", err.rule))?;
+        let burst = quantity("burst", burst, MAX_QUANTITY)?;
+        let period_us = period.as_micros();
+        if rate > period_us {
+            return Err(InvalidArgument::new(
+                "rate",
+                format!("must be at most one per microsecond of period ({period_us})"),
+            ));
+        }
+        let interval = period_us.div_ceil(rate);
+        // The key lives until a full burst is earned back; bound that like a
+        // window (this also keeps every instant below 2^53, exact in Lua).
+        let tolerance = u128::from(burst) * u128::from(interval);
+        if tolerance > MAX_WINDOW.as_micros() {
+            return Err(InvalidArgument::new(
+                "burst",
+                format!(
+                    "is too large for the rate: earning back {burst} requests would take \
+                     {} s, more than the maximum of 366 days",
+                    tolerance / 1_000_000
+                ),
+            ));
+        }
+        Ok(Self { burst, interval })
+    }
+}
+
 /// The algorithm and its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Algorithm {
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     TokenBucket(TokenBucket),
+    Gcra(Gcra),
 }
 
 impl Algorithm {
@@ -275,6 +316,7 @@ impl Algorithm {
             Self::FixedWindow(p) => p.limit,
             Self::SlidingWindow(p) => p.limit,
             Self::TokenBucket(p) => p.capacity,
+            Self::Gcra(p) => p.burst,
         }
     }
 
@@ -284,6 +326,7 @@ impl Algorithm {
             Self::FixedWindow(_) => "fixed_window",
             Self::SlidingWindow(_) => "sliding_window",
             Self::TokenBucket(_) => "token_bucket",
+            Self::Gcra(_) => "gcra",
         }
     }
 }

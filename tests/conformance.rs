@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::topology::{RedisCluster, RedisSentinel, SecureRedis};
 use common::{
-    RedisServer, TestServer, check, duration, fixed_window, sliding_window, token_bucket,
+    RedisServer, TestServer, check, duration, fixed_window, gcra, sliding_window, token_bucket,
 };
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
@@ -127,6 +127,7 @@ on_every_store!(
     token_bucket_starts_full_then_denies,
     token_bucket_refills_continuously,
     token_bucket_refills_at_fractional_rates,
+    gcra_allows_a_burst_then_one_per_interval,
     costs_above_one_spend_that_many_units,
     cost_zero_looks_without_spending,
     a_cost_above_the_limit_is_never_allowed,
@@ -138,11 +139,12 @@ on_every_store!(
 
 /// Every algorithm with the given limit and a window or refill long enough
 /// that nothing comes back during a test.
-fn every_algorithm(limit: u64) -> [Algorithm; 3] {
+fn every_algorithm(limit: u64) -> [Algorithm; 4] {
     [
         fixed_window(limit, Duration::from_secs(60)),
         sliding_window(limit, Duration::from_secs(60)),
         token_bucket(limit, 0.01),
+        gcra(1, Duration::from_secs(1000), limit),
     ]
 }
 
@@ -289,6 +291,30 @@ async fn token_bucket_refills_at_fractional_rates(client: &mut Client) {
     assert!(check(client, "fast", &two_and_a_half, None).await.allowed);
 }
 
+async fn gcra_allows_a_burst_then_one_per_interval(client: &mut Client) {
+    // 10 a second (one per 100 ms), bursts of 3.
+    let limit = gcra(10, Duration::from_secs(1), 3);
+    for expected_remaining in [2, 1, 0] {
+        let response = check(client, "cells", &limit, None).await;
+        assert!(response.allowed);
+        assert_eq!(response.limit, 3);
+        assert_eq!(response.remaining, expected_remaining);
+    }
+    let denied = check(client, "cells", &limit, None).await;
+    assert!(!denied.allowed);
+    let retry_after = duration(denied.retry_after);
+    assert!(
+        retry_after > Duration::ZERO && retry_after <= Duration::from_millis(100),
+        "{retry_after:?}"
+    );
+    // Empty again 300 ms after the burst began.
+    assert!(duration(denied.reset_after) <= Duration::from_millis(300));
+    // When told, exactly one more passes.
+    tokio::time::sleep(retry_after).await;
+    assert!(check(client, "cells", &limit, None).await.allowed);
+    assert!(!check(client, "cells", &limit, None).await.allowed);
+}
+
 async fn costs_above_one_spend_that_many_units(client: &mut Client) {
     for limit in every_algorithm(10) {
         let spent = check(client, "k", &limit, Some(4)).await;
@@ -336,13 +362,14 @@ async fn a_cost_above_the_limit_is_never_allowed(client: &mut Client) {
 }
 
 async fn algorithms_keep_separate_state_for_one_key(client: &mut Client) {
-    let [fixed, sliding, bucket] = every_algorithm(2);
+    let [fixed, sliding, bucket, cells] = every_algorithm(2);
     check(client, "shared", &fixed, Some(2)).await;
     assert_eq!(
         check(client, "shared", &sliding, Some(0)).await.remaining,
         2
     );
     assert_eq!(check(client, "shared", &bucket, Some(0)).await.remaining, 2);
+    assert_eq!(check(client, "shared", &cells, Some(0)).await.remaining, 2);
     assert_eq!(check(client, "shared", &fixed, Some(0)).await.remaining, 0);
 }
 

@@ -594,7 +594,7 @@ async fn ietf_headers_describe_the_most_restrictive_descriptor() {
 }
 
 #[tokio::test]
-async fn extensions_sliding_window_token_bucket_and_unit_multiplier() {
+async fn extensions_sliding_window_token_bucket_gcra_and_unit_multiplier() {
     let (server, mut client) = start(&[]).await;
     let sliding = one(
         &mut client,
@@ -638,6 +638,18 @@ async fn extensions_sliding_window_token_bucket_and_unit_multiplier() {
         off <= 1.5 || off >= 28.5,
         "reset {reset} s, window end in {expected} s"
     );
+
+    // GCRA: 5 at once, then one every 2 s.
+    let cells = one(
+        &mut client,
+        "extensions",
+        with_hits(descriptor(&[("cells", "a")]), 5),
+    )
+    .await;
+    assert_eq!(limited(&cells), (Code::Ok, 5, Unit::Second, 0));
+    let denied = one(&mut client, "extensions", descriptor(&[("cells", "a")])).await;
+    assert_eq!(denied.code(), Code::OverLimit);
+    assert_eq!(denied.duration_until_reset.map(|d| d.seconds), Some(2));
     server.stop().await;
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::RedisServer;
 use futures::future::join_all;
 use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, LimitRequest, SlidingWindow, TokenBucket,
+    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, TokenBucket,
 };
 use ratelimitd::limiter::Limiter;
 use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, Store, SystemClock, Topology};
@@ -51,12 +51,13 @@ fn fixed(limit: u64) -> Algorithm {
     Algorithm::FixedWindow(FixedWindow::new(limit, Duration::from_secs(60)).expect("fixed"))
 }
 
-fn every_algorithm(limit: u64) -> [Algorithm; 3] {
+fn every_algorithm(limit: u64) -> [Algorithm; 4] {
     let minute = Duration::from_secs(60);
     [
         fixed(limit),
         Algorithm::SlidingWindow(SlidingWindow::new(limit, minute).expect("sliding")),
         Algorithm::TokenBucket(TokenBucket::new(limit, 0.01).expect("bucket")),
+        Algorithm::Gcra(Gcra::new(1, Duration::from_secs(1000), limit).expect("gcra")),
     ]
 }
 
@@ -164,6 +165,7 @@ async fn concurrent_groups_admit_exactly_and_denials_leave_no_trace(limiter: &Li
             Algorithm::FixedWindow(_) => fixed(60),
             Algorithm::SlidingWindow(_) => every_algorithm(60)[1],
             Algorithm::TokenBucket(_) => every_algorithm(60)[2],
+            Algorithm::Gcra(_) => every_algorithm(60)[3],
         };
         let (shared, narrow) = (format!("shared{i}"), format!("narrow{i}"));
         let calls = (0..300).map(|_| {

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisServer, TestServer, fixed_window, request, sliding_window, token_bucket};
+use common::{RedisServer, TestServer, fixed_window, gcra, request, sliding_window, token_bucket};
 use ratelimitd::limit::{MAX_KEY_BYTES, MAX_QUANTITY, MAX_SLIDING_WINDOW_LIMIT, MAX_WINDOW};
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use tonic::Code;
@@ -108,6 +108,31 @@ fn bad_requests() -> Vec<(&'static str, pb::CheckLimitRequest, &'static str)> {
                 None,
             ),
             "sliding_window.window",
+        ),
+        (
+            "gcra rate 0",
+            request("k", gcra(0, Duration::from_secs(1), 5), None),
+            "gcra.rate",
+        ),
+        (
+            "gcra burst 0",
+            request("k", gcra(5, Duration::from_secs(1), 0), None),
+            "gcra.burst",
+        ),
+        (
+            "gcra faster than one per microsecond",
+            request("k", gcra(2_000_000, Duration::from_secs(1), 5), None),
+            "gcra.rate",
+        ),
+        (
+            "gcra burst taking over a year to earn back",
+            request("k", gcra(1, Duration::from_secs(86_400), 400), None),
+            "gcra.burst",
+        ),
+        (
+            "gcra period of 1.5 ms",
+            request("k", gcra(1, Duration::from_micros(1500), 1), None),
+            "gcra.period",
         ),
         (
             "refill zero",

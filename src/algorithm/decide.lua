@@ -8,6 +8,7 @@
 --            'fw': limit, window_ms, aligned (1|0)
 --            'sw': limit, window_us, (unused)
 --            'tb': capacity, refill_per_second, (unused)
+--            'gc': burst, interval_us, (unused)
 --          then, last, the mode: 'decide', or 'dry' (decide every limit as
 --          if spending, and write nothing)
 -- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
@@ -33,6 +34,8 @@ local function decide(i, cost, spend)
     return {sliding_window(KEYS[i], now, p1, p2, cost, spend)}
   elseif algorithm == 'tb' then
     return {token_bucket(KEYS[i], now, p1, p2, cost, spend)}
+  elseif algorithm == 'gc' then
+    return {gcra(KEYS[i], now, p1, p2, cost, spend)}
   end
   error('unknown algorithm ' .. tostring(algorithm))
 end

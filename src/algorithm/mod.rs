@@ -6,6 +6,7 @@
 //! store.
 
 pub mod fixed_window;
+pub mod gcra;
 pub mod sliding_window;
 pub mod token_bucket;
 
@@ -15,7 +16,7 @@ use redis::{Script, ScriptInvocation};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 
-/// The script behind every decision on Redis: the three algorithms'
+/// The script behind every decision on Redis: the algorithms'
 /// functions, then `decide.lua`, which documents `KEYS`, `ARGV` and reply.
 /// Loaded once per Redis and called by SHA.
 pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
@@ -23,6 +24,7 @@ pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         include_str!("fixed_window.lua"),
         include_str!("sliding_window.lua"),
         include_str!("token_bucket.lua"),
+        include_str!("gcra.lua"),
         include_str!("decide.lua"),
     ))
 });
@@ -57,6 +59,7 @@ pub enum State {
     FixedWindow(fixed_window::State),
     SlidingWindow(sliding_window::State),
     TokenBucket(token_bucket::State),
+    Gcra(gcra::State),
 }
 
 /// What an in-memory decision did to the key's state.
@@ -78,6 +81,7 @@ pub fn key_tag(algorithm: &Algorithm) -> &'static str {
         Algorithm::FixedWindow(_) => "fw",
         Algorithm::SlidingWindow(_) => "sw",
         Algorithm::TokenBucket(_) => "tb",
+        Algorithm::Gcra(_) => "gc",
     }
 }
 
@@ -107,6 +111,7 @@ pub fn push_script_args(
             .arg(p.capacity)
             .arg(p.refill_per_second)
             .arg(0),
+        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst).arg(p.interval).arg(0),
     };
     invocation.arg(cost).arg(last);
 }
@@ -167,6 +172,7 @@ pub fn decide_in_memory(
         Algorithm::FixedWindow(p) => with_variant!(FixedWindow, fixed_window, p),
         Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p),
         Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p),
+        Algorithm::Gcra(p) => with_variant!(Gcra, gcra, p),
     }
 }
 

@@ -43,6 +43,13 @@ for i = 1, #KEYS do
       redis.call('HSET', key, 't', math.min(capacity, tokens + cost))
       refunded = refunded + 1
     end
+  elseif algorithm == 'gc' then
+    local tat = tonumber(redis.call('GET', key))
+    if tat then
+      local interval = tonumber(ARGV[at + 3])
+      redis.call('SET', key, tat - cost * interval, 'KEEPTTL')
+      refunded = refunded + 1
+    end
   end
 end
 return refunded

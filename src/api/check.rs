@@ -8,7 +8,7 @@ use tracing::debug;
 
 use crate::error::Error;
 use crate::limit::{
-    self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, InvalidArgument,
+    self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, Gcra, InvalidArgument,
     LimitRequest, Micros, RetryAfter, SlidingWindow, TokenBucket,
 };
 use crate::limiter::Limiter;
@@ -64,7 +64,7 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
         None => {
             return Err(InvalidArgument::new(
                 "algorithm",
-                "is required: set one of fixed_window, sliding_window, token_bucket",
+                "is required: set one of fixed_window, sliding_window, token_bucket, gcra",
             ));
         }
         Some(PbAlgorithm::FixedWindow(p)) => {
@@ -84,6 +84,13 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
         Some(PbAlgorithm::TokenBucket(p)) => TokenBucket::new(p.capacity, p.refill_per_second)
             .map(Algorithm::TokenBucket)
             .map_err(|err| err.within("token_bucket"))?,
+        Some(PbAlgorithm::Gcra(p)) => {
+            let period = duration("period", p.period);
+            period
+                .and_then(|period| Gcra::new(p.rate, period, p.burst))
+                .map(Algorithm::Gcra)
+                .map_err(|err| err.within("gcra"))?
+        }
     };
     let cost = limit::cost(request.cost)?;
     Ok(LimitRequest {

@@ -401,6 +401,17 @@ pub fn token_bucket(capacity: u64, refill_per_second: f64) -> pb::check_limit_re
     })
 }
 
+pub fn gcra(rate: u64, period: Duration, burst: u64) -> pb::check_limit_request::Algorithm {
+    pb::check_limit_request::Algorithm::Gcra(pb::Gcra {
+        rate,
+        period: Some(prost_types::Duration {
+            seconds: period.as_secs() as i64,
+            nanos: period.subsec_nanos() as i32,
+        }),
+        burst,
+    })
+}
+
 pub fn request(
     key: &str,
     algorithm: pb::check_limit_request::Algorithm,
@@ -429,12 +440,14 @@ pub async fn check(
 }
 
 /// Every algorithm with limit `limit` and nothing coming back during a test
-/// (windows of a minute; the bucket refills one token in 1000 s).
-pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 3] {
+/// (windows of a minute; the bucket refills one token in 1000 s, GCRA one
+/// request in 1000 s).
+pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 4] {
     [
         fixed_window(limit, Duration::from_secs(60)),
         sliding_window(limit, Duration::from_secs(60)),
         token_bucket(limit, 0.001),
+        gcra(1, Duration::from_secs(1000), limit),
     ]
 }
 

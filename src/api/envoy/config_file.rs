@@ -8,7 +8,7 @@
 //! `detailed_metric`, `value_to_metric`, `share_threshold` on descriptors.
 //! Two extensions on `rate_limit`: `algorithm` (`fixed_window`, the default,
 //! with windows aligned to the unit as upstream; `sliding_window`;
-//! `token_bucket`) and `unit_multiplier` (the window is `unit` × this).
+//! `token_bucket`; `gcra`) and `unit_multiplier` (the window is `unit` × this).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit};
-use crate::limit::{Algorithm, FixedWindow, SlidingWindow, TokenBucket};
+use crate::limit::{Algorithm, FixedWindow, Gcra, SlidingWindow, TokenBucket};
 
 /// A configuration that cannot be used, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +180,8 @@ struct RateLimitSpec {
     name: Option<Text>,
     #[serde(default)]
     replaces: Vec<ReplacesSpec>,
-    /// Extension: `fixed_window` (default), `sliding_window`, `token_bucket`.
+    /// Extension: `fixed_window` (default), `sliding_window`, `token_bucket`,
+    /// `gcra`.
     algorithm: Option<Text>,
     /// Extension: the window is `unit` × this.
     unit_multiplier: Option<u32>,
@@ -413,12 +414,14 @@ impl Context<'_> {
                 let rate = limit as f64 / window.as_secs_f64();
                 TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
             }
+            // The window's worth at once, then one every window / limit.
+            "gcra" => Gcra::new(limit, window, limit).map(Algorithm::Gcra),
             other => {
                 return Err(self.error(
                     line,
                     format!(
-                        "unknown algorithm '{other}': use fixed_window, sliding_window or \
-                         token_bucket"
+                        "unknown algorithm '{other}': use fixed_window, sliding_window, \
+                         token_bucket or gcra"
                     ),
                 ));
             }
@@ -426,8 +429,8 @@ impl Context<'_> {
         if requests_per_unit > 0 {
             let algorithm = counted.map_err(|err| {
                 let field = match err.field.as_str() {
-                    "window" => "unit × unit_multiplier",
-                    "limit" | "capacity" => "requests_per_unit",
+                    "window" | "period" => "unit × unit_multiplier",
+                    "limit" | "capacity" | "rate" | "burst" => "requests_per_unit",
                     other => other,
                 };
                 self.error(line, format!("{field}: {}", err.rule))

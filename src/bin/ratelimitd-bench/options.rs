@@ -59,7 +59,7 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = AlgorithmKind::FixedWindow)]
     pub algorithm: AlgorithmKind,
 
-    /// Requests per window; a token bucket's capacity.
+    /// Requests per window; a token bucket's capacity; GCRA's burst.
     #[arg(long, default_value_t = 1000)]
     pub limit: u64,
 
@@ -128,6 +128,8 @@ pub enum AlgorithmKind {
     FixedWindow,
     SlidingWindow,
     TokenBucket,
+    /// `--limit` per `--window` sustained, bursts of `--limit`.
+    Gcra,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

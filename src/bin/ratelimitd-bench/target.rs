@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ratelimitd::algorithm::{self, SCRIPT, ScriptMode};
-use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, SlidingWindow, TokenBucket};
+use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, TokenBucket};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
@@ -63,7 +63,7 @@ impl Target {
                 let channels = channels(options, connections).await?;
                 Ok(Self::CheckLimit {
                     clients: channels.into_iter().map(RateLimiterClient::new).collect(),
-                    algorithm: pb_algorithm(&algorithm),
+                    algorithm: pb_algorithm(options, &algorithm),
                     cost: options.cost,
                 })
             }
@@ -209,11 +209,14 @@ pub fn algorithm(options: &Options) -> Result<Algorithm, String> {
                 .map(Algorithm::TokenBucket)
                 .map_err(invalid)
         }
+        AlgorithmKind::Gcra => Gcra::new(options.limit, options.window, options.limit)
+            .map(Algorithm::Gcra)
+            .map_err(invalid),
     }
 }
 
 /// The same limit as `CheckLimit` states it.
-fn pb_algorithm(algorithm: &Algorithm) -> check_limit_request::Algorithm {
+fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request::Algorithm {
     let window = |window: Duration| {
         Some(prost_types::Duration {
             seconds: i64::try_from(window.as_secs()).unwrap_or(i64::MAX),
@@ -234,6 +237,12 @@ fn pb_algorithm(algorithm: &Algorithm) -> check_limit_request::Algorithm {
         Algorithm::TokenBucket(p) => check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
             capacity: p.capacity,
             refill_per_second: p.refill_per_second,
+        }),
+        // GCRA keeps only its interval; the request states rate and period.
+        Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
+            rate: options.limit,
+            period: window(options.window),
+            burst: p.burst,
         }),
     }
 }
@@ -271,6 +280,7 @@ pub fn envoy_config(options: &Options) -> Result<String, String> {
         AlgorithmKind::FixedWindow => "fixed_window",
         AlgorithmKind::SlidingWindow => "sliding_window",
         AlgorithmKind::TokenBucket => "token_bucket",
+        AlgorithmKind::Gcra => "gcra",
     };
     Ok(format!(
         "# ratelimitd-bench rules: {limit} per {seconds}s ({algorithm}) for every key.\n\
