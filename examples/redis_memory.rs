@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, TokenBucket,
+    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter,
+    TokenBucket,
 };
 use ratelimitd::limiter::{Limiter, storage_key};
 use ratelimitd::store::{RedisSettings, RedisStore, Store, Topology};
@@ -47,6 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Algorithm::TokenBucket(TokenBucket::new(limit, 0.1)?),
             // 1000 an hour, bursts of 1000.
             Algorithm::Gcra(Gcra::new(limit, hour, limit)?),
+            Algorithm::SlidingWindowCounter(SlidingWindowCounter::new(limit, hour)?),
         ];
         for algorithm in cases {
             // One request per unit, as callers spend them.

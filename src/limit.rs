@@ -260,6 +260,23 @@ impl TokenBucket {
     }
 }
 
+/// At most about `limit` units per `window`, estimated from two aligned
+/// fixed-window counts (the sliding window counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindowCounter {
+    pub limit: u64,
+    pub window: Window,
+}
+
+impl SlidingWindowCounter {
+    pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            limit: quantity("limit", limit, MAX_QUANTITY)?,
+            window: Window::new(window)?,
+        })
+    }
+}
+
 /// GCRA (the generic cell rate algorithm): `rate` requests per `period`
 /// sustained, one every `interval` microseconds, and up to `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,6 +324,7 @@ pub enum Algorithm {
     SlidingWindow(SlidingWindow),
     TokenBucket(TokenBucket),
     Gcra(Gcra),
+    SlidingWindowCounter(SlidingWindowCounter),
 }
 
 impl Algorithm {
@@ -317,6 +335,7 @@ impl Algorithm {
             Self::SlidingWindow(p) => p.limit,
             Self::TokenBucket(p) => p.capacity,
             Self::Gcra(p) => p.burst,
+            Self::SlidingWindowCounter(p) => p.limit,
         }
     }
 
@@ -327,6 +346,7 @@ impl Algorithm {
             Self::SlidingWindow(_) => "sliding_window",
             Self::TokenBucket(_) => "token_bucket",
             Self::Gcra(_) => "gcra",
+            Self::SlidingWindowCounter(_) => "sliding_window_counter",
         }
     }
 }

@@ -5,7 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RedisServer, TestServer, fixed_window, gcra, request, sliding_window, token_bucket};
+use common::{
+    RedisServer, TestServer, fixed_window, gcra, request, sliding_window, sliding_window_counter,
+    token_bucket,
+};
 use ratelimitd::limit::{MAX_KEY_BYTES, MAX_QUANTITY, MAX_SLIDING_WINDOW_LIMIT, MAX_WINDOW};
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use tonic::Code;
@@ -108,6 +111,11 @@ fn bad_requests() -> Vec<(&'static str, pb::CheckLimitRequest, &'static str)> {
                 None,
             ),
             "sliding_window.window",
+        ),
+        (
+            "sliding window counter limit 0",
+            request("k", sliding_window_counter(0, Duration::from_secs(1)), None),
+            "sliding_window_counter.limit",
         ),
         (
             "gcra rate 0",

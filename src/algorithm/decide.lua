@@ -9,6 +9,7 @@
 --            'sw': limit, window_us, (unused)
 --            'tb': capacity, refill_per_second, (unused)
 --            'gc': burst, interval_us, (unused)
+--            'sc': limit, window_us, (unused)
 --          then, last, the mode: 'decide', or 'dry' (decide every limit as
 --          if spending, and write nothing)
 -- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
@@ -36,6 +37,8 @@ local function decide(i, cost, spend)
     return {token_bucket(KEYS[i], now, p1, p2, cost, spend)}
   elseif algorithm == 'gc' then
     return {gcra(KEYS[i], now, p1, p2, cost, spend)}
+  elseif algorithm == 'sc' then
+    return {sliding_window_counter(KEYS[i], now, p1, p2, cost, spend)}
   end
   error('unknown algorithm ' .. tostring(algorithm))
 end

@@ -8,6 +8,7 @@
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_window;
+pub mod sliding_window_counter;
 pub mod token_bucket;
 
 use std::sync::LazyLock;
@@ -25,6 +26,7 @@ pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
         include_str!("sliding_window.lua"),
         include_str!("token_bucket.lua"),
         include_str!("gcra.lua"),
+        include_str!("sliding_window_counter.lua"),
         include_str!("decide.lua"),
     ))
 });
@@ -60,6 +62,7 @@ pub enum State {
     SlidingWindow(sliding_window::State),
     TokenBucket(token_bucket::State),
     Gcra(gcra::State),
+    SlidingWindowCounter(sliding_window_counter::State),
 }
 
 /// What an in-memory decision did to the key's state.
@@ -82,6 +85,7 @@ pub fn key_tag(algorithm: &Algorithm) -> &'static str {
         Algorithm::SlidingWindow(_) => "sw",
         Algorithm::TokenBucket(_) => "tb",
         Algorithm::Gcra(_) => "gc",
+        Algorithm::SlidingWindowCounter(_) => "sc",
     }
 }
 
@@ -112,6 +116,11 @@ pub fn push_script_args(
             .arg(p.refill_per_second)
             .arg(0),
         Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst).arg(p.interval).arg(0),
+        Algorithm::SlidingWindowCounter(p) => invocation
+            .arg("sc")
+            .arg(p.limit)
+            .arg(p.window.as_micros())
+            .arg(0),
     };
     invocation.arg(cost).arg(last);
 }
@@ -173,6 +182,9 @@ pub fn decide_in_memory(
         Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p),
         Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p),
         Algorithm::Gcra(p) => with_variant!(Gcra, gcra, p),
+        Algorithm::SlidingWindowCounter(p) => {
+            with_variant!(SlidingWindowCounter, sliding_window_counter, p)
+        }
     }
 }
 

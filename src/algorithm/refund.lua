@@ -43,6 +43,12 @@ for i = 1, #KEYS do
       redis.call('HSET', key, 't', math.min(capacity, tokens + cost))
       refunded = refunded + 1
     end
+  elseif algorithm == 'sc' then
+    -- Only if the key still counts the window that was spent.
+    if redis.call('HGET', key, 'w') == mark then
+      redis.call('HINCRBY', key, 'c', -cost)
+      refunded = refunded + 1
+    end
   elseif algorithm == 'gc' then
     local tat = tonumber(redis.call('GET', key))
     if tat then

@@ -9,7 +9,7 @@ use tracing::debug;
 use crate::error::Error;
 use crate::limit::{
     self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, Gcra, InvalidArgument,
-    LimitRequest, Micros, RetryAfter, SlidingWindow, TokenBucket,
+    LimitRequest, Micros, RetryAfter, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
 use crate::limiter::Limiter;
 use crate::metrics::{self, Api};
@@ -64,7 +64,8 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
         None => {
             return Err(InvalidArgument::new(
                 "algorithm",
-                "is required: set one of fixed_window, sliding_window, token_bucket, gcra",
+                "is required: set one of fixed_window, sliding_window, token_bucket, gcra, \
+                 sliding_window_counter",
             ));
         }
         Some(PbAlgorithm::FixedWindow(p)) => {
@@ -84,6 +85,13 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
         Some(PbAlgorithm::TokenBucket(p)) => TokenBucket::new(p.capacity, p.refill_per_second)
             .map(Algorithm::TokenBucket)
             .map_err(|err| err.within("token_bucket"))?,
+        Some(PbAlgorithm::SlidingWindowCounter(p)) => {
+            let window = duration("window", p.window);
+            window
+                .and_then(|window| SlidingWindowCounter::new(p.limit, window))
+                .map(Algorithm::SlidingWindowCounter)
+                .map_err(|err| err.within("sliding_window_counter"))?
+        }
         Some(PbAlgorithm::Gcra(p)) => {
             let period = duration("period", p.period);
             period

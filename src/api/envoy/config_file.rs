@@ -8,7 +8,7 @@
 //! `detailed_metric`, `value_to_metric`, `share_threshold` on descriptors.
 //! Two extensions on `rate_limit`: `algorithm` (`fixed_window`, the default,
 //! with windows aligned to the unit as upstream; `sliding_window`;
-//! `token_bucket`; `gcra`) and `unit_multiplier` (the window is `unit` × this).
+//! `token_bucket`; `gcra`; `sliding_window_counter`) and `unit_multiplier` (the window is `unit` × this).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,7 +19,9 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit};
-use crate::limit::{Algorithm, FixedWindow, Gcra, SlidingWindow, TokenBucket};
+use crate::limit::{
+    Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
+};
 
 /// A configuration that cannot be used, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +183,7 @@ struct RateLimitSpec {
     #[serde(default)]
     replaces: Vec<ReplacesSpec>,
     /// Extension: `fixed_window` (default), `sliding_window`, `token_bucket`,
-    /// `gcra`.
+    /// `gcra`, `sliding_window_counter`.
     algorithm: Option<Text>,
     /// Extension: the window is `unit` × this.
     unit_multiplier: Option<u32>,
@@ -416,12 +418,15 @@ impl Context<'_> {
             }
             // The window's worth at once, then one every window / limit.
             "gcra" => Gcra::new(limit, window, limit).map(Algorithm::Gcra),
+            "sliding_window_counter" => {
+                SlidingWindowCounter::new(limit, window).map(Algorithm::SlidingWindowCounter)
+            }
             other => {
                 return Err(self.error(
                     line,
                     format!(
                         "unknown algorithm '{other}': use fixed_window, sliding_window, \
-                         token_bucket or gcra"
+                         token_bucket, gcra or sliding_window_counter"
                     ),
                 ));
             }

@@ -130,6 +130,7 @@ pub enum AlgorithmKind {
     TokenBucket,
     /// `--limit` per `--window` sustained, bursts of `--limit`.
     Gcra,
+    SlidingWindowCounter,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

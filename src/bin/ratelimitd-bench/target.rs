@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use ratelimitd::algorithm::{self, SCRIPT, ScriptMode};
-use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, TokenBucket};
+use ratelimitd::limit::{
+    Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
+};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
@@ -209,6 +211,11 @@ pub fn algorithm(options: &Options) -> Result<Algorithm, String> {
                 .map(Algorithm::TokenBucket)
                 .map_err(invalid)
         }
+        AlgorithmKind::SlidingWindowCounter => {
+            SlidingWindowCounter::new(options.limit, options.window)
+                .map(Algorithm::SlidingWindowCounter)
+                .map_err(invalid)
+        }
         AlgorithmKind::Gcra => Gcra::new(options.limit, options.window, options.limit)
             .map(Algorithm::Gcra)
             .map_err(invalid),
@@ -238,6 +245,12 @@ fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request
             capacity: p.capacity,
             refill_per_second: p.refill_per_second,
         }),
+        Algorithm::SlidingWindowCounter(p) => {
+            check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
+                limit: p.limit,
+                window: window(Duration::from_millis(p.window.as_millis())),
+            })
+        }
         // GCRA keeps only its interval; the request states rate and period.
         Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
             rate: options.limit,
@@ -281,6 +294,7 @@ pub fn envoy_config(options: &Options) -> Result<String, String> {
         AlgorithmKind::SlidingWindow => "sliding_window",
         AlgorithmKind::TokenBucket => "token_bucket",
         AlgorithmKind::Gcra => "gcra",
+        AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
     };
     Ok(format!(
         "# ratelimitd-bench rules: {limit} per {seconds}s ({algorithm}) for every key.\n\

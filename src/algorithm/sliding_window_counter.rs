@@ -1,0 +1,250 @@
+//! Sliding window counter: a sliding window estimated from two aligned
+//! fixed-window counts (this window's, and the previous one's weighted by
+//! how much of it the last window still covers), in O(1) memory. An
+//! approximation: it can admit more than the limit in some span of one
+//! window when the previous window's traffic was uneven. The Lua side is
+//! `sliding_window_counter.lua`; this file holds its in-memory twin, which
+//! does the same floating-point steps in the same order.
+
+use super::MemoryChange;
+use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
+
+/// The in-memory state of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    /// The index of the window `current` counts (now / window).
+    index: u64,
+    current: u64,
+    previous: u64,
+}
+
+/// The previous window's share of `count` at `into` microseconds into the
+/// current window, rounded down.
+fn share(count: u64, into: Micros, window: Micros) -> u64 {
+    (count as f64 * ((window - into) as f64 / window as f64)).floor() as u64
+}
+
+/// The first instant (microseconds into a window) at which `count`'s share
+/// is at most `allowed`.
+fn first_fit(count: u64, allowed: u64, window: Micros) -> Micros {
+    if share(count, 0, window) <= allowed {
+        return 0;
+    }
+    let guess = (window as f64 - (allowed + 1) as f64 * window as f64 / count as f64).floor();
+    let mut into = if guess < 0.0 { 0 } else { guess as Micros };
+    let mut steps = 0;
+    while into < window && steps < 16 && share(count, into, window) > allowed {
+        into += 1;
+        steps += 1;
+    }
+    into
+}
+
+/// The in-memory twin of `sliding_window_counter.lua`. With `spend` false
+/// it decides the same and changes nothing.
+pub fn decide(
+    params: &SlidingWindowCounter,
+    state: &mut Option<State>,
+    now: Micros,
+    cost: u64,
+    spend: bool,
+) -> (Decision, MemoryChange) {
+    let window = params.window.as_micros();
+    let limit = params.limit;
+    let mut index = now / window;
+    let (mut current, mut previous) = (0, 0);
+    if let Some(stored) = state.as_ref() {
+        // Redis's clock stepped back: keep counting in the stored window.
+        index = index.max(stored.index);
+        if stored.index == index {
+            (current, previous) = (stored.current, stored.previous);
+        } else if stored.index + 1 == index {
+            previous = stored.current;
+        }
+    }
+    let elapsed = now.saturating_sub(index * window);
+    let estimate = share(previous, elapsed, window) + current;
+    let remaining = limit.saturating_sub(estimate);
+    let next_start = window - elapsed;
+    let reset_after = if current > 0 {
+        next_start + window
+    } else if previous > 0 {
+        next_start
+    } else {
+        0
+    };
+    let mut decision = Decision {
+        allowed: false,
+        limit,
+        remaining,
+        reset_after,
+        retry_after: RetryAfter::Never,
+        degraded: false,
+    };
+    if cost > limit {
+        return (decision, MemoryChange::None);
+    }
+    if estimate + cost > limit {
+        let retry_after = if current + cost <= limit {
+            first_fit(previous, limit - cost - current, window) - elapsed
+        } else {
+            next_start + first_fit(current, limit - cost, window)
+        };
+        decision.retry_after = RetryAfter::After(retry_after);
+        return (decision, MemoryChange::None);
+    }
+    decision.allowed = true;
+    decision.retry_after = RetryAfter::After(0);
+    decision.remaining = remaining - cost;
+    if cost == 0 || !spend {
+        return (decision, MemoryChange::None);
+    }
+    *state = Some(State {
+        index,
+        current: current + cost,
+        previous,
+    });
+    decision.reset_after = next_start + window;
+    // Redis expires the key on a whole millisecond; so does the twin.
+    let expires_in = (next_start + window).div_ceil(1000) * 1000;
+    (
+        decision,
+        MemoryChange::Written {
+            expires_at: now + expires_in,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const SECOND: Micros = 1_000_000;
+
+    fn params(limit: u64) -> SlidingWindowCounter {
+        SlidingWindowCounter::new(limit, Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn the_previous_window_counts_by_how_much_of_it_is_still_covered() {
+        let p = params(10);
+        let mut state = None;
+        // 10 in window 5, all at its start.
+        for _ in 0..10 {
+            assert!(decide(&p, &mut state, 5 * SECOND, 1, true).0.allowed);
+        }
+        let (d, _) = decide(&p, &mut state, 5 * SECOND, 1, true);
+        assert!(!d.allowed);
+        // Nothing fits until window 6, where the share of window 5 falls
+        // below 10 (to 9, rounded down) a microsecond in.
+        assert_eq!(d.retry_after, RetryAfter::After(SECOND + 1));
+        // A quarter into window 6, the estimate is 10 * 0.75 = 7.5 -> 7.
+        let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 0, true);
+        assert_eq!(d.remaining, 3);
+        for _ in 0..3 {
+            assert!(
+                decide(&p, &mut state, 6 * SECOND + 250_000, 1, true)
+                    .0
+                    .allowed
+            );
+        }
+        let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 1, true);
+        assert!(!d.allowed);
+        // One more fits once the share falls to 6: 30 % into window 6.
+        assert_eq!(d.retry_after, RetryAfter::After(50_001));
+        let RetryAfter::After(retry) = d.retry_after else {
+            panic!("never")
+        };
+        assert!(
+            decide(&p, &mut state, 6 * SECOND + 250_000 + retry, 1, false)
+                .0
+                .allowed
+        );
+        assert!(
+            !decide(&p, &mut state, 6 * SECOND + 250_000 + retry - 1, 1, false)
+                .0
+                .allowed
+        );
+        // Two windows on, nothing of window 5 counts.
+        let (d, _) = decide(&p, &mut state, 8 * SECOND, 0, true);
+        assert_eq!(d.remaining, 10);
+    }
+
+    #[test]
+    fn retry_after_is_the_first_microsecond_that_fits() {
+        for limit in [1, 3, 7, 10, 1000] {
+            let p = params(limit);
+            for spent in 1..=limit.min(20) {
+                let mut state = None;
+                assert!(
+                    decide(&p, &mut state, 3 * SECOND + 17, spent, true)
+                        .0
+                        .allowed
+                );
+                let asked_at = 3 * SECOND + 400_000;
+                let (d, _) = decide(&p, &mut state, asked_at, limit, false);
+                if d.allowed {
+                    continue;
+                }
+                let RetryAfter::After(retry) = d.retry_after else {
+                    panic!("never")
+                };
+                let at = asked_at + retry;
+                assert!(
+                    decide(&p, &mut state, at, limit, false).0.allowed,
+                    "{limit} {spent}"
+                );
+                assert!(
+                    !decide(&p, &mut state, at - 1, limit, false).0.allowed,
+                    "{limit} {spent}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn in_any_span_of_one_window_it_admits_at_most_twice_the_limit() {
+        // The worst case: each window's traffic at its very end, weighed by
+        // the next window as if it had been spread evenly.
+        let p = params(10);
+        let mut state = None;
+        let mut admitted = Vec::new();
+        for window in 1..20 {
+            let end = (window + 1) * SECOND;
+            for at in (0..50)
+                .map(|i| end - 1000 + i * 20)
+                .chain((1..50).map(|i| end + i * 19_000))
+            {
+                if decide(&p, &mut state, at, 1, true).0.allowed {
+                    admitted.push(at);
+                }
+            }
+        }
+        admitted.sort_unstable();
+        let most = (0..admitted.len())
+            .map(|i| {
+                admitted[i..]
+                    .iter()
+                    .take_while(|&&at| at < admitted[i] + SECOND)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(most > 10, "the estimate is not exact: {most}");
+        assert!(most <= 20, "{most} in one window");
+    }
+
+    #[test]
+    fn a_cost_above_the_limit_never_passes_and_a_look_spends_nothing() {
+        let p = params(5);
+        let mut state = None;
+        let (d, _) = decide(&p, &mut state, SECOND, 6, true);
+        assert_eq!(d.retry_after, RetryAfter::Never);
+        let (d, change) = decide(&p, &mut state, SECOND, 1, false);
+        assert!(d.allowed);
+        assert_eq!(change, MemoryChange::None);
+        assert!(state.is_none());
+    }
+}
