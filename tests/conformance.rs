@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::topology::{RedisCluster, RedisSentinel, SecureRedis};
 use common::{
-    RedisServer, TestServer, check, duration, fixed_window, gcra, sliding_window, token_bucket,
+    RedisServer, TestServer, check, duration, eventually, fixed_window, gcra, sliding_window,
+    sliding_window_counter, token_bucket,
 };
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
@@ -89,9 +90,13 @@ macro_rules! on_every_store {
                 );
                 $(
                     let prefix = concat!(stringify!($case), ":");
+                    // A new server per case opens its first connection, TLS
+                    // handshake included, inside its first call: a debug build
+                    // on a loaded machine may need more than the default 100 ms.
                     let flags = [
                         "--redis-url", &url, "--redis-tls-ca", &ca, "--redis-tls-cert", &cert,
                         "--redis-tls-key", &key, "--key-prefix", prefix,
+                        "--redis-command-timeout", "2s",
                     ];
                     let server = super::TestServer::start(&flags).await;
                     super::$case(&mut server.client().await).await;
@@ -128,6 +133,8 @@ on_every_store!(
     token_bucket_refills_continuously,
     token_bucket_refills_at_fractional_rates,
     gcra_allows_a_burst_then_one_per_interval,
+    sliding_window_counter_allows_the_limit_then_denies,
+    sliding_window_counter_rolls_over_to_the_next_window,
     costs_above_one_spend_that_many_units,
     cost_zero_looks_without_spending,
     a_cost_above_the_limit_is_never_allowed,
@@ -313,6 +320,45 @@ async fn gcra_allows_a_burst_then_one_per_interval(client: &mut Client) {
     tokio::time::sleep(retry_after).await;
     assert!(check(client, "cells", &limit, None).await.allowed);
     assert!(!check(client, "cells", &limit, None).await.allowed);
+}
+
+async fn sliding_window_counter_allows_the_limit_then_denies(client: &mut Client) {
+    // An hour-long window: the test never straddles two, so the estimate is
+    // this window's count alone and exact.
+    let hour = Duration::from_secs(3600);
+    let limit = sliding_window_counter(5, hour);
+    for expected_remaining in (0..5).rev() {
+        let response = check(client, "counted", &limit, None).await;
+        assert!(response.allowed);
+        assert_eq!(response.limit, 5);
+        assert_eq!(response.remaining, expected_remaining);
+    }
+    let denied = check(client, "counted", &limit, Some(2)).await;
+    assert!(!denied.allowed);
+    assert_eq!(denied.remaining, 0);
+    // Not before the next window starts, and within the one after.
+    let retry_after = duration(denied.retry_after);
+    assert!(
+        retry_after > Duration::ZERO && retry_after <= 2 * hour,
+        "{retry_after:?}"
+    );
+    assert!(
+        check(client, "counted", &limit, Some(6))
+            .await
+            .cost_exceeds_limit
+    );
+}
+
+async fn sliding_window_counter_rolls_over_to_the_next_window(client: &mut Client) {
+    let limit = sliding_window_counter(5, Duration::from_millis(100));
+    assert!(check(client, "rolling", &limit, Some(5)).await.allowed);
+    // The estimate decays as the window slides: the whole limit passes
+    // again once the spent window has left it (two windows at most).
+    eventually("the whole limit passes again", || {
+        let mut client = client.clone();
+        async move { check(&mut client, "rolling", &limit, Some(5)).await.allowed }
+    })
+    .await;
 }
 
 async fn costs_above_one_spend_that_many_units(client: &mut Client) {

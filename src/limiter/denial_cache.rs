@@ -64,7 +64,9 @@ impl DenialCache {
             // Stale; a later denial replaces it, or eviction takes it.
             return None;
         }
-        if cost < denial.cost || denial.algorithm != *algorithm {
+        // A cost above the limit gets its own answer (never, not "later"),
+        // which Redis gives.
+        if cost < denial.cost || cost > algorithm.limit() || denial.algorithm != *algorithm {
             return None;
         }
         Some(Decision {
@@ -152,6 +154,8 @@ mod tests {
         assert_eq!(decision.remaining, 3);
         assert_eq!(decision.retry_after, RetryAfter::After(600_000));
         assert!(cache.denial("k", &fixed(10), 7, soon).is_some());
+        // Above the limit the answer is "never", not "later": Redis's.
+        assert!(cache.denial("k", &fixed(10), 11, soon).is_none());
         // Cost 4 might fit in what is left: only Redis can say.
         assert!(cache.denial("k", &fixed(10), 4, soon).is_none());
         assert!(
