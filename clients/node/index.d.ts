@@ -1,0 +1,205 @@
+// Types of the public API of ratelimitd-client (hand-written; the code is
+// plain CommonJS in index.js and lib/).
+
+import type { ChannelCredentials, ChannelOptions } from '@grpc/grpc-js';
+
+/** The algorithms, as the `type` option names them. */
+export type RateLimitType = 'fixed' | 'sliding' | 'token' | 'gcra' | 'slidingCounter';
+
+/** Every `type`, in the order the package knows them. */
+export declare const TYPES: readonly RateLimitType[];
+
+/** At most `limit` units per window; the window starts with the key's first spending request. */
+export interface FixedWindowLimit {
+  type: 'fixed';
+  /** Units per window, 1 to 1e15. */
+  limit: number;
+  /** The window in whole milliseconds, 1 ms to 366 days. */
+  windowSize: number;
+}
+
+/** At most `limit` units in any span of `windowSize` milliseconds. */
+export interface SlidingWindowLimit {
+  type: 'sliding';
+  /** Units per window, 1 to 100000 (the log holds one entry per unit). */
+  limit: number;
+  /** The window in whole milliseconds, 1 ms to 366 days. */
+  windowSize: number;
+}
+
+/** A bucket of `capacity` tokens, starting full, refilled at `refillRate` tokens per second. */
+export interface TokenBucketLimit {
+  type: 'token';
+  /** 1 to 1e15. */
+  capacity: number;
+  /** Tokens per second, finite and above 0 (fractions such as 0.5 work). */
+  refillRate: number;
+}
+
+/** GCRA: `limit` per `windowSize` sustained (evenly spaced), up to `burst` at once. */
+export interface GcraLimit {
+  type: 'gcra';
+  /** Requests per window, 1 to 1e15. */
+  limit: number;
+  /** The window in whole milliseconds, 1 ms to 366 days. */
+  windowSize: number;
+  /** Requests allowed at once, 1 to 1e15; default `limit`. */
+  burst?: number;
+}
+
+/** About `limit` units in any span of `windowSize` ms, estimated from two counts (O(1) memory). */
+export interface SlidingCounterLimit {
+  type: 'slidingCounter';
+  /** Units per window, 1 to 1e15. */
+  limit: number;
+  /** The window in whole milliseconds, 1 ms to 366 days. */
+  windowSize: number;
+}
+
+export type Limit =
+  | FixedWindowLimit
+  | SlidingWindowLimit
+  | TokenBucketLimit
+  | GcraLimit
+  | SlidingCounterLimit;
+
+/**
+ * What ratelimitd answers when Redis cannot decide: `fail-closed` (an
+ * UNAVAILABLE error), `fail-open` (allowed, degraded) or `local` (decided on
+ * the instance's own store, degraded). Unset: the server's `--failure-policy`.
+ */
+export type FailurePolicy = 'fail-closed' | 'fail-open' | 'local';
+
+export interface CallOptions {
+  /** Units this request spends, 0 to 1e15; default 1; 0 looks without spending. */
+  cost?: number;
+  failurePolicy?: FailurePolicy;
+  /** This call's deadline in milliseconds; default the client's `deadlineMs`. */
+  deadlineMs?: number;
+}
+
+export type CheckOptions = Limit & CallOptions;
+
+/** A decision: a denial is an answer, not an error. */
+export interface Decision {
+  allowed: boolean;
+  /** The limit or capacity in force. */
+  limit: number;
+  /** Units left after this decision. */
+  remaining: number;
+  /** Milliseconds until the key is back to its full quota (0 when it is full). */
+  resetAfterMs: number;
+  /**
+   * 0 when allowed; else milliseconds until this cost would be allowed.
+   * null when it never will be (`costExceedsLimit`).
+   */
+  retryAfterMs: number | null;
+  /** The cost is above the limit or capacity: denied, however long the caller waits. */
+  costExceedsLimit: boolean;
+  /** Redis could not decide and the failure policy answered: the shared limit was not consulted. */
+  degraded: boolean;
+}
+
+/** gRPC status names, as `RateLimitError.code`. */
+export type GrpcStatusName =
+  | 'OK'
+  | 'CANCELLED'
+  | 'UNKNOWN'
+  | 'INVALID_ARGUMENT'
+  | 'DEADLINE_EXCEEDED'
+  | 'NOT_FOUND'
+  | 'ALREADY_EXISTS'
+  | 'PERMISSION_DENIED'
+  | 'RESOURCE_EXHAUSTED'
+  | 'FAILED_PRECONDITION'
+  | 'ABORTED'
+  | 'OUT_OF_RANGE'
+  | 'UNIMPLEMENTED'
+  | 'INTERNAL'
+  | 'UNAVAILABLE'
+  | 'DATA_LOSS'
+  | 'UNAUTHENTICATED';
+
+/** A failed call to ratelimitd (unreachable, too slow, or a refused request). */
+export declare class RateLimitError extends Error {
+  name: 'RateLimitError';
+  /** The gRPC status name, e.g. 'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'INVALID_ARGUMENT'. */
+  code: GrpcStatusName;
+  /** The numeric gRPC status code. */
+  grpcCode: number;
+  /** The status message, e.g. `key: must be at most 1024 bytes (got 2000)`. */
+  details: string;
+  /** The grpc-js error. */
+  cause: unknown;
+}
+
+export interface RateLimitClientOptions {
+  /** host:port of ratelimitd; default '127.0.0.1:50051'. */
+  address?: string;
+  /** Deadline of each call in milliseconds; default 150. */
+  deadlineMs?: number;
+  /** Default plaintext (`grpc.credentials.createInsecure()`); `grpc.credentials.createSsl(...)` for TLS. */
+  credentials?: ChannelCredentials;
+  /** grpc-js channel options, over this package's reconnect backoff (100 ms to 2 s). */
+  channelOptions?: ChannelOptions;
+}
+
+export declare class RateLimitClient {
+  constructor(options?: RateLimitClientOptions);
+  readonly address: string;
+  readonly deadlineMs: number;
+  /**
+   * Asks whether `key` (1 to 1024 bytes) may spend `cost` units now.
+   * Rejects with a RateLimitError when ratelimitd fails or misses the
+   * deadline, and with a TypeError or RangeError for invalid options.
+   */
+  check(key: string, options: CheckOptions): Promise<Decision>;
+  /** Closes the channel. */
+  close(): void;
+}
+
+/** What `rateLimiter` needs of a client: a RateLimitClient, or anything with its `check`. */
+export interface Checker {
+  check(key: string, options: CheckOptions): Promise<Decision>;
+}
+
+interface MiddlewareOptions<Req> {
+  /** Derives the limited key from the request; default `req.ip`. May be async. */
+  keyGenerator?: (req: Req) => string | number | Promise<string | number>;
+  /** Units each request spends: a number, or a function of the request (may be async). Default 1. */
+  cost?: number | ((req: Req) => number | Promise<number>);
+  /** Prepended to every key, so that two limiters on the same keys count separately. Default ''. */
+  prefix?: string;
+  /**
+   * When ratelimitd is unreachable, too slow or failing: 'allow' (the
+   * default) lets the request through, 'deny' answers 503. Either way a
+   * warning is logged (at most one per 10 s).
+   */
+  onServiceError?: 'allow' | 'deny';
+  failurePolicy?: FailurePolicy;
+  /** Deadline of each check in milliseconds; default the client's (150). */
+  deadlineMs?: number;
+  /** Send the IETF `RateLimit-Policy` and `RateLimit` headers; default true. */
+  headers?: boolean;
+  /** Where warnings go; default `console`. */
+  logger?: { warn(message: string): void };
+}
+
+type Service = { client: Checker; address?: never } | { address: string; client?: never };
+
+export type RateLimiterOptions<Req = any> = Limit & Service & MiddlewareOptions<Req>;
+
+/** An Express (or Connect / node:http) middleware. */
+export interface RateLimitMiddleware<Req = any, Res = any> {
+  (req: Req, res: Res, next: (err?: unknown) => void): Promise<void>;
+  /** The client the middleware asks: the one given, or the one it made for `address`. */
+  readonly client: Checker & Partial<Pick<RateLimitClient, 'close'>>;
+}
+
+/**
+ * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowSize })`.
+ * Options are checked here; an invalid one throws a TypeError or RangeError.
+ */
+export declare function rateLimiter<Req = any, Res = any>(
+  options: RateLimiterOptions<Req>,
+): RateLimitMiddleware<Req, Res>;

@@ -1,0 +1,31 @@
+'use strict';
+
+// A real Express app on a loopback port, for the middleware tests.
+
+const express = require('express');
+const { once } = require('node:events');
+
+/**
+ * Serves `GET /` behind `middleware` on 127.0.0.1, on a port of the system's
+ * choosing. Returns { url, get(path, headers), close() }.
+ */
+async function startApp(...middleware) {
+  const app = express();
+  app.get('/', ...middleware, (req, res) => res.json({ ok: true }));
+  // Errors passed to next(err) come back as 500 with their message.
+  app.use((err, req, res, _next) => res.status(500).json({ error: err.message }));
+  const server = app.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const url = `http://127.0.0.1:${server.address().port}`;
+  return {
+    url,
+    get: (path = '/', headers = {}) => fetch(url + path, { headers }),
+    close: async () => {
+      server.closeAllConnections();
+      server.close();
+      await once(server, 'close');
+    },
+  };
+}
+
+module.exports = { startApp };

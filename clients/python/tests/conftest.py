@@ -1,0 +1,154 @@
+"""Starts a real ratelimitd for the tests: on the embedded store (no Redis),
+on a free loopback port, with JSON logs kept in a file for failures.
+
+The binary is $RATELIMITD_BIN, else <repo>/target/debug/ratelimitd. Without
+one the tests fail (never skip): build it with `cargo build --bin ratelimitd`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ratelimitd_client import Client, RatelimitdError
+
+REPO = Path(__file__).resolve().parents[3]
+START_TIMEOUT = 20.0
+
+
+def binary() -> Path:
+    given = os.environ.get("RATELIMITD_BIN")
+    path = Path(given) if given else REPO / "target" / "debug" / "ratelimitd"
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"no ratelimitd binary at {path}: run `cargo build --bin ratelimitd` in {REPO}, "
+            "or point RATELIMITD_BIN at one",
+            pytrace=False,
+        )
+    return path
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (the kernel's pick for port 0)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    address: str
+    process: subprocess.Popen
+    log: Path
+
+    def stop(self) -> int:
+        """SIGTERM (ratelimitd shuts down gracefully), then its exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_ratelimitd(log_dir: Path, port: int | None = None) -> Server:
+    """Starts ratelimitd and returns once it answers a CheckLimit.
+
+    Without `port`, picks a free one, and picks again if another process
+    took it in between (ratelimitd then exits at once)."""
+    for _ in range(3):
+        listen = f"127.0.0.1:{port or free_port()}"
+        log = log_dir / f"ratelimitd-{listen.replace(':', '-')}-{uuid.uuid4().hex[:6]}.log"
+        # RATELIMITD_* variables (e.g. RATELIMITD_REDIS_URL) would override
+        # the flags' defaults: the tests want the embedded store.
+        env = {name: value for name, value in os.environ.items() if not name.startswith("RATELIMITD_")}
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(binary()), "--listen", listen, "--log-format", "json"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        server = Server(listen, process, log)
+        if _wait_until_answering(server):
+            return server
+        server.stop()
+        if port is not None:
+            break
+    pytest.fail(f"ratelimitd did not start on {listen}; its log:\n{log.read_text()}", pytrace=False)
+
+
+def _wait_until_answering(server: Server) -> bool:
+    """Polls until the port takes connections, then until a CheckLimit is
+    answered; False if the process exits first."""
+    host, port = server.address.rsplit(":", 1)
+    give_up = time.monotonic() + START_TIMEOUT
+    # TCP first: a gRPC channel that finds the port closed backs off for a
+    # while before it tries again, which would slow every start.
+    while True:
+        if server.process.poll() is not None or time.monotonic() > give_up:
+            return False
+        try:
+            socket.create_connection((host, int(port)), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.01)
+    with Client(server.address, deadline=0.5) as client:
+        while True:
+            try:
+                client.check("ratelimitd-client-tests:ready", limit=1, window_ms=1, cost=0)
+                return True
+            except RatelimitdError:
+                if server.process.poll() is not None or time.monotonic() > give_up:
+                    return False
+                time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def ratelimitd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One ratelimitd for the whole session: tests keep apart by their keys."""
+    server = start_ratelimitd(tmp_path_factory.mktemp("ratelimitd"))
+    yield server
+    code = server.stop()
+    assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"
+
+
+@pytest.fixture
+def key(request: pytest.FixtureRequest) -> str:
+    """A key no other test uses."""
+    return f"{request.node.name}:{uuid.uuid4().hex}"
+
+
+_addresses = itertools.count(1)
+
+
+@pytest.fixture
+def peer() -> tuple[str, int]:
+    """An ASGI `client` (host, port) no other test uses, so limits keyed by
+    client IP start fresh in each test."""
+    return (f"2001:db8::{next(_addresses):x}:{uuid.uuid4().hex[:4]}", 50000)
+
+
+@pytest.fixture
+def client(ratelimitd: Server) -> Iterator[Client]:
+    # A generous deadline: these tests are about decisions, not latency.
+    with Client(ratelimitd.address, deadline=2.0) as client:
+        yield client
+
+
+@pytest.fixture
+def dead_address() -> str:
+    """A loopback address where nothing listens."""
+    return f"127.0.0.1:{free_port()}"

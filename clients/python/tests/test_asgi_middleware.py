@@ -1,0 +1,160 @@
+"""examples/asgi_middleware.py end to end: a Starlette app behind it, driven
+through httpx's ASGI transport, deciding with a real ratelimitd."""
+
+import logging
+import re
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from ratelimitd_client import AsyncClient
+
+from app import create_app
+from asgi_middleware import RateLimitMiddleware, sf_string
+
+
+async def ok(request):
+    return PlainTextResponse("ok")
+
+
+# A generous deadline: these tests are about responses, not latency (a
+# timeout would be "allowed" under on_service_error="allow").
+DEADLINE = 2.0
+
+
+def limited_app(**middleware):
+    if "client" not in middleware:
+        middleware.setdefault("deadline", DEADLINE)
+    app = Starlette(routes=[Route("/", ok)])
+    app.add_middleware(RateLimitMiddleware, **middleware)
+    return app
+
+
+def http(app, peer):
+    transport = httpx.ASGITransport(app=app, client=peer)
+    return httpx.AsyncClient(transport=transport, base_url="http://testserver")
+
+
+async def test_the_seed_scenario_five_per_ten_seconds_then_429(ratelimitd, peer):
+    # examples/app.py: fixed window, 5 requests per 10 s per client IP.
+    async with http(create_app(ratelimitd.address, deadline=DEADLINE), peer) as client:
+        responses = [await client.get("/") for _ in range(6)]
+
+    assert [r.status_code for r in responses] == [200] * 5 + [429]
+    for remaining, response in zip([4, 3, 2, 1, 0], responses[:5], strict=True):
+        assert response.json() == {"hello": "world"}
+        assert response.headers["RateLimit-Policy"] == '"default";q=5;w=10'
+        assert re.fullmatch(rf'"default";r={remaining};t=(10|9)', response.headers["RateLimit"])
+        assert "Retry-After" not in response.headers
+
+    denied = responses[5]
+    assert denied.json() == {"error": "Rate limit exceeded"}
+    assert denied.headers["Content-Type"] == "application/json"
+    assert 9 <= int(denied.headers["Retry-After"]) <= 10
+    assert denied.headers["RateLimit-Policy"] == '"default";q=5;w=10'
+    assert re.fullmatch(r'"default";r=0;t=(10|9)', denied.headers["RateLimit"])
+
+
+async def test_clients_are_apart_by_ip(ratelimitd, peer):
+    app = create_app(ratelimitd.address, deadline=DEADLINE)
+    other = (peer[0] + "1", peer[1])
+    async with http(app, peer) as first, http(app, other) as second:
+        assert [(await first.get("/")).status_code for _ in range(6)][-1] == 429
+        assert (await second.get("/")).status_code == 200
+
+
+async def test_a_key_function_and_a_prefix(ratelimitd, peer, key):
+    app = limited_app(
+        address=ratelimitd.address,
+        limit=2,
+        window_ms=10_000,
+        key_func=lambda scope: dict(scope["headers"]).get(b"x-api-key", b"anonymous").decode(),
+        prefix=key,
+    )
+    async with http(app, peer) as client:
+        alice = [(await client.get("/", headers={"X-Api-Key": "alice"})).status_code for _ in range(3)]
+        bob = (await client.get("/", headers={"X-Api-Key": "bob"})).status_code
+    assert alice == [200, 200, 429] and bob == 200
+
+
+async def test_a_token_bucket_and_a_shared_client(ratelimitd, peer):
+    shared = AsyncClient(ratelimitd.address, deadline=2.0)
+    app = limited_app(client=shared, type="token", capacity=3, refill_rate=0.1, policy_id="per-ip")
+    async with http(app, peer) as client:
+        responses = [await client.get("/") for _ in range(4)]
+    await shared.close()
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    # w: an empty bucket takes 30 s to fill; Retry-After: 1 token in 10 s.
+    assert responses[3].headers["RateLimit-Policy"] == '"per-ip";q=3;w=30'
+    assert 9 <= int(responses[3].headers["Retry-After"]) <= 10
+
+
+async def test_a_cost_above_the_limit_has_no_retry_after(ratelimitd, peer):
+    app = limited_app(address=ratelimitd.address, limit=5, window_ms=10_000, cost=lambda scope: 6)
+    async with http(app, peer) as client:
+        response = await client.get("/")
+    assert response.status_code == 429
+    assert "Retry-After" not in response.headers
+    assert response.headers["RateLimit"].startswith('"default";r=5;')
+
+
+async def test_headers_can_be_left_out(ratelimitd, peer):
+    app = limited_app(address=ratelimitd.address, limit=1, window_ms=10_000, headers=False)
+    async with http(app, peer) as client:
+        allowed, denied = [await client.get("/") for _ in range(2)]
+    assert "RateLimit" not in allowed.headers and "RateLimit-Policy" not in allowed.headers
+    assert denied.status_code == 429 and "Retry-After" in denied.headers
+    assert "RateLimit" not in denied.headers
+
+
+async def test_on_service_error_allow_lets_requests_through(dead_address, peer, caplog):
+    app = limited_app(address=dead_address, limit=1, window_ms=10_000, on_service_error="allow")
+    with caplog.at_level(logging.WARNING, logger="ratelimitd_client.asgi"):
+        async with http(app, peer) as client:
+            responses = [await client.get("/") for _ in range(3)]
+    assert [(r.status_code, r.text) for r in responses] == [(200, "ok")] * 3
+    assert "RateLimit" not in responses[0].headers
+    # One warning for the outage, not one per request.
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "UNAVAILABLE" in warnings[0] and "allowing" in warnings[0]
+
+
+async def test_on_service_error_deny_answers_503(dead_address, peer):
+    app = limited_app(address=dead_address, limit=1, window_ms=10_000, on_service_error="deny")
+    async with http(app, peer) as client:
+        response = await client.get("/")
+    assert response.status_code == 503
+    assert response.json() == {"error": "Rate limiter unavailable"}
+
+
+def test_a_bad_limit_fails_at_start_up():
+    app = Starlette()
+    with pytest.raises(ValueError, match="limit must be 1 to"):
+        RateLimitMiddleware(app, limit=0, window_ms=1000)
+    with pytest.raises(ValueError, match="type='token' needs capacity and refill_rate"):
+        RateLimitMiddleware(app, type="token")
+    with pytest.raises(ValueError, match="on_service_error must be 'allow' or 'deny'"):
+        RateLimitMiddleware(app, limit=1, window_ms=1000, on_service_error="maybe")
+
+
+async def test_non_http_events_pass_through(dead_address):
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+
+    middleware = RateLimitMiddleware(
+        app, address=dead_address, limit=1, window_ms=1000, on_service_error="deny"
+    )
+    for kind in ("lifespan", "websocket"):
+        await middleware({"type": kind}, None, None)
+    assert seen == ["lifespan", "websocket"]
+
+
+def test_policy_ids_are_structured_field_strings():
+    # The cases of src/api/envoy/headers.rs.
+    assert sf_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert sf_string("ключ\n") == '"_____"'

@@ -1,0 +1,53 @@
+//! The application-server clients' own test suites, against this build of
+//! ratelimitd, so that `cargo test` runs everything: the Node.js client
+//! and Express middleware (`clients/node`, node's test runner, after
+//! `npm ci`), and the Python client and ASGI middleware (`clients/python`,
+//! pytest in a virtualenv, through its `ci.sh`). Each needs its toolchain:
+//! a missing one fails the test and says what to install.
+
+use std::path::Path;
+use std::process::Command;
+
+const RATELIMITD: &str = env!("CARGO_BIN_EXE_ratelimitd");
+
+/// Runs `program args` in `dir` with this build's ratelimitd; fails with its
+/// output unless it succeeds.
+fn run(dir: &str, program: &str, args: &[&str], install_hint: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(&dir)
+        .env("RATELIMITD_BIN", RATELIMITD)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {program} ({err}): {install_hint}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} in {} failed ({}):\n{}\n{}",
+        dir.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn node_client_and_express_middleware() {
+    let hint = "install Node.js 20 or newer with npm";
+    run(
+        "clients/node",
+        "npm",
+        &["ci", "--no-audit", "--no-fund"],
+        hint,
+    );
+    run("clients/node", "npm", &["test"], hint);
+}
+
+#[test]
+fn python_client_and_asgi_middleware() {
+    run(
+        "clients/python",
+        "bash",
+        &["ci.sh"],
+        "install Python 3.11 or newer with venv and pip",
+    );
+}
