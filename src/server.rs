@@ -160,8 +160,10 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let address = listener.local_addr().ok();
-    info!(?address, "serving gRPC");
+    match listener.local_addr() {
+        Ok(address) => info!(%address, "serving gRPC"),
+        Err(err) => info!(%err, "serving gRPC (local address unknown)"),
+    }
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let draining = Arc::new(Notify::new());
     let stop = {
