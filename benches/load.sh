@@ -8,7 +8,7 @@
 # script-call counts. Prints Markdown tables.
 #
 #   benches/load.sh                  # 10 s per run, 50 in flight
-#   DURATION=5s CONCURRENCY=100 benches/load.sh
+#   DURATION=5s CONCURRENCY=100 ALGORITHMS=gcra benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,7 @@ WARM_UP=${WARM_UP:-2s}
 CONCURRENCY=${CONCURRENCY:-50}
 CONNECTIONS=${CONNECTIONS:-2}
 KEYS=${KEYS:-10000}
+ALGORITHMS=${ALGORITHMS:-fixed-window sliding-window token-bucket gcra sliding-window-counter}
 
 cargo build --release --bins --quiet
 BIN=target/release
@@ -50,7 +51,7 @@ script_calls() {
 start_ratelimitd() {
     local port rules="$WORK/rules"
     mkdir -p "$rules"
-    for algorithm in fixed-window sliding-window token-bucket; do
+    for algorithm in $ALGORITHMS; do
         "$BIN/ratelimitd-bench" --print-envoy-config --algorithm "$algorithm" \
             --domain "bench-$algorithm" > "$rules/$algorithm.yaml"
     done
@@ -130,7 +131,7 @@ echo
 echo "| algorithm | target | decisions/s | of redis-direct | p50 µs | p99 µs | p99.9 µs | errors | CPU µs per decision: bench / ratelimitd / redis |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---|"
 start_ratelimitd ""
-for algorithm in fixed-window sliding-window token-bucket; do
+for algorithm in $ALGORITHMS; do
     for target in redis-direct check-limit should-rate-limit; do
         result=$(measured_run --target "$target" --algorithm "$algorithm" \
             --domain "bench-$algorithm" --keys uniform --key-count "$KEYS" \

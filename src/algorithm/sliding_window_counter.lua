@@ -42,17 +42,18 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
   local function share(count, into)
     return math.floor(count * ((window - into) / window))
   end
-  -- The first instant (in microseconds into a window) at which `count`'s
-  -- share is at most `allowed`: the share only falls as time passes.
-  local function first_fit(count, allowed)
-    if share(count, 0) <= allowed then
-      return 0
+  -- The first instant (in microseconds into a window, `from` or later) at
+  -- which `count`'s share is at most `allowed`: the share only falls as
+  -- time passes.
+  local function first_fit(count, allowed, from)
+    if share(count, from) <= allowed then
+      return from
     end
     -- The exact answer is this guess plus one; rounding may move it a
     -- step, so a few steps settle it (bounded, whatever happens).
     local into = math.floor(window - (allowed + 1) * window / count)
-    if into < 0 then
-      into = 0
+    if into < from then
+      into = from
     end
     local steps = 0
     while into < window and steps < 16 and share(count, into) > allowed do
@@ -80,9 +81,9 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
   if estimate + cost > limit then
     local retry_after
     if current + cost <= limit then
-      retry_after = first_fit(previous, limit - cost - current) - elapsed
+      retry_after = first_fit(previous, limit - cost - current, elapsed) - elapsed
     else
-      retry_after = next_start + first_fit(current, limit - cost)
+      retry_after = next_start + first_fit(current, limit - cost, 0)
     end
     return 0, remaining, reset_after, retry_after, index
   end

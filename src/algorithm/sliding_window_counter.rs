@@ -24,14 +24,18 @@ fn share(count: u64, into: Micros, window: Micros) -> u64 {
     (count as f64 * ((window - into) as f64 / window as f64)).floor() as u64
 }
 
-/// The first instant (microseconds into a window) at which `count`'s share
-/// is at most `allowed`.
-fn first_fit(count: u64, allowed: u64, window: Micros) -> Micros {
-    if share(count, 0, window) <= allowed {
-        return 0;
+/// The first instant (microseconds into a window, `from` or later) at which
+/// `count`'s share is at most `allowed`.
+fn first_fit(count: u64, allowed: u64, from: Micros, window: Micros) -> Micros {
+    if share(count, from, window) <= allowed {
+        return from;
     }
     let guess = (window as f64 - (allowed + 1) as f64 * window as f64 / count as f64).floor();
-    let mut into = if guess < 0.0 { 0 } else { guess as Micros };
+    let mut into = if guess < from as f64 {
+        from
+    } else {
+        guess as Micros
+    };
     let mut steps = 0;
     while into < window && steps < 16 && share(count, into, window) > allowed {
         into += 1;
@@ -86,9 +90,9 @@ pub fn decide(
     }
     if estimate + cost > limit {
         let retry_after = if current + cost <= limit {
-            first_fit(previous, limit - cost - current, window) - elapsed
+            first_fit(previous, limit - cost - current, elapsed, window) - elapsed
         } else {
-            next_start + first_fit(current, limit - cost, window)
+            next_start + first_fit(current, limit - cost, 0, window)
         };
         decision.retry_after = RetryAfter::After(retry_after);
         return (decision, MemoryChange::None);
