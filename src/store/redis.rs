@@ -71,6 +71,30 @@ impl std::fmt::Debug for RedisTls {
     }
 }
 
+/// Runs `$call` (a future using `$connection`, a shared handle from
+/// whichever pool `$pools` holds; the pool has its connection back before
+/// the call starts) and returns its `Result<_, RedisError>`. A connection
+/// whose call failed is marked broken and replaced rather than reused
+/// (after a failover the old primary may still answer PING, as a replica
+/// that refuses every write). Pool errors return early, classified.
+macro_rules! on_shared_connection {
+    ($pools:expr, |$connection:ident| $call:expr) => {
+        match $pools {
+            Pools::Standalone(pool) => on_shared_connection!(@on pool, $connection, $call),
+            Pools::Cluster(pool) => on_shared_connection!(@on pool, $connection, $call),
+            Pools::Sentinel(pool) => on_shared_connection!(@on pool, $connection, $call),
+        }
+    };
+    (@on $pool:ident, $connection:ident, $call:expr) => {{
+        let (mut $connection, breakage) = $pool.get().await.map_err(classify_pool)?.handle();
+        let reply = $call.await;
+        if reply.is_err() {
+            breakage.mark();
+        }
+        reply
+    }};
+}
+
 /// The pool for each topology.
 #[derive(Clone)]
 enum Pools {
@@ -164,27 +188,9 @@ impl RedisStore {
         let started = std::time::Instant::now();
         let reply = self
             .bounded(async {
-                // The same call on each kind of pool, on a shared handle (the
-                // pool has its connection back before the call starts). A
-                // connection whose call failed is marked broken and replaced
-                // rather than reused (after a failover the old primary may
-                // still answer PING, as a replica that refuses every write).
-                macro_rules! on {
-                    ($pool:expr) => {{
-                        let (mut connection, breakage) =
-                            $pool.get().await.map_err(classify_pool)?.handle();
-                        let reply = invocation.invoke_async(&mut connection).await;
-                        if reply.is_err() {
-                            breakage.mark();
-                        }
-                        reply.map_err(classify)
-                    }};
-                }
-                match &self.pools {
-                    Pools::Standalone(pool) => on!(pool),
-                    Pools::Cluster(pool) => on!(pool),
-                    Pools::Sentinel(pool) => on!(pool),
-                }
+                on_shared_connection!(&self.pools, |connection| invocation
+                    .invoke_async::<T>(&mut connection))
+                .map_err(classify)
             })
             .await;
         metrics::redis_command(started.elapsed(), reply.as_ref().map(drop));
@@ -216,23 +222,10 @@ impl RedisStore {
         // is an error, not a value.
         let ping = redis::cmd("PING");
         self.bounded(async {
-            macro_rules! on {
-                ($pool:expr) => {{
-                    let (mut connection, breakage) =
-                        $pool.get().await.map_err(classify_pool)?.handle();
-                    let pong: Result<String, RedisError> = ping.query_async(&mut connection).await;
-                    if pong.is_err() {
-                        breakage.mark();
-                    }
-                    pong
-                }};
-            }
-            let pong = match &self.pools {
-                Pools::Standalone(pool) => on!(pool),
-                Pools::Cluster(pool) => on!(pool),
-                Pools::Sentinel(pool) => on!(pool),
-            };
-            pong.map(drop).map_err(classify)
+            on_shared_connection!(&self.pools, |connection| ping
+                .query_async::<String>(&mut connection))
+            .map(drop)
+            .map_err(classify)
         })
         .await
     }
