@@ -101,10 +101,13 @@ impl Limiter {
         let groups = Groups::new(&self.key_prefix, requests);
         let decisions = match &self.store {
             Store::Redis(redis) => {
-                if let Some(decisions) = self.known_denial(&groups, requests) {
+                // One instant serves the cache lookup and, if Redis is asked,
+                // as when it was asked: taken before the call, it is never
+                // later than Redis's decision.
+                let sent = Instant::now();
+                if let Some(decisions) = self.known_denial(&groups, requests, sent) {
                     return Ok(decisions);
                 }
-                let sent = Instant::now();
                 // Boxed: the Redis path's future is kilobytes, and unboxed it
                 // would be copied with every embedded-store decision too.
                 match Box::pin(on_redis::decide(redis, &groups, requests)).await {
@@ -129,9 +132,13 @@ impl Limiter {
     /// enforcing limits is known to deny it (so the whole request is
     /// denied). Its other limits were not asked: they report their whole
     /// limit as remaining, the most they could have.
-    fn known_denial(&self, groups: &Groups, requests: &[LimitRequest]) -> Option<Vec<Decision>> {
+    fn known_denial(
+        &self,
+        groups: &Groups,
+        requests: &[LimitRequest],
+        now: Instant,
+    ) -> Option<Vec<Decision>> {
         let cache = self.denials.as_deref()?;
-        let now = Instant::now();
         let algorithm = |group: &Group| &requests[group.first].algorithm;
         let known = |group: &Group| cache.denial(&group.key, algorithm(group), group.cost, now);
         // A first pass that allocates nothing: most requests miss.
