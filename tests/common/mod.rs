@@ -404,20 +404,14 @@ pub fn token_bucket(capacity: u64, refill_per_second: f64) -> pb::check_limit_re
 pub fn sliding_window_counter(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
         limit,
-        window: Some(prost_types::Duration {
-            seconds: window.as_secs() as i64,
-            nanos: window.subsec_nanos() as i32,
-        }),
+        window: Some(window.try_into().expect("window")),
     })
 }
 
 pub fn gcra(rate: u64, period: Duration, burst: u64) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::Gcra(pb::Gcra {
         rate,
-        period: Some(prost_types::Duration {
-            seconds: period.as_secs() as i64,
-            nanos: period.subsec_nanos() as i32,
-        }),
+        period: Some(period.try_into().expect("period")),
         burst,
     })
 }

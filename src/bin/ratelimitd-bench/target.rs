@@ -224,21 +224,18 @@ pub fn algorithm(options: &Options) -> Result<Algorithm, String> {
 
 /// The same limit as `CheckLimit` states it.
 fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request::Algorithm {
-    let window = |window: Duration| {
-        Some(prost_types::Duration {
-            seconds: i64::try_from(window.as_secs()).unwrap_or(i64::MAX),
-            nanos: i32::try_from(window.subsec_nanos()).unwrap_or(0),
-        })
-    };
+    // `algorithm` was built from `--window`, which validation bounds to
+    // 366 days: the conversion cannot fail.
+    let window = prost_types::Duration::try_from(options.window).ok();
     match algorithm {
         Algorithm::FixedWindow(p) => check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
             limit: p.limit,
-            window: window(Duration::from_millis(p.window.as_millis())),
+            window,
         }),
         Algorithm::SlidingWindow(p) => {
             check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
                 limit: p.limit,
-                window: window(Duration::from_millis(p.window.as_millis())),
+                window,
             })
         }
         Algorithm::TokenBucket(p) => check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
@@ -248,13 +245,13 @@ fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request
         Algorithm::SlidingWindowCounter(p) => {
             check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
                 limit: p.limit,
-                window: window(Duration::from_millis(p.window.as_millis())),
+                window,
             })
         }
         // GCRA keeps only its interval; the request states rate and period.
         Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
             rate: options.limit,
-            period: window(options.window),
+            period: window,
             burst: p.burst,
         }),
     }
