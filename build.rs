@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // An undecodable request is INVALID_ARGUMENT, not INTERNAL: see
+        // src/codec.rs.
+        .codec_path("crate::codec::StrictProstCodec")
         .file_descriptor_set_path(out_dir.join("ratelimitd_descriptor.bin"))
         .compile_protos(
             &[

@@ -23,6 +23,7 @@
 
 pub mod algorithm;
 pub mod api;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod health;

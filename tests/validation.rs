@@ -223,3 +223,93 @@ async fn messages_state_the_rule() {
     assert_eq!(status.message(), "key: must not be empty");
     server.stop().await;
 }
+
+/// Sends `body` as the raw protobuf message of the unary call at `path`.
+async fn raw_call(server: &TestServer, path: &'static str, body: Vec<u8>) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(common::channel(server.address).await);
+    grpc.ready().await.expect("channel ready");
+    grpc.unary::<_, pb::CheckLimitResponse, _>(
+        tonic::Request::new(body),
+        http::uri::PathAndQuery::from_static(path),
+        RawBytes,
+    )
+    .await
+    .expect_err("an undecodable request is refused")
+}
+
+/// Encodes a `Vec<u8>` as it is; decodes replies as `CheckLimitResponse`
+/// (never reached: every call here is refused).
+#[derive(Clone, Default)]
+struct RawBytes;
+
+struct RawEncoder;
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        buf: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(buf, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Codec for RawBytes {
+    type Encode = Vec<u8>;
+    type Decode = pb::CheckLimitResponse;
+    type Encoder = RawEncoder;
+    type Decoder = tonic_prost::ProstDecoder<pb::CheckLimitResponse>;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
+    }
+}
+
+/// Bytes that are not a protobuf message of the request's type.
+fn undecodable_bodies() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("a varint cut short", vec![0x08, 0xff]),
+        ("a length past the end", vec![0x0a, 0x10, b'k']),
+        ("wire type 7 does not exist", vec![0x0f, 0x00]),
+        ("field number 0", vec![0x00, 0x01]),
+        ("key not UTF-8", vec![0x0a, 0x02, 0xc3, 0x28]),
+        ("a nested message cut short", vec![0x12, 0x02, 0x08]),
+    ]
+}
+
+#[tokio::test]
+async fn undecodable_requests_are_invalid_argument_on_both_apis_and_write_nothing() {
+    let redis = RedisServer::start().await;
+    let server = TestServer::on_redis(&redis).await;
+    for path in [
+        "/ratelimitd.v1.RateLimiter/CheckLimit",
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    ] {
+        for (what, body) in undecodable_bodies() {
+            let status = raw_call(&server, path, body).await;
+            assert_eq!(
+                status.code(),
+                Code::InvalidArgument,
+                "{path}, {what}: {status:?}"
+            );
+            assert!(
+                status
+                    .message()
+                    .starts_with("request: not a valid protobuf message"),
+                "{path}, {what}: {status:?}"
+            );
+        }
+    }
+    assert_eq!(redis.keys().await, Vec::<String>::new());
+    // Well-formed requests on the same server are still decided.
+    common::assert_two_of_three_admitted(&mut server.client().await, "after-garbage").await;
+    server.stop().await;
+}
