@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use clap::builder::TypedValueParser as _;
 
+use crate::api::envoy::RequestBounds;
 use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
 use crate::store::{RedisSettings, RedisTls, Topology};
@@ -169,6 +171,23 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_requests: u32,
 
+    /// Most descriptors one ShouldRateLimit may carry (more:
+    /// INVALID_ARGUMENT). Envoy sends a handful.
+    #[arg(long, env = "RATELIMITD_MAX_DESCRIPTORS", default_value_t = RequestBounds::DEFAULT_MAX_DESCRIPTORS,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_descriptors: usize,
+
+    /// Most entries one descriptor may carry (more: INVALID_ARGUMENT).
+    #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRIES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRIES,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_descriptor_entries: usize,
+
+    /// Longest descriptor entry key or value, in bytes (longer:
+    /// INVALID_ARGUMENT).
+    #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRY_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRY_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_descriptor_entry_bytes: usize,
+
     /// Serve Prometheus metrics at http://<this address>/metrics. Unset:
     /// no metrics endpoint.
     #[arg(long, env = "RATELIMITD_METRICS_LISTEN")]
@@ -271,6 +290,12 @@ impl fmt::Debug for Config {
             .field("tls_client_ca", &self.tls_client_ca)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("max_descriptors", &self.max_descriptors)
+            .field("max_descriptor_entries", &self.max_descriptor_entries)
+            .field(
+                "max_descriptor_entry_bytes",
+                &self.max_descriptor_entry_bytes,
+            )
             .field("metrics_listen", &self.metrics_listen)
             .field("log_format", &self.log_format)
             .finish()

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::api::check::CheckService;
 use crate::api::envoy::config_file::ConfigError;
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
-use crate::api::envoy::{EnvoyService, EnvoySettings};
+use crate::api::envoy::{EnvoyService, EnvoySettings, RequestBounds};
 use crate::config::{Config, redacted_url};
 use crate::error::StoreError;
 use crate::health;
@@ -140,6 +140,11 @@ pub async fn run(
         EnvoySettings {
             shadow_mode: config.shadow_mode,
             ratelimit_headers: config.envoy_ratelimit_headers,
+            bounds: RequestBounds {
+                max_descriptors: config.max_descriptors,
+                max_entries: config.max_descriptor_entries,
+                max_entry_bytes: config.max_descriptor_entry_bytes,
+            },
         },
     );
 

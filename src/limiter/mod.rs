@@ -6,6 +6,7 @@
 mod denial_cache;
 mod on_redis;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -277,6 +278,9 @@ fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
     }
 }
 
+/// Up to this many requests per call, groups are found by a scan.
+const SCAN_GROUPS_UP_TO: usize = 16;
+
 /// Requests grouped by storage key.
 struct Groups {
     unique: OneOrMany<Group>,
@@ -336,10 +340,18 @@ impl Groups {
         }
         let mut unique: Vec<Group> = Vec::with_capacity(requests.len());
         let mut of_request = Vec::with_capacity(requests.len());
+        // Requests per call are usually few (Envoy descriptors), and then a
+        // scan is cheapest; a map keeps a large call (bounds raised by the
+        // operator) linear rather than quadratic.
+        let mut index_of: Option<HashMap<String, usize>> =
+            (requests.len() > SCAN_GROUPS_UP_TO).then(|| HashMap::with_capacity(requests.len()));
         for (index, request) in requests.iter().enumerate() {
             let key = storage_key(prefix, &request.algorithm, &request.key);
-            // Requests per call are few (Envoy descriptors): a scan is fine.
-            match unique.iter().position(|group| group.key == key) {
+            let existing = match &index_of {
+                Some(index_of) => index_of.get(&key).copied(),
+                None => unique.iter().position(|group| group.key == key),
+            };
+            match existing {
                 Some(existing) => {
                     let group = &mut unique[existing];
                     group.cost = group.cost.saturating_add(request.cost);
@@ -347,6 +359,9 @@ impl Groups {
                     of_request.push(existing);
                 }
                 None => {
+                    if let Some(index_of) = &mut index_of {
+                        index_of.insert(key.clone(), unique.len());
+                    }
                     of_request.push(unique.len());
                     unique.push(Group {
                         key,

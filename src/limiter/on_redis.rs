@@ -3,6 +3,8 @@
 //! decision everywhere, then spending everywhere, with refunds when a node
 //! denies after another has spent.
 
+use std::collections::HashMap;
+
 use futures::future::join_all;
 
 use super::Groups;
@@ -10,6 +12,13 @@ use crate::algorithm::{self, REFUND_SCRIPT, SCRIPT, ScriptMode};
 use crate::error::StoreError;
 use crate::limit::{Decision, LimitRequest};
 use crate::store::RedisStore;
+
+/// The most limits one script call decides. Each costs the script a few
+/// Redis commands (tens of microseconds at most), so a call stays well
+/// inside any sane `--redis-command-timeout` and does not hold a Redis node
+/// from other callers for long; `ShouldRateLimit` at its default bounds
+/// (64 descriptors) fits in one call.
+pub(super) const MAX_LIMITS_PER_SCRIPT: usize = 64;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node. On a Redis Cluster, where a request's keys can hash to several
@@ -25,11 +34,23 @@ pub(super) async fn decide(
     groups: &Groups,
     requests: &[LimitRequest],
 ) -> Result<Vec<Decision>, StoreError> {
-    let partitions = if redis.is_cluster() {
+    let partitions: Vec<Vec<usize>> = if redis.is_cluster() {
         groups.by_slot()
     } else {
         vec![(0..groups.unique.len()).collect()]
     };
+    // A script blocks its Redis node while it runs: a call of many limits
+    // goes in scripts of at most MAX_LIMITS_PER_SCRIPT each, decided all
+    // or nothing as on a cluster.
+    let partitions: Vec<Vec<usize>> = partitions
+        .into_iter()
+        .flat_map(|members| {
+            members
+                .chunks(MAX_LIMITS_PER_SCRIPT)
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect();
     if let [everyone] = partitions.as_slice() {
         let decided =
             run_decide(redis, groups, requests, everyone, ScriptMode::Decide, false).await?;
@@ -190,15 +211,18 @@ impl Groups {
     /// The groups by Redis Cluster slot: each inner list can go to one node
     /// in one script.
     fn by_slot(&self) -> Vec<Vec<usize>> {
-        let mut slots: Vec<(u16, Vec<usize>)> = Vec::new();
+        // In order of first appearance, so a call's scripts are stable.
+        let mut position_of_slot: HashMap<u16, usize> = HashMap::new();
+        let mut slots: Vec<Vec<usize>> = Vec::new();
         for (g, group) in self.unique.iter().enumerate() {
             let slot = cluster_slot(&group.key);
-            match slots.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(g),
-                None => slots.push((slot, vec![g])),
-            }
+            let position = *position_of_slot.entry(slot).or_insert_with(|| {
+                slots.push(Vec::new());
+                slots.len() - 1
+            });
+            slots[position].push(g);
         }
-        slots.into_iter().map(|(_, members)| members).collect()
+        slots
     }
 }
 

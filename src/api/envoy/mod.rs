@@ -36,6 +36,76 @@ pub struct EnvoySettings {
     pub shadow_mode: bool,
     /// Add the IETF `RateLimit-Policy` and `RateLimit` headers.
     pub ratelimit_headers: bool,
+    /// The most one request may ask.
+    pub bounds: RequestBounds,
+}
+
+/// The most one `ShouldRateLimit` may ask, so that no single request can
+/// hold a core or Redis for long: beyond any bound the request is refused
+/// with `INVALID_ARGUMENT` naming it, before anything is matched or
+/// written. Envoy sends a handful of descriptors of a few entries each.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestBounds {
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    /// Of each entry's key and of its value.
+    pub max_entry_bytes: usize,
+}
+
+impl RequestBounds {
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    pub const DEFAULT_MAX_ENTRIES: usize = 16;
+    pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4096;
+
+    fn check(&self, request: &rls::RateLimitRequest) -> Result<(), limit::InvalidArgument> {
+        if request.descriptors.len() > self.max_descriptors {
+            return Err(limit::InvalidArgument::new(
+                "descriptors",
+                format!(
+                    "at most {} per request (--max-descriptors), got {}",
+                    self.max_descriptors,
+                    request.descriptors.len()
+                ),
+            ));
+        }
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            if descriptor.entries.len() > self.max_entries {
+                return Err(limit::InvalidArgument::new(
+                    format!("descriptors[{i}].entries"),
+                    format!(
+                        "at most {} per descriptor (--max-descriptor-entries), got {}",
+                        self.max_entries,
+                        descriptor.entries.len()
+                    ),
+                ));
+            }
+            for (j, entry) in descriptor.entries.iter().enumerate() {
+                for (part, text) in [("key", &entry.key), ("value", &entry.value)] {
+                    if text.len() > self.max_entry_bytes {
+                        return Err(limit::InvalidArgument::new(
+                            format!("descriptors[{i}].entries[{j}].{part}"),
+                            format!(
+                                "at most {} bytes (--max-descriptor-entry-bytes), got {}",
+                                self.max_entry_bytes,
+                                text.len()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        Self {
+            max_descriptors: Self::DEFAULT_MAX_DESCRIPTORS,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_entry_bytes: Self::DEFAULT_MAX_ENTRY_BYTES,
+        }
+    }
 }
 
 /// The `RateLimitService` implementation.
@@ -67,6 +137,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
         let request = request.into_inner();
+        self.settings.bounds.check(&request).map_err(Error::from)?;
         let rules = self.rules.current();
         let plan = Plan::new(&rules, &request, self.settings.shadow_mode).map_err(Error::from)?;
         let decisions = if plan.requests.is_empty() {
