@@ -142,6 +142,7 @@ on_every_store!(
     any_characters_in_a_key_are_safe,
     one_millisecond_windows_work,
     large_costs_on_the_sliding_log_are_exact,
+    sliding_log_entries_of_several_units_leave_oldest_first,
 );
 
 /// Every algorithm with the given limit and a window or refill long enough
@@ -466,10 +467,43 @@ async fn one_millisecond_windows_work(client: &mut Client) {
 }
 
 async fn large_costs_on_the_sliding_log_are_exact(client: &mut Client) {
-    // 2500 entries per call: more than one ZADD batch in the script.
+    // One entry per call, whatever its cost.
     let limit = sliding_window(5000, Duration::from_secs(60));
     assert_eq!(check(client, "k", &limit, Some(2500)).await.remaining, 2500);
     assert_eq!(check(client, "k", &limit, Some(2499)).await.remaining, 1);
     assert!(!check(client, "k", &limit, Some(2)).await.allowed);
     assert!(check(client, "k", &limit, Some(1)).await.allowed);
+}
+
+async fn sliding_log_entries_of_several_units_leave_oldest_first(client: &mut Client) {
+    let window = Duration::from_secs(10);
+    let limit = sliding_window(10, window);
+    assert!(check(client, "k", &limit, Some(3)).await.allowed);
+    common::eventually("a tenth of the window to pass", || {
+        let mut client = client.clone();
+        async move {
+            let look = check(&mut client, "k", &limit, Some(0)).await;
+            duration(look.reset_after) <= window * 9 / 10
+        }
+    })
+    .await;
+    assert_eq!(check(client, "k", &limit, Some(4)).await.remaining, 3);
+
+    // 7 of 10 spent. Cost 7 needs 4 units gone: both entries, the second's
+    // leaving being the key's reset. Cost 6 needs 3: the first entry's,
+    // which leaves before. (Larger cost first: a denial cached on Redis
+    // answers the same or larger costs.)
+    let needs_both = check(client, "k", &limit, Some(7)).await;
+    assert!(!needs_both.allowed);
+    assert_eq!(needs_both.retry_after, needs_both.reset_after);
+    let needs_first = check(client, "k", &limit, Some(6)).await;
+    assert!(!needs_first.allowed);
+    let first_leaves = duration(needs_first.retry_after);
+    assert!(
+        first_leaves + window / 20 <= duration(needs_first.reset_after),
+        "{needs_first:?}"
+    );
+    let never = check(client, "k", &limit, Some(11)).await;
+    assert!(!never.allowed && never.retry_after.is_none());
+    assert_eq!(check(client, "k", &limit, Some(3)).await.remaining, 0);
 }

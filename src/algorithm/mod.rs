@@ -34,8 +34,12 @@ pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
 /// Takes back what [`SCRIPT`] spent, when a request spanning several Redis
 /// Cluster nodes was denied by one after another had spent; `refund.lua`
 /// documents `KEYS`, `ARGV` and reply.
-pub static REFUND_SCRIPT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("refund.lua")));
+pub static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("sliding_window.lua"),
+        include_str!("refund.lua")
+    ))
+});
 
 /// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing), or
 /// only say what each limit would answer.
@@ -82,7 +86,7 @@ pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow(p) if p.aligned => "fa",
         Algorithm::FixedWindow(_) => "fw",
-        Algorithm::SlidingWindow(_) => "sw",
+        Algorithm::SlidingWindow(_) => "sl",
         Algorithm::TokenBucket(_) => "tb",
         Algorithm::Gcra(_) => "gc",
         Algorithm::SlidingWindowCounter(_) => "sc",

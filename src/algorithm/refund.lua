@@ -8,6 +8,8 @@
 --          algorithm, three parameters (as decide.lua), cost, mark (the
 --          fifth value decide.lua replied for it)
 -- Reply    the number of limits refunded
+--
+-- sliding_window.lua is defined above this part in the same script.
 local refunded = 0
 for i = 1, #KEYS do
   local at = 6 * (i - 1)
@@ -27,15 +29,7 @@ for i = 1, #KEYS do
       refunded = refunded + 1
     end
   elseif algorithm == 'sw' then
-    local members = {}
-    for unit = 1, cost do
-      members[#members + 1] = mark .. ':' .. unit
-      if #members >= 1000 or unit == cost then
-        redis.call('ZREM', key, unpack(members))
-        members = {}
-      end
-    end
-    refunded = refunded + 1
+    refunded = refunded + sliding_window_refund(key, mark)
   elseif algorithm == 'tb' then
     local tokens = tonumber(redis.call('HGET', key, 't'))
     if tokens then

@@ -1,56 +1,80 @@
-//! Sliding window (log): every unit spent is remembered with its time, and a
-//! request is allowed while the units within the last `window` plus its cost
-//! stay within the limit. Exact, with memory O(limit) per key. The Lua side
-//! is `sliding_window.lua`; this file holds its in-memory twin.
+//! Sliding window (log): every request that spent is remembered with its
+//! time and its units, and a request is allowed while the units within the
+//! last `window` plus its cost stay within the limit. Exact, with memory
+//! O(requests in the window) per key, whatever their cost. The Lua side is
+//! `sliding_window.lua`; this file holds its in-memory twin.
 
 use std::collections::VecDeque;
 
 use super::MemoryChange;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 
-/// The in-memory state of one key: the log as (stamp, units) runs, oldest
-/// first. Runs instead of one entry per unit keep memory per request, not per
-/// unit; the answers are the same as the script's.
+/// The in-memory state of one key: the log, oldest first, as (stamp,
+/// running total of units after this entry). As in the script, running
+/// totals make every answer a subtraction or a binary search, so a decision
+/// costs O(log entries) whatever the cost or the limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
-    runs: VecDeque<(Micros, u64)>,
-    used: u64,
-    /// Copies of the log's first run and last stamp (meaningless while it
-    /// is empty). Most decisions need only these, and the log's buffer is
-    /// rarely in cache (its two ends apart, among thousands of keys): read
-    /// from here, it is touched only to prune or to count further back.
-    oldest: (Micros, u64),
-    newest: Micros,
+    entries: VecDeque<(Micros, u64)>,
+    /// The running total before the oldest entry.
+    base: u64,
+    /// Copies of the oldest entry's stamp and the newest entry (meaningless
+    /// while the log is empty). Most decisions need only these, and the
+    /// log's buffer is rarely in cache (its two ends apart, among thousands
+    /// of keys): read from here, it is touched only to prune or to search.
+    oldest_stamp: Micros,
+    newest: (Micros, u64),
 }
 
 impl State {
     fn push(&mut self, stamp: Micros, units: u64) {
-        if self.runs.is_empty() {
-            self.oldest = (stamp, units);
-        }
-        self.runs.push_back((stamp, units));
-        self.used += units;
-        self.newest = stamp;
+        let total = if self.entries.is_empty() {
+            self.oldest_stamp = stamp;
+            self.base + units
+        } else {
+            self.newest.1 + units
+        };
+        self.entries.push_back((stamp, total));
+        self.newest = (stamp, total);
     }
 
-    fn pop_oldest(&mut self) {
-        if let Some((_, units)) = self.runs.pop_front() {
-            self.used -= units;
+    /// Drops the entries that have left the window at `now`; true if any.
+    fn prune(&mut self, now: Micros, window: Micros) -> bool {
+        if self.entries.is_empty() || self.oldest_stamp + window > now {
+            return false;
         }
-        if let Some(&next) = self.runs.front() {
-            self.oldest = next;
+        let gone = self
+            .entries
+            .partition_point(|&(stamp, _)| stamp + window <= now);
+        if let Some(&(_, total)) = gone.checked_sub(1).and_then(|last| self.entries.get(last)) {
+            self.base = total;
+        }
+        self.entries.drain(..gone);
+        if let Some(&(stamp, _)) = self.entries.front() {
+            self.oldest_stamp = stamp;
+        }
+        true
+    }
+
+    fn used(&self) -> u64 {
+        if self.entries.is_empty() {
+            0
+        } else {
+            self.newest.1 - self.base
         }
     }
 
-    /// The runs, oldest first, reading the buffer only past the first.
-    fn runs(&self) -> impl Iterator<Item = (Micros, u64)> + '_ {
-        let first = (!self.runs.is_empty()).then_some(self.oldest);
-        first.into_iter().chain(self.runs.iter().skip(1).copied())
+    /// The stamp of the oldest entry whose leaving frees at least `units`.
+    fn freeing(&self, units: u64) -> Option<Micros> {
+        let at = self
+            .entries
+            .partition_point(|&(_, total)| total - self.base < units);
+        self.entries.get(at).map(|&(stamp, _)| stamp)
     }
 }
 
 /// The in-memory twin of `sliding_window.lua`. With `spend` false it
-/// decides the same and adds nothing (it may still drop aged-out runs).
+/// decides the same and adds nothing (it may still drop aged-out entries).
 pub fn decide(
     params: &SlidingWindow,
     state: &mut Option<State>,
@@ -61,16 +85,12 @@ pub fn decide(
     let limit = params.limit;
     let window = params.window.as_micros();
     let log = state.get_or_insert_with(State::default);
-    let mut pruned = false;
-    while !log.runs.is_empty() && log.oldest.0 + window <= now {
-        log.pop_oldest();
-        pruned = true;
-    }
-    let newest = (!log.runs.is_empty()).then_some(log.newest);
-    let used = log.used;
+    let pruned = log.prune(now, window);
+    let newest = (!log.entries.is_empty()).then_some(log.newest.0);
+    let used = log.used();
     let remaining = limit.saturating_sub(used);
     let reset_after = newest.map_or(0, |stamp| stamp + window - now);
-    let unchanged = if log.runs.is_empty() {
+    let unchanged = if log.entries.is_empty() {
         *state = None;
         MemoryChange::Updated
     } else if pruned {
@@ -90,19 +110,11 @@ pub fn decide(
         return (denied(RetryAfter::Never), unchanged);
     }
     if used + cost > limit {
-        // Enough of the oldest units must leave: the k-th oldest is the last.
-        let k = used + cost - limit;
-        let mut seen = 0;
-        let mut leaves_at = now;
-        if let Some(log) = state.as_ref() {
-            for (stamp, units) in log.runs() {
-                seen += units;
-                if seen >= k {
-                    leaves_at = stamp + window;
-                    break;
-                }
-            }
-        }
+        // Enough units must leave: the oldest entry whose leaving frees them.
+        let leaves_at = state
+            .as_ref()
+            .and_then(|log| log.freeing(used + cost - limit))
+            .map_or(now, |stamp| stamp + window);
         return (denied(RetryAfter::After(leaves_at - now)), unchanged);
     }
     let mut decision = Decision {
@@ -141,7 +153,7 @@ mod tests {
     }
 
     #[test]
-    fn units_leave_the_window_one_run_at_a_time() {
+    fn units_leave_the_window_one_entry_at_a_time() {
         let p = params(3, 1000);
         let mut state = None;
         assert!(decide(&p, &mut state, 0, 2, true).0.allowed);
@@ -169,12 +181,12 @@ mod tests {
     }
 
     #[test]
-    fn after_pruning_the_next_run_is_the_oldest() {
+    fn after_pruning_the_next_entry_is_the_oldest() {
         let p = params(2, 1000);
         let mut state = None;
         assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
         assert!(decide(&p, &mut state, 500_000, 1, true).0.allowed);
-        // The run at 0 leaves; the one at 500 ms is now the first to go.
+        // The entry at 0 leaves; the one at 500 ms is now the first to go.
         assert!(decide(&p, &mut state, 1_000_000, 1, true).0.allowed);
         let (d, _) = decide(&p, &mut state, 1_200_000, 1, true);
         assert!(!d.allowed);
@@ -207,5 +219,15 @@ mod tests {
         let (d, _) = decide(&p, &mut state, 10_000, 0, true);
         assert!(d.allowed);
         assert!(state.is_none());
+    }
+
+    #[test]
+    fn a_request_is_one_entry_whatever_its_cost() {
+        let p = params(100_000, 1000);
+        let mut state = None;
+        assert!(decide(&p, &mut state, 0, 100_000, true).0.allowed);
+        assert_eq!(state.as_ref().map(|log| log.entries.len()), Some(1));
+        let (d, _) = decide(&p, &mut state, 10, 1, true);
+        assert_eq!(d.retry_after, RetryAfter::After(999_990));
     }
 }

@@ -422,7 +422,7 @@ mod tests {
             Algorithm::SlidingWindow(SlidingWindow::new(1, Duration::from_secs(1)).unwrap());
         assert_eq!(
             storage_key("ratelimitd:", &sliding, &caller("user42")),
-            "ratelimitd:{sw:user42}"
+            "ratelimitd:{sl:user42}"
         );
         assert_ne!(
             storage_key("p:", &fixed, &caller("user42")),
