@@ -171,6 +171,54 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_requests: u32,
 
+    /// Most client connections open at once; at the cap new connections
+    /// wait in the kernel's backlog until one closes.
+    #[arg(long, env = "RATELIMITD_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_connections: usize,
+
+    /// Most calls one HTTP/2 connection may have open at once
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by HTTP/2.
+    #[arg(long, env = "RATELIMITD_MAX_CONCURRENT_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_streams: u32,
+
+    /// Longest a call may take from its headers to its answer, reading its
+    /// request included; past it the call is answered CANCELLED.
+    #[arg(long, env = "RATELIMITD_REQUEST_TIMEOUT", default_value = "5s",
+          value_parser = positive_duration)]
+    pub request_timeout: Duration,
+
+    /// A connection with no call and no stream open this long is closed
+    /// ("0s": never).
+    #[arg(long, env = "RATELIMITD_IDLE_TIMEOUT", default_value = "5m",
+          value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// How often to PING an HTTP/2 connection that sends nothing, to find
+    /// dead peers ("0s": never).
+    #[arg(long, env = "RATELIMITD_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s",
+          value_parser = humantime::parse_duration)]
+    pub http2_keepalive_interval: Duration,
+
+    /// How long a PING may go unanswered before the connection is closed.
+    #[arg(long, env = "RATELIMITD_HTTP2_KEEPALIVE_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    pub http2_keepalive_timeout: Duration,
+
+    /// Idle time before TCP keepalive probes start on a connection ("0s":
+    /// off).
+    #[arg(long, env = "RATELIMITD_TCP_KEEPALIVE", default_value = "60s",
+          value_parser = humantime::parse_duration)]
+    pub tcp_keepalive: Duration,
+
+    /// Serve gRPC server reflection (grpcurl, grpcui and alike list and call
+    /// the services without the .proto files). `--reflection=false` removes
+    /// it.
+    #[arg(long, env = "RATELIMITD_REFLECTION", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub reflection: bool,
+
     /// Most descriptors one ShouldRateLimit may carry (more:
     /// INVALID_ARGUMENT). Envoy sends a handful.
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTORS", default_value_t = RequestBounds::DEFAULT_MAX_DESCRIPTORS,
@@ -290,6 +338,14 @@ impl fmt::Debug for Config {
             .field("tls_client_ca", &self.tls_client_ca)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("max_connections", &self.max_connections)
+            .field("max_concurrent_streams", &self.max_concurrent_streams)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("http2_keepalive_interval", &self.http2_keepalive_interval)
+            .field("http2_keepalive_timeout", &self.http2_keepalive_timeout)
+            .field("tcp_keepalive", &self.tcp_keepalive)
+            .field("reflection", &self.reflection)
             .field("max_descriptors", &self.max_descriptors)
             .field("max_descriptor_entries", &self.max_descriptor_entries)
             .field(

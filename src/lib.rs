@@ -5,9 +5,10 @@
 //! A request flows top to bottom through these modules:
 //!
 //! - [`server`] builds the tonic router (our API, Envoy's, health,
-//!   reflection; TLS; [`load_shed`] for calls beyond the limit in flight) and
-//!   runs it until a shutdown signal; [`health`] keeps the health status
-//!   truthful.
+//!   reflection; TLS) and runs it until a shutdown signal, on connections
+//!   that [`incoming`] accepts and closes (cap, idle, shutdown) and
+//!   [`drain`] tracks calls on; [`load_shed`] sheds decisions beyond the
+//!   limit in flight; [`health`] keeps the health status truthful.
 //! - [`api`] turns protobuf requests into validated [`limit`] types and
 //!   decisions back into protobuf; it is the only layer that knows tonic
 //!   besides [`server`] and [`pb`].
@@ -25,8 +26,10 @@ pub mod algorithm;
 pub mod api;
 pub mod codec;
 pub mod config;
+pub mod drain;
 pub mod error;
 pub mod health;
+pub mod incoming;
 pub mod limit;
 pub mod limiter;
 pub mod load_shed;

@@ -14,6 +14,7 @@ async fn main() -> ExitCode {
     let config = Config::parse();
     telemetry::init(config.log_format);
     info!(?config, "starting ratelimitd {}", env!("CARGO_PKG_VERSION"));
+    ratelimitd::incoming::raise_open_file_limit();
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(err) => {

@@ -101,3 +101,13 @@ pub fn config_reload(succeeded: bool) {
 pub fn in_flight(delta: f64) {
     gauge!("ratelimitd_requests_in_flight").increment(delta);
 }
+
+/// Client connections open, up or down by one.
+pub fn connections(delta: f64) {
+    gauge!("ratelimitd_connections").increment(delta);
+}
+
+/// An `accept` that failed (out of file descriptors, mostly).
+pub fn accept_error() {
+    counter!("ratelimitd_accept_errors_total").increment(1);
+}

@@ -4,11 +4,11 @@
 //! start a server on port 0 and stop it at will.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
@@ -18,11 +18,13 @@ use crate::api::envoy::config_file::ConfigError;
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, RequestBounds};
 use crate::config::{Config, redacted_url};
+use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health;
+use crate::incoming::{self, IncomingSettings};
 use crate::limit::FailurePolicy;
 use crate::limiter::{DenialCache, Limiter};
-use crate::load_shed::LoadShedLayer;
+use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
 
@@ -134,6 +136,7 @@ pub async fn run(
         None => (RulesHandle::default(), None),
     };
     let limiter = build_limiter(&config)?;
+    let slots = DecisionSlots::new(config.max_concurrent_requests as usize);
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,
@@ -146,6 +149,7 @@ pub async fn run(
                 max_entry_bytes: config.max_descriptor_entry_bytes,
             },
         },
+        slots.clone(),
     );
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -160,21 +164,40 @@ pub async fn run(
         serves_without_store,
     ));
 
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection = if config.reflection {
+        Some(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()?,
+        )
+    } else {
+        info!("reflection off (--reflection=false)");
+        None
+    };
 
     match listener.local_addr() {
         Ok(address) => info!(%address, "serving gRPC"),
         Err(err) => info!(%err, "serving gRPC (local address unknown)"),
     }
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let shutting_down = incoming::ShutdownStarted::default();
+    let incoming = incoming::connections(
+        listener,
+        IncomingSettings {
+            max_connections: config.max_connections,
+            tcp_keepalive: nonzero(config.tcp_keepalive),
+            idle_timeout: nonzero(config.idle_timeout),
+            shutting_down: shutting_down.clone(),
+        },
+    );
     let draining = Arc::new(Notify::new());
     let stop = {
         let draining = draining.clone();
         async move {
             shutdown.await;
+            // Before tonic sends GOAWAY: from now on a connection closes as
+            // soon as it has no call in flight.
+            let _ = shutting_down.set(Instant::now());
             info!("shutting down: health NOT_SERVING, finishing calls in flight");
             health_task.abort();
             if let Some(config_watch) = config_watch {
@@ -185,16 +208,20 @@ pub async fn run(
         }
     };
     let max_request = config.max_request_bytes as usize;
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .timeout(config.request_timeout)
+        .max_concurrent_streams(config.max_concurrent_streams)
+        .http2_keepalive_interval(nonzero(config.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(config.http2_keepalive_timeout));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
     }
     let serve = builder
-        .layer(LoadShedLayer::new(config.max_concurrent_requests as usize))
+        .layer(DrainLayer)
         .add_service(health_service)
-        .add_service(reflection)
+        .add_optional_service(reflection)
         .add_service(
-            CheckService::new(limiter)
+            CheckService::new(limiter, slots)
                 .into_server()
                 .max_decoding_message_size(max_request),
         )
@@ -211,4 +238,9 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// `None` for a zero duration: the flags' "0s" for "off".
+fn nonzero(duration: Duration) -> Option<Duration> {
+    (!duration.is_zero()).then_some(duration)
 }

@@ -48,6 +48,27 @@ async fn reflection_lists_every_service() {
 }
 
 #[tokio::test]
+async fn reflection_can_be_turned_off() {
+    let server = TestServer::start(&["--reflection=false"]).await;
+    let mut client = ServerReflectionClient::new(common::channel(server.address).await);
+    let list = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let status = client
+        .server_reflection_info(futures::stream::iter([list]))
+        .await
+        .expect_err("no reflection service");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    // The rest is served as ever.
+    let mut api = server.client().await;
+    api.check_limit(request("k", fixed_window(1, Duration::from_secs(1)), None))
+        .await
+        .expect("CheckLimit");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn health_serves_for_the_server_and_the_api() {
     let server = TestServer::memory().await;
     for service in ratelimitd::health::SERVICE_NAMES {
@@ -173,4 +194,67 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
     .expect("wait");
     assert!(exit.success(), "exit status {exit:?}");
     redis.thaw();
+}
+
+/// SIGTERM with idle connections open (one of them a client that never
+/// answers GOAWAY) and a health watcher connected: the process tells them to
+/// go away and exits without waiting out its grace (only calls in flight are
+/// drained, and a Watch stream is not one).
+#[tokio::test]
+async fn sigterm_with_idle_connections_and_a_watcher_exits_at_once() {
+    let grace = Duration::from_secs(60);
+    let server = ServerProcess::start(&["--shutdown-grace", "60s"]).await;
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        let mut client = server.client().await;
+        client
+            .check_limit(request(
+                "k",
+                fixed_window(100, Duration::from_secs(60)),
+                None,
+            ))
+            .await
+            .expect("a call on the embedded store");
+        idle.push(client);
+    }
+    // Says hello, then neither reads nor closes.
+    let mut mute = tokio::net::TcpStream::connect(server.address)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut mute,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    )
+    .await
+    .expect("preface");
+    let mut watch = HealthClient::new(common::channel(server.address).await)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner();
+    watch.next().await.expect("a status").expect("no error");
+
+    let sent_at = std::time::Instant::now();
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let exit = tokio::task::spawn_blocking(move || {
+        let mut server = server;
+        server.child.wait()
+    })
+    .await
+    .expect("join")
+    .expect("wait");
+    assert!(exit.success(), "exit status {exit:?}");
+    let took = sent_at.elapsed();
+    assert!(
+        took < grace / 4,
+        "shutdown waited {took:?}, as if idle connections were calls in flight"
+    );
+    drop((idle, watch, mute));
 }

@@ -12,6 +12,7 @@ use crate::limit::{
     LimitRequest, Micros, RetryAfter, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
 use crate::limiter::Limiter;
+use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
@@ -20,11 +21,12 @@ use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 #[derive(Clone)]
 pub struct CheckService {
     limiter: Limiter,
+    slots: DecisionSlots,
 }
 
 impl CheckService {
-    pub fn new(limiter: Limiter) -> Self {
-        Self { limiter }
+    pub fn new(limiter: Limiter, slots: DecisionSlots) -> Self {
+        Self { limiter, slots }
     }
 
     pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
@@ -38,6 +40,7 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
+        let _in_flight = self.slots.enter()?;
         let request = request.into_inner();
         let policy = failure_policy(request.failure_policy).map_err(Error::from)?;
         let request = limit_request(request).map_err(Error::from)?;

@@ -294,12 +294,18 @@ impl ServerProcess {
     /// Starts the `ratelimitd` binary with these flags plus `--listen`, and
     /// waits until its health says SERVING.
     pub async fn start(flags: &[&str]) -> Self {
-        Self::spawn(flags, false).await
+        Self::spawn(None, flags, false).await
     }
 
     /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
     pub async fn start_logged(flags: &[&str]) -> Self {
-        Self::spawn(flags, true).await
+        Self::spawn(None, flags, true).await
+    }
+
+    /// As [`ServerProcess::start_logged`], started by `prlimit` with this
+    /// soft and hard limit on open files.
+    pub async fn start_with_open_file_limit(soft: u64, hard: u64, flags: &[&str]) -> Self {
+        Self::spawn(Some((soft, hard)), flags, true).await
     }
 
     /// Everything the process has logged so far.
@@ -308,7 +314,7 @@ impl ServerProcess {
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
-    async fn spawn(flags: &[&str], logged: bool) -> Self {
+    async fn spawn(open_files: Option<(u64, u64)>, flags: &[&str], logged: bool) -> Self {
         let address: SocketAddr = format!("127.0.0.1:{}", free_port())
             .parse()
             .expect("address");
@@ -321,13 +327,25 @@ impl ServerProcess {
             Some((_, path)) => Stdio::from(std::fs::File::create(path).expect("log file")),
             None => Stdio::inherit(),
         };
-        let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+        let binary = env!("CARGO_BIN_EXE_ratelimitd");
+        let mut command = match open_files {
+            Some((soft, hard)) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .args(flags)
             .args(["--listen", &address.to_string()])
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
-            .expect("start the ratelimitd binary");
+            .expect("start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)");
         let server = Self {
             address,
             child,

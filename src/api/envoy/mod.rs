@@ -21,6 +21,7 @@ use self::source::RulesHandle;
 use crate::error::Error;
 use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
 use crate::limiter::Limiter;
+use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
 use crate::pb::envoy::config::core::v3::HeaderValue;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -114,14 +115,21 @@ pub struct EnvoyService {
     limiter: Limiter,
     rules: RulesHandle,
     settings: EnvoySettings,
+    slots: DecisionSlots,
 }
 
 impl EnvoyService {
-    pub fn new(limiter: Limiter, rules: RulesHandle, settings: EnvoySettings) -> Self {
+    pub fn new(
+        limiter: Limiter,
+        rules: RulesHandle,
+        settings: EnvoySettings,
+        slots: DecisionSlots,
+    ) -> Self {
         Self {
             limiter,
             rules,
             settings,
+            slots,
         }
     }
 
@@ -136,6 +144,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
+        let _in_flight = self.slots.enter()?;
         let request = request.into_inner();
         self.settings.bounds.check(&request).map_err(Error::from)?;
         let rules = self.rules.current();

@@ -1,0 +1,383 @@
+//! Accepts client connections and decides when each closes. At most
+//! `--max-connections` are open at once (at the cap the listener waits, and
+//! the kernel's backlog holds newcomers); each gets TCP keepalive and no
+//! Nagle delay; accept errors (running out of file descriptors, mostly) are
+//! logged at warn at most once a second and answered by backing off rather
+//! than retrying in a busy loop. A connection is closed when it has had no
+//! call and no stream for `--idle-timeout`, and, once the server is shutting
+//! down, as soon as it has no call in flight (a health watch or reflection
+//! stream does not hold it open). Also raises the process's open-file limit
+//! at start, since every connection is one.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tracing::{info, warn};
+
+use crate::metrics;
+
+/// How connections are accepted and closed.
+#[derive(Debug, Clone)]
+pub struct IncomingSettings {
+    pub max_connections: usize,
+    /// Idle time before TCP keepalive probes start (`None`: off).
+    pub tcp_keepalive: Option<Duration>,
+    /// A connection without calls or streams this long is closed.
+    pub idle_timeout: Option<Duration>,
+    /// When the server began shutting down, once it has.
+    pub shutting_down: ShutdownStarted,
+}
+
+/// The instant a shutdown began, set once, read by every connection.
+pub type ShutdownStarted = Arc<OnceLock<Instant>>;
+
+/// How long a draining connection stays open after its last call ended, or
+/// after the shutdown began, so that what was last sent (an answer, a
+/// watcher's NOT_SERVING, GOAWAY) is written out before it goes.
+const ANSWER_FLUSH: Duration = Duration::from_millis(100);
+
+/// The first pause after a failed accept; doubled on each failure in a row.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// At most one warning per this long about failing accepts or the cap.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// The connections `listener` accepts, forever. Never yields an error:
+/// accept errors are handled here (tonic would retry them at once).
+pub fn connections(
+    listener: TcpListener,
+    settings: IncomingSettings,
+) -> impl Stream<Item = Result<Connection, io::Error>> {
+    let state = Acceptor {
+        listener,
+        slots: Arc::new(Semaphore::new(settings.max_connections)),
+        settings,
+        backoff: FIRST_BACKOFF,
+        warned_at: None,
+        suppressed: 0,
+    };
+    futures::stream::unfold(state, |mut state| async move {
+        let connection = state.next().await;
+        Some((Ok(connection), state))
+    })
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    settings: IncomingSettings,
+    backoff: Duration,
+    warned_at: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Acceptor {
+    async fn next(&mut self) -> Connection {
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let max_connections = self.settings.max_connections;
+                self.warn(|suppressed| {
+                    warn!(
+                        max_connections,
+                        suppressed,
+                        "at the connection cap (--max-connections): new connections wait"
+                    )
+                });
+                match self.slots.clone().acquire_owned().await {
+                    Ok(slot) => slot,
+                    // The semaphore is never closed.
+                    Err(_) => unreachable!("connection slots closed"),
+                }
+            }
+        };
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, _)) => {
+                    self.backoff = FIRST_BACKOFF;
+                    return Connection::new(stream, slot, &self.settings);
+                }
+                // The peer gave up before we took it: nothing to wait for.
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(err) => {
+                    metrics::accept_error();
+                    let backoff = self.backoff;
+                    self.warn(|suppressed| {
+                        warn!(%err, ?backoff, suppressed, "cannot accept a connection; backing off")
+                    });
+                    tokio::time::sleep(backoff).await;
+                    self.backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Runs `log` (given how many warnings were held back since the last
+    /// one) unless a warning went out within [`WARN_EVERY`].
+    fn warn(&mut self, log: impl FnOnce(u64)) {
+        let now = Instant::now();
+        if self
+            .warned_at
+            .is_some_and(|at| now.duration_since(at) < WARN_EVERY)
+        {
+            self.suppressed += 1;
+            return;
+        }
+        log(self.suppressed);
+        self.warned_at = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// What a connection is doing, shared with the call-tracking layer through
+/// the request's [`ConnectionInfo`].
+#[derive(Debug)]
+pub struct Activity {
+    opened: Instant,
+    /// Unary calls not yet fully answered: a shutdown waits for these.
+    calls: AtomicUsize,
+    /// Open-ended streams (health watch, reflection): they keep the
+    /// connection from idling out, but a shutdown does not wait for them.
+    streams: AtomicUsize,
+    /// When a call or stream last started or ended, in ms since `opened`.
+    changed_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            calls: AtomicUsize::new(0),
+            streams: AtomicUsize::new(0),
+            changed_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.changed_ms.store(ms, Ordering::Release);
+    }
+
+    fn changed_at(&self) -> Instant {
+        self.opened + Duration::from_millis(self.changed_ms.load(Ordering::Acquire))
+    }
+
+    /// Counts a call (or, with `streaming`, a stream) until the guard drops.
+    pub fn enter(self: &Arc<Self>, streaming: bool) -> ActivityGuard {
+        self.counter(streaming).fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        ActivityGuard {
+            activity: self.clone(),
+            streaming,
+        }
+    }
+
+    fn counter(&self, streaming: bool) -> &AtomicUsize {
+        if streaming {
+            &self.streams
+        } else {
+            &self.calls
+        }
+    }
+}
+
+/// One call or stream counted on its connection, until dropped.
+pub struct ActivityGuard {
+    activity: Arc<Activity>,
+    streaming: bool,
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.activity
+            .counter(self.streaming)
+            .fetch_sub(1, Ordering::AcqRel);
+        self.activity.touch();
+    }
+}
+
+/// What tonic puts in every request's extensions for our connections.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub tcp: TcpConnectInfo,
+    pub activity: Arc<Activity>,
+}
+
+/// One accepted connection, holding its place under the cap until dropped.
+pub struct Connection {
+    stream: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    idle_timeout: Option<Duration>,
+    shutting_down: ShutdownStarted,
+    /// When to look again whether to close; `None` while nothing would.
+    check: Option<Pin<Box<Sleep>>>,
+}
+
+impl Connection {
+    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, settings: &IncomingSettings) -> Self {
+        // Best effort: a socket that refuses an option still serves.
+        let _ = stream.set_nodelay(true);
+        if let Some(idle) = settings.tcp_keepalive {
+            let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        }
+        metrics::connections(1.0);
+        Self {
+            stream,
+            _slot: slot,
+            activity: Arc::new(Activity::new()),
+            idle_timeout: settings.idle_timeout,
+            shutting_down: settings.shutting_down.clone(),
+            check: None,
+        }
+    }
+
+    /// When this connection should close if nothing changes, or `None`.
+    fn closes_at(&self) -> Option<Instant> {
+        let activity = &self.activity;
+        if activity.calls.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let quiet_since = activity.changed_at();
+        if let Some(&started) = self.shutting_down.get() {
+            return Some(quiet_since.max(started) + ANSWER_FLUSH);
+        }
+        if activity.streams.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        self.idle_timeout.map(|idle| quiet_since + idle)
+    }
+
+    /// Whether to end the connection now; otherwise arms a timer for when
+    /// a close falls due, or, while shutting down, to notice calls ending.
+    /// Nothing else needs a timer: hyper reads the connection again when a
+    /// shutdown starts (it writes GOAWAY) and as each call's answer flows.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            let now = Instant::now();
+            let draining = self.shutting_down.get().is_some();
+            let next = match (self.closes_at(), draining) {
+                (Some(at), _) if at <= now => return true,
+                (Some(at), _) => at,
+                (None, true) => now + ANSWER_FLUSH,
+                (None, false) => {
+                    self.check = None;
+                    return false;
+                }
+            };
+            let check = self
+                .check
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next.into())));
+            check.as_mut().reset(next.into());
+            if check.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        metrics::connections(-1.0);
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = ConnectionInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        ConnectionInfo {
+            tcp: self.stream.connect_info(),
+            activity: self.activity.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Pending if this.poll_close(cx) => {
+                // End of stream: hyper closes the connection, ending any
+                // watch stream on it.
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, so connections
+/// run out at the hard limit rather than at a low default (often 1024), and
+/// logs both.
+pub fn raise_open_file_limit() {
+    let before = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok((soft, _)) => soft,
+        Err(err) => {
+            warn!(%err, "cannot read the open-file limit");
+            return;
+        }
+    };
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(after) if after > before => {
+            info!(
+                before,
+                after, "raised the open-file limit to its hard limit"
+            )
+        }
+        Ok(after) => info!(
+            open_files = after,
+            "open-file limit already at its hard limit"
+        ),
+        Err(err) => warn!(%err, before, "cannot raise the open-file limit"),
+    }
+}
