@@ -132,6 +132,13 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
     pub local_cache_size: usize,
 
+    /// Most memory the local over-limit cache may take, e.g. `16MiB` (its
+    /// estimate: keys and entries); with --local-cache-size, whichever
+    /// binds first. 0 turns the cache off.
+    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_MAX_BYTES", default_value = "16MiB",
+          value_parser = cache_bytes)]
+    pub local_cache_max_bytes: usize,
+
     /// How often health checks that the store answers.
     #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
           value_parser = positive_duration)]
@@ -141,6 +148,13 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
           value_parser = positive_duration)]
     pub memory_sweep_interval: Duration,
+
+    /// Most memory the embedded store's keys may take (its estimate: keys,
+    /// state, tables), e.g. `256MiB`. A write past it evicts what expired,
+    /// then the keys closest to expiry.
+    #[arg(long, env = "RATELIMITD_MEMORY_MAX_BYTES", default_value = "256MiB",
+          value_parser = byte_size)]
+    pub memory_max_bytes: usize,
 
     /// After SIGTERM, longest wait for calls in flight before exiting anyway.
     #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
@@ -330,8 +344,10 @@ impl fmt::Debug for Config {
             .field("failure_policy", &self.failure_policy)
             .field("redis_breaker_threshold", &self.redis_breaker_threshold)
             .field("local_cache_size", &self.local_cache_size)
+            .field("local_cache_max_bytes", &self.local_cache_max_bytes)
             .field("health_interval", &self.health_interval)
             .field("memory_sweep_interval", &self.memory_sweep_interval)
+            .field("memory_max_bytes", &self.memory_max_bytes)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
@@ -380,6 +396,23 @@ pub fn redacted_url(url: &str) -> String {
         // `redis://password@host` is accepted by redis-rs too: hide it all.
         format!("{}***{}", &url[..scheme_end], &url[at..])
     }
+}
+
+/// A size such as `256MiB`, `1GB` or `65536`, in bytes; at least 64 KiB
+/// (below that the store's 64 shards hold almost nothing each).
+fn byte_size(text: &str) -> Result<usize, String> {
+    let size: bytesize::ByteSize = text.parse()?;
+    let bytes = usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())?;
+    if bytes < 64 << 10 {
+        return Err("must be at least 64KiB".into());
+    }
+    Ok(bytes)
+}
+
+/// A size in bytes as [`byte_size`] reads it, where 0 is allowed (off).
+fn cache_bytes(text: &str) -> Result<usize, String> {
+    let size: bytesize::ByteSize = text.parse()?;
+    usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {

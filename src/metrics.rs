@@ -111,3 +111,14 @@ pub fn connections(delta: f64) {
 pub fn accept_error() {
     counter!("ratelimitd_accept_errors_total").increment(1);
 }
+
+/// The embedded store's keys and estimated bytes, after each sweep.
+pub fn memory_store(keys: usize, bytes: usize) {
+    gauge!("ratelimitd_memory_keys").set(keys as f64);
+    gauge!("ratelimitd_memory_bytes").set(bytes as f64);
+}
+
+/// Live keys the embedded store evicted to stay within its budget.
+pub fn memory_evictions(keys: usize) {
+    counter!("ratelimitd_memory_evictions_total").increment(keys as u64);
+}

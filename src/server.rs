@@ -54,7 +54,8 @@ pub enum ServeError {
 /// eviction task).
 pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     let embedded = || {
-        let memory = MemoryStore::new(Arc::new(SystemClock::default()));
+        let memory =
+            MemoryStore::with_max_bytes(Arc::new(SystemClock::default()), config.memory_max_bytes);
         memory.spawn_sweeper(config.memory_sweep_interval);
         memory
     };
@@ -69,7 +70,10 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
             let store = Store::Redis(RedisStore::new(&settings)?);
             Ok(Limiter::new(store, config.key_prefix.clone())
                 .with_failure_policy(config.failure_policy, embedded())
-                .with_denial_cache(DenialCache::new(config.local_cache_size)))
+                .with_denial_cache(DenialCache::new(
+                    config.local_cache_size,
+                    config.local_cache_max_bytes,
+                )))
         }
         None => {
             warn!(

@@ -69,6 +69,16 @@ pub enum State {
     SlidingWindowCounter(sliding_window_counter::State),
 }
 
+impl crate::store::memory::HeapSize for State {
+    fn heap_bytes(&self) -> usize {
+        match self {
+            // The only state with a buffer: the log's entries.
+            Self::SlidingWindow(log) => log.heap_bytes(),
+            _ => 0,
+        }
+    }
+}
+
 /// What an in-memory decision did to the key's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryChange {

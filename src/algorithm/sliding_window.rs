@@ -27,6 +27,11 @@ pub struct State {
 }
 
 impl State {
+    /// The bytes the log's buffer holds, used or not.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<(Micros, u64)>()
+    }
+
     fn push(&mut self, stamp: Micros, units: u64) {
         let total = if self.entries.is_empty() {
             self.oldest_stamp = stamp;

@@ -19,13 +19,32 @@
 
 use std::time::{Duration, Instant};
 
+use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 
 /// Denials by storage key.
 pub struct DenialCache {
-    denials: Cache<String, Denial>,
+    denials: Cache<String, Denial, DenialWeight>,
+}
+
+/// What one cached denial costs besides its key's bytes: the key's `String`,
+/// the denial, and the cache's own bookkeeping per entry (an estimate).
+const ENTRY_OVERHEAD: usize = std::mem::size_of::<String>() + std::mem::size_of::<Denial>() + 32;
+
+/// Weighs a denial by its bytes, and at least `floor`, the byte budget's
+/// share of one key under the key cap: the total weight within the byte
+/// budget then keeps both the bytes and the keys within their caps.
+#[derive(Debug, Clone, Copy)]
+struct DenialWeight {
+    floor: u64,
+}
+
+impl Weighter<String, Denial> for DenialWeight {
+    fn weight(&self, key: &String, _denial: &Denial) -> u64 {
+        ((key.len() + ENTRY_OVERHEAD) as u64).max(self.floor)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -42,12 +61,25 @@ struct Denial {
 }
 
 impl DenialCache {
-    /// A cache of at most `capacity` keys (least useful evicted first), or
-    /// none for 0.
-    pub fn new(capacity: usize) -> Option<Self> {
-        (capacity > 0).then(|| Self {
-            denials: Cache::new(capacity),
+    /// A cache of at most `max_keys` keys taking at most `max_bytes` (least
+    /// useful evicted first), or none when either is 0.
+    pub fn new(max_keys: usize, max_bytes: usize) -> Option<Self> {
+        if max_keys == 0 || max_bytes == 0 {
+            return None;
+        }
+        let floor = (max_bytes / max_keys).max(1) as u64;
+        Some(Self {
+            denials: Cache::with_weighter(
+                max_keys.min(max_bytes / ENTRY_OVERHEAD).max(1),
+                max_bytes as u64,
+                DenialWeight { floor },
+            ),
         })
+    }
+
+    /// The weight of what the cache holds: at least its bytes.
+    pub fn weight(&self) -> u64 {
+        self.denials.weight()
     }
 
     /// The denial of `cost` on `key` under `algorithm` at `now`, if one is
@@ -145,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_denial_answers_the_same_or_larger_cost_until_it_lifts() {
-        let cache = DenialCache::new(10).unwrap();
+        let cache = DenialCache::new(10, 1 << 20).unwrap();
         let sent = Instant::now();
         cache.remember("k", &fixed(10), 5, &denied(3, 1000), sent);
         let soon = sent + Duration::from_millis(400);
@@ -167,7 +199,7 @@ mod tests {
 
     #[test]
     fn a_denial_answers_only_the_limit_it_was_made_under_and_only_its_key() {
-        let cache = DenialCache::new(10).unwrap();
+        let cache = DenialCache::new(10, 1 << 20).unwrap();
         let now = Instant::now();
         cache.remember("k", &fixed(10), 1, &denied(0, 1000), now);
         assert!(cache.denial("k", &fixed(20), 1, now).is_none());
@@ -178,7 +210,7 @@ mod tests {
 
     #[test]
     fn only_denials_that_time_lifts_are_remembered() {
-        let cache = DenialCache::new(10).unwrap();
+        let cache = DenialCache::new(10, 1 << 20).unwrap();
         let now = Instant::now();
         let allowed = Decision {
             allowed: true,
@@ -197,16 +229,38 @@ mod tests {
             cache.remember("k", &fixed(10), 1, &decision, now);
         }
         assert!(cache.is_empty());
-        assert!(DenialCache::new(0).is_none(), "size 0 turns it off");
+        assert!(
+            DenialCache::new(0, 1 << 20).is_none(),
+            "size 0 turns it off"
+        );
+        assert!(DenialCache::new(10, 0).is_none(), "0 bytes turns it off");
     }
 
     #[test]
     fn the_cache_stays_within_its_size() {
-        let cache = DenialCache::new(100).unwrap();
+        let cache = DenialCache::new(100, 1 << 20).unwrap();
         let now = Instant::now();
         for i in 0..1000 {
             cache.remember(&format!("k{i}"), &fixed(10), 1, &denied(0, 1000), now);
         }
         assert!(cache.len() <= 100, "{} keys held", cache.len());
+    }
+
+    #[test]
+    fn long_keys_are_held_within_the_byte_budget() {
+        let budget = 64 << 10;
+        let cache = DenialCache::new(100_000, budget).unwrap();
+        let now = Instant::now();
+        let long = "x".repeat(1024);
+        for i in 0..1000 {
+            cache.remember(&format!("{long}{i}"), &fixed(10), 1, &denied(0, 1000), now);
+        }
+        assert!(cache.weight() <= budget as u64, "weight {}", cache.weight());
+        assert!(
+            cache.len() * 1024 <= budget,
+            "{} keys of 1 KiB in {budget} bytes",
+            cache.len()
+        );
+        assert!(cache.len() > 10, "the budget holds some: {}", cache.len());
     }
 }

@@ -7,8 +7,18 @@
 //! (shards are locked in ascending order, so two such decisions never wait on
 //! each other in a cycle). A concurrent map crate was not enough here: none
 //! locks several keys together. Expired state is treated as absent at once
-//! and evicted by a background sweep, so memory stays bounded by the keys
-//! live within their windows.
+//! and evicted by a background sweep, which also gives memory back (maps
+//! shrunk, the allocator trimmed).
+//!
+//! Memory is capped (`--memory-max-bytes`): each shard keeps an estimate of
+//! what its keys take (key bytes, state, the map's table) and may use its
+//! share of the budget. A write that takes a shard past its share evicts
+//! there, first what has expired, then the keys closest to expiry, down to
+//! 90% of the share. Closest to expiry because those lose the least: an
+//! evicted key starts afresh (as if its window had ended), so it may admit
+//! up to one more limit, and these keys were about to start afresh anyway.
+//! A flood of new keys therefore cannot reset a long-window key while
+//! shorter-lived keys remain, and never grows memory past the cap.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -18,6 +28,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::algorithm::MemoryChange;
 use crate::limit::Micros;
+use crate::metrics;
+
+/// What a state holds on the heap beyond its own size, for the budget.
+pub trait HeapSize {
+    fn heap_bytes(&self) -> usize;
+}
+
+impl HeapSize for u64 {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
 
 /// Where the embedded store reads the time. Redis reads its own clock; here
 /// a trait lets unit tests drive the time by hand.
@@ -70,6 +92,13 @@ impl Clock for ManualClock {
 /// Enough shards that two cores rarely meet on one lock.
 const SHARDS: usize = 64;
 
+/// The embedded store's memory budget unless configured.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
+/// What the allocator adds to each key's bytes (its header and rounding),
+/// as glibc's malloc does for small blocks.
+const ALLOCATION_OVERHEAD: usize = 16;
+
 #[derive(Debug)]
 struct Slot<S> {
     /// `None` once a decision emptied it; such a slot is removed right after.
@@ -78,24 +107,131 @@ struct Slot<S> {
     expires_at: Micros,
 }
 
-type Shard<S> = HashMap<Box<str>, Slot<S>>;
+/// One shard's keys, and the bytes their keys and states take beyond the
+/// map's table.
+struct Shard<S> {
+    map: HashMap<Box<str>, Slot<S>>,
+    entry_bytes: usize,
+}
 
-/// Keys and their state of type `S`, with expiry.
+impl<S: HeapSize> Shard<S> {
+    fn new() -> Self {
+        Self {
+            map: HashMap::new(),
+            entry_bytes: 0,
+        }
+    }
+
+    /// What one key takes beyond its place in the table.
+    fn entry_bytes(key: &str, slot: &Slot<S>) -> usize {
+        key.len() + ALLOCATION_OVERHEAD + slot.state.as_ref().map_or(0, HeapSize::heap_bytes)
+    }
+
+    /// The shard's estimated memory: entries and the table (one control
+    /// byte and one (key, slot) pair per bucket, full or not).
+    fn bytes(&self) -> usize {
+        let bucket = std::mem::size_of::<(Box<str>, Slot<S>)>() + 1;
+        self.entry_bytes + self.map.capacity() * bucket
+    }
+
+    /// Drops what expired at `now`; the number dropped.
+    fn evict_expired(&mut self, now: Micros) -> usize {
+        let before = self.map.len();
+        let mut freed = 0;
+        self.map.retain(|key, slot| {
+            let keep = slot.expires_at > now;
+            if !keep {
+                freed += Self::entry_bytes(key, slot);
+            }
+            keep
+        });
+        self.entry_bytes -= freed;
+        before - self.map.len()
+    }
+
+    /// Brings the shard under `budget` after a write: evicts what expired,
+    /// then, if still above 90% of it, the keys closest to expiry (never
+    /// `keep`, the key just written) until under 90%. Returns the number
+    /// of live keys evicted.
+    fn make_room(&mut self, budget: usize, now: Micros, keep: &str) -> usize {
+        if self.bytes() <= budget {
+            return 0;
+        }
+        self.evict_expired(now);
+        let target = budget / 10 * 9;
+        let mut evicted = 0;
+        if self.bytes() > target {
+            // Free what the entries over the target take, soonest expiry
+            // first.
+            let mut by_expiry: Vec<(Micros, usize)> = self
+                .map
+                .iter()
+                .filter(|(key, _)| &***key != keep)
+                .map(|(key, slot)| (slot.expires_at, Self::entry_bytes(key, slot)))
+                .collect();
+            by_expiry.sort_unstable();
+            // The table keeps its size (so refilling it does not grow it
+            // again): only entries free bytes.
+            let mut to_free = self.bytes() - target;
+            let mut threshold = None;
+            for (expires_at, bytes) in by_expiry {
+                threshold = Some(expires_at);
+                if bytes >= to_free {
+                    break;
+                }
+                to_free -= bytes;
+            }
+            if let Some(threshold) = threshold {
+                let mut freed = 0;
+                let before = self.map.len();
+                self.map.retain(|key, slot| {
+                    let keep = slot.expires_at > threshold || &**key == keep;
+                    if !keep {
+                        freed += Self::entry_bytes(key, slot);
+                    }
+                    keep
+                });
+                self.entry_bytes -= freed;
+                evicted = before - self.map.len();
+            }
+        }
+        // A table grown past the budget on its own (a budget of few keys)
+        // is shrunk to what is left.
+        if self.bytes() > target && self.map.capacity() > 2 * self.map.len() {
+            self.map.shrink_to(0);
+        }
+        evicted
+    }
+}
+
+/// Keys and their state of type `S`, with expiry, within a memory budget.
 pub struct MemoryStore<S> {
     shards: Box<[Mutex<Shard<S>>]>,
     /// Spreads keys over shards; seeded per store, as the maps' hashing is.
     shard_hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
+    /// Each shard's share of the memory budget.
+    shard_budget: usize,
+    /// Live keys evicted to stay within it, ever.
+    evictions: AtomicU64,
 }
 
-impl<S: Send + 'static> MemoryStore<S> {
-    /// A store on `clock`; call [`MemoryStore::spawn_sweeper`] to evict
-    /// expired keys in the background.
+impl<S: HeapSize + Send + 'static> MemoryStore<S> {
+    /// A store on `clock` with the default budget; call
+    /// [`MemoryStore::spawn_sweeper`] to evict expired keys in the
+    /// background.
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        Self::with_max_bytes(clock, DEFAULT_MAX_BYTES)
+    }
+
+    /// A store that keeps its estimated memory within `max_bytes`.
+    pub fn with_max_bytes(clock: Arc<dyn Clock>, max_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
             shard_hasher: foldhash::fast::RandomState::default(),
             clock,
+            shard_budget: max_bytes / SHARDS,
+            evictions: AtomicU64::new(0),
         })
     }
 
@@ -113,17 +249,41 @@ impl<S: Send + 'static> MemoryStore<S> {
         });
     }
 
-    /// Drops every key whose state has expired, one shard at a time.
+    /// Drops every key whose state has expired, one shard at a time, and
+    /// gives the memory back: a map mostly empty is shrunk, and when
+    /// anything was dropped the allocator returns its free pages to the
+    /// system. Reports keys and bytes to the metrics.
     pub fn evict_expired(&self) {
         let now = self.clock.now();
+        let (mut dropped, mut keys, mut bytes) = (0, 0, 0);
         for shard in &self.shards {
-            lock(shard).retain(|_, slot| slot.expires_at > now);
+            let mut shard = lock(shard);
+            dropped += shard.evict_expired(now);
+            if shard.map.capacity() > 4 * shard.map.len() {
+                shard.map.shrink_to(0);
+            }
+            keys += shard.map.len();
+            bytes += shard.bytes();
         }
+        if dropped > 0 {
+            trim_allocator();
+        }
+        metrics::memory_store(keys, bytes);
     }
 
     /// Keys held, live or not yet evicted.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.shards.iter().map(|shard| lock(shard).map.len()).sum()
+    }
+
+    /// Live keys evicted to stay within the budget, since the store began.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// The store's estimated memory, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.shards.iter().map(|shard| lock(shard).bytes()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,7 +316,13 @@ impl<S: Send + 'static> MemoryStore<S> {
         // Read the clock with the locks held, so decisions on a key see time
         // in the order they run.
         let now = self.clock.now();
-        let mut locked = LockedKeys { keys, locked, now };
+        let mut locked = LockedKeys {
+            keys,
+            locked,
+            now,
+            shard_budget: self.shard_budget,
+            evictions: &self.evictions,
+        };
         work(&mut locked, now)
     }
 
@@ -176,6 +342,8 @@ pub struct LockedKeys<'a, S> {
     keys: &'a [&'a str],
     locked: Locked<'a, S>,
     now: Micros,
+    shard_budget: usize,
+    evictions: &'a AtomicU64,
 }
 
 /// The shards locked for a call's keys.
@@ -190,7 +358,7 @@ enum Locked<'a, S> {
     },
 }
 
-impl<S> LockedKeys<'_, S> {
+impl<S: HeapSize> LockedKeys<'_, S> {
     /// Runs `decide` on the live state of key number `index` (`None` if
     /// absent or expired) and keeps what it leaves: a state left `None`
     /// removes the key.
@@ -201,7 +369,7 @@ impl<S> LockedKeys<'_, S> {
     ) -> T {
         let key = self.keys[index];
         let now = self.now;
-        let map = match &mut self.locked {
+        let shard = match &mut self.locked {
             Locked::One(guard) => &mut **guard,
             Locked::Many { shard_of, guards } => {
                 let shard = shard_of[index];
@@ -222,11 +390,15 @@ impl<S> LockedKeys<'_, S> {
             }
             result
         };
-        match map.get_mut(key) {
+        let result = match shard.map.get_mut(key) {
             Some(slot) => {
+                let before = Shard::entry_bytes(key, slot);
                 let result = run(slot);
+                let after = Shard::entry_bytes(key, slot);
+                shard.entry_bytes = shard.entry_bytes - before + after;
                 if slot.state.is_none() {
-                    map.remove(key);
+                    shard.map.remove(key);
+                    shard.entry_bytes -= after;
                 }
                 result
             }
@@ -237,11 +409,30 @@ impl<S> LockedKeys<'_, S> {
                 };
                 let result = run(&mut slot);
                 if slot.state.is_some() {
-                    map.insert(key.into(), slot);
+                    shard.entry_bytes += Shard::entry_bytes(key, &slot);
+                    shard.map.insert(key.into(), slot);
                 }
                 result
             }
+        };
+        let evicted = shard.make_room(self.shard_budget, now, key);
+        if evicted > 0 {
+            self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+            metrics::memory_evictions(evicted);
         }
+        result
+    }
+}
+
+/// Hands the allocator's free memory back to the system. glibc keeps freed
+/// small blocks in its arenas for reuse, so after a wave of keys expired the
+/// process would otherwise stay at its peak size.
+fn trim_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointers and may be called at any time;
+    // it only releases memory the allocator holds free.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -344,5 +535,51 @@ mod tests {
         assert_eq!(counts[0], 1);
         assert_eq!(counts[200], 2, "the repeated key saw the first write");
         assert_eq!(store.len(), 200);
+    }
+
+    /// A counter on `key` that expires at `expires_at`.
+    fn write_until(store: &MemoryStore<u64>, key: &str, expires_at: Micros) {
+        update(store, key, |state, _| {
+            *state = Some(1);
+            ((), MemoryChange::Written { expires_at })
+        });
+    }
+
+    #[test]
+    fn past_its_budget_the_store_evicts_the_keys_closest_to_expiry() {
+        let budget = 1 << 20;
+        let store: Arc<MemoryStore<u64>> =
+            MemoryStore::with_max_bytes(Arc::new(ManualClock::default()), budget);
+        for i in 0..100 {
+            write_until(&store, &format!("long-{i}"), 1_000_000_000);
+        }
+        let padding = "p".repeat(200);
+        let written = 20_000;
+        for i in 0..written {
+            write_until(&store, &format!("{padding}-{i}"), 1_000 + i);
+            assert!(store.bytes() <= budget, "{} bytes held", store.bytes());
+        }
+        let held = store.len();
+        assert!(held < written as usize, "nothing was evicted: {held} keys");
+        assert_eq!(held as u64 + store.evictions(), written + 100);
+        // The long-lived keys outlive every short one, so none was evicted;
+        // of the short ones, the latest to expire are the ones held.
+        for i in 0..100 {
+            let long = format!("long-{i}");
+            assert_eq!(
+                update(&store, &long, |state, _| (*state, MemoryChange::None)),
+                Some(1)
+            );
+        }
+        let newest = format!("{padding}-{}", written - 1);
+        assert_eq!(
+            update(&store, &newest, |state, _| (*state, MemoryChange::None)),
+            Some(1)
+        );
+        let oldest = format!("{padding}-0");
+        assert_eq!(
+            update(&store, &oldest, |state, _| (*state, MemoryChange::None)),
+            None
+        );
     }
 }
