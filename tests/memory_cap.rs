@@ -114,3 +114,52 @@ async fn a_flood_of_keys_stays_within_the_cap_and_long_lived_keys_stay_exact() {
     );
     assert!(keys < 40_000.0, "ratelimitd_memory_keys {keys}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_is_given_back_once_keys_expire() {
+    let metrics_port = free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let server = ServerProcess::start(&[
+        "--memory-sweep-interval",
+        "200ms",
+        "--metrics-listen",
+        &metrics_listen,
+    ])
+    .await;
+    let pid = server.child.id();
+    let client = server.client().await;
+    let at_start = rss_bytes(pid);
+
+    // 12 000 distinct 1 KiB keys that expire 5 s after they were written.
+    let short = fixed_window(10, Duration::from_secs(5));
+    let padding = "p".repeat(1000);
+    futures::stream::iter(0..12_000)
+        .map(|i| {
+            let mut client = client.clone();
+            let key = format!("{padding}-{i}");
+            async move { check(&mut client, &key, &short, None).await.allowed }
+        })
+        .buffer_unordered(32)
+        .for_each(|allowed| async move { assert!(allowed) })
+        .await;
+    let peak = rss_bytes(pid).saturating_sub(at_start);
+    assert!(peak > 8 << 20, "the keys took only {peak} bytes");
+
+    let held = || async {
+        let body = get(metrics_port, "/metrics", &[])
+            .await
+            .expect("metrics answer")
+            .body;
+        metric(&body, "ratelimitd_memory_keys")
+    };
+    common::eventually("every key to expire and be swept", || async {
+        held().await == 0.0
+    })
+    .await;
+    let after = rss_bytes(pid).saturating_sub(at_start);
+    eprintln!("resident memory above start: {peak} bytes at the peak, {after} after expiry");
+    assert!(
+        after < peak / 3,
+        "memory stayed at {after} bytes above its start after every key expired (peak {peak})"
+    );
+}
