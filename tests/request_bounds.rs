@@ -211,3 +211,50 @@ async fn a_request_larger_than_one_script_is_split_and_still_all_or_nothing() {
     server.stop().await;
     redis.assert_every_key_expires().await;
 }
+
+/// Requests at every bound at once (64 descriptors of 4096-byte values,
+/// each its own counter), many in a row, while an unrelated caller asks on
+/// its own key: every one of its calls is decided (none times out against
+/// the 100 ms Redis timeout, none is shed), and every large request too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_the_bounds_leave_other_callers_decided() {
+    let redis = RedisServer::start().await;
+    let (server, client) = start(&redis, &[]).await;
+    let heavy = (0..2).map(|worker| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                let descriptors = (0..64)
+                    .map(|i| {
+                        let value = format!("value-{worker}-{round}-{i}-");
+                        counted(&format!("{value}{}", "v".repeat(4096 - value.len())), 1)
+                    })
+                    .collect();
+                let answer = ask(&mut client, descriptors)
+                    .await
+                    .expect("a request at the bounds");
+                assert_eq!(answer.overall_code(), Code::Ok);
+            }
+        })
+    });
+    let heavy: Vec<_> = heavy.collect();
+
+    let mut other = ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient::new(
+        common::channel(server.address).await,
+    );
+    let limit = common::fixed_window(1000, std::time::Duration::from_secs(60));
+    let mut slowest = std::time::Duration::ZERO;
+    for expected in (900..1000).rev() {
+        let sent = std::time::Instant::now();
+        let answer = common::check(&mut other, "unrelated", &limit, None).await;
+        slowest = slowest.max(sent.elapsed());
+        assert!(answer.allowed);
+        assert_eq!(answer.remaining, expected);
+    }
+    for worker in heavy {
+        worker.await.expect("a heavy worker");
+    }
+    eprintln!("slowest unrelated call while requests at the bounds ran: {slowest:?}");
+    server.stop().await;
+    redis.assert_every_key_expires().await;
+}

@@ -216,3 +216,42 @@ async fn a_refund_with_many_later_entries_over_counts_never_under() {
     assert_eq!(look.remaining, 1000 - 70);
     redis.assert_every_key_expires().await;
 }
+
+/// Sliding-log requests of cost 100 000 (three of them used to block Redis
+/// long enough to fail unrelated callers) running beside an unrelated
+/// caller: every call of both is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_costs_leave_other_callers_decided() {
+    let redis = RedisServer::start().await;
+    let server = TestServer::on_redis(&redis).await;
+    let client = server.client().await;
+    let limit = sliding_window(100_000, Duration::from_secs(60));
+    let heavy: Vec<_> = (0..3)
+        .map(|worker| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                for round in 0..20 {
+                    let key = format!("heavy-{worker}-{round}");
+                    assert!(
+                        check(&mut client, &key, &limit, Some(100_000))
+                            .await
+                            .allowed
+                    );
+                }
+            })
+        })
+        .collect();
+    let mut other = client.clone();
+    let small = sliding_window(1000, Duration::from_secs(60));
+    for expected in (900..1000).rev() {
+        assert_eq!(
+            check(&mut other, "unrelated", &small, None).await.remaining,
+            expected
+        );
+    }
+    for worker in heavy {
+        worker.await.expect("a heavy worker");
+    }
+    server.stop().await;
+    redis.assert_every_key_expires().await;
+}
