@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -94,6 +94,9 @@ const SHARDS: usize = 64;
 
 /// The embedded store's memory budget unless configured.
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
+/// The least the store must have shrunk by before the allocator is trimmed.
+const TRIM_AFTER_FREEING: usize = 4 << 20;
 
 /// What the allocator adds to each key's bytes (its header and rounding),
 /// as glibc's malloc does for small blocks.
@@ -214,6 +217,8 @@ pub struct MemoryStore<S> {
     shard_budget: usize,
     /// Live keys evicted to stay within it, ever.
     evictions: AtomicU64,
+    /// The most the store held since the allocator was last trimmed.
+    high_water_bytes: AtomicUsize,
 }
 
 impl<S: HeapSize + Send + 'static> MemoryStore<S> {
@@ -232,6 +237,7 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
             clock,
             shard_budget: max_bytes / SHARDS,
             evictions: AtomicU64::new(0),
+            high_water_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -250,23 +256,32 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
     }
 
     /// Drops every key whose state has expired, one shard at a time, and
-    /// gives the memory back: a map mostly empty is shrunk, and when
-    /// anything was dropped the allocator returns its free pages to the
-    /// system. Reports keys and bytes to the metrics.
+    /// gives the memory back: a map mostly empty is shrunk, and once the
+    /// store holds at most half of what it held at its highest since the
+    /// last time (and at least [`TRIM_AFTER_FREEING`] less), the allocator
+    /// returns its free pages to the system. Not at every sweep: trimming
+    /// walks the allocator's arenas under their locks, and keys expiring
+    /// while others arrive leave nothing to give back. Reports keys and
+    /// bytes to the metrics.
     pub fn evict_expired(&self) {
         let now = self.clock.now();
-        let (mut dropped, mut keys, mut bytes) = (0, 0, 0);
+        let (mut keys, mut bytes) = (0, 0);
         for shard in &self.shards {
             let mut shard = lock(shard);
-            dropped += shard.evict_expired(now);
+            shard.evict_expired(now);
             if shard.map.capacity() > 4 * shard.map.len() {
                 shard.map.shrink_to(0);
             }
             keys += shard.map.len();
             bytes += shard.bytes();
         }
-        if dropped > 0 {
+        let high_water = self
+            .high_water_bytes
+            .fetch_max(bytes, Ordering::Relaxed)
+            .max(bytes);
+        if bytes <= high_water / 2 && high_water - bytes >= TRIM_AFTER_FREEING {
             trim_allocator();
+            self.high_water_bytes.store(bytes, Ordering::Relaxed);
         }
         metrics::memory_store(keys, bytes);
     }
