@@ -185,6 +185,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_requests: u32,
 
+    /// Most calls in flight from one client IP address (more get
+    /// RESOURCE_EXHAUSTED at once); unset, 90% of --max-concurrent-requests,
+    /// so no one peer can take every slot.
+    #[arg(long, env = "RATELIMITD_MAX_CONCURRENT_REQUESTS_PER_PEER",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_requests_per_peer: Option<u32>,
+
     /// Most client connections open at once; at the cap new connections
     /// wait in the kernel's backlog until one closes.
     #[arg(long, env = "RATELIMITD_MAX_CONNECTIONS", default_value_t = 10_000,
@@ -354,6 +361,10 @@ impl fmt::Debug for Config {
             .field("tls_client_ca", &self.tls_client_ca)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field(
+                "max_concurrent_requests_per_peer",
+                &self.max_concurrent_requests_per_peer,
+            )
             .field("max_connections", &self.max_connections)
             .field("max_concurrent_streams", &self.max_concurrent_streams)
             .field("request_timeout", &self.request_timeout)

@@ -217,6 +217,12 @@ pub struct ConnectionInfo {
     pub activity: Arc<Activity>,
 }
 
+/// The IP address a call came from, when it came on one of our connections.
+pub fn peer_ip(extensions: &tonic::Extensions) -> Option<std::net::IpAddr> {
+    let info = extensions.get::<ConnectionInfo>()?;
+    info.tcp.remote_addr().map(|address| address.ip())
+}
+
 /// One accepted connection, holding its place under the cap until dropped.
 pub struct Connection {
     stream: TcpStream,

@@ -7,42 +7,91 @@
 //! decoded, not when its headers arrive: a peer that opens streams and never
 //! sends their bodies holds only its own connection's streams (bounded per
 //! connection and timed out by the server), never the slots every other
-//! caller needs.
+//! caller needs. And no one peer (client IP address) may hold more than its
+//! own share (`--max-concurrent-requests-per-peer`, by default 90%), so a
+//! peer with many connections cannot take every slot either.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use crate::metrics;
 
-/// At most `limit` decisions in flight across all connections.
+/// At most `limit` decisions in flight across all connections, and at most
+/// `per_peer_limit` of them from one IP address.
 #[derive(Clone)]
 pub struct DecisionSlots {
     slots: Arc<Semaphore>,
     limit: usize,
+    peers: Arc<PeerSlots>,
+}
+
+/// Decisions in flight by peer address; an address with none has no entry.
+struct PeerSlots {
+    limit: usize,
+    in_flight: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl DecisionSlots {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(limit: usize, per_peer_limit: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
+            peers: Arc::new(PeerSlots {
+                limit: per_peer_limit,
+                in_flight: Mutex::new(HashMap::new()),
+            }),
         }
     }
 
-    /// A slot for one decision, held until the guard is dropped (also when
-    /// the client gives up and the call's future is dropped unfinished).
-    pub fn enter(&self) -> Result<InFlight, Status> {
-        match self.slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                metrics::in_flight(1.0);
-                Ok(InFlight { _slot: slot })
-            }
-            Err(_) => Err(Status::resource_exhausted(format!(
+    /// A slot for one decision from `peer` (`None`: not known), held until
+    /// the guard is dropped (also when the client gives up and the call's
+    /// future is dropped unfinished).
+    pub fn enter(&self, peer: Option<IpAddr>) -> Result<InFlight, Status> {
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
                 "more than {} calls in flight (--max-concurrent-requests)",
                 self.limit
-            ))),
+            )));
+        };
+        if let Some(peer) = peer {
+            let mut in_flight = self.peers.lock();
+            let count = in_flight.entry(peer).or_insert(0);
+            if *count >= self.peers.limit {
+                return Err(Status::resource_exhausted(format!(
+                    "more than {} calls in flight from {peer} \
+                     (--max-concurrent-requests-per-peer)",
+                    self.peers.limit
+                )));
+            }
+            *count += 1;
+        }
+        metrics::in_flight(1.0);
+        Ok(InFlight {
+            _slot: slot,
+            peer: peer.map(|peer| (self.peers.clone(), peer)),
+        })
+    }
+}
+
+impl PeerSlots {
+    /// The map's lock; a panic while holding it leaves counts whole.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn leave(&self, peer: IpAddr) {
+        let mut in_flight = self.lock();
+        if let Some(count) = in_flight.get_mut(&peer) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&peer);
+            }
         }
     }
 }
@@ -50,10 +99,14 @@ impl DecisionSlots {
 /// A slot taken, counted in the in-flight gauge until dropped.
 pub struct InFlight {
     _slot: OwnedSemaphorePermit,
+    peer: Option<(Arc<PeerSlots>, IpAddr)>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if let Some((peers, peer)) = &self.peer {
+            peers.leave(*peer);
+        }
         metrics::in_flight(-1.0);
     }
 }

@@ -140,7 +140,11 @@ pub async fn run(
         None => (RulesHandle::default(), None),
     };
     let limiter = build_limiter(&config)?;
-    let slots = DecisionSlots::new(config.max_concurrent_requests as usize);
+    let per_peer = config
+        .max_concurrent_requests_per_peer
+        .unwrap_or(config.max_concurrent_requests - config.max_concurrent_requests / 10)
+        .max(1);
+    let slots = DecisionSlots::new(config.max_concurrent_requests as usize, per_peer as usize);
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,

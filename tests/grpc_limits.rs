@@ -167,3 +167,80 @@ async fn calls_beyond_the_limit_in_flight_are_shed_at_once() {
     redis.thaw();
     server.stop().await;
 }
+
+/// One client from `source` (a loopback address) calling CheckLimit on `server`;
+/// the call's status code and how long it took.
+async fn call_from(source: &str, server: std::net::SocketAddr) -> (Code, Duration) {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+        .expect("endpoint")
+        .local_address(Some(source.parse().expect("a loopback address")))
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = RateLimiterClient::new(channel);
+    let started = Instant::now();
+    let answer = client
+        .check_limit(request("k", fixed_window(5, Duration::from_secs(60)), None))
+        .await;
+    (
+        answer.expect_err("nothing is decided").code(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_peer_cannot_take_every_slot() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let server = TestServer::start(&[
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "2s",
+        "--max-concurrent-requests",
+        "10",
+        "--max-concurrent-requests-per-peer",
+        "2",
+    ])
+    .await;
+    // A frozen Redis holds every admitted call for the 2 s timeout.
+    redis.freeze();
+    let address = server.address;
+    let greedy: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(call_from("127.0.0.1", address)))
+        .collect();
+    // Give the greedy peer's calls their head start, then another peer asks.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other = tokio::spawn(call_from("127.0.0.2", address));
+
+    let mut codes = Vec::new();
+    for call in greedy {
+        let (code, took) = call.await.expect("task");
+        if code == Code::ResourceExhausted {
+            assert!(
+                took < Duration::from_secs(1),
+                "shed at once, not after {took:?}"
+            );
+        }
+        codes.push(code);
+    }
+    codes.sort_by_key(|code| *code as i32);
+    assert_eq!(
+        codes,
+        [
+            Code::ResourceExhausted,
+            Code::ResourceExhausted,
+            Code::Unavailable,
+            Code::Unavailable
+        ],
+        "two of the greedy peer's four calls admitted"
+    );
+    let (code, _) = other.await.expect("task");
+    assert_eq!(
+        code,
+        Code::Unavailable,
+        "the other peer's call was admitted"
+    );
+    redis.thaw();
+    server.stop().await;
+}

@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use crate::error::Error;
+use crate::incoming;
 use crate::limit::{
     self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, Gcra, InvalidArgument,
     LimitRequest, Micros, RetryAfter, SlidingWindow, SlidingWindowCounter, TokenBucket,
@@ -40,7 +41,7 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
-        let _in_flight = self.slots.enter()?;
+        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
         let request = request.into_inner();
         let policy = failure_policy(request.failure_policy).map_err(Error::from)?;
         let request = limit_request(request).map_err(Error::from)?;

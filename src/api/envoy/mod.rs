@@ -19,6 +19,7 @@ use tracing::{debug, info};
 use self::rules::{Limit, Rule, Rules, Source, Unit};
 use self::source::RulesHandle;
 use crate::error::Error;
+use crate::incoming;
 use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
@@ -144,7 +145,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        let _in_flight = self.slots.enter()?;
+        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
         let request = request.into_inner();
         self.settings.bounds.check(&request).map_err(Error::from)?;
         let rules = self.rules.current();
