@@ -101,13 +101,22 @@ impl DenialCache {
         if cost < denial.cost || cost > algorithm.limit() || denial.algorithm != *algorithm {
             return None;
         }
+        // The denial's own time is exact for its cost only. A larger cost
+        // may need more to leave or refill, by an amount only the store
+        // knows; once the key is back to its whole quota every cost within
+        // the limit fits, so that time is never too early.
+        let retry_at = if cost == denial.cost {
+            denial.until
+        } else {
+            denial.until.max(denial.reset_at)
+        };
         Some(Decision {
             allowed: false,
             limit: algorithm.limit(),
             remaining: denial.remaining,
             reset_after: micros(denial.reset_at.saturating_duration_since(now)),
             // At least 1 µs: a denial always says to wait.
-            retry_after: RetryAfter::After(micros(denial.until - now).max(1)),
+            retry_after: RetryAfter::After(micros(retry_at - now).max(1)),
             degraded: false,
         })
     }
@@ -173,6 +182,24 @@ mod tests {
             retry_after: RetryAfter::After(retry_after_ms * 1000),
             degraded: false,
         }
+    }
+
+    #[test]
+    fn a_larger_cost_is_told_to_wait_until_the_key_resets() {
+        let cache = DenialCache::new(10, 1 << 20).unwrap();
+        let sent = Instant::now();
+        // Cost 2 fits in 200 ms; the key is whole again in 900 ms.
+        let decision = Decision {
+            reset_after: 900_000,
+            retry_after: RetryAfter::After(200_000),
+            ..denied(1, 200)
+        };
+        cache.remember("k", &fixed(10), 2, &decision, sent);
+        let later = sent + Duration::from_millis(100);
+        let same = cache.denial("k", &fixed(10), 2, later).unwrap();
+        assert_eq!(same.retry_after, RetryAfter::After(100_000));
+        let larger = cache.denial("k", &fixed(10), 5, later).unwrap();
+        assert_eq!(larger.retry_after, RetryAfter::After(800_000));
     }
 
     #[test]
