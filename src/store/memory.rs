@@ -96,7 +96,7 @@ const SHARDS: usize = 64;
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
 /// The least the store must have shrunk by before the allocator is trimmed.
-const TRIM_AFTER_FREEING: usize = 4 << 20;
+const TRIM_AFTER_FREEING: usize = 1 << 20;
 
 /// What the allocator adds to each key's bytes (its header and rounding),
 /// as glibc's malloc does for small blocks.
