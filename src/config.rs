@@ -409,21 +409,20 @@ pub fn redacted_url(url: &str) -> String {
     }
 }
 
-/// A size such as `256MiB`, `1GB` or `65536`, in bytes; at least 64 KiB
-/// (below that the store's 64 shards hold almost nothing each).
-fn byte_size(text: &str) -> Result<usize, String> {
+/// A size such as `256MiB`, `1GB` or `65536`, in bytes; 0 allowed (off).
+fn cache_bytes(text: &str) -> Result<usize, String> {
     let size: bytesize::ByteSize = text.parse()?;
-    let bytes = usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())?;
+    usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())
+}
+
+/// A size as [`cache_bytes`] reads it, at least 64 KiB (below that the
+/// store's 64 shards hold almost nothing each).
+fn byte_size(text: &str) -> Result<usize, String> {
+    let bytes = cache_bytes(text)?;
     if bytes < 64 << 10 {
         return Err("must be at least 64KiB".into());
     }
     Ok(bytes)
-}
-
-/// A size in bytes as [`byte_size`] reads it, where 0 is allowed (off).
-fn cache_bytes(text: &str) -> Result<usize, String> {
-    let size: bytesize::ByteSize = text.parse()?;
-    usize::try_from(size.as_u64()).map_err(|_| "too large".to_owned())
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {

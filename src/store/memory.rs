@@ -137,19 +137,25 @@ impl<S: HeapSize> Shard<S> {
         self.entry_bytes + self.map.capacity() * bucket
     }
 
-    /// Drops what expired at `now`; the number dropped.
-    fn evict_expired(&mut self, now: Micros) -> usize {
+    /// Keeps the keys `keep` says to, with the byte count following; the
+    /// number dropped.
+    fn retain(&mut self, mut keep: impl FnMut(&str, &Slot<S>) -> bool) -> usize {
         let before = self.map.len();
         let mut freed = 0;
         self.map.retain(|key, slot| {
-            let keep = slot.expires_at > now;
-            if !keep {
+            let kept = keep(key, slot);
+            if !kept {
                 freed += Self::entry_bytes(key, slot);
             }
-            keep
+            kept
         });
         self.entry_bytes -= freed;
         before - self.map.len()
+    }
+
+    /// Drops what expired at `now`; the number dropped.
+    fn evict_expired(&mut self, now: Micros) -> usize {
+        self.retain(|_, slot| slot.expires_at > now)
     }
 
     /// Brings the shard under `budget` after a write: evicts what expired,
@@ -185,17 +191,7 @@ impl<S: HeapSize> Shard<S> {
                 to_free -= bytes;
             }
             if let Some(threshold) = threshold {
-                let mut freed = 0;
-                let before = self.map.len();
-                self.map.retain(|key, slot| {
-                    let keep = slot.expires_at > threshold || &**key == keep;
-                    if !keep {
-                        freed += Self::entry_bytes(key, slot);
-                    }
-                    keep
-                });
-                self.entry_bytes -= freed;
-                evicted = before - self.map.len();
+                evicted = self.retain(|key, slot| slot.expires_at > threshold || key == keep);
             }
         }
         // A table grown past the budget on its own (a budget of few keys)
