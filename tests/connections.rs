@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{ServerProcess, TestServer, check, fixed_window};
 use futures::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 /// An HTTP/2 connection of our own, below tonic, to send what a well-behaved
 /// client would not.
@@ -131,20 +131,16 @@ async fn at_the_connection_cap_a_newcomer_waits_until_one_closes() {
 #[tokio::test]
 async fn idle_connections_close_but_a_watched_one_stays() {
     let server = TestServer::start(&["--idle-timeout", "300ms"]).await;
-    let mut watch = HealthClient::new(common::channel(server.address).await)
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("watch health")
-        .into_inner();
-    watch.next().await.expect("a status").expect("no error");
+    // Watching from before the server is SERVING: wait for that status, so
+    // that no later one is pending on the stream.
+    let (mut status, mut watch) = common::watch_health(server.address).await;
+    while status != ServingStatus::Serving {
+        let next = watch.message().await.expect("no error").expect("a status");
+        status = ServingStatus::try_from(next.status).expect("a known status");
+    }
 
     // A connection that only said hello is closed after the idle timeout.
-    let mut idle = TcpStream::connect(server.address).await.expect("connect");
-    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-        .await
-        .expect("preface");
+    let mut idle = common::http2_hello(server.address).await;
     let closed = tokio::time::timeout(Duration::from_secs(10), async {
         let mut buffer = [0u8; 1024];
         loop {

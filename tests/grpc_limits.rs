@@ -133,20 +133,7 @@ async fn calls_beyond_the_limit_in_flight_are_shed_at_once() {
     .await;
     // A frozen Redis holds every admitted call for the 2 s timeout.
     redis.freeze();
-    let calls = (0..5).map(|_| {
-        let address = server.address;
-        tokio::spawn(async move {
-            let mut client = RateLimiterClient::new(common::channel(address).await);
-            let started = Instant::now();
-            let answer = client
-                .check_limit(request("k", fixed_window(5, Duration::from_secs(60)), None))
-                .await;
-            (
-                answer.expect_err("nothing is decided").code(),
-                started.elapsed(),
-            )
-        })
-    });
+    let calls = (0..5).map(|_| tokio::spawn(call_from("127.0.0.1", server.address)));
     let mut shed = 0;
     let mut waited = 0;
     for call in futures::future::join_all(calls).await {
@@ -168,8 +155,9 @@ async fn calls_beyond_the_limit_in_flight_are_shed_at_once() {
     server.stop().await;
 }
 
-/// One client from `source` (a loopback address) calling CheckLimit on `server`;
-/// the call's status code and how long it took.
+/// One client from `source` (a loopback address) calling CheckLimit on
+/// `server` while nothing can be decided; the call's status code and how
+/// long it took.
 async fn call_from(source: &str, server: std::net::SocketAddr) -> (Code, Duration) {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
         .expect("endpoint")

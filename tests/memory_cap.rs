@@ -10,6 +10,11 @@ use std::time::Duration;
 use common::envoy::get;
 use common::{ServerProcess, check, fixed_window, free_port};
 use futures::StreamExt;
+use ratelimitd::pb::ratelimitd::v1::check_limit_request::Algorithm;
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use tonic::transport::Channel;
+
+type Client = RateLimiterClient<Channel>;
 
 const CAP: u64 = 16 << 20;
 
@@ -33,6 +38,21 @@ fn metric(text: &str, name: &str) -> f64 {
         .filter(|(series, _)| *series == name)
         .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
         .sum()
+}
+
+/// `count` calls on distinct keys of about 1 KiB under `limit`, 32 in
+/// flight, each allowed.
+async fn flood(client: &Client, count: usize, limit: Algorithm) {
+    let padding = "p".repeat(1000);
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let mut client = client.clone();
+            let key = format!("{padding}-{i}");
+            async move { check(&mut client, &key, &limit, None).await.allowed }
+        })
+        .buffer_unordered(32)
+        .for_each(|allowed| async move { assert!(allowed) })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,17 +81,7 @@ async fn a_flood_of_keys_stays_within_the_cap_and_long_lived_keys_stay_exact() {
 
     // 40 000 distinct 1 KiB keys with an hour's window: about 60 MB held
     // without a cap.
-    let hour = fixed_window(10, Duration::from_secs(3600));
-    let padding = "p".repeat(1000);
-    futures::stream::iter(0..40_000)
-        .map(|i| {
-            let mut client = client.clone();
-            let key = format!("{padding}-{i}");
-            async move { check(&mut client, &key, &hour, None).await.allowed }
-        })
-        .buffer_unordered(32)
-        .for_each(|allowed| async move { assert!(allowed) })
-        .await;
+    flood(&client, 40_000, fixed_window(10, Duration::from_secs(3600))).await;
 
     let grown = rss_bytes(pid).saturating_sub(at_start);
     eprintln!("resident memory grew by {grown} bytes (cap {CAP})");
@@ -134,17 +144,7 @@ async fn memory_is_given_back_once_keys_expire() {
     // 12 000 distinct 1 KiB keys that expire 8 s after they were written:
     // long enough that none expires while the others are still being sent,
     // even on a loaded machine.
-    let short = fixed_window(10, Duration::from_secs(8));
-    let padding = "p".repeat(1000);
-    futures::stream::iter(0..12_000)
-        .map(|i| {
-            let mut client = client.clone();
-            let key = format!("{padding}-{i}");
-            async move { check(&mut client, &key, &short, None).await.allowed }
-        })
-        .buffer_unordered(32)
-        .for_each(|allowed| async move { assert!(allowed) })
-        .await;
+    flood(&client, 12_000, fixed_window(10, Duration::from_secs(8))).await;
     let peak = rss_bytes(pid).saturating_sub(at_start);
     assert!(peak > 8 << 20, "the keys took only {peak} bytes");
 

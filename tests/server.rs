@@ -9,8 +9,8 @@ use std::time::Duration;
 use common::{RedisServer, ServerProcess, TestServer, fixed_window, free_port, request};
 use futures::StreamExt;
 use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
@@ -142,15 +142,8 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
         "1h",
     ])
     .await;
-    let mut watch = HealthClient::new(common::channel(server.address).await)
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("watch health")
-        .into_inner();
-    let first = watch.next().await.expect("a status").expect("no error");
-    assert_eq!(first.status, ServingStatus::Serving as i32);
+    let (first, mut watch) = common::watch_health(server.address).await;
+    assert_eq!(first, ServingStatus::Serving);
 
     redis.freeze();
     let mut client = server.client().await;
@@ -163,12 +156,7 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
     // it a moment to reach the server.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let pid = server.child.id().to_string();
-    let sent = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
+    common::send_signal(server.child.id(), "-TERM");
 
     let next = watch.next().await.expect("a status").expect("no error");
     assert_eq!(next.status, ServingStatus::NotServing as i32);
@@ -185,13 +173,7 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
         status.message().contains("did not answer within"),
         "the server's own timeout answered it: {status:?}"
     );
-    let exit = tokio::task::spawn_blocking(move || {
-        let mut server = server;
-        server.child.wait()
-    })
-    .await
-    .expect("join")
-    .expect("wait");
+    let exit = server.wait().await;
     assert!(exit.success(), "exit status {exit:?}");
     redis.thaw();
 }
@@ -218,38 +200,11 @@ async fn sigterm_with_idle_connections_and_a_watcher_exits_at_once() {
         idle.push(client);
     }
     // Says hello, then neither reads nor closes.
-    let mut mute = tokio::net::TcpStream::connect(server.address)
-        .await
-        .expect("connect");
-    tokio::io::AsyncWriteExt::write_all(
-        &mut mute,
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
-    )
-    .await
-    .expect("preface");
-    let mut watch = HealthClient::new(common::channel(server.address).await)
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .expect("watch health")
-        .into_inner();
-    watch.next().await.expect("a status").expect("no error");
+    let mute = common::http2_hello(server.address).await;
+    let (_, watch) = common::watch_health(server.address).await;
 
     let sent_at = std::time::Instant::now();
-    let pid = server.child.id().to_string();
-    let sent = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(sent.success());
-    let exit = tokio::task::spawn_blocking(move || {
-        let mut server = server;
-        server.child.wait()
-    })
-    .await
-    .expect("join")
-    .expect("wait");
+    let exit = server.terminate().await;
     assert!(exit.success(), "exit status {exit:?}");
     let took = sent_at.elapsed();
     assert!(

@@ -36,6 +36,50 @@ pub fn free_port() -> u16 {
         .expect("no free loopback port")
 }
 
+/// Sends `signal` (as `kill` spells it, e.g. `-TERM`) to process `pid`.
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Opens a TCP connection to `address` and says only the HTTP/2 hello (the
+/// preface and an empty SETTINGS), as a client that then goes quiet would.
+pub async fn http2_hello(address: SocketAddr) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    )
+    .await
+    .expect("HTTP/2 preface");
+    stream
+}
+
+/// A `Health.Watch` stream for the whole server on `address`, and the first
+/// status it sent.
+pub async fn watch_health(
+    address: SocketAddr,
+) -> (
+    ServingStatus,
+    tonic::Streaming<tonic_health::pb::HealthCheckResponse>,
+) {
+    let mut watch = HealthClient::new(channel(address).await)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner();
+    let first = watch.message().await.expect("no error").expect("a status");
+    let status = ServingStatus::try_from(first.status).expect("a known status");
+    (status, watch)
+}
+
 /// Polls `condition` until it holds or [`PATIENCE`] runs out.
 pub async fn eventually<F, Fut>(what: &str, mut condition: F)
 where
@@ -116,12 +160,10 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("redis-server is running").id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {signal} {pid}");
+        send_signal(
+            self.child.as_ref().expect("redis-server is running").id(),
+            signal,
+        );
     }
 
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
@@ -361,6 +403,23 @@ impl ServerProcess {
 
     pub async fn client(&self) -> RateLimiterClient<Channel> {
         RateLimiterClient::new(channel(self.address).await)
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(self) -> std::process::ExitStatus {
+        send_signal(self.child.id(), "-TERM");
+        self.wait().await
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait(self) -> std::process::ExitStatus {
+        tokio::task::spawn_blocking(move || {
+            let mut server = self;
+            server.child.wait()
+        })
+        .await
+        .expect("join")
+        .expect("wait for ratelimitd")
     }
 }
 
