@@ -6,14 +6,16 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use clap::builder::TypedValueParser as _;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::api::envoy::RequestBounds;
 use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
-use crate::store::{RedisSettings, RedisTls, Topology};
-use crate::telemetry::LogFormat;
+use crate::store::{Credentials, RedisSettings, RedisTls, Topology};
+use crate::telemetry::{LogFormat, LogLevel};
+
+pub mod envoyproxy_env;
 
 /// ratelimitd: answers "may this key spend this much now?" over gRPC.
 ///
@@ -52,6 +54,12 @@ pub struct Config {
     )]
     pub redis_sentinel_master: String,
 
+    /// With --redis-mode sentinel, when the sentinels' credentials differ
+    /// from the primary's (those in the URLs): `password`, `user:password`,
+    /// or empty for sentinels without a password.
+    #[arg(long, env = "RATELIMITD_REDIS_SENTINEL_AUTH")]
+    pub redis_sentinel_auth: Option<String>,
+
     /// For rediss:// URLs: PEM CA certificates to trust instead of the
     /// system's.
     #[arg(long, env = "RATELIMITD_REDIS_TLS_CA")]
@@ -86,6 +94,22 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_CONFIG")]
     pub config: Option<PathBuf>,
 
+    /// Which files of a --config directory are rules: `yaml` (`*.yaml` and
+    /// `*.yml` directly in it) or `all` (every file in it and its
+    /// subdirectories, as envoyproxy/ratelimit's runtime loader reads them).
+    #[arg(
+        long,
+        env = "RATELIMITD_CONFIG_FILES",
+        value_enum,
+        default_value = "yaml"
+    )]
+    pub config_files: ConfigFiles,
+
+    /// Read files and directories whose names start with `.` in --config
+    /// too (off: skipped, as a Kubernetes ConfigMap's `..data` needs).
+    #[arg(long, env = "RATELIMITD_CONFIG_DOTFILES")]
+    pub config_dotfiles: bool,
+
     /// How often to look for changes to --config.
     #[arg(long, env = "RATELIMITD_CONFIG_POLL_INTERVAL", default_value = "1s",
           value_parser = positive_duration)]
@@ -100,6 +124,54 @@ pub struct Config {
     /// (draft-ietf-httpapi-ratelimit-headers) to responses.
     #[arg(long, env = "RATELIMITD_ENVOY_RATELIMIT_HEADERS")]
     pub envoy_ratelimit_headers: bool,
+
+    /// Envoy face: a descriptor over its limit still spends its hits (as
+    /// envoyproxy/ratelimit does unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT),
+    /// and each descriptor is counted on its own. Off: a denied request
+    /// spends nothing on any descriptor.
+    #[arg(long, env = "RATELIMITD_ENVOY_COUNT_DENIED_HITS")]
+    pub envoy_count_denied_hits: bool,
+
+    /// Envoy face: every descriptor is in quota mode (as `quota_mode: true`
+    /// on each rule): the request is denied only when all its quota
+    /// descriptors are over.
+    #[arg(long, env = "RATELIMITD_ENVOY_QUOTA_MODE")]
+    pub envoy_quota_mode: bool,
+
+    /// Envoy face: attach envoyproxy/ratelimit's dynamic metadata (domain,
+    /// descriptors, hits, and the `metadata` of the rules that passed) to
+    /// each response.
+    #[arg(long, env = "RATELIMITD_ENVOY_DYNAMIC_METADATA")]
+    pub envoy_dynamic_metadata: bool,
+
+    /// Envoy face: add envoyproxy/ratelimit's three headers (limit,
+    /// remaining, reset seconds) of the most restrictive descriptor.
+    #[arg(long, env = "RATELIMITD_ENVOY_LIMIT_HEADERS")]
+    pub envoy_limit_headers: bool,
+
+    /// Name of --envoy-limit-headers' limit header.
+    #[arg(
+        long,
+        env = "RATELIMITD_ENVOY_LIMIT_HEADER",
+        default_value = "RateLimit-Limit"
+    )]
+    pub envoy_limit_header: String,
+
+    /// Name of --envoy-limit-headers' remaining header.
+    #[arg(
+        long,
+        env = "RATELIMITD_ENVOY_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub envoy_remaining_header: String,
+
+    /// Name of --envoy-limit-headers' reset header.
+    #[arg(
+        long,
+        env = "RATELIMITD_ENVOY_RESET_HEADER",
+        default_value = "RateLimit-Reset"
+    )]
+    pub envoy_reset_header: String,
 
     /// Longest one decision may wait on Redis (pool, command and reply)
     /// before the call fails with UNAVAILABLE.
@@ -262,7 +334,23 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
-    /// Log line format (filter with RUST_LOG, default info).
+    /// Least severe log level written; RUST_LOG, when set, wins.
+    #[arg(long, env = "RATELIMITD_LOG_LEVEL", value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Read envoyproxy/ratelimit's environment variables (REDIS_URL,
+    /// RUNTIME_ROOT, ...; see docs/deployment.md) as aliases of these flags,
+    /// with upstream's defaults where ours differ: `auto` when any variable
+    /// only upstream uses is set, `always`, or `never`.
+    #[arg(
+        long,
+        env = "RATELIMITD_ENVOYPROXY_ENV",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub envoyproxy_env: EnvoyproxyEnv,
+
+    /// Log line format.
     #[arg(
         long,
         env = "RATELIMITD_LOG_FORMAT",
@@ -270,6 +358,23 @@ pub struct Config {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// Which files of a configuration directory hold rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConfigFiles {
+    /// `*.yaml` and `*.yml` directly in the directory.
+    Yaml,
+    /// Every file in the directory and below, whatever its name.
+    All,
+}
+
+/// When envoyproxy/ratelimit's environment variables are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvoyproxyEnv {
+    Auto,
+    Always,
+    Never,
 }
 
 /// The kinds of Redis deployment.
@@ -281,6 +386,35 @@ pub enum RedisMode {
 }
 
 impl Config {
+    /// The command line and environment of this process, with
+    /// envoyproxy/ratelimit's variables applied (see [`envoyproxy_env`]).
+    /// Exits with clap's message on a bad flag.
+    pub fn load() -> Result<(Self, envoyproxy_env::Report), String> {
+        let matches = Self::command().get_matches();
+        let environment: envoyproxy_env::Environment = std::env::vars().collect();
+        Self::from_matches(&matches, &environment)
+    }
+
+    /// Like [`Config::load`], from given arguments and environment (tests).
+    pub fn load_from(
+        args: &[&str],
+        environment: &envoyproxy_env::Environment,
+    ) -> Result<(Self, envoyproxy_env::Report), String> {
+        let matches = Self::command()
+            .try_get_matches_from(args)
+            .map_err(|err| err.to_string())?;
+        Self::from_matches(&matches, environment)
+    }
+
+    fn from_matches(
+        matches: &clap::ArgMatches,
+        environment: &envoyproxy_env::Environment,
+    ) -> Result<(Self, envoyproxy_env::Report), String> {
+        let mut config = Self::from_arg_matches(matches).map_err(|err| err.to_string())?;
+        let report = envoyproxy_env::apply(&mut config, matches, environment)?;
+        Ok((config, report))
+    }
+
     /// The Redis settings, when a Redis URL is configured; an error names a
     /// TLS file that cannot be read.
     pub fn redis(&self) -> Result<Option<RedisSettings>, String> {
@@ -311,6 +445,10 @@ impl Config {
                 RedisMode::Cluster => Topology::Cluster,
                 RedisMode::Sentinel => Topology::Sentinel {
                     master: self.redis_sentinel_master.clone(),
+                    sentinel_credentials: self
+                        .redis_sentinel_auth
+                        .as_deref()
+                        .map(Credentials::parse),
                 },
             },
             pool_size: usize::from(self.redis_pool_size),
@@ -337,14 +475,27 @@ impl fmt::Debug for Config {
             )
             .field("redis_mode", &self.redis_mode)
             .field("redis_sentinel_master", &self.redis_sentinel_master)
+            .field(
+                "redis_sentinel_auth",
+                &self.redis_sentinel_auth.as_ref().map(|_| "***"),
+            )
             .field("redis_tls_ca", &self.redis_tls_ca)
             .field("redis_tls_cert", &self.redis_tls_cert)
             .field("redis_tls_key", &self.redis_tls_key)
             .field("key_prefix", &self.key_prefix)
             .field("config", &self.config)
+            .field("config_files", &self.config_files)
+            .field("config_dotfiles", &self.config_dotfiles)
             .field("config_poll_interval", &self.config_poll_interval)
             .field("shadow_mode", &self.shadow_mode)
             .field("envoy_ratelimit_headers", &self.envoy_ratelimit_headers)
+            .field("envoy_count_denied_hits", &self.envoy_count_denied_hits)
+            .field("envoy_quota_mode", &self.envoy_quota_mode)
+            .field("envoy_dynamic_metadata", &self.envoy_dynamic_metadata)
+            .field("envoy_limit_headers", &self.envoy_limit_headers)
+            .field("envoy_limit_header", &self.envoy_limit_header)
+            .field("envoy_remaining_header", &self.envoy_remaining_header)
+            .field("envoy_reset_header", &self.envoy_reset_header)
             .field("redis_pool_size", &self.redis_pool_size)
             .field("redis_connect_timeout", &self.redis_connect_timeout)
             .field("redis_command_timeout", &self.redis_command_timeout)
@@ -380,6 +531,8 @@ impl fmt::Debug for Config {
                 &self.max_descriptor_entry_bytes,
             )
             .field("metrics_listen", &self.metrics_listen)
+            .field("log_level", &self.log_level)
+            .field("envoyproxy_env", &self.envoyproxy_env)
             .field("log_format", &self.log_format)
             .finish()
     }

@@ -3,17 +3,32 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use ratelimitd::config::Config;
 use ratelimitd::{server, telemetry};
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Config::parse();
-    telemetry::init(config.log_format);
+    let (config, upstream) = match Config::load() {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            eprintln!("ratelimitd: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(config.log_format, config.log_level);
     info!(?config, "starting ratelimitd {}", env!("CARGO_PKG_VERSION"));
+    if upstream.active {
+        // Warn: upstream's default level is WARN, and this changes defaults.
+        warn!(
+            variables = ?upstream.read,
+            "envoyproxy/ratelimit's environment variables in use: their defaults apply where ours differ"
+        );
+    }
+    for warning in &upstream.warnings {
+        warn!("{warning}");
+    }
     ratelimitd::incoming::raise_open_file_limit();
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,

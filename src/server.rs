@@ -14,10 +14,10 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::api::check::CheckService;
-use crate::api::envoy::config_file::ConfigError;
+use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, RequestBounds};
-use crate::config::{Config, redacted_url};
+use crate::config::{Config, ConfigFiles, redacted_url};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health;
@@ -132,7 +132,11 @@ pub async fn run(
     }
     let (rules, config_watch) = match &config.config {
         Some(path) => {
-            let (source, rules) = ConfigSource::load(path.clone())?;
+            let selection = FileSelection {
+                every_file: config.config_files == ConfigFiles::All,
+                dotfiles: config.config_dotfiles,
+            };
+            let (source, rules) = ConfigSource::load(path.clone(), selection)?;
             let rules = RulesHandle::new(rules);
             let watch = tokio::spawn(source.watch(rules.clone(), config.config_poll_interval));
             (rules, Some(watch))

@@ -1,5 +1,5 @@
-//! Logging: tracing-subscriber writing text or JSON lines to stderr, filtered
-//! by `RUST_LOG` (default `info`).
+//! Logging: tracing-subscriber writing text or JSON lines to stderr, at the
+//! configured level unless `RUST_LOG` sets a filter.
 
 use std::io::IsTerminal;
 
@@ -14,9 +14,32 @@ pub enum LogFormat {
     Json,
 }
 
+/// The least severe level written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    fn directive(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// Installs the global subscriber. Call once, at start.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(format: LogFormat, level: LogLevel) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level.directive()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

@@ -27,6 +27,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates, TlsMode};
 
+use super::redis::Credentials;
+
 /// Idle longer than this, a pooled connection is PINGed before reuse.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
@@ -160,10 +162,12 @@ pub struct SentinelManager {
 
 impl SentinelManager {
     /// `sentinels` carry the credentials and TLS mode used both for the
-    /// sentinels and for the primary (the first sentinel's).
+    /// sentinels and for the primary (the first sentinel's), unless
+    /// `sentinel_credentials` gives the sentinels their own.
     pub fn new(
         sentinels: Vec<ConnectionInfo>,
         master: &str,
+        sentinel_credentials: Option<&Credentials>,
         certificates: Option<TlsCertificates>,
     ) -> Result<Self, RedisError> {
         let first = sentinels.first().cloned().ok_or_else(|| {
@@ -180,14 +184,20 @@ impl SentinelManager {
             SentinelClientBuilder::new(addresses, master, SentinelServerType::Master)?
                 .set_client_to_redis_db(settings.db());
         if let Some(username) = settings.username() {
-            builder = builder
-                .set_client_to_sentinel_username(username)
-                .set_client_to_redis_username(username);
+            builder = builder.set_client_to_redis_username(username);
         }
         if let Some(password) = settings.password() {
-            builder = builder
-                .set_client_to_sentinel_password(password)
-                .set_client_to_redis_password(password);
+            builder = builder.set_client_to_redis_password(password);
+        }
+        let (sentinel_user, sentinel_password) = match sentinel_credentials {
+            Some(own) => (own.user.as_deref(), own.password.as_deref()),
+            None => (settings.username(), settings.password()),
+        };
+        if let Some(username) = sentinel_user {
+            builder = builder.set_client_to_sentinel_username(username);
+        }
+        if let Some(password) = sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
         }
         if let Some(tls_mode) = tls_mode {
             builder = builder

@@ -9,7 +9,7 @@ pub mod redis;
 use std::sync::Arc;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, SystemClock};
-pub use self::redis::{RedisSettings, RedisStore, RedisTls, Topology};
+pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Topology};
 use crate::algorithm::State;
 
 /// The configured store.

@@ -31,8 +31,46 @@ pub enum Topology {
     /// followed through resharding and failover.
     Cluster,
     /// Sentinels (the URLs) watching the primary named `master`; the pool
-    /// follows failovers.
-    Sentinel { master: String },
+    /// follows failovers. The URLs' credentials are the primary's, and the
+    /// sentinels' too unless `sentinel_credentials` says otherwise.
+    Sentinel {
+        master: String,
+        sentinel_credentials: Option<Credentials>,
+    },
+}
+
+/// A user (or the default one) and a password (or none).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Credentials {
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Credentials {
+    /// Upstream's form: `password`, `user:password`, or empty for none.
+    pub fn parse(auth: &str) -> Self {
+        match auth.split_once(':') {
+            _ if auth.is_empty() => Self::default(),
+            Some((user, password)) => Self {
+                user: Some(user.to_owned()),
+                password: Some(password.to_owned()),
+            },
+            None => Self {
+                user: None,
+                password: Some(auth.to_owned()),
+            },
+        }
+    }
+}
+
+/// Logs show the user, never the password.
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// How to reach Redis and how long to wait for it.
@@ -157,10 +195,14 @@ impl RedisStore {
                 .map_err(misconfigured)?;
                 Pools::Cluster(bounded_pool(Pool::builder(manager), settings)?)
             }
-            Topology::Sentinel { master } => {
+            Topology::Sentinel {
+                master,
+                sentinel_credentials,
+            } => {
                 let manager = SentinelManager::new(
                     plain_connection_infos(settings).map_err(misconfigured)?,
                     master,
+                    sentinel_credentials.as_ref(),
                     certificates(settings),
                 )
                 .map_err(misconfigured)?;

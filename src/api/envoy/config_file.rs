@@ -50,12 +50,27 @@ pub struct Snapshot {
     pub files: Vec<(PathBuf, String)>,
 }
 
+/// Which files of a configuration directory are read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileSelection {
+    /// Every file in the directory and its subdirectories (as upstream's
+    /// runtime loader), not only `*.yaml` / `*.yml` directly in it.
+    pub every_file: bool,
+    /// Names starting with `.` too.
+    pub dotfiles: bool,
+}
+
+/// Deepest subdirectory read with [`FileSelection::every_file`], so that a
+/// symlink loop ends.
+const MAX_DEPTH: usize = 16;
+
 impl Snapshot {
-    /// Reads `path`: a file, or every `*.yaml` / `*.yml` file directly in a
-    /// directory, in name order. Names starting with `.` are skipped: a
-    /// Kubernetes ConfigMap volume keeps its data in `..data` and
-    /// `..<timestamp>` entries, with the visible names linking into them.
-    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+    /// Reads `path`: a file, or the files of a directory that `selection`
+    /// names, in path order. By default names starting with `.` are
+    /// skipped: a Kubernetes ConfigMap volume keeps its data in `..data`
+    /// and `..<timestamp>` entries, with the visible names linking into
+    /// them.
+    pub fn read(path: &Path, selection: FileSelection) -> Result<Self, ConfigError> {
         let unreadable = |err: std::io::Error| ConfigError {
             file: path.display().to_string(),
             line: 0,
@@ -64,17 +79,7 @@ impl Snapshot {
         let metadata = std::fs::metadata(path).map_err(unreadable)?;
         let mut paths = Vec::new();
         if metadata.is_dir() {
-            for entry in std::fs::read_dir(path).map_err(unreadable)? {
-                let entry_path = entry.map_err(unreadable)?.path();
-                let name = entry_path
-                    .file_name()
-                    .map(|name| name.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-                if is_yaml && !name.starts_with('.') && entry_path.is_file() {
-                    paths.push(entry_path);
-                }
-            }
+            collect_files(path, selection, 0, &mut paths)?;
             paths.sort();
         } else {
             paths.push(path.to_owned());
@@ -110,6 +115,41 @@ impl Snapshot {
         }
         Ok(rules)
     }
+}
+
+/// Adds the files of `directory` that `selection` names to `paths`.
+fn collect_files(
+    directory: &Path,
+    selection: FileSelection,
+    depth: usize,
+    paths: &mut Vec<PathBuf>,
+) -> Result<(), ConfigError> {
+    let unreadable = |err: std::io::Error| ConfigError {
+        file: directory.display().to_string(),
+        line: 0,
+        reason: format!("cannot read: {err}"),
+    };
+    for entry in std::fs::read_dir(directory).map_err(unreadable)? {
+        let entry_path = entry.map_err(unreadable)?.path();
+        let name = entry_path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.starts_with('.') && !selection.dotfiles {
+            continue;
+        }
+        if entry_path.is_dir() {
+            if selection.every_file && depth < MAX_DEPTH {
+                collect_files(&entry_path, selection, depth + 1, paths)?;
+            }
+            continue;
+        }
+        let is_yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if (is_yaml || selection.every_file) && entry_path.is_file() {
+            paths.push(entry_path);
+        }
+    }
+    Ok(())
 }
 
 /// A YAML scalar read as text, as upstream's Go struct fields read them:
@@ -459,7 +499,11 @@ mod tests {
 
     #[test]
     fn the_upstream_examples_compile() {
-        let snapshot = Snapshot::read(Path::new("tests/fixtures/ratelimit")).unwrap();
+        let snapshot = Snapshot::read(
+            Path::new("tests/fixtures/ratelimit"),
+            FileSelection::default(),
+        )
+        .unwrap();
         assert_eq!(snapshot.files.len(), 14);
         let rules = snapshot.compile().unwrap();
         assert_eq!(rules.domains.len(), 14);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tracing::{error, info};
 
-use super::config_file::{ConfigError, Snapshot};
+use super::config_file::{ConfigError, FileSelection, Snapshot};
 use super::rules::Rules;
 use crate::metrics;
 
@@ -40,13 +40,14 @@ impl RulesHandle {
 /// A configuration path and what was last read from it.
 pub struct ConfigSource {
     path: PathBuf,
+    selection: FileSelection,
     last: Snapshot,
 }
 
 impl ConfigSource {
     /// Reads and compiles `path`; any error is the caller's to report.
-    pub fn load(path: PathBuf) -> Result<(Self, Rules), ConfigError> {
-        let snapshot = Snapshot::read(&path)?;
+    pub fn load(path: PathBuf, selection: FileSelection) -> Result<(Self, Rules), ConfigError> {
+        let snapshot = Snapshot::read(&path, selection)?;
         let rules = snapshot.compile()?;
         info!(
             path = %path.display(),
@@ -57,6 +58,7 @@ impl ConfigSource {
         Ok((
             Self {
                 path,
+                selection,
                 last: snapshot,
             },
             rules,
@@ -77,7 +79,7 @@ impl ConfigSource {
 
     /// One look at the files: reload if they changed since the last look.
     fn poll(&mut self, rules: &RulesHandle) {
-        let snapshot = match Snapshot::read(&self.path) {
+        let snapshot = match Snapshot::read(&self.path, self.selection) {
             Ok(snapshot) => snapshot,
             Err(err) => {
                 // Mid-swap or deleted: report once, keep the rules.
