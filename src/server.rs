@@ -155,6 +155,7 @@ pub async fn run(
         EnvoySettings {
             shadow_mode: config.shadow_mode,
             ratelimit_headers: config.envoy_ratelimit_headers,
+            count_denied_hits: config.envoy_count_denied_hits,
             bounds: RequestBounds {
                 max_descriptors: config.max_descriptors,
                 max_entries: config.max_descriptor_entries,

@@ -696,3 +696,72 @@ async fn on_redis_a_denied_request_spends_nothing_on_its_other_descriptors() {
     server.stop().await;
     redis.assert_every_key_expires().await;
 }
+
+/// Upstream's counting (`--envoy-count-denied-hits`, on when started by
+/// upstream's variables unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT):
+/// every descriptor counts its hits on its own, denied ones too, so
+/// `limit_remaining` falls on a request another descriptor denied. On the
+/// embedded store and on Redis alike.
+#[tokio::test]
+async fn counting_denied_hits_spends_on_every_descriptor_as_upstream() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    for store in [vec![], vec!["--redis-url", url.as_str()]] {
+        let mut flags = vec!["--envoy-count-denied-hits"];
+        flags.extend(store.iter().copied());
+        let (server, mut client) = start(&flags).await;
+        let both = |hits| {
+            vec![
+                with_hits(descriptor(&[("to_number", "42")]), hits),
+                with_hits(
+                    descriptor(&[("message_type", "marketing"), ("to_number", "42")]),
+                    hits,
+                ),
+            ]
+        };
+        let denied = ask(&mut client, "messaging", both(6)).await;
+        assert_eq!(denied.overall_code(), Code::OverLimit, "{store:?}");
+        assert_eq!(limited(&denied.statuses[0]), (Code::Ok, 100, Unit::Day, 94));
+        assert_eq!(
+            limited(&denied.statuses[1]),
+            (Code::OverLimit, 5, Unit::Day, 0)
+        );
+        let again = ask(&mut client, "messaging", both(1)).await;
+        assert_eq!(again.overall_code(), Code::OverLimit);
+        assert_eq!(
+            again.statuses[0].limit_remaining, 93,
+            "counted though denied"
+        );
+        server.stop().await;
+    }
+    redis.assert_every_key_expires().await;
+}
+
+/// Envoy's `apply_on_stream_done` reports the real cost after the response
+/// and then asks with `hits_addend: 0` before the next request. Counting
+/// denied hits records the late report even past the limit, so the next
+/// look denies; without it (our default) the report over the remaining
+/// quota is refused and spends nothing, so the look passes.
+#[tokio::test]
+async fn a_late_report_past_the_limit_binds_when_denied_hits_count() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    for (count_denied, look_after) in [(true, Code::OverLimit), (false, Code::Ok)] {
+        let mut flags = vec!["--redis-url", url.as_str(), "--key-prefix"];
+        let prefix = format!("late{count_denied}:");
+        flags.push(&prefix);
+        if count_denied {
+            flags.push("--envoy-count-denied-hits");
+        }
+        let (server, mut client) = start(&flags).await;
+        let marketing = || descriptor(&[("message_type", "marketing"), ("to_number", "7")]);
+        let first = one(&mut client, "messaging", with_hits(marketing(), 0)).await;
+        assert_eq!(first.code(), Code::Ok);
+        let report = one(&mut client, "messaging", with_hits(marketing(), 9)).await;
+        assert_eq!(report.code(), Code::OverLimit, "9 is past the limit of 5");
+        let look = one(&mut client, "messaging", with_hits(marketing(), 0)).await;
+        assert_eq!(look.code(), look_after, "count denied hits: {count_denied}");
+        server.stop().await;
+    }
+    redis.assert_every_key_expires().await;
+}

@@ -10,8 +10,10 @@
 --            'tb': capacity, refill_per_second, (unused)
 --            'gc': burst, interval_us, (unused)
 --            'sc': limit, window_us, (unused)
---          then, last, the mode: 'decide', or 'dry' (decide every limit as
---          if spending, and write nothing)
+--          then, last, the mode: 'decide'; 'each' (every limit decided on
+--          its own, a fixed window spending even what it denies, as
+--          envoyproxy/ratelimit counts hits); or 'dry' (decide every limit
+--          as if spending, and write nothing)
 -- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
 --          allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 --          never), mark (what refund.lua needs to take a spend back)
@@ -59,6 +61,12 @@ local mode = ARGV[6 * count + 1]
 if mode == 'dry' then
   for i = 1, count do
     answer(i, decide(i, cost_of(i), false))
+  end
+  return reply
+end
+if mode == 'each' then
+  for i = 1, count do
+    answer(i, decide(i, cost_of(i), 'always'))
   end
   return reply
 end

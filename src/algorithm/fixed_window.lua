@@ -16,7 +16,8 @@
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
 -- window (0 when anchored). With `spend` false it decides the same and
--- writes nothing.
+-- writes nothing; with 'always' it counts a denied cost too (as
+-- envoyproxy/ratelimit does), and `remaining` is what is left after it.
 local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   local used = 0
   local reset_after = 0
@@ -41,16 +42,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
     end
   end
 
-  local remaining = math.max(0, limit - used)
-  if cost > limit then
-    return 0, remaining, reset_after, -1, 0
-  end
-  if used + cost > limit then
-    -- The whole limit is back when the window ends (PTTL 0 means "within
-    -- this millisecond").
-    return 0, remaining, reset_after, math.max(1000, reset_after), 0
-  end
-  if cost > 0 and spend then
+  local function record()
     if aligned == 1 then
       redis.call('HSET', key, 'w', window, 'n', used + cost)
       redis.call('PEXPIREAT', key, window_end_ms)
@@ -61,6 +53,23 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
       redis.call('SET', key, cost, 'PX', window_ms)
       reset_after = window_ms * 1000
     end
+  end
+
+  local remaining = math.max(0, limit - used)
+  if cost > limit or used + cost > limit then
+    if spend == 'always' and cost > 0 then
+      record()
+      remaining = math.max(0, limit - used - cost)
+    end
+    if cost > limit then
+      return 0, remaining, reset_after, -1, 0
+    end
+    -- The whole limit is back when the window ends (PTTL 0 means "within
+    -- this millisecond").
+    return 0, remaining, reset_after, math.max(1000, reset_after), 0
+  end
+  if cost > 0 and spend then
+    record()
   end
   return 1, remaining - cost, reset_after, 0, window or 0
 end

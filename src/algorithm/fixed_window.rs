@@ -6,7 +6,7 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use crate::algorithm::MemoryChange;
+use crate::algorithm::{MemoryChange, Spend};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
 
 /// The in-memory state of one key.
@@ -18,38 +18,52 @@ pub struct State {
 
 /// The in-memory twin of `fixed_window.lua`. `state` is `None` when the key
 /// has no live window (the store drops expired state before calling). With
-/// `spend` false it decides the same and changes nothing.
+/// [`Spend::Dry`] it decides the same and changes nothing; with
+/// [`Spend::Always`] a denied cost is counted too (upstream's way), and
+/// `remaining` is what is left after it.
 pub fn decide(
     params: &FixedWindow,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
-    spend: bool,
+    spend: Spend,
 ) -> (Decision, MemoryChange) {
     let limit = params.limit;
-    let (used, reset_after) = match state {
+    let (used, mut reset_after) = match state {
         Some(s) => (s.used, s.window_end.saturating_sub(now)),
         None => (0, 0),
     };
-    let remaining = limit.saturating_sub(used);
-    let denied = |retry_after| Decision {
-        allowed: false,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        degraded: false,
+    let mut remaining = limit.saturating_sub(used);
+    let allowed = cost <= limit && used + cost <= limit;
+    let change = if cost > 0 && (spend == Spend::Always || (allowed && spend == Spend::IfAllowed)) {
+        let change = record(params, state, now, cost);
+        if let Some(s) = state {
+            reset_after = s.window_end - now;
+        }
+        change
+    } else {
+        MemoryChange::None
     };
-    if cost > limit {
-        return (denied(RetryAfter::Never), MemoryChange::None);
+    if !allowed {
+        if change != MemoryChange::None {
+            remaining = limit.saturating_sub(used + cost);
+        }
+        let retry_after = if cost > limit {
+            RetryAfter::Never
+        } else {
+            RetryAfter::After(reset_after.max(1))
+        };
+        let decision = Decision {
+            allowed: false,
+            limit,
+            remaining,
+            reset_after,
+            retry_after,
+            degraded: false,
+        };
+        return (decision, change);
     }
-    if used + cost > limit {
-        return (
-            denied(RetryAfter::After(reset_after.max(1))),
-            MemoryChange::None,
-        );
-    }
-    let mut decision = Decision {
+    let decision = Decision {
         allowed: true,
         limit,
         remaining: remaining - cost,
@@ -57,13 +71,15 @@ pub fn decide(
         retry_after: RetryAfter::After(0),
         degraded: false,
     };
-    if cost == 0 || !spend {
-        return (decision, MemoryChange::None);
-    }
+    (decision, change)
+}
+
+/// Adds `cost` to the window in progress, or starts one.
+fn record(params: &FixedWindow, state: &mut Option<State>, now: Micros, cost: u64) -> MemoryChange {
     match state {
         Some(s) => {
             s.used += cost;
-            (decision, MemoryChange::Updated)
+            MemoryChange::Updated
         }
         None => {
             let window = params.window.as_micros();
@@ -76,13 +92,9 @@ pub fn decide(
                 used: cost,
                 window_end,
             });
-            decision.reset_after = window_end - now;
-            (
-                decision,
-                MemoryChange::Written {
-                    expires_at: window_end,
-                },
-            )
+            MemoryChange::Written {
+                expires_at: window_end,
+            }
         }
     }
 }
@@ -104,7 +116,7 @@ mod tests {
             ..params(2, 1000)
         };
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 2_300_000, 1, true);
+        let (d, change) = decide(&p, &mut state, 2_300_000, 1, Spend::IfAllowed);
         assert_eq!(d.reset_after, 700_000);
         assert_eq!(
             change,
@@ -118,7 +130,7 @@ mod tests {
     fn a_dry_run_decides_without_spending() {
         let p = params(2, 1000);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 2, false);
+        let (d, change) = decide(&p, &mut state, 0, 2, Spend::Dry);
         assert!(d.allowed);
         assert_eq!(d.remaining, 0);
         assert_eq!(change, MemoryChange::None);
@@ -130,11 +142,11 @@ mod tests {
         let p = params(3, 1000);
         let mut state = None;
         for expected_remaining in [2, 1, 0] {
-            let (d, _) = decide(&p, &mut state, 5_000, 1, true);
+            let (d, _) = decide(&p, &mut state, 5_000, 1, Spend::IfAllowed);
             assert!(d.allowed);
             assert_eq!(d.remaining, expected_remaining);
         }
-        let (d, change) = decide(&p, &mut state, 205_000, 1, true);
+        let (d, change) = decide(&p, &mut state, 205_000, 1, Spend::IfAllowed);
         assert!(!d.allowed);
         assert_eq!(d.retry_after, RetryAfter::After(800_000));
         assert_eq!(d.reset_after, 800_000);
@@ -145,7 +157,7 @@ mod tests {
     fn a_cost_above_the_limit_is_never_allowed_and_spends_nothing() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, _) = decide(&p, &mut state, 0, 4, true);
+        let (d, _) = decide(&p, &mut state, 0, 4, Spend::IfAllowed);
         assert_eq!(d.retry_after, RetryAfter::Never);
         assert_eq!(d.remaining, 3);
         assert!(state.is_none());
@@ -155,10 +167,41 @@ mod tests {
     fn cost_zero_looks_without_starting_a_window() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 0, true);
+        let (d, change) = decide(&p, &mut state, 0, 0, Spend::IfAllowed);
         assert!(d.allowed);
         assert_eq!((d.remaining, d.reset_after), (3, 0));
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
+    }
+
+    #[test]
+    fn spending_always_counts_denied_hits_too() {
+        let p = FixedWindow {
+            aligned: true,
+            ..params(2, 1000)
+        };
+        let mut state = None;
+        for (cost, allowed, remaining) in [(1, true, 1), (2, false, 0), (0, false, 0)] {
+            let (d, _) = decide(&p, &mut state, 100_000, cost, Spend::Always);
+            assert_eq!(
+                (d.allowed, d.remaining),
+                (allowed, remaining),
+                "cost {cost}"
+            );
+        }
+        assert_eq!(state.as_ref().map(|s| s.used), Some(3));
+        // Over the limit from the start, it still starts the window.
+        let mut fresh = None;
+        let (d, change) = decide(&p, &mut fresh, 100_000, 5, Spend::Always);
+        assert_eq!(
+            (d.allowed, d.retry_after, d.reset_after),
+            (false, RetryAfter::Never, 900_000)
+        );
+        assert_eq!(
+            change,
+            MemoryChange::Written {
+                expires_at: 1_000_000
+            }
+        );
     }
 }

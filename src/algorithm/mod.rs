@@ -41,11 +41,13 @@ pub static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing), or
-/// only say what each limit would answer.
+/// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing),
+/// decide each limit on its own (spending even what it denies, where the
+/// algorithm counts denied hits), or only say what each limit would answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptMode {
     Decide,
+    Each,
     Dry,
 }
 
@@ -53,9 +55,24 @@ impl ScriptMode {
     pub fn arg(self) -> &'static str {
         match self {
             Self::Decide => "decide",
+            Self::Each => "each",
             Self::Dry => "dry",
         }
     }
+}
+
+/// What one decision may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spend {
+    /// Nothing: say what would be answered.
+    Dry,
+    /// The cost, if allowed.
+    IfAllowed,
+    /// The cost even when denied, as envoyproxy/ratelimit counts hits: the
+    /// fixed window does; the other algorithms spend only what they allow
+    /// (a denied cost there would be debt that keeps a retrying client out
+    /// past any window).
+    Always,
 }
 
 /// The in-memory state of one key, whichever algorithm owns it. A key's name
@@ -170,54 +187,55 @@ pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<(Decision, i64),
 }
 
 /// Decides `cost` under `algorithm` on in-memory state: the twin of one
-/// algorithm's Lua function. `state` is `None` for a key with no live state;
-/// with `spend` false nothing is spent.
+/// algorithm's Lua function. `state` is `None` for a key with no live state.
 pub fn decide_in_memory(
     algorithm: &Algorithm,
     state: &mut Option<State>,
     now: Micros,
     cost: u64,
-    spend: bool,
+    spend: Spend,
 ) -> (Decision, MemoryChange) {
+    // Only the fixed window counts denied hits (see `Spend::Always`).
+    let spends = spend != Spend::Dry;
     // Each arm lends the algorithm its own variant and puts it back after.
     macro_rules! with_variant {
-        ($variant:ident, $module:ident, $params:expr) => {{
+        ($variant:ident, $module:ident, $params:expr, $spend:expr) => {{
             let mut own = match state.take() {
                 Some(State::$variant(s)) => Some(s),
                 _ => None,
             };
-            let outcome = $module::decide($params, &mut own, now, cost, spend);
+            let outcome = $module::decide($params, &mut own, now, cost, $spend);
             *state = own.map(State::$variant);
             outcome
         }};
     }
     match algorithm {
-        Algorithm::FixedWindow(p) => with_variant!(FixedWindow, fixed_window, p),
-        Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p),
-        Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p),
-        Algorithm::Gcra(p) => with_variant!(Gcra, gcra, p),
+        Algorithm::FixedWindow(p) => with_variant!(FixedWindow, fixed_window, p, spend),
+        Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p, spends),
+        Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p, spends),
+        Algorithm::Gcra(p) => with_variant!(Gcra, gcra, p, spends),
         Algorithm::SlidingWindowCounter(p) => {
-            with_variant!(SlidingWindowCounter, sliding_window_counter, p)
+            with_variant!(SlidingWindowCounter, sliding_window_counter, p, spends)
         }
     }
 }
 
-/// The twin of `decide.lua`'s driver: decides `costs.len()` limits together,
-/// all or nothing. `decide(i, cost, spend)` decides limit `i`; `shadow[i]`
-/// says limit `i` may not deny the group.
+/// The twin of `decide.lua`'s driver in `decide` mode: decides
+/// `costs.len()` limits together, all or nothing. `decide(i, cost, spend)`
+/// decides limit `i`; `shadow[i]` says limit `i` may not deny the group.
 pub fn decide_together(
     costs: &[u64],
     shadow: &[bool],
-    mut decide: impl FnMut(usize, u64, bool) -> Decision,
+    mut decide: impl FnMut(usize, u64, Spend) -> Decision,
 ) -> Vec<Decision> {
     if costs.len() == 1 {
         // Alone, a limit spends only if it allows: no dry run needed.
-        return vec![decide(0, costs[0], true)];
+        return vec![decide(0, costs[0], Spend::IfAllowed)];
     }
     let dry: Vec<Decision> = costs
         .iter()
         .enumerate()
-        .map(|(i, &cost)| decide(i, cost, false))
+        .map(|(i, &cost)| decide(i, cost, Spend::Dry))
         .collect();
     let all_allow = dry
         .iter()
@@ -227,8 +245,21 @@ pub fn decide_together(
         .enumerate()
         .map(|(i, decision)| match (decision.allowed, all_allow) {
             (false, _) => decision,
-            (true, true) => decide(i, costs[i], true),
-            (true, false) => decide(i, 0, false),
+            (true, true) => decide(i, costs[i], Spend::IfAllowed),
+            (true, false) => decide(i, 0, Spend::Dry),
         })
+        .collect()
+}
+
+/// The twin of `decide.lua`'s driver in `each` mode: every limit decided on
+/// its own, spending [`Spend::Always`].
+pub fn decide_each(
+    costs: &[u64],
+    mut decide: impl FnMut(usize, u64, Spend) -> Decision,
+) -> Vec<Decision> {
+    costs
+        .iter()
+        .enumerate()
+        .map(|(i, &cost)| decide(i, cost, Spend::Always))
         .collect()
 }

@@ -99,6 +99,29 @@ impl Limiter {
         requests: &[LimitRequest],
         policy: Option<FailurePolicy>,
     ) -> Result<Vec<Decision>, StoreError> {
+        self.decide(requests, policy, Combination::AllOrNothing)
+            .await
+    }
+
+    /// Decides several limits for one request, each on its own, as
+    /// envoyproxy/ratelimit does: each spends what it allows, and a fixed
+    /// window counts what it denies too ([`algorithm::Spend::Always`]). The
+    /// denial cache is not used: a denied limit must still be counted.
+    #[instrument(level = "debug", skip_all, fields(limits = requests.len()))]
+    pub async fn check_each(
+        &self,
+        requests: &[LimitRequest],
+        policy: Option<FailurePolicy>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.decide(requests, policy, Combination::Each).await
+    }
+
+    async fn decide(
+        &self,
+        requests: &[LimitRequest],
+        policy: Option<FailurePolicy>,
+        combination: Combination,
+    ) -> Result<Vec<Decision>, StoreError> {
         let groups = Groups::new(&self.key_prefix, requests);
         let decisions = match &self.store {
             Store::Redis(redis) => {
@@ -106,25 +129,28 @@ impl Limiter {
                 // as when it was asked: taken before the call, it is never
                 // later than Redis's decision.
                 let sent = Instant::now();
-                if let Some(decisions) = self.known_denial(&groups, requests, sent) {
+                let cached = combination == Combination::AllOrNothing;
+                if cached && let Some(decisions) = self.known_denial(&groups, requests, sent) {
                     return Ok(decisions);
                 }
                 // Boxed: the Redis path's future is kilobytes, and unboxed it
                 // would be copied with every embedded-store decision too.
-                match Box::pin(on_redis::decide(redis, &groups, requests)).await {
+                match Box::pin(on_redis::decide(redis, &groups, requests, combination)).await {
                     Err(err) if err.is_transient() => {
                         let policy = policy.unwrap_or(self.default_policy);
                         debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
-                        return self.when_redis_fails(err, policy, &groups, requests);
+                        return self.when_redis_fails(err, policy, &groups, requests, combination);
                     }
                     decided => {
                         let decisions = decided?;
-                        self.remember_denials(&groups, requests, &decisions, sent);
+                        if cached {
+                            self.remember_denials(&groups, requests, &decisions, sent);
+                        }
                         decisions
                     }
                 }
             }
-            Store::Memory(memory) => decide_in_memory(memory, &groups, requests),
+            Store::Memory(memory) => decide_in_memory(memory, &groups, requests, combination),
         };
         Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
     }
@@ -204,6 +230,7 @@ impl Limiter {
         policy: FailurePolicy,
         groups: &Groups,
         requests: &[LimitRequest],
+        combination: Combination,
     ) -> Result<Vec<Decision>, StoreError> {
         let decisions = match (policy, &self.local) {
             (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
@@ -212,7 +239,9 @@ impl Limiter {
                 .iter()
                 .map(|group| fail_open(&requests[group.first].algorithm, group.cost))
                 .collect(),
-            (FailurePolicy::Local, Some(local)) => decide_in_memory(local, groups, requests),
+            (FailurePolicy::Local, Some(local)) => {
+                decide_in_memory(local, groups, requests, combination)
+            }
         };
         Ok(groups
             .of_request
@@ -225,12 +254,34 @@ impl Limiter {
     }
 }
 
+/// How one call's limits are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Combination {
+    /// Together: all spend, or none does.
+    AllOrNothing,
+    /// Each on its own, counting denied hits where the algorithm does.
+    Each,
+}
+
 /// Decides the groups on an embedded store: the twin of the script.
 fn decide_in_memory(
     memory: &MemoryStore<State>,
     groups: &Groups,
     requests: &[LimitRequest],
+    combination: Combination,
 ) -> Vec<Decision> {
+    if combination == Combination::Each {
+        let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
+        let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
+        return memory.with_keys(&keys, |locked, now| {
+            algorithm::decide_each(&costs, |i, cost, spend| {
+                let algorithm = &requests[groups.unique[i].first].algorithm;
+                locked.decide(i, |state| {
+                    algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+                })
+            })
+        });
+    }
     if let [group] = &*groups.unique {
         // Most calls decide one key: borrow its parameters in place rather
         // than collect them, as this path runs millions of times a second.

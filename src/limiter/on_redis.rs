@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use futures::future::join_all;
 
-use super::Groups;
+use super::{Combination, Groups};
 use crate::algorithm::{self, REFUND_SCRIPT, SCRIPT, ScriptMode};
 use crate::error::StoreError;
 use crate::limit::{Decision, LimitRequest};
@@ -29,10 +29,14 @@ pub(super) const MAX_LIMITS_PER_SCRIPT: usize = 64;
 /// the nodes that spent give it back. No limit ever admits more than it
 /// allows; a request denied that way held units only between its spend and
 /// its refund.
+///
+/// Each on its own ([`Combination::Each`]) needs none of that: every
+/// script decides its limits in `each` mode.
 pub(super) async fn decide(
     redis: &RedisStore,
     groups: &Groups,
     requests: &[LimitRequest],
+    combination: Combination,
 ) -> Result<Vec<Decision>, StoreError> {
     let partitions: Vec<Vec<usize>> = if redis.is_cluster() {
         groups.by_slot()
@@ -51,6 +55,25 @@ pub(super) async fn decide(
                 .collect::<Vec<_>>()
         })
         .collect();
+    if combination == Combination::Each {
+        let replies =
+            join_all(partitions.iter().map(|members| {
+                run_decide(redis, groups, requests, members, ScriptMode::Each, false)
+            }))
+            .await;
+        let mut result = vec![None; groups.unique.len()];
+        for (members, reply) in partitions.iter().zip(replies) {
+            for (&g, (decision, _)) in members.iter().zip(reply?) {
+                result[g] = Some(decision);
+            }
+        }
+        return result
+            .into_iter()
+            .map(|decision| {
+                decision.ok_or_else(|| StoreError::Reply("a limit was not decided".into()))
+            })
+            .collect();
+    }
     if let [everyone] = partitions.as_slice() {
         let decided =
             run_decide(redis, groups, requests, everyone, ScriptMode::Decide, false).await?;

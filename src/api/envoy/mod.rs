@@ -38,6 +38,9 @@ pub struct EnvoySettings {
     pub shadow_mode: bool,
     /// Add the IETF `RateLimit-Policy` and `RateLimit` headers.
     pub ratelimit_headers: bool,
+    /// Each descriptor counted on its own, denied hits too (upstream's
+    /// default); otherwise a denied request spends nothing.
+    pub count_denied_hits: bool,
     /// The most one request may ask.
     pub bounds: RequestBounds,
 }
@@ -149,9 +152,14 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         let request = request.into_inner();
         self.settings.bounds.check(&request).map_err(Error::from)?;
         let rules = self.rules.current();
-        let plan = Plan::new(&rules, &request, self.settings.shadow_mode).map_err(Error::from)?;
+        let plan = Plan::new(&rules, &request, self.settings).map_err(Error::from)?;
         let decisions = if plan.requests.is_empty() {
             Vec::new()
+        } else if self.settings.count_denied_hits {
+            self.limiter
+                .check_each(&plan.requests, None)
+                .await
+                .map_err(Error::from)?
         } else {
             self.limiter
                 .check_all(&plan.requests, None)
@@ -200,8 +208,9 @@ impl Plan {
     fn new(
         rules: &Rules,
         request: &rls::RateLimitRequest,
-        global_shadow: bool,
+        settings: EnvoySettings,
     ) -> Result<Self, limit::InvalidArgument> {
+        let global_shadow = settings.shadow_mode;
         if request.domain.is_empty() {
             return Err(limit::InvalidArgument::new("domain", "must not be empty"));
         }
@@ -267,8 +276,8 @@ impl Plan {
             });
         }
         // A blocked descriptor that denies the request: the others only look,
-        // so they spend nothing.
-        let blocked = governed.iter().any(|g| {
+        // so they spend nothing (unless each is counted on its own).
+        let blocked = !settings.count_denied_hits && governed.iter().any(|g| {
             matches!(g, Governed::Blocked { rule, cost } if *cost > 0 && !rule.shadow && !global_shadow)
         });
         if blocked {
