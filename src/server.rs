@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::api::check::CheckService;
 use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
-use crate::api::envoy::{EnvoyService, EnvoySettings, RequestBounds};
+use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds};
 use crate::config::{Config, ConfigFiles, redacted_url};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
@@ -156,6 +156,13 @@ pub async fn run(
             shadow_mode: config.shadow_mode,
             ratelimit_headers: config.envoy_ratelimit_headers,
             count_denied_hits: config.envoy_count_denied_hits,
+            quota_mode: config.envoy_quota_mode,
+            dynamic_metadata: config.envoy_dynamic_metadata,
+            limit_headers: config.envoy_limit_headers.then(|| LimitHeaderNames {
+                limit: config.envoy_limit_header.clone(),
+                remaining: config.envoy_remaining_header.clone(),
+                reset: config.envoy_reset_header.clone(),
+            }),
             bounds: RequestBounds {
                 max_descriptors: config.max_descriptors,
                 max_entries: config.max_descriptor_entries,

@@ -765,3 +765,114 @@ async fn a_late_report_past_the_limit_binds_when_denied_hits_count() {
     }
     redis.assert_every_key_expires().await;
 }
+
+/// A denial answered from the local over-limit cache reads as one from
+/// Redis: the same limit, nothing remaining, and the real time to reset
+/// (upstream's integration test: 25 hits on a 20/minute key).
+#[tokio::test]
+async fn a_cached_denial_reports_what_redis_would() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("another.yaml"),
+        "domain: another\ndescriptors:\n  - key: key2\n    rate_limit:\n      unit: minute\n      requests_per_unit: 20\n",
+    )
+    .expect("write config");
+    let config = dir.path().to_str().expect("utf-8 path");
+    let server = TestServer::start(&["--config", config, "--redis-url", &url]).await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    for i in 0..25u32 {
+        let status = one(
+            &mut client,
+            "another",
+            with_hits(descriptor(&[("key2", "v")]), 1),
+        )
+        .await;
+        let (code, remaining) = if i < 20 {
+            (Code::Ok, 19 - i)
+        } else {
+            (Code::OverLimit, 0)
+        };
+        assert_eq!(
+            limited(&status),
+            (code, 20, Unit::Minute, remaining),
+            "hit {i}"
+        );
+        let reset = status.duration_until_reset.map_or(0, |d| d.seconds);
+        assert!((1..=60).contains(&reset), "hit {i}: reset in {reset} s");
+    }
+    server.stop().await;
+}
+
+/// Upstream's `quota_mode` and `metadata` on descriptors, its dynamic
+/// metadata (RESPONSE_DYNAMIC_METADATA) and its three headers
+/// (LIMIT_RESPONSE_HEADERS_ENABLED): a quota descriptor over its limit
+/// denies only when every quota descriptor of the request is over, and the
+/// metadata of the descriptors that passed reaches the response.
+#[tokio::test]
+async fn quota_mode_metadata_and_upstream_headers() {
+    use prost_types::value::Kind;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("quota.yaml"),
+        "domain: quota\n\
+         descriptors:\n\
+         \x20 - key: plan\n\
+         \x20   quota_mode: true\n\
+         \x20   metadata: {tier: {name: gold}}\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 1}\n\
+         \x20 - key: region\n\
+         \x20   quota_mode: true\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 1}\n\
+         \x20 - key: user\n\
+         \x20   metadata: {checked: true}\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    )
+    .expect("write config");
+    let config = dir.path().to_str().expect("utf-8 path");
+    let server = TestServer::start(&[
+        "--config",
+        config,
+        "--envoy-dynamic-metadata",
+        "--envoy-limit-headers",
+    ])
+    .await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    let request = |plan_hits, region_hits| {
+        vec![
+            with_hits(descriptor(&[("plan", "p")]), plan_hits),
+            with_hits(descriptor(&[("region", "r")]), region_hits),
+            with_hits(descriptor(&[("user", "u")]), 1),
+        ]
+    };
+    // The plan quota is over but the region quota is not: allowed.
+    let response = ask(&mut client, "quota", request(2, 1)).await;
+    assert_eq!(response.statuses[0].code(), Code::OverLimit);
+    assert_eq!(response.overall_code(), Code::Ok, "one quota left: allowed");
+    let metadata = response.dynamic_metadata.expect("dynamic metadata");
+    assert_eq!(
+        metadata.fields["domain"].kind,
+        Some(Kind::StringValue("quota".into()))
+    );
+    let Some(Kind::StructValue(passed)) = &metadata.fields["metadata"].kind else {
+        panic!("metadata of the passed descriptors: {metadata:?}");
+    };
+    assert!(passed.fields.contains_key("checked"), "user passed");
+    assert!(!passed.fields.contains_key("tier"), "plan was over");
+    let headers: Vec<(String, String)> = response
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(
+        headers[0],
+        ("RateLimit-Limit".into(), "1".into()),
+        "{headers:?}"
+    );
+    assert_eq!(headers[1], ("RateLimit-Remaining".into(), "0".into()));
+    // Both quotas over: denied.
+    let response = ask(&mut client, "quota", request(2, 2)).await;
+    assert_eq!(response.overall_code(), Code::OverLimit, "every quota over");
+    server.stop().await;
+}

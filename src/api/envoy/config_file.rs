@@ -5,7 +5,8 @@
 //! Accepted as upstream: `domain`, `descriptors` (nested), `key`, `value`
 //! (a trailing `*` makes a wildcard), `rate_limit` with `unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`, and `shadow_mode`,
-//! `detailed_metric`, `value_to_metric`, `share_threshold` on descriptors.
+//! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`
+//! and `metadata` on descriptors: every field upstream's schema accepts.
 //! Two extensions on `rate_limit`: `algorithm` (`fixed_window`, the default,
 //! with windows aligned to the unit as upstream; `sliding_window`;
 //! `token_bucket`; `gcra`; `sliding_window_counter`) and `unit_multiplier` (the window is `unit` × this).
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
+use super::metadata;
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit};
 use crate::limit::{
     Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
@@ -210,6 +212,12 @@ struct DescriptorSpec {
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
+    /// Over the limit, denies only when every quota descriptor is over.
+    #[serde(default)]
+    quota_mode: bool,
+    /// Attached to the response's dynamic metadata when the descriptor
+    /// passes.
+    metadata: Option<Spanned<serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -278,6 +286,13 @@ fn first_line(message: &str) -> String {
     without_position.to_owned()
 }
 
+/// What a descriptor gives the rule it holds.
+struct DescriptorSettings {
+    shadow: bool,
+    quota: bool,
+    metadata: Option<prost_types::Struct>,
+}
+
 struct Context<'a> {
     file: &'a str,
     /// The descriptor path down to the level being read, for policy ids.
@@ -322,10 +337,23 @@ impl Context<'_> {
                 ));
             }
             self.path.push(composite.clone());
+            let metadata = match &spec.metadata {
+                None => None,
+                Some(metadata) => {
+                    Some(metadata::json_to_struct(&metadata.value).ok_or_else(|| {
+                        self.error(metadata.referenced.line(), "metadata must be a map")
+                    })?)
+                }
+            };
+            let settings = DescriptorSettings {
+                shadow: spec.shadow_mode,
+                quota: spec.quota_mode,
+                metadata,
+            };
             let rule = spec
                 .rate_limit
                 .as_ref()
-                .map(|rate_limit| self.rule(rate_limit, spec.shadow_mode))
+                .map(|rate_limit| self.rule(rate_limit, &settings))
                 .transpose()?;
             let children = self.level(&spec.descriptors)?;
             self.path.pop();
@@ -372,7 +400,12 @@ impl Context<'_> {
         Ok(level)
     }
 
-    fn rule(&self, spanned: &Spanned<RateLimitSpec>, shadow: bool) -> Result<Rule, ConfigError> {
+    fn rule(
+        &self,
+        spanned: &Spanned<RateLimitSpec>,
+        settings: &DescriptorSettings,
+    ) -> Result<Rule, ConfigError> {
+        let shadow = settings.shadow;
         let line = spanned.referenced.line();
         let spec = &spanned.value;
         let unit_text = spec
@@ -417,6 +450,8 @@ impl Context<'_> {
                 limit: Limit::Unlimited,
                 replaces,
                 shadow,
+                quota: settings.quota,
+                metadata: settings.metadata.clone(),
                 policy_id,
                 source,
             });
@@ -438,6 +473,8 @@ impl Context<'_> {
             limit: Limit::Blocked,
             replaces,
             shadow,
+            quota: settings.quota,
+            metadata: settings.metadata.clone(),
             policy_id,
             source,
         };

@@ -7,6 +7,7 @@
 
 pub mod config_file;
 pub mod headers;
+pub mod metadata;
 pub mod rules;
 pub mod source;
 
@@ -32,7 +33,7 @@ use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 
 /// Server-wide settings of the Envoy face.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct EnvoySettings {
     /// Global shadow mode: decide, count and log, but always answer OK.
     pub shadow_mode: bool,
@@ -41,8 +42,23 @@ pub struct EnvoySettings {
     /// Each descriptor counted on its own, denied hits too (upstream's
     /// default); otherwise a denied request spends nothing.
     pub count_denied_hits: bool,
+    /// Every descriptor in quota mode (upstream's QUOTA_MODE).
+    pub quota_mode: bool,
+    /// Attach upstream's dynamic metadata to each response.
+    pub dynamic_metadata: bool,
+    /// Upstream's three headers (LIMIT_RESPONSE_HEADERS_ENABLED), by these
+    /// names: limit, remaining, reset.
+    pub limit_headers: Option<LimitHeaderNames>,
     /// The most one request may ask.
     pub bounds: RequestBounds,
+}
+
+/// The names of upstream's response headers.
+#[derive(Debug, Clone)]
+pub struct LimitHeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
 }
 
 /// The most one `ShouldRateLimit` may ask, so that no single request can
@@ -152,7 +168,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         let request = request.into_inner();
         self.settings.bounds.check(&request).map_err(Error::from)?;
         let rules = self.rules.current();
-        let plan = Plan::new(&rules, &request, self.settings).map_err(Error::from)?;
+        let plan = Plan::new(&rules, &request, &self.settings).map_err(Error::from)?;
         let decisions = if plan.requests.is_empty() {
             Vec::new()
         } else if self.settings.count_denied_hits {
@@ -169,7 +185,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
-        let response = plan.response(&decisions, self.settings);
+        let response = plan.response(&request, &decisions, &self.settings);
         debug!(
             domain = %request.domain,
             overall = ?response.overall_code(),
@@ -208,7 +224,7 @@ impl Plan {
     fn new(
         rules: &Rules,
         request: &rls::RateLimitRequest,
-        settings: EnvoySettings,
+        settings: &EnvoySettings,
     ) -> Result<Self, limit::InvalidArgument> {
         let global_shadow = settings.shadow_mode;
         if request.domain.is_empty() {
@@ -262,11 +278,14 @@ impl Plan {
                     cost: *cost,
                 },
                 Limit::Counted(algorithm) => {
+                    // A quota descriptor does not deny the others' spending
+                    // on its own: the response decides (see `response`).
+                    let quota = rule.quota || settings.quota_mode;
                     requests.push(LimitRequest {
                         key: CallerKey::envoy(counter_key.clone()),
                         algorithm: *algorithm,
                         cost: *cost,
-                        shadow: rule.shadow || global_shadow,
+                        shadow: rule.shadow || global_shadow || quota,
                     });
                     Governed::Counted {
                         rule: rule.clone(),
@@ -278,7 +297,8 @@ impl Plan {
         // A blocked descriptor that denies the request: the others only look,
         // so they spend nothing (unless each is counted on its own).
         let blocked = !settings.count_denied_hits && governed.iter().any(|g| {
-            matches!(g, Governed::Blocked { rule, cost } if *cost > 0 && !rule.shadow && !global_shadow)
+            matches!(g, Governed::Blocked { rule, cost }
+                if *cost > 0 && !rule.shadow && !global_shadow && !rule.quota && !settings.quota_mode)
         });
         if blocked {
             for request in &mut requests {
@@ -292,13 +312,34 @@ impl Plan {
         })
     }
 
-    fn response(&self, decisions: &[Decision], settings: EnvoySettings) -> rls::RateLimitResponse {
+    /// The answer: OVER_LIMIT when a descriptor not in quota mode is over,
+    /// or when the request has quota descriptors and all are over
+    /// (upstream's rule), unless global shadow mode.
+    fn response(
+        &self,
+        request: &rls::RateLimitRequest,
+        decisions: &[Decision],
+        settings: &EnvoySettings,
+    ) -> rls::RateLimitResponse {
         let statuses: Vec<DescriptorStatus> = self
             .governed
             .iter()
             .map(|governed| status(governed, decisions))
             .collect();
-        let over = statuses.iter().any(|s| s.code() == Code::OverLimit);
+        let is_quota = |governed: &Governed| {
+            rule_of(governed).is_some_and(|rule| rule.quota || settings.quota_mode)
+        };
+        let (mut limits_over, mut quotas, mut quotas_over) = (0, 0, 0);
+        for (governed, status) in self.governed.iter().zip(&statuses) {
+            let over = status.code() == Code::OverLimit;
+            if is_quota(governed) {
+                quotas += 1;
+                quotas_over += usize::from(over);
+            } else {
+                limits_over += usize::from(over);
+            }
+        }
+        let over = limits_over > 0 || (quotas > 0 && quotas == quotas_over);
         for governed in &self.governed {
             if let Some(rule) = rule_of(governed)
                 && denied(governed, decisions)
@@ -321,7 +362,64 @@ impl Plan {
         if settings.ratelimit_headers {
             response.response_headers_to_add = self.ietf_headers(&response.statuses);
         }
+        if let Some(names) = &settings.limit_headers {
+            response
+                .response_headers_to_add
+                .extend(self.upstream_headers(&response.statuses, names, &is_quota));
+        }
+        if settings.dynamic_metadata {
+            let passed = self
+                .governed
+                .iter()
+                .zip(&response.statuses)
+                .filter(|(_, status)| status.code() != Code::OverLimit)
+                .filter_map(|(governed, _)| rule_of(governed)?.metadata.as_ref());
+            response.dynamic_metadata = Some(metadata::response_metadata(request, passed));
+        }
         response
+    }
+
+    /// Upstream's headers: limit, remaining and seconds to the end of the
+    /// unit, of the last descriptor over its limit (quota ones aside), else
+    /// of the first with the fewest left.
+    fn upstream_headers(
+        &self,
+        statuses: &[DescriptorStatus],
+        names: &LimitHeaderNames,
+        is_quota: &dyn Fn(&Governed) -> bool,
+    ) -> Vec<HeaderValue> {
+        let limited = self
+            .governed
+            .iter()
+            .zip(statuses)
+            .filter(|(_, status)| status.current_limit.is_some());
+        let chosen = limited
+            .clone()
+            .filter(|(governed, status)| status.code() == Code::OverLimit && !is_quota(governed))
+            .last()
+            .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
+        let Some((Some(rule), status)) =
+            chosen.map(|(governed, status)| (rule_of(governed), status))
+        else {
+            return Vec::new();
+        };
+        let unit_seconds = rule.unit.seconds();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let header = |key: &str, value: String| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..Default::default()
+        };
+        vec![
+            header(&names.limit, rule.requests_per_unit.to_string()),
+            header(&names.remaining, status.limit_remaining.to_string()),
+            header(
+                &names.reset,
+                (unit_seconds - now % unit_seconds).to_string(),
+            ),
+        ]
     }
 
     /// `RateLimit-Policy` and `RateLimit` from the most restrictive
@@ -433,6 +531,8 @@ fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
         limit: Limit::Blocked,
         replaces: Vec::new(),
         shadow: false,
+        quota: false,
+        metadata: None,
         policy_id: "override".into(),
         source: Source {
             file: "request limit override".into(),

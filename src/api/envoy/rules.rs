@@ -96,6 +96,12 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Decided and counted, but never denies.
     pub shadow: bool,
+    /// `quota_mode`: over the limit, it denies the request only when every
+    /// quota descriptor of the request is over.
+    pub quota: bool,
+    /// `metadata`, attached to the response's dynamic metadata when the
+    /// descriptor passes (with RESPONSE_DYNAMIC_METADATA).
+    pub metadata: Option<prost_types::Struct>,
     /// An id for the IETF `RateLimit-Policy` header: the name, else the
     /// descriptor path in the configuration.
     pub policy_id: String,
