@@ -351,6 +351,35 @@ impl ServerProcess {
         Self::spawn(Some((soft, hard)), flags, true).await
     }
 
+    /// Starts the binary as upstream's deployments do: no flags, only
+    /// envoyproxy/ratelimit's variables (`environment`, plus GRPC_HOST and
+    /// GRPC_PORT on a free loopback port), and waits until SERVING.
+    pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let address: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+        let dir = tempfile::tempdir().expect("log directory");
+        let path = dir.path().join("ratelimitd.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", port.to_string())
+            .envs(environment.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&path).expect("log file")))
+            .spawn()
+            .expect("start the ratelimitd binary");
+        let server = Self {
+            address,
+            child,
+            log: Some((dir, path)),
+        };
+        eventually(
+            "ratelimitd (started the upstream way) to be SERVING",
+            || async { health_status(address, "").await == Some(ServingStatus::Serving) },
+        )
+        .await;
+        server
+    }
+
     /// Everything the process has logged so far.
     pub fn log(&self) -> String {
         let (_, path) = self.log.as_ref().expect("started with start_logged");
