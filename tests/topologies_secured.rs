@@ -6,7 +6,7 @@
 mod common;
 
 use common::ServerProcess;
-use common::topology::{RedisCluster, RedisSentinel, Security};
+use common::topology::{RedisCluster, RedisSentinel, Security, SentinelPassword};
 
 const PASSWORD: &str = "s3cret p@ss";
 
@@ -63,6 +63,29 @@ async fn sentinel_with_a_password() {
     let sentinel = RedisSentinel::start_with(password()).await;
     let server = start(&sentinel_flags(&sentinel)).await;
     decides_exactly(&server).await;
+}
+
+/// Sentinels with a password of their own, or none, beside a primary with
+/// one: the URLs carry the primary's, `--redis-sentinel-auth` the
+/// sentinels' (upstream's REDIS_AUTH and REDIS_SENTINEL_AUTH).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinels_with_credentials_of_their_own() {
+    for (sentinels, auth) in [
+        (SentinelPassword::Open, ""),
+        (SentinelPassword::Own("sentinel pw".into()), "sentinel pw"),
+    ] {
+        let sentinel = RedisSentinel::start_with(Security {
+            sentinels: sentinels.clone(),
+            ..password()
+        })
+        .await;
+        let mut flags = sentinel_flags(&sentinel);
+        flags[3] = sentinel.sentinel_urls_with_data_credentials().join(",");
+        flags.push(format!("--redis-sentinel-auth={auth}"));
+        let server = start(&flags).await;
+        decides_exactly(&server).await;
+        server.terminate().await;
+    }
 }
 
 const ACL_USER: &str = "limiter";

@@ -692,7 +692,12 @@ impl RedisSentinel {
             .tls
             .map(|_| write_certificates(&dir.path().join("tls")));
         let data_access = Access::new(&security, tls_files.as_ref());
-        let sentinel_access = data_access.clone();
+        let mut sentinel_access = data_access.clone();
+        match &security.sentinels {
+            SentinelPassword::Same => {}
+            SentinelPassword::Open => sentinel_access.password = None,
+            SentinelPassword::Own(password) => sentinel_access.password = Some(password.clone()),
+        }
         let secured = secured_node_args(&security, tls_files.as_ref());
         let primary = start_data_node(
             "sentinel primary",
@@ -741,11 +746,12 @@ impl RedisSentinel {
             ));
         } else if let Some(password) = &security.password {
             secured_config.push_str(&format!(
-                "sentinel auth-pass {MASTER_NAME} {}\n\
-                 requirepass {}\n",
-                config_string(password),
+                "sentinel auth-pass {MASTER_NAME} {}\n",
                 config_string(password)
             ));
+            if let Some(own) = &sentinel_access.password {
+                secured_config.push_str(&format!("requirepass {}\n", config_string(own)));
+            }
         }
         if let Some(files) = &tls_files {
             for (directive, file) in [
@@ -885,6 +891,15 @@ impl RedisSentinel {
         self.sentinel_ports()
             .into_iter()
             .map(|port| self.sentinel_access.url(port))
+            .collect()
+    }
+
+    /// The URL of a sentinel with the data nodes' credentials in it (how
+    /// ratelimitd takes the primary's when the sentinels' differ).
+    pub fn sentinel_urls_with_data_credentials(&self) -> Vec<String> {
+        self.sentinel_ports()
+            .into_iter()
+            .map(|port| self.data_access.url(port))
             .collect()
     }
 
@@ -1162,6 +1177,21 @@ pub struct Security {
     /// TLS only (the plain port is off), with certificates made for the
     /// test.
     pub tls: Option<ClientCertificates>,
+    /// With `password`, for a Sentinel group: what the sentinels
+    /// themselves demand, when not the data nodes' password.
+    pub sentinels: SentinelPassword,
+}
+
+/// What the sentinels of a group started with a password demand.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SentinelPassword {
+    /// The data nodes' password.
+    #[default]
+    Same,
+    /// No password.
+    Open,
+    /// A password of their own.
+    Own(String),
 }
 
 /// Whether a TLS Redis asks clients for a certificate
