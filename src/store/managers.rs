@@ -27,6 +27,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates, TlsMode};
 
+use super::pinned_tls::PinnedTls;
 use super::redis::Credentials;
 
 /// Idle longer than this, a pooled connection is PINGed before reuse.
@@ -73,18 +74,22 @@ impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
     }
 }
 
-/// Connections to one Redis server (deadpool-redis's manager opens them).
-pub struct StandaloneManager {
-    connections: deadpool_redis::Manager,
+/// Connections to one Redis server: deadpool-redis's manager opens them,
+/// or, over TLS with CA certificates of our own, [`PinnedTls`] does.
+pub enum StandaloneManager {
+    Plain(deadpool_redis::Manager),
+    Pinned(PinnedTls),
 }
 
 impl StandaloneManager {
     pub fn new(
         info: ConnectionInfo,
         config: redis::AsyncConnectionConfig,
+        pinned: Option<PinnedTls>,
     ) -> Result<Self, RedisError> {
-        Ok(Self {
-            connections: deadpool_redis::Manager::new_with_config(info, config)?,
+        Ok(match pinned {
+            Some(pinned) => Self::Pinned(pinned),
+            None => Self::Plain(deadpool_redis::Manager::new_with_config(info, config)?),
         })
     }
 }
@@ -98,7 +103,10 @@ impl managed::Manager for StandaloneManager {
         // holds this one, and every decision's future holds a checkout, so
         // an unboxed connect (kilobytes, the Sentinel one over 20) would be
         // copied with each decision although it runs only now and then.
-        Box::pin(self.connections.create()).await.map(Shared::new)
+        match self {
+            Self::Plain(connections) => Box::pin(connections.create()).await.map(Shared::new),
+            Self::Pinned(pinned) => Box::pin(pinned.connect()).await.map(Shared::new),
+        }
     }
 
     async fn recycle(

@@ -4,6 +4,7 @@
 pub mod breaker;
 mod managers;
 pub mod memory;
+mod pinned_tls;
 pub mod redis;
 
 use std::sync::Arc;

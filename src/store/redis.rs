@@ -19,6 +19,7 @@ use redis::{
 
 use super::breaker::CircuitBreaker;
 use super::managers::{ClusterManager, SentinelManager, StandaloneManager};
+use super::pinned_tls::PinnedTls;
 use crate::error::StoreError;
 use crate::metrics;
 
@@ -182,7 +183,25 @@ impl RedisStore {
                 let connection = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.connect_timeout))
                     .set_response_timeout(Some(reply_backstop));
-                let manager = StandaloneManager::new(first, connection).map_err(misconfigured)?;
+                // With CA certificates of our own, TLS is opened here so that
+                // a pinned server certificate is accepted (pinned_tls.rs).
+                let pinned = match &settings.tls.ca {
+                    Some(ca) => PinnedTls::new(
+                        first.clone(),
+                        ca,
+                        settings
+                            .tls
+                            .client
+                            .as_ref()
+                            .map(|(cert, key)| (cert.as_slice(), key.as_slice())),
+                        connection.clone(),
+                        settings.connect_timeout,
+                    )
+                    .map_err(misconfigured)?,
+                    None => None,
+                };
+                let manager =
+                    StandaloneManager::new(first, connection, pinned).map_err(misconfigured)?;
                 Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
             }
             Topology::Cluster => {
