@@ -246,6 +246,17 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// With --tls-client-ca: a name (DNS or IP) the client's certificate
+    /// must carry among its subject alternative names.
+    #[arg(long, env = "RATELIMITD_TLS_CLIENT_SAN", requires = "tls_client_ca")]
+    pub tls_client_san: Option<String>,
+
+    /// How often to look whether --tls-cert or --tls-key changed on disk;
+    /// a changed pair that loads serves new connections.
+    #[arg(long, env = "RATELIMITD_TLS_RELOAD_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub tls_reload_interval: Duration,
+
     /// Largest request message accepted, in bytes (larger: OUT_OF_RANGE).
     #[arg(long, env = "RATELIMITD_MAX_REQUEST_BYTES", default_value_t = 1 << 20,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -510,6 +521,8 @@ impl fmt::Debug for Config {
             .field("tls_cert", &self.tls_cert)
             .field("tls_key", &self.tls_key)
             .field("tls_client_ca", &self.tls_client_ca)
+            .field("tls_client_san", &self.tls_client_san)
+            .field("tls_reload_interval", &self.tls_reload_interval)
             .field("max_request_bytes", &self.max_request_bytes)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field(

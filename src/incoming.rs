@@ -1,4 +1,5 @@
-//! Accepts client connections and decides when each closes. At most
+//! Accepts client connections (and, with TLS, does their handshakes,
+//! several at once) and decides when each closes. At most
 //! `--max-connections` are open at once (at the cap the listener waits, and
 //! the kernel's backlog holds newcomers); each gets TCP keepalive and no
 //! Nagle delay; accept errors (running out of file descriptors, mostly) are
@@ -16,13 +17,14 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::{Connected, TcpConnectInfo};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics;
 
@@ -52,24 +54,64 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one warning per this long about failing accepts or the cap.
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
-/// The connections `listener` accepts, forever. Never yields an error:
-/// accept errors are handled here (tonic would retry them at once).
+/// Longest a TLS handshake may take; a client that has not finished by
+/// then is dropped (it holds a place under the connection cap meanwhile).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes run at once, each on its own while accepting goes on.
+const CONCURRENT_HANDSHAKES: usize = 256;
+
+/// The connections `listener` accepts, forever, over TLS with `tls`. Never
+/// yields an error: accept errors are handled here (tonic would retry them
+/// at once), and a failed handshake drops only that connection.
 pub fn connections(
     listener: TcpListener,
     settings: IncomingSettings,
-) -> impl Stream<Item = Result<Connection, io::Error>> {
+    tls: Option<TlsAcceptor>,
+) -> Pin<Box<dyn Stream<Item = Result<Connection, io::Error>> + Send>> {
     let state = Acceptor {
         listener,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
-        settings,
+        settings: settings.clone(),
         backoff: FIRST_BACKOFF,
         warned_at: None,
         suppressed: 0,
     };
-    futures::stream::unfold(state, |mut state| async move {
-        let connection = state.next().await;
-        Some((Ok(connection), state))
-    })
+    let accepted = futures::stream::unfold(state, |mut state| async move {
+        let accepted = state.next().await;
+        Some((accepted, state))
+    });
+    let Some(tls) = tls else {
+        return Box::pin(accepted.map(move |(stream, slot)| {
+            Ok(Connection::new(Transport::Plain(stream), slot, &settings))
+        }));
+    };
+    Box::pin(
+        accepted
+            .map(move |(stream, slot)| {
+                let tls = tls.clone();
+                let settings = settings.clone();
+                async move {
+                    let peer = stream.peer_addr().ok();
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => Some(Ok(Connection::new(
+                            Transport::Tls(Box::new(stream)),
+                            slot,
+                            &settings,
+                        ))),
+                        Ok(Err(err)) => {
+                            debug!(?peer, %err, "TLS handshake failed");
+                            None
+                        }
+                        Err(_) => {
+                            debug!(?peer, "TLS handshake timed out");
+                            None
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(CONCURRENT_HANDSHAKES)
+            .filter_map(std::future::ready),
+    )
 }
 
 struct Acceptor {
@@ -82,7 +124,8 @@ struct Acceptor {
 }
 
 impl Acceptor {
-    async fn next(&mut self) -> Connection {
+    /// The next TCP connection, with its place under the cap.
+    async fn next(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
@@ -105,7 +148,8 @@ impl Acceptor {
             match self.listener.accept().await {
                 Ok((stream, _)) => {
                     self.backoff = FIRST_BACKOFF;
-                    return Connection::new(stream, slot, &self.settings);
+                    configure(&stream, &self.settings);
+                    return (stream, slot);
                 }
                 // The peer gave up before we took it: nothing to wait for.
                 Err(err)
@@ -223,9 +267,44 @@ pub fn peer_ip(extensions: &tonic::Extensions) -> Option<std::net::IpAddr> {
     info.tcp.remote_addr().map(|address| address.ip())
 }
 
+/// Keepalive and no Nagle delay; best effort: a socket that refuses an
+/// option still serves.
+fn configure(stream: &TcpStream, settings: &IncomingSettings) {
+    let _ = stream.set_nodelay(true);
+    if let Some(idle) = settings.tcp_keepalive {
+        let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+        let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
+    }
+}
+
+/// A connection's bytes: plain TCP, or TLS over it.
+enum Transport {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl Transport {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Self::Plain(stream) => stream,
+            Self::Tls(stream) => stream.get_ref().0,
+        }
+    }
+}
+
+/// Forwards one `AsyncRead`/`AsyncWrite` call to whichever transport.
+macro_rules! on_transport {
+    ($transport:expr, $stream:ident => $call:expr) => {
+        match $transport {
+            Transport::Plain($stream) => $call,
+            Transport::Tls($stream) => $call,
+        }
+    };
+}
+
 /// One accepted connection, holding its place under the cap until dropped.
 pub struct Connection {
-    stream: TcpStream,
+    stream: Transport,
     _slot: OwnedSemaphorePermit,
     activity: Arc<Activity>,
     idle_timeout: Option<Duration>,
@@ -235,13 +314,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(stream: TcpStream, slot: OwnedSemaphorePermit, settings: &IncomingSettings) -> Self {
-        // Best effort: a socket that refuses an option still serves.
-        let _ = stream.set_nodelay(true);
-        if let Some(idle) = settings.tcp_keepalive {
-            let keepalive = socket2::TcpKeepalive::new().with_time(idle);
-            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        }
+    fn new(stream: Transport, slot: OwnedSemaphorePermit, settings: &IncomingSettings) -> Self {
         metrics::connections(1.0);
         Self {
             stream,
@@ -308,7 +381,7 @@ impl Connected for Connection {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         ConnectionInfo {
-            tcp: self.stream.connect_info(),
+            tcp: self.stream.tcp().connect_info(),
             activity: self.activity.clone(),
         }
     }
@@ -321,7 +394,8 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+        let read = on_transport!(&mut this.stream, stream => Pin::new(stream).poll_read(cx, buf));
+        match read {
             Poll::Pending if this.poll_close(cx) => {
                 // End of stream: hyper closes the connection, ending any
                 // watch stream on it.
@@ -338,7 +412,7 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        on_transport!(&mut self.get_mut().stream, stream => Pin::new(stream).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -346,19 +420,19 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        on_transport!(&mut self.get_mut().stream, stream => Pin::new(stream).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        on_transport!(&self.stream, stream => stream.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        on_transport!(&mut self.get_mut().stream, stream => Pin::new(stream).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        on_transport!(&mut self.get_mut().stream, stream => Pin::new(stream).poll_shutdown(cx))
     }
 }
 

@@ -38,3 +38,4 @@ pub mod pb;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::Server;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -27,6 +26,7 @@ use crate::limiter::{DenialCache, Limiter};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
+use crate::tls::{ServerTls, TlsError, TlsSettings};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -35,11 +35,8 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
-    #[error("TLS: cannot read {path}: {source}")]
-    TlsFile {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("metrics: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
     #[error("reflection: {0}")]
@@ -88,28 +85,20 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     }
 }
 
-/// The TLS settings the configuration names, if any: a certificate and
-/// key, and with a client CA, mutual TLS (clients must present a
-/// certificate it signed).
-fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>, ServeError> {
+/// The TLS the configuration names, if any: a certificate and key
+/// (reloaded when they change), and with a client CA, mutual TLS.
+fn server_tls(config: &Config) -> Result<Option<ServerTls>, TlsError> {
     let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
         return Ok(None);
     };
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|source| ServeError::TlsFile {
-            path: path.display().to_string(),
-            source,
-        })
-    };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
-    if let Some(ca) = &config.tls_client_ca {
-        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
-    }
-    info!(
-        mutual = config.tls_client_ca.is_some(),
-        "serving gRPC over TLS"
-    );
-    Ok(Some(tls))
+    ServerTls::load(TlsSettings {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: config.tls_client_ca.clone(),
+        client_san: config.tls_client_san.clone(),
+        reload_interval: config.tls_reload_interval,
+    })
+    .map(Some)
 }
 
 /// Serves on `listener` until `shutdown` resolves; then health turns
@@ -125,7 +114,7 @@ pub async fn run(
     // the process; a second call finds it installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Everything that can refuse to start comes before any task is spawned.
-    let tls = tls_config(&config)?;
+    let tls = server_tls(&config)?;
     if let Some(listen) = config.metrics_listen {
         metrics::install(listen)?;
         info!(%listen, "serving Prometheus metrics at /metrics");
@@ -206,6 +195,7 @@ pub async fn run(
         Err(err) => info!(%err, "serving gRPC (local address unknown)"),
     }
     let shutting_down = incoming::ShutdownStarted::default();
+    let tls_watch = tls.as_ref().map(|tls| tokio::spawn(tls.watch()));
     let incoming = incoming::connections(
         listener,
         IncomingSettings {
@@ -214,6 +204,7 @@ pub async fn run(
             idle_timeout: nonzero(config.idle_timeout),
             shutting_down: shutting_down.clone(),
         },
+        tls.as_ref().map(ServerTls::acceptor),
     );
     let draining = Arc::new(Notify::new());
     let stop = {
@@ -228,19 +219,19 @@ pub async fn run(
             if let Some(config_watch) = config_watch {
                 config_watch.abort();
             }
+            if let Some(tls_watch) = tls_watch {
+                tls_watch.abort();
+            }
             health::report(&reporter, ServingStatus::NotServing).await;
             draining.notify_one();
         }
     };
     let max_request = config.max_request_bytes as usize;
-    let mut builder = Server::builder()
+    let builder = Server::builder()
         .timeout(config.request_timeout)
         .max_concurrent_streams(config.max_concurrent_streams)
         .http2_keepalive_interval(nonzero(config.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(config.http2_keepalive_timeout));
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
     let serve = builder
         .layer(DrainLayer)
         .add_service(health_service)

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::topology::{TlsFiles, write_certificates};
+use common::topology::{CLIENT_SAN, TlsFiles, write_certificates};
 use common::{RedisServer, TestServer, fixed_window, request};
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code;
@@ -99,6 +99,86 @@ async fn mutual_tls_refuses_clients_without_a_certificate_from_its_ca() {
         refused(tls_channel(&server, &files, Some(&stranger)).await).await,
         "a certificate from another CA"
     );
+    server.stop().await;
+}
+
+/// Upstream's GRPC_CLIENT_TLS_SAN: the client certificate must name it.
+#[tokio::test]
+async fn mutual_tls_can_require_a_name_in_the_client_certificate() {
+    let dir = tempfile::tempdir().expect("directory");
+    let files = write_certificates(dir.path());
+    for (san, accepted) in [(CLIENT_SAN, true), ("someone.else.test", false)] {
+        let server = TestServer::start(&[
+            "--tls-cert",
+            &path(&files.server_cert),
+            "--tls-key",
+            &path(&files.server_key),
+            "--tls-client-ca",
+            &path(&files.ca_cert),
+            "--tls-client-san",
+            san,
+        ])
+        .await;
+        let channel = tls_channel(&server, &files, Some(&files)).await;
+        if accepted {
+            assert!(
+                one_call(channel.expect("mTLS connect"))
+                    .await
+                    .expect("a decision")
+            );
+        } else {
+            assert!(refused(channel).await, "a certificate without {san}");
+        }
+        server.stop().await;
+    }
+}
+
+/// Upstream's TestReloadGRPCServerCerts: certificate files replaced on disk
+/// serve new connections, without a restart; connections open before keep
+/// working.
+#[tokio::test]
+async fn replaced_server_certificates_are_picked_up_without_a_restart() {
+    let dir = tempfile::tempdir().expect("directory");
+    let first = write_certificates(&dir.path().join("first"));
+    let second = write_certificates(&dir.path().join("second"));
+    let live = dir.path().join("live");
+    std::fs::create_dir_all(&live).expect("live directory");
+    let (cert, key) = (live.join("server.pem"), live.join("server.key"));
+    std::fs::copy(&first.server_cert, &cert).expect("copy");
+    std::fs::copy(&first.server_key, &key).expect("copy");
+    let server = TestServer::start(&[
+        "--tls-cert",
+        &path(&cert),
+        "--tls-key",
+        &path(&key),
+        "--tls-reload-interval",
+        "100ms",
+    ])
+    .await;
+    let before = tls_channel(&server, &first, None)
+        .await
+        .expect("TLS connect");
+    assert!(one_call(before.clone()).await.expect("a decision"));
+    assert!(
+        refused(tls_channel(&server, &second, None).await).await,
+        "not yet"
+    );
+    // A half-written pair (a key that does not match) keeps the one in use.
+    std::fs::copy(&second.server_cert, &cert).expect("copy");
+    assert!(one_call(before.clone()).await.is_ok());
+    std::fs::copy(&second.server_key, &key).expect("copy");
+    common::eventually("the new certificate to serve", || async {
+        match tls_channel(&server, &second, None).await {
+            Ok(channel) => one_call(channel).await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(
+        refused(tls_channel(&server, &first, None).await).await,
+        "the old CA no longer"
+    );
+    assert!(one_call(before).await.expect("the open connection stays"));
     server.stop().await;
 }
 

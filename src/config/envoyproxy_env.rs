@@ -1024,7 +1024,6 @@ mod tests {
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_PERSECOND", "true"),
-            ("GRPC_CLIENT_TLS_SAN", "client.example"),
             ("MERGE_DOMAIN_CONFIG", "true"),
         ] {
             let err = load(&[], &[(name, value)]).unwrap_err();

@@ -1462,6 +1462,10 @@ fn cli_args(security: &Security, files: Option<&TlsFiles>, credentials: bool) ->
     args
 }
 
+/// The subject alternative name of [`write_certificates`]' client
+/// certificate.
+pub const CLIENT_SAN: &str = "client.ratelimitd.test";
+
 /// Makes a new CA, a server certificate for `127.0.0.1` and `localhost`,
 /// and a client certificate, both signed by that CA, and writes them and
 /// their keys as PEM files into `dir` (created if missing): `ca.pem`,
@@ -1506,7 +1510,7 @@ pub fn write_certificates(dir: &Path) -> TlsFiles {
     );
     let (client_cert, client_key) = leaf(
         "ratelimitd test client",
-        &[],
+        &[CLIENT_SAN],
         ExtendedKeyUsagePurpose::ClientAuth,
     );
 
