@@ -1,7 +1,8 @@
 //! Prometheus metrics, off unless `--metrics-listen` names an address.
 //! Every metric's name and labels live here, so what is exported is read in
 //! one place. Labels stay bounded: APIs, algorithms, outcomes, error kinds
-//! and configured Envoy domains, never a caller's key. Without the exporter
+//! and configured Envoy domains and rules, never a caller's key or a
+//! descriptor's value. Without the exporter
 //! the `metrics` macros record into nothing.
 
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
 
+use crate::api::envoy::upstream_stats::RuleHits;
 use crate::error::StoreError;
 use crate::limit::Decision;
 
@@ -91,10 +93,58 @@ pub fn redis_pool(in_use: usize, idle: usize) {
     gauge!("ratelimitd_redis_pool_connections", "state" => "idle").set(idle as f64);
 }
 
-/// A configuration reload that took, or was refused.
+/// A configuration reload that took, or was refused; and under upstream's
+/// names, any load (the first included).
 pub fn config_reload(succeeded: bool) {
     let result = if succeeded { "success" } else { "failure" };
     counter!("ratelimitd_config_reloads_total", "result" => result).increment(1);
+    config_load(succeeded);
+}
+
+/// envoyproxy/ratelimit's `config_load_success` / `config_load_error`.
+pub fn config_load(succeeded: bool) {
+    if succeeded {
+        counter!("ratelimit_service_config_load_success").increment(1);
+    } else {
+        counter!("ratelimit_service_config_load_error").increment(1);
+    }
+}
+
+/// One `ShouldRateLimit`, under envoyproxy/ratelimit's name, and its error
+/// kind if it failed (`redis_error`: the store; `service_error`: the rest).
+pub fn upstream_request(error: Option<&'static str>) {
+    counter!("ratelimit_service_total_requests", "grpc_method" => "ShouldRateLimit").increment(1);
+    if let Some(err_type) = error {
+        counter!("ratelimit_service_should_rate_limit_error", "err_type" => err_type).increment(1);
+    }
+}
+
+/// One configured rule's hits under envoyproxy/ratelimit's Prometheus
+/// names (its default statsd mapping: `ratelimit.service.rate_limit.<domain>.<key1>[.<key2>...].<stat>`
+/// becomes `ratelimit_service_rate_limit_<stat>{domain, key1[, key2]}`).
+/// The keys are the rule's levels in the configuration (`key` or
+/// `key_value`, as written), so the series are as many as the rules.
+pub fn upstream_rule_hits(domain: &str, levels: &[String], hits: &RuleHits) {
+    let Some(key1) = levels.first() else {
+        return;
+    };
+    let mut labels = vec![("domain", domain.to_owned()), ("key1", key1.clone())];
+    if let Some(key2) = levels.get(1) {
+        labels.push(("key2", key2.clone()));
+    }
+    let labels: Vec<metrics::Label> = labels
+        .into_iter()
+        .map(|(name, value)| metrics::Label::new(name, value))
+        .collect();
+    for (name, value) in [
+        ("ratelimit_service_rate_limit_total_hits", hits.total),
+        ("ratelimit_service_rate_limit_within_limit", hits.within),
+        ("ratelimit_service_rate_limit_near_limit", hits.near),
+        ("ratelimit_service_rate_limit_over_limit", hits.over),
+        ("ratelimit_service_rate_limit_shadow_mode", hits.shadow),
+    ] {
+        counter!(name, labels.clone()).increment(value);
+    }
 }
 
 /// Calls in flight, up or down by one.

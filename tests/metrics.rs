@@ -206,3 +206,71 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
     })
     .await;
 }
+
+/// envoyproxy/ratelimit's statistics under its Prometheus names (its
+/// default statsd mapping), so existing dashboards and alerts keep working:
+/// per rule, labelled by domain and the rule's keys in the configuration
+/// (never a request's values), hits split as upstream splits them.
+#[tokio::test]
+async fn upstreams_statistics_under_its_names() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let fixtures = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ratelimit/example2.yaml"
+    );
+    let server = ServerProcess::start(&["--metrics-listen", &listen, "--config", fixtures]).await;
+    let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
+    let ask = |hits| RateLimitRequest {
+        domain: "messaging".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: [("message_type", "marketing"), ("to_number", "2061234567")]
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).into(),
+                    value: (*value).into(),
+                })
+                .collect(),
+            hits_addend: Some(hits),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    // A limit of 5 (near above 4): 4 within, then 3 more: 1 near, 2 over.
+    for hits in [4, 3] {
+        envoy.should_rate_limit(ask(hits)).await.expect("an answer");
+    }
+    let (text, series) = scrape(port).await;
+    let rule = [
+        ("domain", "messaging"),
+        ("key1", "message_type_marketing"),
+        ("key2", "to_number"),
+    ];
+    for (stat, expected) in [
+        ("total_hits", 7.0),
+        ("within_limit", 4.0),
+        ("near_limit", 1.0),
+        ("over_limit", 2.0),
+        ("shadow_mode", 0.0),
+    ] {
+        let name = format!("ratelimit_service_rate_limit_{stat}");
+        assert_eq!(value(&series, &name, &rule), expected, "{name}: {text}");
+    }
+    assert_eq!(
+        value(
+            &series,
+            "ratelimit_service_total_requests",
+            &[("grpc_method", "ShouldRateLimit")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(&series, "ratelimit_service_config_load_success", &[]),
+        1.0
+    );
+    assert!(
+        !text.contains("2061234567"),
+        "no request value in any label"
+    );
+    server.terminate().await;
+}

@@ -436,7 +436,8 @@ impl Context<'_> {
                 _ => return Err(self.error(line, "should not have an empty replaces entry")),
             }
         }
-        let policy_id = name.clone().unwrap_or_else(|| self.path[1..].join("."));
+        let stats_key = self.path[1..].to_vec();
+        let policy_id = name.clone().unwrap_or_else(|| stats_key.join("."));
         let source = Source {
             file: self.file.to_owned(),
             line,
@@ -452,6 +453,7 @@ impl Context<'_> {
                 shadow,
                 quota: settings.quota,
                 metadata: settings.metadata.clone(),
+                stats_key,
                 policy_id,
                 source,
             });
@@ -475,6 +477,7 @@ impl Context<'_> {
             shadow,
             quota: settings.quota,
             metadata: settings.metadata.clone(),
+            stats_key,
             policy_id,
             source,
         };

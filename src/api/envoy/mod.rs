@@ -10,6 +10,7 @@ pub mod headers;
 pub mod metadata;
 pub mod rules;
 pub mod source;
+pub mod upstream_stats;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -166,32 +167,42 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
         let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
         let request = request.into_inner();
-        self.settings.bounds.check(&request).map_err(Error::from)?;
+        let answered = self.decide(&request).await;
+        metrics::upstream_request(match &answered {
+            Ok(_) => None,
+            Err(Error::Store(_)) => Some("redis_error"),
+            Err(Error::InvalidArgument(_)) => Some("service_error"),
+        });
+        Ok(Response::new(answered?))
+    }
+}
+
+impl EnvoyService {
+    async fn decide(
+        &self,
+        request: &rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, Error> {
+        self.settings.bounds.check(request)?;
         let rules = self.rules.current();
-        let plan = Plan::new(&rules, &request, &self.settings).map_err(Error::from)?;
+        let plan = Plan::new(&rules, request, &self.settings)?;
         let decisions = if plan.requests.is_empty() {
             Vec::new()
         } else if self.settings.count_denied_hits {
-            self.limiter
-                .check_each(&plan.requests, None)
-                .await
-                .map_err(Error::from)?
+            self.limiter.check_each(&plan.requests, None).await?
         } else {
-            self.limiter
-                .check_all(&plan.requests, None)
-                .await
-                .map_err(Error::from)?
+            self.limiter.check_all(&plan.requests, None).await?
         };
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
-        let response = plan.response(&request, &decisions, &self.settings);
+        plan.record_upstream_stats(&decisions, self.settings.count_denied_hits);
+        let response = plan.response(request, &decisions, &self.settings);
         debug!(
             domain = %request.domain,
             overall = ?response.overall_code(),
             "decided"
         );
-        Ok(Response::new(response))
+        Ok(response)
     }
 }
 
@@ -205,10 +216,11 @@ enum Governed {
         rule: Arc<Rule>,
         cost: u64,
     },
-    /// Decided on the store as `requests[index]`.
+    /// Decided on the store as `requests[index]`, for `hits`.
     Counted {
         rule: Arc<Rule>,
         index: usize,
+        hits: u64,
     },
 }
 
@@ -290,6 +302,7 @@ impl Plan {
                     Governed::Counted {
                         rule: rule.clone(),
                         index: requests.len() - 1,
+                        hits: *cost,
                     }
                 }
             });
@@ -422,6 +435,38 @@ impl Plan {
         ]
     }
 
+    /// Each matched rule's hits, under upstream's statistics names.
+    fn record_upstream_stats(&self, decisions: &[Decision], counted_denied: bool) {
+        for governed in &self.governed {
+            let (rule, hits) = match governed {
+                Governed::Counted { rule, index, hits } => {
+                    let limit = u64::from(rule.requests_per_unit);
+                    let spent = counted_denied
+                        && matches!(rule.limit, Limit::Counted(Algorithm::FixedWindow(_)));
+                    let hits = upstream_stats::rule_hits(
+                        limit,
+                        *hits,
+                        &decisions[*index],
+                        rule.shadow,
+                        spent,
+                    );
+                    (rule, hits)
+                }
+                Governed::Blocked { rule, cost } => (
+                    rule,
+                    upstream_stats::RuleHits {
+                        total: *cost,
+                        over: *cost,
+                        shadow: if rule.shadow { *cost } else { 0 },
+                        ..Default::default()
+                    },
+                ),
+                Governed::Nothing | Governed::Unlimited => continue,
+            };
+            metrics::upstream_rule_hits(&self.domain, &rule.stats_key, &hits);
+        }
+    }
+
     /// `RateLimit-Policy` and `RateLimit` from the most restrictive
     /// descriptor: the last one over its limit, else the first with the
     /// fewest units left.
@@ -533,6 +578,7 @@ fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
         shadow: false,
         quota: false,
         metadata: None,
+        stats_key: Vec::new(),
         policy_id: "override".into(),
         source: Source {
             file: "request limit override".into(),
@@ -590,7 +636,7 @@ fn status(governed: &Governed, decisions: &[Decision]) -> DescriptorStatus {
                 quota: None,
             }
         }
-        Governed::Counted { rule, index } => {
+        Governed::Counted { rule, index, .. } => {
             let decision = &decisions[*index];
             let over = denied(governed, decisions) && !rule.shadow;
             // Denied: when this cost could pass again. Allowed: when the

@@ -102,6 +102,10 @@ pub struct Rule {
     /// `metadata`, attached to the response's dynamic metadata when the
     /// descriptor passes (with RESPONSE_DYNAMIC_METADATA).
     pub metadata: Option<prost_types::Struct>,
+    /// The rule's place in its file, one `key` or `key_value` per level
+    /// below the domain: the key of upstream's statistics for it (empty
+    /// for a limit Envoy sent, which has no place in the configuration).
+    pub stats_key: Vec<String>,
     /// An id for the IETF `RateLimit-Policy` header: the name, else the
     /// descriptor path in the configuration.
     pub policy_id: String,

@@ -49,6 +49,7 @@ impl ConfigSource {
     pub fn load(path: PathBuf, selection: FileSelection) -> Result<(Self, Rules), ConfigError> {
         let snapshot = Snapshot::read(&path, selection)?;
         let rules = snapshot.compile()?;
+        metrics::config_load(true);
         info!(
             path = %path.display(),
             files = snapshot.files.len(),

@@ -1,0 +1,95 @@
+//! envoyproxy/ratelimit's per-rule statistics, computed from our
+//! decisions: for each configured rule a descriptor matched, its hits
+//! split as upstream splits them into within the limit, near it (above
+//! 80% of it, upstream's default NEAR_LIMIT_RATIO) and over it, plus the
+//! hits a shadow-mode rule would have denied. They are exported under
+//! upstream's Prometheus names (its default statsd mapping) by
+//! [`crate::metrics::upstream_rule_hits`], labelled by the rule's place in
+//! the configuration, never by a request's values.
+
+use crate::limit::Decision;
+
+/// Upstream's NEAR_LIMIT_RATIO default.
+const NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// One descriptor's hits, by upstream's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleHits {
+    pub total: u64,
+    pub within: u64,
+    pub near: u64,
+    pub over: u64,
+    pub shadow: u64,
+}
+
+/// The hits of a descriptor that asked for `hits` under a limit of `limit`
+/// and got `decision`. `counted_denied`: a denied descriptor spent its hits
+/// (counting denied hits), so `decision.remaining` is what is left after.
+pub fn rule_hits(
+    limit: u64,
+    hits: u64,
+    decision: &Decision,
+    shadow: bool,
+    counted_denied: bool,
+) -> RuleHits {
+    let near_threshold = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+    let mut counted = RuleHits {
+        total: hits,
+        ..RuleHits::default()
+    };
+    if decision.allowed {
+        let after = limit.saturating_sub(decision.remaining);
+        let before = after.saturating_sub(hits);
+        counted.within = hits;
+        if after > near_threshold {
+            counted.near = after - near_threshold.max(before);
+        }
+        return counted;
+    }
+    // Denied: `remaining` is what was left before these hits, unless they
+    // were spent anyway; then all that is known is that they went over.
+    let before = limit.saturating_sub(decision.remaining);
+    if counted_denied || before >= limit {
+        counted.over = hits;
+    } else {
+        counted.over = (before + hits).saturating_sub(limit);
+        counted.near = limit - near_threshold.max(before);
+    }
+    if shadow {
+        counted.shadow = hits;
+    }
+    counted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::RetryAfter;
+
+    fn decision(allowed: bool, remaining: u64) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after: 0,
+            retry_after: RetryAfter::After(0),
+            degraded: false,
+        }
+    }
+
+    #[test]
+    fn hits_split_as_upstream_splits_them() {
+        // 7 used, 2 more: both within, one above the threshold of 8.
+        let hits = rule_hits(10, 2, &decision(true, 1), false, false);
+        assert_eq!(
+            (hits.total, hits.within, hits.near, hits.over),
+            (2, 2, 1, 0)
+        );
+        // 9 used, 3 more: 1 near (to 10), 2 over.
+        let hits = rule_hits(10, 3, &decision(false, 1), false, false);
+        assert_eq!((hits.within, hits.near, hits.over), (0, 1, 2));
+        // Already full: every hit is over; in shadow mode, counted there too.
+        let hits = rule_hits(10, 4, &decision(false, 0), true, false);
+        assert_eq!((hits.over, hits.near, hits.shadow), (4, 0, 4));
+    }
+}
