@@ -3,7 +3,7 @@
 //! names the file, the line and the reason.
 //!
 //! Accepted as upstream: `domain`, `descriptors` (nested), `key`, `value`
-//! (a trailing `*` makes a wildcard), `rate_limit` with `unit`,
+//! (a `*` anywhere makes a wildcard: any run of characters), `rate_limit` with `unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`, and `shadow_mode`,
 //! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`
 //! and `metadata` on descriptors: every field upstream's schema accepts.
@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::metadata;
-use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit};
+use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
 use crate::limit::{
     Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
@@ -326,12 +326,12 @@ impl Context<'_> {
                 Some(value) => format!("{key}_{value}"),
                 None => key.clone(),
             };
-            let wildcard = value.as_deref().and_then(|value| value.strip_suffix('*'));
+            let wildcard = value.as_deref().and_then(Wildcard::new);
             if spec.share_threshold && wildcard.is_none() {
                 return Err(self.error(
                     line,
                     format!(
-                        "share_threshold can only be used with wildcard values (ending with '*'), \
+                        "share_threshold can only be used with wildcard values (containing '*'), \
                          but found key '{composite}'"
                     ),
                 ));
@@ -363,13 +363,13 @@ impl Context<'_> {
                 children,
             };
             let duplicate = match (&value, wildcard) {
-                (Some(_), Some(prefix)) => {
+                (Some(_), Some(pattern)) => {
                     let taken = level
                         .wildcards
                         .iter()
-                        .any(|(k, p, _)| *k == key && p.as_str() == prefix);
+                        .any(|(k, p, _)| *k == key && *p == pattern);
                     if !taken {
-                        level.wildcards.push((key, prefix.to_owned(), node));
+                        level.wildcards.push((key, pattern, node));
                     }
                     taken
                 }

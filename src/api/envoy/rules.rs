@@ -133,8 +133,8 @@ pub struct Node {
 pub struct Level {
     /// key → value → node.
     pub exact: HashMap<String, HashMap<String, Node>>,
-    /// (key, value prefix, node), in file order.
-    pub wildcards: Vec<(String, String, Node)>,
+    /// (key, value pattern, node), in file order.
+    pub wildcards: Vec<(String, Wildcard, Node)>,
     /// key → node, for rules without a value.
     pub any_value: HashMap<String, Node>,
 }
@@ -151,11 +151,59 @@ impl Level {
         if let Some((_, _, node)) = self
             .wildcards
             .iter()
-            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+            .find(|(k, pattern, _)| k == key && pattern.matches(value))
         {
             return Some(node);
         }
         self.any_value.get(key)
+    }
+}
+
+/// A value with `*` in it, each `*` standing for any run of characters
+/// (none included), as upstream matches: `files*` is a prefix, `a*b*c`
+/// starts with `a`, ends with `c` and has `b` between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wildcard {
+    /// As written, `*` included.
+    pub pattern: String,
+    /// The pattern split at each `*`.
+    parts: Vec<String>,
+}
+
+impl Wildcard {
+    /// `None` when `pattern` has no `*`.
+    pub fn new(pattern: &str) -> Option<Self> {
+        pattern.contains('*').then(|| Self {
+            pattern: pattern.to_owned(),
+            parts: pattern.split('*').map(str::to_owned).collect(),
+        })
+    }
+
+    pub fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(split) => split,
+            None => return false,
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            return value == first;
+        };
+        if value.len() < self.parts.iter().map(String::len).sum::<usize>() {
+            return false;
+        }
+        let Some(mut remaining) = value
+            .strip_prefix(first.as_str())
+            .and_then(|after| after.strip_suffix(last.as_str()))
+        else {
+            return false;
+        };
+        // Each middle part in order, as early as it appears.
+        for part in middle {
+            let Some(at) = remaining.find(part.as_str()) else {
+                return false;
+            };
+            remaining = &remaining[at + part.len()..];
+        }
+        true
     }
 }
 
@@ -199,5 +247,28 @@ impl Rules {
             level = &node.children;
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Wildcard;
+
+    #[test]
+    fn wildcards_match_as_upstreams() {
+        let matches = |pattern: &str, value: &str| Wildcard::new(pattern).unwrap().matches(value);
+        assert!(matches("files*", "files/a.pdf"));
+        assert!(matches("files*", "files"));
+        assert!(!matches("files*", "file"));
+        assert!(matches("bar*baz*qux", "bar1baz2qux"));
+        assert!(matches("bar*baz*qux", "barbazqux"));
+        assert!(!matches("bar*baz*qux", "bar1qux"));
+        assert!(
+            !matches("ab*ba", "aba"),
+            "prefix and suffix may not overlap"
+        );
+        assert!(matches("*.pdf", "report.pdf"));
+        assert!(matches("*", ""));
+        assert!(Wildcard::new("plain").is_none());
     }
 }
