@@ -10,6 +10,7 @@ use clap::builder::TypedValueParser as _;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 use crate::api::envoy::RequestBounds;
+use crate::api::envoy::xds::{XdsSettings, XdsTls};
 use crate::limit::FailurePolicy;
 use crate::limiter::DEFAULT_KEY_PREFIX;
 use crate::store::{Credentials, RedisSettings, RedisTls, Topology};
@@ -109,6 +110,59 @@ pub struct Config {
     /// too (off: skipped, as a Kubernetes ConfigMap's `..data` needs).
     #[arg(long, env = "RATELIMITD_CONFIG_DOTFILES")]
     pub config_dotfiles: bool,
+
+    /// Take the Envoy rules from this xDS management server (`host:port`,
+    /// or an `http://` / `https://` URI) instead of --config: a
+    /// state-of-the-world ADS stream for `RateLimitConfig` resources, as
+    /// envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW.
+    #[arg(long, env = "RATELIMITD_XDS_SERVER", conflicts_with = "config")]
+    pub xds_server: Option<String>,
+
+    /// The node id sent to the xDS server.
+    #[arg(long, env = "RATELIMITD_XDS_NODE_ID", default_value = "default")]
+    pub xds_node_id: String,
+
+    /// The node's metadata sent to the xDS server: `key=value,key=value`.
+    #[arg(long, env = "RATELIMITD_XDS_NODE_METADATA", value_parser = key_values('='),
+          default_value = "")]
+    pub xds_node_metadata: KeyValues,
+
+    /// Headers sent with the xDS stream: `name:value,name:value`.
+    #[arg(long, env = "RATELIMITD_XDS_HEADERS", value_parser = key_values(':'),
+          default_value = "")]
+    pub xds_headers: KeyValues,
+
+    /// Speak TLS to the xDS server (system roots, or --xds-tls-ca).
+    #[arg(long, env = "RATELIMITD_XDS_TLS")]
+    pub xds_tls: bool,
+
+    /// With --xds-tls: PEM CA certificates to trust instead of the system's.
+    #[arg(long, env = "RATELIMITD_XDS_TLS_CA")]
+    pub xds_tls_ca: Option<PathBuf>,
+
+    /// With --xds-tls: a PEM client certificate (with --xds-tls-key).
+    #[arg(long, env = "RATELIMITD_XDS_TLS_CERT", requires = "xds_tls_key")]
+    pub xds_tls_cert: Option<PathBuf>,
+
+    /// The PEM key of --xds-tls-cert.
+    #[arg(long, env = "RATELIMITD_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    pub xds_tls_key: Option<PathBuf>,
+
+    /// With --xds-tls: the name the server's certificate must carry, when
+    /// not its host.
+    #[arg(long, env = "RATELIMITD_XDS_TLS_SAN")]
+    pub xds_tls_san: Option<String>,
+
+    /// First wait before reconnecting to the xDS server; doubled on each
+    /// failure in a row, up to --xds-retry-max, ±50% jitter.
+    #[arg(long, env = "RATELIMITD_XDS_RETRY_INTERVAL", default_value = "3s",
+          value_parser = positive_duration)]
+    pub xds_retry_interval: Duration,
+
+    /// Longest wait before reconnecting to the xDS server.
+    #[arg(long, env = "RATELIMITD_XDS_RETRY_MAX", default_value = "60s",
+          value_parser = positive_duration)]
+    pub xds_retry_max: Duration,
 
     /// How often to look for changes to --config.
     #[arg(long, env = "RATELIMITD_CONFIG_POLL_INTERVAL", default_value = "1s",
@@ -371,6 +425,27 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// `key=value` (or `key:value`) pairs separated by commas; empty for none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyValues(pub Vec<(String, String)>);
+
+/// The parser of [`KeyValues`] split at `separator`.
+fn key_values(separator: char) -> impl Fn(&str) -> Result<KeyValues, String> + Clone {
+    move |text: &str| {
+        text.split(',')
+            .map(str::trim)
+            .filter(|pair| !pair.is_empty())
+            .map(|pair| {
+                pair.split_once(separator)
+                    .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
+                    .filter(|(key, _)| !key.is_empty())
+                    .ok_or_else(|| format!("{pair:?} is not key{separator}value"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(KeyValues)
+    }
+}
+
 /// Which files of a configuration directory hold rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ConfigFiles {
@@ -397,6 +472,38 @@ pub enum RedisMode {
 }
 
 impl Config {
+    /// The xDS configuration source, when one is configured; an error
+    /// names a TLS file that cannot be read.
+    pub fn xds(&self) -> Result<Option<XdsSettings>, String> {
+        let Some(server) = &self.xds_server else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
+        };
+        let tls = if self.xds_tls {
+            Some(XdsTls {
+                ca: self.xds_tls_ca.as_ref().map(read).transpose()?,
+                identity: match (&self.xds_tls_cert, &self.xds_tls_key) {
+                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                    _ => None,
+                },
+                server_name: self.xds_tls_san.clone(),
+            })
+        } else {
+            None
+        };
+        Ok(Some(XdsSettings {
+            server: server.clone(),
+            node_id: self.xds_node_id.clone(),
+            node_metadata: self.xds_node_metadata.0.clone(),
+            headers: self.xds_headers.0.clone(),
+            tls,
+            retry_interval: self.xds_retry_interval,
+            retry_max: self.xds_retry_max.max(self.xds_retry_interval),
+        }))
+    }
+
     /// The command line and environment of this process, with
     /// envoyproxy/ratelimit's variables applied (see [`envoyproxy_env`]).
     /// Exits with clap's message on a bad flag.
@@ -498,6 +605,25 @@ impl fmt::Debug for Config {
             .field("config_files", &self.config_files)
             .field("config_dotfiles", &self.config_dotfiles)
             .field("config_poll_interval", &self.config_poll_interval)
+            .field("xds_server", &self.xds_server)
+            .field("xds_node_id", &self.xds_node_id)
+            .field("xds_node_metadata", &self.xds_node_metadata)
+            .field(
+                "xds_headers",
+                &self
+                    .xds_headers
+                    .0
+                    .iter()
+                    .map(|(name, _)| name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("xds_tls", &self.xds_tls)
+            .field("xds_tls_ca", &self.xds_tls_ca)
+            .field("xds_tls_cert", &self.xds_tls_cert)
+            .field("xds_tls_key", &self.xds_tls_key)
+            .field("xds_tls_san", &self.xds_tls_san)
+            .field("xds_retry_interval", &self.xds_retry_interval)
+            .field("xds_retry_max", &self.xds_retry_max)
             .field("shadow_mode", &self.shadow_mode)
             .field("envoy_ratelimit_headers", &self.envoy_ratelimit_headers)
             .field("envoy_count_denied_hits", &self.envoy_count_denied_hits)

@@ -19,6 +19,11 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
     pub mod extensions {
         pub mod common {
@@ -38,6 +43,26 @@ pub mod envoy {
         pub mod core {
             pub mod v3 {
                 tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
+/// `google.rpc.Status`, for xDS NACKs.
+#[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's configuration as xDS serves it.
+#[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
             }
         }
     }

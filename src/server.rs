@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::api::check::CheckService;
 use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
-use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds};
+use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds, xds};
 use crate::config::{Config, ConfigFiles, redacted_url};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
@@ -37,6 +37,8 @@ pub enum ServeError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("xDS: {0}")]
+    Xds(String),
     #[error("metrics: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
     #[error("reflection: {0}")]
@@ -130,7 +132,14 @@ pub async fn run(
             let watch = tokio::spawn(source.watch(rules.clone(), config.config_poll_interval));
             (rules, Some(watch))
         }
-        None => (RulesHandle::default(), None),
+        None => match config.xds().map_err(ServeError::Xds)? {
+            Some(xds) => {
+                info!(server = %xds.server, node = %xds.node_id, "Envoy rules from xDS");
+                let rules = RulesHandle::default();
+                (rules.clone(), Some(tokio::spawn(xds::watch(xds, rules))))
+            }
+            None => (RulesHandle::default(), None),
+        },
     };
     let limiter = build_limiter(&config)?;
     let per_peer = config
@@ -175,15 +184,27 @@ pub async fn run(
 
     // Both versions of reflection: v1 for current tools, v1alpha for those
     // still widely installed (grpcurl 1.8, Python's grpcio-reflection).
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // The services are named: the descriptors also hold the xDS service
+    // the configuration source is a client of, which is not served.
+    let reflection = |itself: &'static str| {
+        [
+            "ratelimitd.v1.RateLimiter",
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "grpc.health.v1.Health",
+            itself,
+        ]
+        .into_iter()
+        .fold(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+            |builder, service| builder.with_service_name(service),
+        )
     };
     let (reflection_v1, reflection_v1alpha) = if config.reflection {
         (
-            Some(reflection().build_v1()?),
-            Some(reflection().build_v1alpha()?),
+            Some(reflection("grpc.reflection.v1.ServerReflection").build_v1()?),
+            Some(reflection("grpc.reflection.v1alpha.ServerReflection").build_v1alpha()?),
         )
     } else {
         info!("reflection off (--reflection=false)");

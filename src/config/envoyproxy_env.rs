@@ -21,7 +21,7 @@ use clap::ArgMatches;
 use clap::parser::ValueSource;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::{Config, ConfigFiles, EnvoyproxyEnv, RedisMode};
+use super::{Config, ConfigFiles, EnvoyproxyEnv, KeyValues, RedisMode};
 use crate::telemetry::{LogFormat, LogLevel};
 
 /// Variable name to value.
@@ -222,7 +222,11 @@ pub fn apply(
     aliases.refuse_unsupported()?;
     aliases.listener(config)?;
     aliases.logging(config)?;
-    aliases.runtime(config)?;
+    if aliases.xds_mode() {
+        aliases.xds(config)?;
+    } else {
+        aliases.runtime(config)?;
+    }
     aliases.redis(config)?;
     aliases.limits(config)?;
     aliases.statistics(config)?;
@@ -391,11 +395,9 @@ impl Aliases<'_> {
         }
         if let Some(kind) = self.get("CONFIG_TYPE")
             && !kind.eq_ignore_ascii_case("FILE")
+            && !kind.eq_ignore_ascii_case("GRPC_XDS_SOTW")
         {
-            return refuse(
-                &format!("CONFIG_TYPE={kind}"),
-                "only FILE is supported (GRPC_XDS_SOTW is not yet)",
-            );
+            return Err(format!("CONFIG_TYPE={kind}: not FILE or GRPC_XDS_SOTW"));
         }
         if let Some(kind) = self.get("BACKEND_TYPE")
             && !kind.eq_ignore_ascii_case("redis")
@@ -457,6 +459,121 @@ impl Aliases<'_> {
                     "GRPC_CLIENT_TLS_CACERT",
                 )?;
             }
+        }
+        Ok(())
+    }
+
+    fn xds_mode(&self) -> bool {
+        self.get("CONFIG_TYPE")
+            .is_some_and(|kind| kind.eq_ignore_ascii_case("GRPC_XDS_SOTW"))
+    }
+
+    /// CONFIG_TYPE=GRPC_XDS_SOTW: the rules from an xDS server.
+    fn xds(&self, config: &mut Config) -> Result<(), String> {
+        let server = self
+            .get("CONFIG_GRPC_XDS_SERVER_URL")
+            .unwrap_or("localhost:18000");
+        self.alias(
+            "xds_server",
+            &mut config.xds_server,
+            Some(server.to_owned()),
+            "CONFIG_GRPC_XDS_SERVER_URL",
+        )?;
+        if let Some(id) = self.get("CONFIG_GRPC_XDS_NODE_ID") {
+            self.alias(
+                "xds_node_id",
+                &mut config.xds_node_id,
+                id.to_owned(),
+                "CONFIG_GRPC_XDS_NODE_ID",
+            )?;
+        }
+        let pairs = |name: &str, separator: char| -> Result<Option<KeyValues>, String> {
+            self.get(name)
+                .map(|text| {
+                    super::key_values(separator)(text).map_err(|err| format!("{name}: {err}"))
+                })
+                .transpose()
+        };
+        if let Some(metadata) = pairs("CONFIG_GRPC_XDS_NODE_METADATA", '=')? {
+            self.alias(
+                "xds_node_metadata",
+                &mut config.xds_node_metadata,
+                metadata,
+                "CONFIG_GRPC_XDS_NODE_METADATA",
+            )?;
+        }
+        if let Some(headers) = pairs("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ':')? {
+            self.alias(
+                "xds_headers",
+                &mut config.xds_headers,
+                headers,
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            )?;
+        }
+        if self.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+            self.alias(
+                "xds_tls",
+                &mut config.xds_tls,
+                true,
+                "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+            )?;
+            let file = |name: &str| {
+                self.get(name)
+                    .filter(|path| !path.is_empty())
+                    .map(PathBuf::from)
+            };
+            if let Some(ca) = file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT") {
+                self.alias(
+                    "xds_tls_ca",
+                    &mut config.xds_tls_ca,
+                    Some(ca),
+                    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+                )?;
+            }
+            match (file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"), file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")) {
+                (Some(cert), Some(key)) => {
+                    self.alias("xds_tls_cert", &mut config.xds_tls_cert, Some(cert), "CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?;
+                    self.alias("xds_tls_key", &mut config.xds_tls_key, Some(key), "CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?;
+                }
+                (None, None) => {}
+                _ => return Err("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together".into()),
+            }
+            if let Some(san) = self
+                .get("CONFIG_GRPC_XDS_SERVER_TLS_SAN")
+                .filter(|san| !san.is_empty())
+            {
+                self.alias(
+                    "xds_tls_san",
+                    &mut config.xds_tls_san,
+                    Some(san.to_owned()),
+                    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+                )?;
+            }
+        }
+        if let Some(interval) = self.duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")? {
+            if interval.is_zero() {
+                return Err(
+                    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=0: must be more than zero"
+                        .into(),
+                );
+            }
+            self.alias(
+                "xds_retry_interval",
+                &mut config.xds_retry_interval,
+                interval,
+                "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            )?;
+        }
+        if let Some(max) = self.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
+            if max.is_zero() {
+                return Err("XDS_CLIENT_BACKOFF_MAX_INTERVAL=0: must be more than zero".into());
+            }
+            self.alias(
+                "xds_retry_max",
+                &mut config.xds_retry_max,
+                max,
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            )?;
         }
         Ok(())
     }
@@ -1021,7 +1138,7 @@ mod tests {
     fn what_cannot_be_honoured_stops_the_start_by_name() {
         for (name, value) in [
             ("USE_STATSD", "true"),
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_PERSECOND", "true"),
             ("MERGE_DOMAIN_CONFIG", "true"),
@@ -1066,5 +1183,32 @@ mod tests {
             config.metrics_listen.map(|a| a.to_string()).as_deref(),
             Some("0.0.0.0:9090")
         );
+    }
+
+    #[test]
+    fn xds_config_type_takes_the_rules_from_the_server() {
+        let (config, _) = load(
+            &[],
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit-0"),
+                ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,pod=x"),
+                (
+                    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                    "authorization:Bearer t",
+                ),
+                ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "500ms"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.xds_server.as_deref(), Some("localhost:18000"));
+        assert_eq!(config.config, None, "no runtime directory with xDS");
+        assert_eq!(config.xds_node_id, "ratelimit-0");
+        assert_eq!(config.xds_node_metadata.0.len(), 2);
+        assert_eq!(
+            config.xds_headers.0,
+            [("authorization".to_owned(), "Bearer t".to_owned())]
+        );
+        assert_eq!(config.xds_retry_interval, Duration::from_millis(500));
     }
 }

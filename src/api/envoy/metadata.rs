@@ -23,6 +23,32 @@ pub fn json_to_struct(json: &serde_json::Value) -> Option<Struct> {
     })
 }
 
+/// A protobuf Struct as JSON (how xDS configuration reaches the file
+/// parser).
+pub fn struct_to_json(value: &Struct) -> serde_json::Value {
+    serde_json::Value::Object(
+        value
+            .fields
+            .iter()
+            .map(|(key, value)| (key.clone(), value_to_json(value)))
+            .collect(),
+    )
+}
+
+fn value_to_json(value: &Value) -> serde_json::Value {
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::BoolValue(flag)) => serde_json::Value::Bool(*flag),
+        Some(Kind::NumberValue(number)) => serde_json::Number::from_f64(*number)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Some(Kind::StringValue(text)) => serde_json::Value::String(text.clone()),
+        Some(Kind::ListValue(list)) => {
+            serde_json::Value::Array(list.values.iter().map(value_to_json).collect())
+        }
+        Some(Kind::StructValue(inner)) => struct_to_json(inner),
+    }
+}
+
 fn json_to_value(json: &serde_json::Value) -> Value {
     let kind = match json {
         serde_json::Value::Null => Kind::NullValue(0),

@@ -11,6 +11,7 @@ pub mod metadata;
 pub mod rules;
 pub mod source;
 pub mod upstream_stats;
+pub mod xds;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -32,7 +32,7 @@ impl RulesHandle {
             .clone()
     }
 
-    fn replace(&self, rules: Rules) {
+    pub(super) fn replace(&self, rules: Rules) {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
     }
 }

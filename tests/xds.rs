@@ -1,0 +1,330 @@
+//! The Envoy rules from an xDS management server (upstream's
+//! CONFIG_TYPE=GRPC_XDS_SOTW, as Envoy Gateway runs it), against a small
+//! Aggregated Discovery Service the test runs itself: the configuration
+//! served is applied and ACKed (with the node, its metadata and the extra
+//! headers), a bad one is NACKed with the reason while the rules in force
+//! stay, updates apply, and after the server restarts the client
+//! reconnects, sends the version it last accepted, and takes the new one.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use common::TestServer;
+use futures::Stream;
+use prost::Message;
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use ratelimitd::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use ratelimitd::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratelimitd::pb::ratelimit::config::ratelimit::v3 as conf;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::{Request, Response, Status, Streaming};
+
+const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// One version of the configuration: `requests_per_unit` per hour for
+/// `user`, with `unit` (HOUR unless a bad one is wanted).
+fn snapshot(
+    version: &str,
+    requests_per_unit: u32,
+    unit: conf::RateLimitUnit,
+) -> (String, Vec<conf::RateLimitConfig>) {
+    let config = conf::RateLimitConfig {
+        name: "xds-config".into(),
+        domain: "xds".into(),
+        descriptors: vec![conf::RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(conf::RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit,
+                name: "per-user".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    (version.to_owned(), vec![config])
+}
+
+/// What the test's management server has seen.
+#[derive(Default)]
+struct Seen {
+    requests: Vec<DiscoveryRequest>,
+    tokens: Vec<String>,
+}
+
+#[derive(Clone)]
+struct TestAds {
+    current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>,
+    seen: Arc<Mutex<Seen>>,
+    /// Turns false when this server instance stops: its streams end, as
+    /// a process that exits ends them.
+    alive: watch::Receiver<bool>,
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for TestAds {
+    type StreamAggregatedResourcesStream = ResponseStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<ResponseStream>, Status> {
+        let token = request
+            .metadata()
+            .get("x-token")
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        self.seen.lock().unwrap().tokens.push(token);
+        let mut incoming = request.into_inner();
+        let mut current = self.current.clone();
+        let mut alive = self.alive.clone();
+        let seen = self.seen.clone();
+        let (responses, outgoing) = mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut nonce = 0u32;
+            let mut send = |snapshot: &(String, Vec<conf::RateLimitConfig>)| {
+                nonce += 1;
+                DiscoveryResponse {
+                    version_info: snapshot.0.clone(),
+                    resources: snapshot
+                        .1
+                        .iter()
+                        .map(|config| prost_types::Any {
+                            type_url: TYPE_URL.into(),
+                            value: config.encode_to_vec(),
+                        })
+                        .collect(),
+                    type_url: TYPE_URL.into(),
+                    nonce: nonce.to_string(),
+                    ..Default::default()
+                }
+            };
+            // The first request asks; the snapshot follows at once.
+            match incoming.message().await {
+                Ok(Some(first)) => seen.lock().unwrap().requests.push(first),
+                _ => return,
+            }
+            let first = send(&current.borrow_and_update());
+            if responses.send(Ok(first)).await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    message = incoming.message() => match message {
+                        Ok(Some(request)) => seen.lock().unwrap().requests.push(request),
+                        _ => return,
+                    },
+                    _ = async { alive.wait_for(|alive| !alive).await.is_ok() } => return,
+                    changed = current.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let response = send(&current.borrow_and_update());
+                        if responses.send(Ok(response)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let stream = futures::stream::unfold(outgoing, |mut outgoing| async move {
+            outgoing.recv().await.map(|item| (item, outgoing))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A running test management server; `stop` ends it and its streams.
+struct Running {
+    stop: oneshot::Sender<()>,
+    alive: watch::Sender<bool>,
+}
+
+impl Running {
+    fn stop(self) {
+        let _ = self.alive.send(false);
+        let _ = self.stop.send(());
+    }
+}
+
+/// The management server on `address`, until stopped.
+async fn serve(address: SocketAddr, mut ads: TestAds) -> Running {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (alive, alive_now) = watch::channel(true);
+    ads.alive = alive_now;
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .serve_with_shutdown(address, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the test xDS server runs");
+    });
+    common::eventually("the test xDS server to listen", || async {
+        tokio::net::TcpStream::connect(address).await.is_ok()
+    })
+    .await;
+    Running { stop, alive }
+}
+
+/// The limit ratelimitd applies to `user` in domain `xds` now, if any.
+async fn applied_limit(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+) -> Option<u32> {
+    let response = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "xds".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".into(),
+                    value: "u".into(),
+                }],
+                hits_addend: Some(0),
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    response
+        .statuses
+        .first()?
+        .current_limit
+        .as_ref()
+        .map(|limit| limit.requests_per_unit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
+    let address: SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let (publish, current) = watch::channel(snapshot("1", 1, conf::RateLimitUnit::Hour));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let ads = TestAds {
+        current,
+        seen: seen.clone(),
+        alive: watch::channel(true).1,
+    };
+    let stop = serve(address, ads.clone()).await;
+    let server = TestServer::start(&[
+        "--xds-server",
+        &address.to_string(),
+        "--xds-node-id",
+        "test-node",
+        "--xds-node-metadata",
+        "zone=a,team=edge",
+        "--xds-headers",
+        "x-token:s3cret",
+        "--xds-retry-interval",
+        "50ms",
+        "--xds-retry-max",
+        "200ms",
+    ])
+    .await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    let watcher = client.clone();
+    let limit_becomes = |wanted: u32| {
+        let client = watcher.clone();
+        async move {
+            common::eventually(&format!("the limit to become {wanted}"), || {
+                let mut client = client.clone();
+                async move { applied_limit(&mut client).await == Some(wanted) }
+            })
+            .await;
+        }
+    };
+    limit_becomes(1).await;
+    let acked = |version: &str, nonce: &str| {
+        let seen = seen.lock().unwrap();
+        seen.requests.iter().any(|request| {
+            request.version_info == version
+                && request.response_nonce == nonce
+                && request.error_detail.is_none()
+        })
+    };
+    common::eventually("the first version to be ACKed", || async {
+        acked("1", "1")
+    })
+    .await;
+    {
+        let seen = seen.lock().unwrap();
+        let first = &seen.requests[0];
+        assert_eq!(first.type_url, TYPE_URL);
+        assert_eq!(
+            (first.version_info.as_str(), first.response_nonce.as_str()),
+            ("", "")
+        );
+        let node = first.node.as_ref().expect("the node");
+        assert_eq!(node.id, "test-node");
+        let metadata = node.metadata.as_ref().expect("node metadata");
+        assert_eq!(
+            metadata.fields["zone"].kind,
+            Some(prost_types::value::Kind::StringValue("a".into()))
+        );
+        assert_eq!(seen.tokens, ["s3cret"]);
+    }
+
+    // A configuration that does not compile: NACKed with why, old rules stay.
+    publish
+        .send(snapshot("2", 3, conf::RateLimitUnit::Unknown))
+        .unwrap();
+    common::eventually("the bad version to be NACKed", || async {
+        let seen = seen.lock().unwrap();
+        seen.requests.iter().any(|request| {
+            request.response_nonce == "2"
+                && request.version_info == "1"
+                && request.error_detail.as_ref().is_some_and(|status| {
+                    status.code == 3 && status.message.contains("invalid rate limit unit")
+                })
+        })
+    })
+    .await;
+    assert_eq!(
+        applied_limit(&mut client).await,
+        Some(1),
+        "the rules in force stay"
+    );
+
+    publish
+        .send(snapshot("3", 5, conf::RateLimitUnit::Hour))
+        .unwrap();
+    limit_becomes(5).await;
+    common::eventually("version 3 to be ACKed", || async { acked("3", "3") }).await;
+
+    // The server goes away and comes back with a new version: the client
+    // reconnects with the version it last accepted, and takes the new one.
+    stop.stop();
+    common::eventually("the test xDS server to stop", || async {
+        tokio::net::TcpStream::connect(address).await.is_err()
+    })
+    .await;
+    assert_eq!(
+        applied_limit(&mut client).await,
+        Some(5),
+        "rules stay while the server is away"
+    );
+    let before = seen.lock().unwrap().requests.len();
+    publish
+        .send(snapshot("4", 7, conf::RateLimitUnit::Hour))
+        .unwrap();
+    let _stop = serve(address, ads).await;
+    limit_becomes(7).await;
+    let reconnect = seen.lock().unwrap().requests[before].clone();
+    assert_eq!(reconnect.version_info, "3", "the new stream says what it has");
+    assert_eq!(reconnect.response_nonce, "");
+    server.stop().await;
+}
