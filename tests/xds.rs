@@ -324,7 +324,10 @@ async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
     let _stop = serve(address, ads).await;
     limit_becomes(7).await;
     let reconnect = seen.lock().unwrap().requests[before].clone();
-    assert_eq!(reconnect.version_info, "3", "the new stream says what it has");
+    assert_eq!(
+        reconnect.version_info, "3",
+        "the new stream says what it has"
+    );
     assert_eq!(reconnect.response_nonce, "");
     server.stop().await;
 }

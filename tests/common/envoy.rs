@@ -65,6 +65,13 @@ impl Envoy {
             assert!(config.contains(from), "envoy.yaml has no `{from}`");
             config.replacen(from, &format!("port_value: {to}"), 1)
         });
+        Self::launch(&config, &[]).await
+    }
+
+    /// Starts Envoy on `config` (with its admin port 0, and its first
+    /// listener on port 0 or a fixed one) plus `args`, and waits until it
+    /// is ready; [`Envoy::port`] is its first listener's.
+    pub async fn launch(config: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for Envoy");
         let path = dir.path().join("envoy.yaml");
         let admin_path = dir.path().join("admin-address");
@@ -75,6 +82,7 @@ impl Envoy {
             .arg("--admin-address-path")
             .arg(&admin_path)
             .args(["--disable-hot-restart", "--log-level", "warning"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
