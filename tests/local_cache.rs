@@ -1,5 +1,6 @@
 //! The local over-limit cache: a flood on a key Redis has denied is
-//! answered without Redis (counted in `INFO commandstats`), on both faces,
+//! answered without deciding on Redis (counted in `INFO commandstats`; an
+//! Envoy request's other descriptors are read, never written), on both faces,
 //! and the cache never denies what Redis would allow: a smaller cost, other
 //! limit parameters, or a request after the denial lifts all go to Redis.
 
@@ -150,12 +151,18 @@ async fn the_envoy_face_is_answered_from_the_cache_too() {
             .into_inner();
         assert_eq!(response.overall_code(), Code::OverLimit);
         assert_eq!(response.statuses[0].code(), Code::OverLimit);
+        assert_eq!(response.statuses[0].limit_remaining, 0);
+        // The other descriptor reports what it really has, as Redis's own
+        // denial would: 1000 less the 2 the first two requests spent.
         assert_eq!(response.statuses[1].code(), Code::Ok);
+        assert_eq!(response.statuses[1].limit_remaining, 998);
     }
+    // The denied descriptor is answered from memory; the other is read in
+    // one read-only script per request, which writes nothing.
     assert_eq!(
         redis.script_calls().await,
-        before,
-        "no script call for the flood"
+        before + 50,
+        "one read-only script per flooding request"
     );
     // The flood spent nothing of the shared limit: 1000 - 2 remain.
     let mut other = request();

@@ -12,8 +12,10 @@
 --            'sc': limit, window_us, (unused)
 --          then, last, the mode: 'decide'; 'each' (every limit decided on
 --          its own, a fixed window spending even what it denies, as
---          envoyproxy/ratelimit counts hits); or 'dry' (decide every limit
---          as if spending, and write nothing)
+--          envoyproxy/ratelimit counts hits); 'dry' (decide every limit
+--          as if spending, and write nothing); or 'denied' (the request is
+--          denied by a limit decided elsewhere, a cached denial: write
+--          nothing, and answer as 'decide' does for a denied request)
 -- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
 --          allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 --          never), mark (what refund.lua needs to take a spend back)
@@ -61,6 +63,16 @@ local mode = ARGV[6 * count + 1]
 if mode == 'dry' then
   for i = 1, count do
     answer(i, decide(i, cost_of(i), false))
+  end
+  return reply
+end
+if mode == 'denied' then
+  for i = 1, count do
+    local decision = decide(i, cost_of(i), false)
+    if decision[1] == 1 then
+      decision = decide(i, 0, false)
+    end
+    answer(i, decision)
   end
   return reply
 end

@@ -43,12 +43,15 @@ pub static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
 
 /// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing),
 /// decide each limit on its own (spending even what it denies, where the
-/// algorithm counts denied hits), or only say what each limit would answer.
+/// algorithm counts denied hits), only say what each limit would answer,
+/// or answer for a request denied elsewhere (by a cached denial): each
+/// limit's denial, or what it has, writing nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptMode {
     Decide,
     Each,
     Dry,
+    Denied,
 }
 
 impl ScriptMode {
@@ -57,6 +60,7 @@ impl ScriptMode {
             Self::Decide => "decide",
             Self::Each => "each",
             Self::Dry => "dry",
+            Self::Denied => "denied",
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::limit::{
     Algorithm, CallerKey, Decision, FailurePolicy, KeyOrigin, LimitRequest, RetryAfter,
 };
 use crate::metrics;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, RedisStore, Store};
 
 pub use denial_cache::DenialCache;
 
@@ -130,8 +130,9 @@ impl Limiter {
                 // later than Redis's decision.
                 let sent = Instant::now();
                 let cached = combination == Combination::AllOrNothing;
-                if cached && let Some(decisions) = self.known_denial(&groups, requests, sent) {
-                    return Ok(decisions);
+                if cached && let Some(known) = self.known_denial(&groups, requests, sent) {
+                    let decisions = self.complete_denial(redis, &groups, requests, known).await;
+                    return Ok(groups.of_request.iter().map(|&g| decisions[g]).collect());
                 }
                 // Boxed: the Redis path's future is kilobytes, and unboxed it
                 // would be copied with every embedded-store decision too.
@@ -155,16 +156,15 @@ impl Limiter {
         Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
     }
 
-    /// The request's decisions from the denial cache, when one of its
-    /// enforcing limits is known to deny it (so the whole request is
-    /// denied). Its other limits were not asked: they report their whole
-    /// limit as remaining, the most they could have.
+    /// The denial cache's answers for the request's groups, when one of
+    /// its enforcing limits is known to deny it (so the whole request is
+    /// denied): `Some` for each group the cache knows.
     fn known_denial(
         &self,
         groups: &Groups,
         requests: &[LimitRequest],
         now: Instant,
-    ) -> Option<Vec<Decision>> {
+    ) -> Option<Vec<Option<Decision>>> {
         let cache = self.denials.as_deref()?;
         let algorithm = |group: &Group| &requests[group.first].algorithm;
         let known = |group: &Group| cache.denial(&group.key, algorithm(group), group.cost, now);
@@ -176,31 +176,59 @@ impl Limiter {
         metrics::denial_cache_hit();
         // The denial found is kept as found: looked up again, it could have
         // been replaced in between.
-        let known: Vec<Option<Decision>> = groups
-            .unique
-            .iter()
-            .enumerate()
-            .map(|(g, group)| if g == hit { Some(denial) } else { known(group) })
-            .collect();
         Some(
             groups
-                .of_request
+                .unique
                 .iter()
-                .map(|&g| {
-                    known[g].unwrap_or_else(|| {
-                        let limit = algorithm(&groups.unique[g]).limit();
+                .enumerate()
+                .map(|(g, group)| if g == hit { Some(denial) } else { known(group) })
+                .collect(),
+        )
+    }
+
+    /// A request a cached denial denies, answered as Redis's own denial
+    /// would be: the groups the cache does not know are asked on Redis in
+    /// one read-only script (their denial, or what they have), so each
+    /// reports its real remaining and reset. If Redis cannot answer, they
+    /// report their whole limit, the most they could have (marked
+    /// degraded): the request is denied either way.
+    async fn complete_denial(
+        &self,
+        redis: &RedisStore,
+        groups: &Groups,
+        requests: &[LimitRequest],
+        known: Vec<Option<Decision>>,
+    ) -> Vec<Decision> {
+        let unknown: Vec<usize> = (0..known.len()).filter(|&g| known[g].is_none()).collect();
+        if unknown.is_empty() {
+            return known.into_iter().flatten().collect();
+        }
+        let asked = Box::pin(on_redis::answer_denied(redis, groups, requests, &unknown))
+            .await
+            .unwrap_or_else(|err| {
+                debug!(%err, "Redis cannot say what the other limits of a cached denial have");
+                unknown
+                    .iter()
+                    .map(|&g| {
+                        let limit = requests[groups.unique[g].first].algorithm.limit();
                         Decision {
                             allowed: true,
                             limit,
                             remaining: limit,
                             reset_after: 0,
                             retry_after: RetryAfter::After(0),
-                            degraded: false,
+                            degraded: true,
                         }
                     })
-                })
-                .collect(),
-        )
+                    .collect()
+            });
+        // `asked` has one answer per unknown group, in order, so every
+        // group gets one.
+        let mut asked = asked.into_iter();
+        known
+            .into_iter()
+            .filter_map(|decision| decision.or_else(|| asked.next()))
+            .collect()
     }
 
     /// Keeps Redis's denials of `groups` (asked at `sent`) in the cache.

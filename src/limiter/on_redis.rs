@@ -156,6 +156,58 @@ pub(super) async fn decide(
         .collect())
 }
 
+/// What the groups `members` answer in a request that a cached denial of
+/// another of its limits denies: each one's denial of its cost, or, if it
+/// would allow, what it has; nothing is written. One read-only script per
+/// node, in parallel. One answer per member, in order.
+pub(super) async fn answer_denied(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    members: &[usize],
+) -> Result<Vec<Decision>, StoreError> {
+    let mut partitions: Vec<Vec<usize>> = Vec::new();
+    if redis.is_cluster() {
+        let mut slots: Vec<u16> = Vec::new();
+        for &g in members {
+            let slot = cluster_slot(&groups.unique[g].key);
+            match slots.iter().position(|&s| s == slot) {
+                Some(at) => partitions[at].push(g),
+                None => {
+                    slots.push(slot);
+                    partitions.push(vec![g]);
+                }
+            }
+        }
+    } else {
+        partitions.push(members.to_vec());
+    }
+    let partitions: Vec<Vec<usize>> = partitions
+        .iter()
+        .flat_map(|list| list.chunks(MAX_LIMITS_PER_SCRIPT).map(<[usize]>::to_vec))
+        .collect();
+    let replies = join_all(
+        partitions
+            .iter()
+            .map(|list| run_decide(redis, groups, requests, list, ScriptMode::Denied, false)),
+    )
+    .await;
+    let mut answered: HashMap<usize, Decision> = HashMap::with_capacity(members.len());
+    for (list, reply) in partitions.iter().zip(replies) {
+        for (&g, (decision, _)) in list.iter().zip(reply?) {
+            answered.insert(g, decision);
+        }
+    }
+    members
+        .iter()
+        .map(|g| {
+            answered
+                .remove(g)
+                .ok_or_else(|| StoreError::Reply("a limit was not answered".into()))
+        })
+        .collect()
+}
+
 /// One call of the decision script for the groups `members` (all on one
 /// node); with `look`, every cost is 0.
 async fn run_decide(
