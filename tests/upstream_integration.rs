@@ -1,0 +1,588 @@
+//! envoyproxy/ratelimit's own integration test (`test/integration/
+//! integration_test.go`, its `testBasicBaseConfig`), ported: ratelimitd
+//! started the upstream way, on upstream's integration configuration
+//! unchanged (`tests/fixtures/upstream_integration/`), answering every
+//! assertion upstream makes about statuses, limits, remaining counts and
+//! statistics (under their Prometheus names), in the variants upstream
+//! runs it: both counting modes, with the local cache (its `_local` keys),
+//! with a key prefix, behind a password, over TLS (upstream's pinned
+//! self-signed certificate recipe), on a Redis Cluster and on Sentinel.
+//! Upstream's per-second Redis and memcache variants have no counterpart
+//! (both stop ratelimitd's start, by name); its local-cache hit/miss gauges
+//! are not exported under upstream's names.
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::envoy::get;
+use common::topology::{RedisCluster, RedisSentinel, SecureRedis, Security};
+use common::{RedisServer, ServerProcess, free_port};
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratelimitd::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+
+/// How upstream's test varies its settings.
+#[derive(Clone, Copy, Default)]
+struct Variant {
+    local_cache: bool,
+    stop_increment: bool,
+}
+
+/// Upstream's `NewRateLimitRequest(domain, descriptors, hitsAddend)`.
+fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: (*key).into(),
+                        value: (*value).into(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: hits,
+    }
+}
+
+/// A status as upstream's `newDescriptorStatus` compares it (the reset
+/// time is taken from the answer, as upstream does).
+fn limited(status: &DescriptorStatus) -> (Code, u32, Unit, u32) {
+    let limit = status.current_limit.as_ref().expect("a current limit");
+    (
+        status.code(),
+        limit.requests_per_unit,
+        limit.unit(),
+        status.limit_remaining,
+    )
+}
+
+/// Upstream's `getCacheKey`: its configuration has a `_local` twin of each
+/// key for the local-cache runs.
+fn key(name: &str, variant: Variant) -> String {
+    if variant.local_cache {
+        format!("{name}_local")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// A per-rule counter under upstream's Prometheus name.
+async fn stat(metrics: u16, stat: &str, domain: &str, key1: &str) -> u64 {
+    let response = get(metrics, "/metrics", &[]).await.expect("metrics");
+    let name = format!("ratelimit_service_rate_limit_{stat}{{");
+    response
+        .body
+        .lines()
+        .find(|line| {
+            line.starts_with(&name)
+                && line.contains(&format!("domain=\"{domain}\""))
+                && line.contains(&format!("key1=\"{key1}\""))
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
+}
+
+/// Counts in minute windows must not cross a minute boundary: waits for
+/// the next minute when little of this one is left.
+async fn fresh_minute() {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    let into_minute = now.as_secs_f64() % 60.0;
+    if into_minute > 45.0 {
+        tokio::time::sleep(Duration::from_secs_f64(60.0 - into_minute + 0.2)).await;
+    }
+}
+
+/// A value no earlier run used, as upstream's random key.
+fn fresh_value() -> String {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos()
+        .to_string()
+}
+
+/// ratelimitd started with upstream's variables for this Redis, plus
+/// the metrics endpoint and the variant's settings.
+async fn start(redis: &[(&str, String)], variant: Variant, metrics: u16) -> ServerProcess {
+    let root = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/upstream_integration"
+    );
+    let prometheus = format!("127.0.0.1:{metrics}");
+    let mut environment: Vec<(&str, String)> = vec![
+        ("USE_STATSD", "false".into()),
+        ("RUNTIME_ROOT", root.into()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("RUNTIME_APPDIRECTORY", "config".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", prometheus),
+    ];
+    environment.extend(redis.iter().cloned());
+    if variant.local_cache {
+        environment.push(("LOCAL_CACHE_SIZE_IN_BYTES", "1000".into()));
+    }
+    if variant.stop_increment {
+        environment.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true".into()));
+    }
+    let environment: Vec<(&str, &str)> = environment
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    ServerProcess::start_upstream_way(&environment).await
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner()
+}
+
+/// `testBasicBaseConfig`, assertion by assertion.
+async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
+    let metrics = free_port();
+    let server = start(redis, variant, metrics).await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+
+    // A domain nobody configured: OK, no limit.
+    let response = ask(
+        &mut client,
+        request("foo", &[&[(&key("hello", variant), "world")]], 1),
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert_eq!(response.statuses.len(), 1);
+    assert_eq!(response.statuses[0].code(), Code::Ok);
+    assert!(response.statuses[0].current_limit.is_none());
+    assert_eq!(response.statuses[0].limit_remaining, 0);
+
+    // 50 a second: one hit leaves 49.
+    let key1 = key("key1", variant);
+    let response = ask(&mut client, request("basic", &[&[(&key1, "foo")]], 1)).await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::Ok, 50, Unit::Second, 49)
+    );
+    assert_eq!(stat(metrics, "total_hits", "basic", &key1).await, 1);
+
+    // 20 a minute on a fresh value: 20 pass, then over.
+    fresh_minute().await;
+    let key2 = key("key2", variant);
+    let value = fresh_value();
+    for i in 0..25u32 {
+        let response = ask(&mut client, request("another", &[&[(&key2, &value)]], 1)).await;
+        let (code, remaining) = if i >= 20 {
+            (Code::OverLimit, 0)
+        } else {
+            (Code::Ok, 19 - i)
+        };
+        assert_eq!(response.overall_code(), code, "hit {i}");
+        assert_eq!(
+            limited(&response.statuses[0]),
+            (code, 20, Unit::Minute, remaining),
+            "hit {i}"
+        );
+        assert_eq!(
+            stat(metrics, "total_hits", "another", &key2).await,
+            u64::from(i) + 1
+        );
+        let over = if i >= 20 { u64::from(i) - 19 } else { 0 };
+        assert_eq!(
+            stat(metrics, "over_limit", "another", &key2).await,
+            over,
+            "hit {i}"
+        );
+    }
+
+    // Two keys at once: key2 (20 a minute) and key3 (10 an hour).
+    let key3 = key("key3", variant);
+    let value = fresh_value();
+    for i in 0..15u32 {
+        let response = ask(
+            &mut client,
+            request("another", &[&[(&key2, &value)], &[(&key3, &value)]], 1),
+        )
+        .await;
+        let mut code = Code::Ok;
+        let mut remaining_1 = 19 - i;
+        let mut remaining_2 = 9u32.saturating_sub(i);
+        if i >= 10 {
+            code = Code::OverLimit;
+            remaining_2 = 0;
+            // Upstream stops counting key2 once the request is over the
+            // limit with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT; so does
+            // ratelimitd (a denied request spends nothing).
+            if variant.stop_increment {
+                remaining_1 = 10;
+            }
+        }
+        assert_eq!(response.overall_code(), code, "pair {i}");
+        assert_eq!(
+            limited(&response.statuses[0]),
+            (Code::Ok, 20, Unit::Minute, remaining_1),
+            "pair {i}"
+        );
+        assert_eq!(
+            limited(&response.statuses[1]),
+            (code, 10, Unit::Hour, remaining_2),
+            "pair {i}"
+        );
+        assert_eq!(
+            stat(metrics, "total_hits", "another", &key2).await,
+            u64::from(i) + 26
+        );
+        assert_eq!(stat(metrics, "over_limit", "another", &key2).await, 5);
+        assert_eq!(
+            stat(metrics, "total_hits", "another", &key3).await,
+            u64::from(i) + 1
+        );
+        let over = if i >= 10 { u64::from(i) - 9 } else { 0 };
+        assert_eq!(
+            stat(metrics, "over_limit", "another", &key3).await,
+            over,
+            "pair {i}"
+        );
+    }
+
+    // DurationUntilReset counts down (upstream sleeps 2 s between two hits;
+    // here a look waits until the clock has moved a whole second).
+    let key4 = key("key4", variant);
+    let first = ask(&mut client, request("another", &[&[(&key4, "durTest")]], 1)).await;
+    let first = first.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("a reset")
+        .seconds;
+    common::eventually("the time to reset to count down", || {
+        let mut client = client.clone();
+        let key4 = key4.clone();
+        async move {
+            let mut look = request("another", &[&[(&key4, "durTest")]], 1);
+            look.descriptors[0].hits_addend = Some(0);
+            let later = ask(&mut client, look).await;
+            later.statuses[0]
+                .duration_until_reset
+                .as_ref()
+                .is_some_and(|reset| reset.seconds < first)
+        }
+    })
+    .await;
+    server.terminate().await;
+}
+
+fn standalone(redis: &RedisServer) -> Vec<(&'static str, String)> {
+    vec![("REDIS_URL", format!("127.0.0.1:{}", redis.port))]
+}
+
+#[tokio::test]
+async fn basic_config() {
+    let redis = RedisServer::start().await;
+    basic_base_config(&standalone(&redis), Variant::default()).await;
+}
+
+#[tokio::test]
+async fn basic_config_stop_cache_key_increment_when_overlimit() {
+    let redis = RedisServer::start().await;
+    let variant = Variant {
+        stop_increment: true,
+        ..Variant::default()
+    };
+    basic_base_config(&standalone(&redis), variant).await;
+}
+
+#[tokio::test]
+async fn basic_config_with_local_cache() {
+    for stop_increment in [false, true] {
+        // A Redis each: upstream's keys repeat between runs.
+        let redis = RedisServer::start().await;
+        let variant = Variant {
+            local_cache: true,
+            stop_increment,
+        };
+        basic_base_config(&standalone(&redis), variant).await;
+    }
+}
+
+#[tokio::test]
+async fn basic_config_with_cache_prefix() {
+    let redis = RedisServer::start().await;
+    let mut settings = standalone(&redis);
+    settings.push(("CACHE_KEY_PREFIX", "prefix:".into()));
+    basic_base_config(&settings, Variant::default()).await;
+    let keys = redis.keys().await;
+    assert!(
+        !keys.is_empty() && keys.iter().all(|key| key.starts_with("prefix:")),
+        "{keys:?}"
+    );
+}
+
+/// `host:port` of a `redis://[user:password@]host:port` URL.
+fn address(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest).to_owned()
+}
+
+const PASSWORD: &str = "password123";
+
+#[tokio::test]
+async fn basic_config_with_auth() {
+    let redis = SecureRedis::with_password(PASSWORD).await;
+    let settings = vec![
+        ("REDIS_URL", address(&redis.url())),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+    ];
+    basic_base_config(&settings, Variant::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_auth_on_a_redis_cluster() {
+    let cluster = RedisCluster::start_with(Security {
+        password: Some(PASSWORD.to_owned()),
+        ..Security::default()
+    })
+    .await;
+    let nodes: Vec<String> = cluster.urls().iter().map(|url| address(url)).collect();
+    let settings = vec![
+        ("REDIS_TYPE", "cluster".to_owned()),
+        ("REDIS_URL", nodes.join(",")),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+    ];
+    basic_base_config(&settings, Variant::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_auth_on_sentinel() {
+    let sentinel = RedisSentinel::start_with(Security {
+        password: Some(PASSWORD.to_owned()),
+        ..Security::default()
+    })
+    .await;
+    let sentinels: Vec<String> = sentinel
+        .sentinel_urls()
+        .iter()
+        .map(|url| address(url))
+        .collect();
+    let settings = vec![
+        ("REDIS_TYPE", "sentinel".to_owned()),
+        (
+            "REDIS_URL",
+            format!("{},{}", sentinel.master_name(), sentinels.join(",")),
+        ),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+        ("REDIS_SENTINEL_AUTH", PASSWORD.to_owned()),
+    ];
+    basic_base_config(&settings, Variant::default()).await;
+}
+
+/// `testBasicConfigAuthTLS` / `…WithClientCert`: upstream's stunnel recipe,
+/// one self-signed certificate as CA file, server and client certificate,
+/// in front of a Redis with a password.
+#[tokio::test]
+async fn basic_config_with_auth_over_tls() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_pair = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key_pair).expect("self-sign");
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).expect("cert");
+    std::fs::write(&key_path, key_pair.serialize_pem()).expect("key");
+    let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
+    for client_cert in [false, true] {
+        // A Redis each: upstream's keys repeat between runs.
+        let port = free_port();
+        let mut child = std::process::Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--tls-port", &port.to_string(), "--requirepass", PASSWORD])
+            .args([
+                "--tls-cert-file",
+                &path(&cert_path),
+                "--tls-key-file",
+                &path(&key_path),
+            ])
+            .args([
+                "--tls-ca-cert-file",
+                &path(&cert_path),
+                "--tls-auth-clients",
+                "optional",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start redis-server (Redis 7 with TLS: apt-get install redis-server)");
+        common::eventually("the TLS redis-server to listen", || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        let mut settings = vec![
+            ("REDIS_URL", format!("localhost:{port}")),
+            ("REDIS_AUTH", PASSWORD.to_owned()),
+            ("REDIS_TLS", "true".to_owned()),
+            ("REDIS_TLS_CACERT", path(&cert_path)),
+        ];
+        if client_cert {
+            settings.push(("REDIS_TLS_CLIENT_CERT", path(&cert_path)));
+            settings.push(("REDIS_TLS_CLIENT_KEY", path(&key_path)));
+        }
+        basic_base_config(&settings, Variant::default()).await;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// `testShareThreshold`: `files/*` with share_threshold shares one counter
+/// between values; `files_no_share/*` counts each value apart.
+#[tokio::test]
+async fn share_threshold() {
+    let redis = RedisServer::start().await;
+    let metrics = free_port();
+    let server = start(&standalone(&redis), Variant::default(), metrics).await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    let domain = "share-threshold-test";
+    for _ in 0..10 {
+        ask(
+            &mut client,
+            request(domain, &[&[("files", "files/a.pdf")]], 1),
+        )
+        .await;
+    }
+    let response = ask(
+        &mut client,
+        request(domain, &[&[("files", "files/b.csv")]], 1),
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::OverLimit);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::OverLimit, 10, Unit::Hour, 0)
+    );
+    let base = fresh_value();
+    for i in 0..10 {
+        let value = format!("files_no_share/{base}-{i}");
+        let response = ask(
+            &mut client,
+            request(domain, &[&[("files_no_share", &value)]], 1),
+        )
+        .await;
+        assert_eq!(
+            limited(&response.statuses[0]),
+            (Code::Ok, 10, Unit::Hour, 9),
+            "{value}"
+        );
+    }
+    server.terminate().await;
+}
+
+/// `config_load_success` under upstream's name.
+async fn loads(metrics: u16) -> u64 {
+    let response = get(metrics, "/metrics", &[]).await.expect("metrics");
+    response
+        .body
+        .lines()
+        .find(|line| line.starts_with("ratelimit_service_config_load_success"))
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |value| value as u64)
+}
+
+/// `testBasicConfigReload` (and `…WithoutWatchRoot`): a file added to the
+/// runtime directory is loaded without a restart (counted in
+/// config_load_success), its domain answers, and its removal reloads too.
+#[tokio::test]
+async fn config_reload_with_and_without_watch_root() {
+    for watch_root in ["true", "false"] {
+        let redis = RedisServer::start().await;
+        let runtime = tempfile::tempdir().expect("runtime");
+        let fixtures = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/upstream_integration/ratelimit"
+        );
+        let config = runtime.path().join("ratelimit").join("config");
+        std::fs::create_dir_all(&config).expect("runtime directories");
+        for file in ["another.yaml", "basic.yaml", "share_threshold.yaml"] {
+            std::fs::copy(format!("{fixtures}/config/{file}"), config.join(file)).expect("copy");
+        }
+        let metrics = free_port();
+        let prometheus = format!("127.0.0.1:{metrics}");
+        let redis_url = format!("127.0.0.1:{}", redis.port);
+        let root = runtime.path().to_string_lossy().into_owned();
+        let server = ServerProcess::start_upstream_way(&[
+            ("USE_STATSD", "false"),
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", watch_root),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis_url),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &prometheus),
+            ("RATELIMITD_CONFIG_POLL_INTERVAL", "100ms"),
+        ])
+        .await;
+        let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+        let response = ask(&mut client, request("reload", &[&[("block", "foo")]], 1)).await;
+        assert_eq!(response.overall_code(), Code::Ok, "not configured yet");
+        assert!(response.statuses[0].current_limit.is_none());
+        let before = loads(metrics).await;
+        std::fs::copy(
+            format!("{fixtures}/reload.yaml"),
+            config.join("reload.yaml"),
+        )
+        .expect("add");
+        common::eventually("the new file to load", || async {
+            loads(metrics).await > before
+        })
+        .await;
+        let response = ask(&mut client, request("reload", &[&[("block", "foo")]], 1)).await;
+        assert_eq!(
+            response.overall_code(),
+            Code::OverLimit,
+            "0 a second blocks"
+        );
+        let response = ask(&mut client, request("reload", &[&[("key1", "foo")]], 1)).await;
+        assert_eq!(
+            limited(&response.statuses[0]),
+            (Code::Ok, 50, Unit::Second, 49)
+        );
+        let before = loads(metrics).await;
+        std::fs::remove_file(config.join("reload.yaml")).expect("remove");
+        common::eventually("the removal to reload", || async {
+            loads(metrics).await > before
+        })
+        .await;
+        server.terminate().await;
+    }
+}
