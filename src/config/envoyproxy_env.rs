@@ -63,6 +63,7 @@ const FEATURE_PREFIXES: &[&str] = &[
     "TRACING_",
     "STATSD_",
     "USE_DOG_STATSD_",
+    "DOG_STATSD_MOGRIFIER",
 ];
 
 /// Every variable upstream's settings.go reads that is not a shared name or
@@ -122,6 +123,7 @@ const UPSTREAM_NAMES: &[&str] = &[
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "REDIS_TIMEOUT",
     "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_POOL_ON_EMPTY_WAIT_DURATION",
     "REDIS_STARTUP_INITIAL_INTERVAL",
     "REDIS_STARTUP_MAX_INTERVAL",
     "REDIS_STARTUP_MAX_ELAPSED_TIME",
