@@ -159,12 +159,28 @@ impl Running {
 }
 
 /// The management server on `address`, until stopped.
-async fn serve(address: SocketAddr, mut ads: TestAds) -> Running {
+async fn serve(address: SocketAddr, ads: TestAds) -> Running {
+    serve_over(address, ads, None).await
+}
+
+/// As [`serve`], over TLS with this certificate and key when given.
+async fn serve_over(
+    address: SocketAddr,
+    mut ads: TestAds,
+    tls: Option<(Vec<u8>, Vec<u8>)>,
+) -> Running {
     let (stop, stopped) = oneshot::channel::<()>();
     let (alive, alive_now) = watch::channel(true);
     ads.alive = alive_now;
     tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some((cert, key)) = tls {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .expect("TLS for the test xDS server");
+        }
+        builder
             .add_service(AggregatedDiscoveryServiceServer::new(ads))
             .serve_with_shutdown(address, async {
                 let _ = stopped.await;
@@ -330,4 +346,66 @@ async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
     );
     assert_eq!(reconnect.response_nonce, "");
     server.stop().await;
+}
+
+/// Over TLS (upstream's CONFIG_GRPC_XDS_SERVER_USE_TLS and its CA): the
+/// configuration arrives from a server with a private CA's certificate,
+/// verified by name; a client that does not trust that CA gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_from_an_xds_server_over_tls() {
+    let dir = tempfile::tempdir().expect("directory");
+    let files = common::topology::write_certificates(dir.path());
+    let stranger = common::topology::write_certificates(&dir.path().join("stranger"));
+    let read = |path: &std::path::Path| std::fs::read(path).expect("read PEM");
+    let address: SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let (_publish, current) = watch::channel(snapshot("1", 4, conf::RateLimitUnit::Hour));
+    let ads = TestAds {
+        current,
+        seen: Arc::new(Mutex::new(Seen::default())),
+        alive: watch::channel(true).1,
+    };
+    let _running = serve_over(
+        address,
+        ads,
+        Some((read(&files.server_cert), read(&files.server_key))),
+    )
+    .await;
+    let server_for = |ca: &std::path::Path| {
+        let ca = ca.to_string_lossy().into_owned();
+        let server = format!("localhost:{}", address.port());
+        async move {
+            TestServer::start(&[
+                "--xds-server",
+                &server,
+                "--xds-tls",
+                "--xds-tls-ca",
+                &ca,
+                "--xds-retry-interval",
+                "50ms",
+                "--xds-retry-max",
+                "100ms",
+            ])
+            .await
+        }
+    };
+    let trusting = server_for(&files.ca_cert).await;
+    let mut client = RateLimitServiceClient::new(common::channel(trusting.address).await);
+    common::eventually("the limit from the TLS xDS server", || {
+        let mut client = client.clone();
+        async move { applied_limit(&mut client).await == Some(4) }
+    })
+    .await;
+    trusting.stop().await;
+    let distrusting = server_for(&stranger.ca_cert).await;
+    client = RateLimitServiceClient::new(common::channel(distrusting.address).await);
+    // Several reconnects' worth of time: still no configuration.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        applied_limit(&mut client).await,
+        None,
+        "an untrusted server gives no rules"
+    );
+    distrusting.stop().await;
 }
