@@ -55,10 +55,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const WARN_EVERY: Duration = Duration::from_secs(1);
 
 /// Longest a TLS handshake may take; a client that has not finished by
-/// then is dropped (it holds a place under the connection cap meanwhile).
+/// then is dropped (it holds a place under the connection cap meanwhile,
+/// and handshakes run concurrently, so slow ones hold up no one else).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// TLS handshakes run at once, each on its own while accepting goes on.
-const CONCURRENT_HANDSHAKES: usize = 256;
 
 /// The connections `listener` accepts, forever, over TLS with `tls`. Never
 /// yields an error: accept errors are handled here (tonic would retry them
@@ -80,6 +79,7 @@ pub fn connections(
         let accepted = state.next().await;
         Some((accepted, state))
     });
+    let concurrent = settings.max_connections;
     let Some(tls) = tls else {
         return Box::pin(accepted.map(move |(stream, slot)| {
             Ok(Connection::new(Transport::Plain(stream), slot, &settings))
@@ -109,7 +109,9 @@ pub fn connections(
                     }
                 }
             })
-            .buffer_unordered(CONCURRENT_HANDSHAKES)
+            // As many at once as connections may be open: the cap is the
+            // only bound, so slow handshakes never stall accepting.
+            .buffer_unordered(concurrent)
             .filter_map(std::future::ready),
     )
 }

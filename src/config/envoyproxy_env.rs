@@ -232,6 +232,13 @@ pub fn apply(
     aliases.redis(config)?;
     aliases.limits(config)?;
     aliases.statistics(config)?;
+    if let (Some(path), Some(server)) = (&config.config, &config.xds_server) {
+        return Err(format!(
+            "rules from both {} and the xDS server {server}: set one (RUNTIME_ROOT or --config, \
+             CONFIG_TYPE=GRPC_XDS_SOTW or --xds-server)",
+            path.display()
+        ));
+    }
     for (name, why) in TUNING_NAMES {
         if let Some(value) = environment.get(*name) {
             aliases
@@ -616,6 +623,17 @@ impl Aliases<'_> {
     /// RUNTIME_WATCH_ROOT changes nothing here: the content is polled, which
     /// sees a root symlink swap and an edit in place alike.
     fn runtime(&self, config: &mut Config) -> Result<(), String> {
+        // Rules from our own --xds-server: no runtime directory by default.
+        let named = [
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ]
+        .iter()
+        .any(|name| self.get(name).is_some());
+        if config.xds_server.is_some() && !named {
+            return Ok(());
+        }
         let root = self
             .get("RUNTIME_ROOT")
             .unwrap_or("/srv/runtime_data/current");
@@ -1212,5 +1230,23 @@ mod tests {
             [("authorization".to_owned(), "Bearer t".to_owned())]
         );
         assert_eq!(config.xds_retry_interval, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn files_and_xds_together_are_an_error() {
+        let (config, _) =
+            load(&["--xds-server", "127.0.0.1:1"], &[("USE_STATSD", "false")]).unwrap();
+        assert_eq!(
+            config.config, None,
+            "our --xds-server: no runtime directory"
+        );
+        let err = load(
+            &["--xds-server", "127.0.0.1:1"],
+            &[("RUNTIME_ROOT", "/data")],
+        )
+        .unwrap_err();
+        assert!(err.contains("xDS"), "{err}");
+        let err = load(&["--config", "/etc/x"], &[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).unwrap_err();
+        assert!(err.contains("xDS"), "{err}");
     }
 }
