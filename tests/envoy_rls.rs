@@ -876,3 +876,33 @@ async fn quota_mode_metadata_and_upstream_headers() {
     assert_eq!(response.overall_code(), Code::OverLimit, "every quota over");
     server.stop().await;
 }
+
+/// The rule-level extension `count_denied_hits: true`, under our own
+/// flags: a rule Envoy charges after the response binds, while the rules
+/// without it keep "denied spends nothing".
+#[tokio::test]
+async fn a_rule_may_count_denied_hits_on_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("late.yaml"),
+        "domain: late\n\
+         descriptors:\n\
+         \x20 - key: charged_after\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 2, count_denied_hits: true}\n\
+         \x20 - key: ordinary\n\
+         \x20   rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .expect("write config");
+    let config = dir.path().to_str().expect("utf-8 path");
+    let server = TestServer::start(&["--config", config]).await;
+    let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    for (key, look_after) in [("charged_after", Code::OverLimit), ("ordinary", Code::Ok)] {
+        let one_of = |hits| with_hits(descriptor(&[(key, "x")]), hits);
+        assert_eq!(one(&mut client, "late", one_of(0)).await.code(), Code::Ok);
+        let report = one(&mut client, "late", one_of(3)).await;
+        assert_eq!(report.code(), Code::OverLimit, "{key}: 3 is past 2");
+        let look = one(&mut client, "late", one_of(0)).await;
+        assert_eq!(look.code(), look_after, "{key}");
+    }
+    server.stop().await;
+}

@@ -7,7 +7,8 @@
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`, and `shadow_mode`,
 //! `detailed_metric`, `value_to_metric`, `share_threshold`, `quota_mode`
 //! and `metadata` on descriptors: every field upstream's schema accepts.
-//! Two extensions on `rate_limit`: `algorithm` (`fixed_window`, the default,
+//! Three extensions on `rate_limit`: `count_denied_hits` (a request matching
+//! the rule is counted as upstream counts), `algorithm` (`fixed_window`, the default,
 //! with windows aligned to the unit as upstream; `sliding_window`;
 //! `token_bucket`; `gcra`; `sliding_window_counter`) and `unit_multiplier` (the window is `unit` × this).
 
@@ -235,6 +236,11 @@ struct RateLimitSpec {
     algorithm: Option<Text>,
     /// Extension: the window is `unit` × this.
     unit_multiplier: Option<u32>,
+    /// Extension: a request matching this rule is counted as upstream
+    /// counts (each descriptor on its own, denied hits too), for rules
+    /// Envoy charges after the response (`apply_on_stream_done`).
+    #[serde(default)]
+    count_denied_hits: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -454,6 +460,7 @@ impl Context<'_> {
                 quota: settings.quota,
                 metadata: settings.metadata.clone(),
                 stats_key,
+                count_denied_hits: spec.count_denied_hits,
                 policy_id,
                 source,
             });
@@ -478,6 +485,7 @@ impl Context<'_> {
             quota: settings.quota,
             metadata: settings.metadata.clone(),
             stats_key,
+            count_denied_hits: spec.count_denied_hits,
             policy_id,
             source,
         };

@@ -188,7 +188,7 @@ impl EnvoyService {
         let plan = Plan::new(&rules, request, &self.settings)?;
         let decisions = if plan.requests.is_empty() {
             Vec::new()
-        } else if self.settings.count_denied_hits {
+        } else if plan.count_denied_hits {
             self.limiter.check_each(&plan.requests, None).await?
         } else {
             self.limiter.check_all(&plan.requests, None).await?
@@ -196,7 +196,7 @@ impl EnvoyService {
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
-        plan.record_upstream_stats(&decisions, self.settings.count_denied_hits);
+        plan.record_upstream_stats(&decisions, plan.count_denied_hits);
         let response = plan.response(request, &decisions, &self.settings);
         debug!(
             domain = %request.domain,
@@ -229,6 +229,9 @@ enum Governed {
 struct Plan {
     /// The request's domain: configured, if any rule matched.
     domain: String,
+    /// Counted as upstream counts: by `--envoy-count-denied-hits`, or
+    /// because a rule it matched says `count_denied_hits`.
+    count_denied_hits: bool,
     governed: Vec<Governed>,
     requests: Vec<LimitRequest>,
 }
@@ -308,9 +311,13 @@ impl Plan {
                 }
             });
         }
+        let count_denied_hits = settings.count_denied_hits
+            || governed
+                .iter()
+                .any(|g| rule_of(g).is_some_and(|rule| rule.count_denied_hits));
         // A blocked descriptor that denies the request: the others only look,
         // so they spend nothing (unless each is counted on its own).
-        let blocked = !settings.count_denied_hits && governed.iter().any(|g| {
+        let blocked = !count_denied_hits && governed.iter().any(|g| {
             matches!(g, Governed::Blocked { rule, cost }
                 if *cost > 0 && !rule.shadow && !global_shadow && !rule.quota && !settings.quota_mode)
         });
@@ -321,6 +328,7 @@ impl Plan {
         }
         Ok(Self {
             domain: request.domain.clone(),
+            count_denied_hits,
             governed,
             requests,
         })
@@ -580,6 +588,7 @@ fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
         quota: false,
         metadata: None,
         stats_key: Vec::new(),
+        count_denied_hits: false,
         policy_id: "override".into(),
         source: Source {
             file: "request limit override".into(),

@@ -106,6 +106,10 @@ pub struct Rule {
     /// below the domain: the key of upstream's statistics for it (empty
     /// for a limit Envoy sent, which has no place in the configuration).
     pub stats_key: Vec<String>,
+    /// Extension `count_denied_hits`: a request this rule governs is
+    /// decided each descriptor on its own, a fixed window counting denied
+    /// hits too, so a report Envoy sends after the response always counts.
+    pub count_denied_hits: bool,
     /// An id for the IETF `RateLimit-Policy` header: the name, else the
     /// descriptor path in the configuration.
     pub policy_id: String,
