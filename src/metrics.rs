@@ -6,6 +6,7 @@
 //! the `metrics` macros record into nothing.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
@@ -15,8 +16,13 @@ use crate::api::envoy::upstream_stats::RuleHits;
 use crate::error::StoreError;
 use crate::limit::Decision;
 
+/// Whether an exporter is installed: the per-rule series build their
+/// labels per request, which is skipped when nothing would read them.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
 /// Serves `/metrics` on `listen`. Call once, inside the tokio runtime.
 pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
+    INSTALLED.store(true, Ordering::Relaxed);
     PrometheusBuilder::new()
         .with_http_listener(listen)
         .set_buckets_for_metric(
@@ -125,6 +131,9 @@ pub fn upstream_request(error: Option<&'static str>) {
 /// The keys are the rule's levels in the configuration (`key` or
 /// `key_value`, as written), so the series are as many as the rules.
 pub fn upstream_rule_hits(domain: &str, levels: &[String], hits: &RuleHits) {
+    if !INSTALLED.load(Ordering::Relaxed) {
+        return;
+    }
     let Some(key1) = levels.first() else {
         return;
     };
