@@ -312,3 +312,63 @@ async fn one_peer_cannot_take_every_slot() {
     redis.thaw();
     server.stop().await;
 }
+
+/// Over TLS too, calls count against their peer's share of the slots (the
+/// call tracking sees TLS connections since TLS ends in ratelimitd's own
+/// accept loop; under tonic's TLS it saw none, and one peer could take
+/// every slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tls_calls_count_against_their_peers_share() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let dir = tempfile::tempdir().expect("directory");
+    let files = write_certificates(dir.path());
+    let server = TestServer::start(&[
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "2s",
+        "--max-concurrent-requests",
+        "10",
+        "--max-concurrent-requests-per-peer",
+        "2",
+        "--tls-cert",
+        &path(&files.server_cert),
+        "--tls-key",
+        &path(&files.server_key),
+    ])
+    .await;
+    let channel = tls_channel(&server, &files, None)
+        .await
+        .expect("TLS connect");
+    // A frozen Redis holds every admitted call for the 2 s timeout.
+    redis.freeze();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let channel = channel.clone();
+            tokio::spawn(async move {
+                RateLimiterClient::new(channel)
+                    .check_limit(request("k", fixed_window(5, Duration::from_secs(60)), None))
+                    .await
+                    .map_or_else(|status| status.code(), |_| Code::Ok)
+            })
+        })
+        .collect();
+    let mut codes = Vec::new();
+    for call in calls {
+        codes.push(call.await.expect("task"));
+    }
+    codes.sort_by_key(|code| *code as i32);
+    assert_eq!(
+        codes,
+        [
+            Code::ResourceExhausted,
+            Code::ResourceExhausted,
+            Code::Unavailable,
+            Code::Unavailable
+        ],
+        "two of the peer's four calls admitted"
+    );
+    redis.thaw();
+    server.stop().await;
+}
