@@ -125,34 +125,59 @@ pub fn upstream_request(error: Option<&'static str>) {
     }
 }
 
-/// One configured rule's hits under envoyproxy/ratelimit's Prometheus
+/// One configured rule's counters under envoyproxy/ratelimit's Prometheus
 /// names (its default statsd mapping: `ratelimit.service.rate_limit.<domain>.<key1>[.<key2>...].<stat>`
 /// becomes `ratelimit_service_rate_limit_<stat>{domain, key1[, key2]}`).
 /// The keys are the rule's levels in the configuration (`key` or
-/// `key_value`, as written), so the series are as many as the rules.
-pub fn upstream_rule_hits(domain: &str, levels: &[String], hits: &RuleHits) {
-    if !INSTALLED.load(Ordering::Relaxed) {
-        return;
+/// `key_value`, as written), so the series are as many as the rules. Made
+/// once per rule (see [`UpstreamRuleCounters::get`]), not per request.
+pub struct UpstreamRuleCounters {
+    total: metrics::Counter,
+    within: metrics::Counter,
+    near: metrics::Counter,
+    over: metrics::Counter,
+    shadow: metrics::Counter,
+}
+
+impl UpstreamRuleCounters {
+    /// The counters of the rule at `levels` in `domain`, registered on
+    /// first use in `slot`; `None` without an exporter or for a rule with
+    /// no place in the configuration.
+    pub fn get<'a>(
+        slot: &'a std::sync::OnceLock<Option<Self>>,
+        domain: &str,
+        levels: &[String],
+    ) -> Option<&'a Self> {
+        if !INSTALLED.load(Ordering::Relaxed) {
+            return None;
+        }
+        slot.get_or_init(|| {
+            let key1 = levels.first()?;
+            let mut labels = vec![
+                metrics::Label::new("domain", domain.to_owned()),
+                metrics::Label::new("key1", key1.clone()),
+            ];
+            if let Some(key2) = levels.get(1) {
+                labels.push(metrics::Label::new("key2", key2.clone()));
+            }
+            let counter = |name: &'static str| counter!(name, labels.clone());
+            Some(Self {
+                total: counter("ratelimit_service_rate_limit_total_hits"),
+                within: counter("ratelimit_service_rate_limit_within_limit"),
+                near: counter("ratelimit_service_rate_limit_near_limit"),
+                over: counter("ratelimit_service_rate_limit_over_limit"),
+                shadow: counter("ratelimit_service_rate_limit_shadow_mode"),
+            })
+        })
+        .as_ref()
     }
-    let Some(key1) = levels.first() else {
-        return;
-    };
-    let mut labels = vec![("domain", domain.to_owned()), ("key1", key1.clone())];
-    if let Some(key2) = levels.get(1) {
-        labels.push(("key2", key2.clone()));
-    }
-    let labels: Vec<metrics::Label> = labels
-        .into_iter()
-        .map(|(name, value)| metrics::Label::new(name, value))
-        .collect();
-    for (name, value) in [
-        ("ratelimit_service_rate_limit_total_hits", hits.total),
-        ("ratelimit_service_rate_limit_within_limit", hits.within),
-        ("ratelimit_service_rate_limit_near_limit", hits.near),
-        ("ratelimit_service_rate_limit_over_limit", hits.over),
-        ("ratelimit_service_rate_limit_shadow_mode", hits.shadow),
-    ] {
-        counter!(name, labels.clone()).increment(value);
+
+    pub fn record(&self, hits: &RuleHits) {
+        self.total.increment(hits.total);
+        self.within.increment(hits.within);
+        self.near.increment(hits.near);
+        self.over.increment(hits.over);
+        self.shadow.increment(hits.shadow);
     }
 }
 

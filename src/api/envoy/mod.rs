@@ -472,7 +472,13 @@ impl Plan {
                 ),
                 Governed::Nothing | Governed::Unlimited => continue,
             };
-            metrics::upstream_rule_hits(&self.domain, &rule.stats_key, &hits);
+            if let Some(counters) = metrics::UpstreamRuleCounters::get(
+                &rule.upstream_counters.0,
+                &self.domain,
+                &rule.stats_key,
+            ) {
+                counters.record(&hits);
+            }
         }
     }
 
@@ -588,6 +594,7 @@ fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
         quota: false,
         metadata: None,
         stats_key: Vec::new(),
+        upstream_counters: Default::default(),
         count_denied_hits: false,
         policy_id: "override".into(),
         source: Source {

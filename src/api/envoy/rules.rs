@@ -106,6 +106,9 @@ pub struct Rule {
     /// below the domain: the key of upstream's statistics for it (empty
     /// for a limit Envoy sent, which has no place in the configuration).
     pub stats_key: Vec<String>,
+    /// The counters of `stats_key` under upstream's names, made on first
+    /// use (the metrics exporter is installed by then).
+    pub upstream_counters: UpstreamCountersSlot,
     /// Extension `count_denied_hits`: a request this rule governs is
     /// decided each descriptor on its own, a fixed window counting denied
     /// hits too, so a report Envoy sends after the response always counts.
@@ -119,6 +122,31 @@ pub struct Rule {
 impl Rule {
     pub fn window(&self) -> Duration {
         Duration::from_secs(self.unit.seconds() * u64::from(self.unit_multiplier))
+    }
+}
+
+/// A rule's upstream-named counters, once made. Rules compare and print
+/// without them: they are a cache of what `stats_key` names.
+#[derive(Default)]
+pub struct UpstreamCountersSlot(
+    pub std::sync::OnceLock<Option<crate::metrics::UpstreamRuleCounters>>,
+);
+
+impl Clone for UpstreamCountersSlot {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for UpstreamCountersSlot {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for UpstreamCountersSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UpstreamCountersSlot")
     }
 }
 

@@ -4,7 +4,7 @@
 //! 80% of it, upstream's default NEAR_LIMIT_RATIO) and over it, plus the
 //! hits a shadow-mode rule would have denied. They are exported under
 //! upstream's Prometheus names (its default statsd mapping) by
-//! [`crate::metrics::upstream_rule_hits`], labelled by the rule's place in
+//! [`crate::metrics::UpstreamRuleCounters`], labelled by the rule's place in
 //! the configuration, never by a request's values.
 
 use crate::limit::Decision;
