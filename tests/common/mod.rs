@@ -355,29 +355,48 @@ impl ServerProcess {
     /// envoyproxy/ratelimit's variables (`environment`, plus GRPC_HOST and
     /// GRPC_PORT on a free loopback port), and waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let address: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
-        let dir = tempfile::tempdir().expect("log directory");
-        let path = dir.path().join("ratelimitd.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", port.to_string())
-            .envs(environment.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&path).expect("log file")))
-            .spawn()
-            .expect("start the ratelimitd binary");
-        let server = Self {
-            address,
-            child,
-            log: Some((dir, path)),
-        };
-        eventually(
-            "ratelimitd (started the upstream way) to be SERVING",
-            || async { health_status(address, "").await == Some(ServingStatus::Serving) },
-        )
-        .await;
-        server
+        // A free port can be taken by another test before the process
+        // binds it: then it says "cannot listen" and exits, and another
+        // port is tried.
+        for _ in 0..3 {
+            let port = free_port();
+            let address: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+            let dir = tempfile::tempdir().expect("log directory");
+            let path = dir.path().join("ratelimitd.log");
+            let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+                .env("GRPC_HOST", "127.0.0.1")
+                .env("GRPC_PORT", port.to_string())
+                .envs(environment.iter().copied())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(&path).expect("log file")))
+                .spawn()
+                .expect("start the ratelimitd binary");
+            let mut server = Self {
+                address,
+                child,
+                log: Some((dir, path)),
+            };
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                if health_status(address, "").await == Some(ServingStatus::Serving) {
+                    return server;
+                }
+                if let Ok(Some(status)) = server.child.try_wait() {
+                    let log = server.log();
+                    if log.contains("cannot listen") {
+                        break;
+                    }
+                    panic!("ratelimitd (started the upstream way) exited with {status}: {log}");
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting for ratelimitd (started the upstream way) to be SERVING; its log: {}",
+                    server.log()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        panic!("ratelimitd (started the upstream way) found no free port in 3 tries");
     }
 
     /// Everything the process has logged so far.
