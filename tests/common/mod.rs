@@ -376,25 +376,17 @@ impl ServerProcess {
                 child,
                 log: Some((dir, path)),
             };
-            let deadline = Instant::now() + PATIENCE;
-            loop {
-                if health_status(address, "").await == Some(ServingStatus::Serving) {
-                    return server;
-                }
-                if let Ok(Some(status)) = server.child.try_wait() {
-                    let log = server.log();
-                    if log.contains("cannot listen") {
-                        break;
-                    }
-                    panic!("ratelimitd (started the upstream way) exited with {status}: {log}");
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out waiting for ratelimitd (started the upstream way) to be SERVING; its log: {}",
-                    server.log()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            if server
+                .serving_or_exited("ratelimitd (started the upstream way)")
+                .await
+            {
+                return server;
             }
+            let log = server.log();
+            assert!(
+                log.contains("cannot listen"),
+                "ratelimitd (started the upstream way) exited: {log}"
+            );
         }
         panic!("ratelimitd (started the upstream way) found no free port in 3 tries");
     }
@@ -406,47 +398,71 @@ impl ServerProcess {
     }
 
     async fn spawn(open_files: Option<(u64, u64)>, flags: &[&str], logged: bool) -> Self {
-        let address: SocketAddr = format!("127.0.0.1:{}", free_port())
-            .parse()
-            .expect("address");
-        let log = logged.then(|| {
-            let dir = tempfile::tempdir().expect("log directory");
-            let path = dir.path().join("ratelimitd.log");
-            (dir, path)
-        });
-        let stderr = match &log {
-            Some((_, path)) => Stdio::from(std::fs::File::create(path).expect("log file")),
-            None => Stdio::inherit(),
-        };
-        let binary = env!("CARGO_BIN_EXE_ratelimitd");
-        let mut command = match open_files {
-            Some((soft, hard)) => {
-                let mut command = Command::new("prlimit");
-                command
-                    .arg(format!("--nofile={soft}:{hard}"))
-                    .arg("--")
-                    .arg(binary);
-                command
+        // A free port can be taken by another test before the process
+        // binds it; the process then exits, and another port is tried.
+        for _ in 0..3 {
+            let address: SocketAddr = format!("127.0.0.1:{}", free_port())
+                .parse()
+                .expect("address");
+            let log = logged.then(|| {
+                let dir = tempfile::tempdir().expect("log directory");
+                let path = dir.path().join("ratelimitd.log");
+                (dir, path)
+            });
+            let stderr = match &log {
+                Some((_, path)) => Stdio::from(std::fs::File::create(path).expect("log file")),
+                None => Stdio::inherit(),
+            };
+            let binary = env!("CARGO_BIN_EXE_ratelimitd");
+            let mut command = match open_files {
+                Some((soft, hard)) => {
+                    let mut command = Command::new("prlimit");
+                    command
+                        .arg(format!("--nofile={soft}:{hard}"))
+                        .arg("--")
+                        .arg(binary);
+                    command
+                }
+                None => Command::new(binary),
+            };
+            let child = command
+                .args(flags)
+                .args(["--listen", &address.to_string()])
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect(
+                    "start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)",
+                );
+            let mut server = Self {
+                address,
+                child,
+                log,
+            };
+            if server.serving_or_exited("ratelimitd process").await {
+                return server;
             }
-            None => Command::new(binary),
-        };
-        let child = command
-            .args(flags)
-            .args(["--listen", &address.to_string()])
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)");
-        let server = Self {
-            address,
-            child,
-            log,
-        };
-        eventually("ratelimitd process to be SERVING", || async {
-            health_status(address, "").await == Some(ServingStatus::Serving)
-        })
-        .await;
-        server
+        }
+        panic!("the ratelimitd process exited before serving, 3 times");
+    }
+
+    /// Waits until the process serves (`true`) or exits first (`false`);
+    /// panics, with its log when kept, if it does neither in time.
+    async fn serving_or_exited(&mut self, what: &str) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if health_status(self.address, "").await == Some(ServingStatus::Serving) {
+                return true;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if Instant::now() >= deadline {
+                let log = self.log.as_ref().map(|_| self.log()).unwrap_or_default();
+                panic!("timed out waiting for {what} to be SERVING; its log: {log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     pub async fn client(&self) -> RateLimiterClient<Channel> {
