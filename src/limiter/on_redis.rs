@@ -38,39 +38,23 @@ pub(super) async fn decide(
     requests: &[LimitRequest],
     combination: Combination,
 ) -> Result<Vec<Decision>, StoreError> {
-    let partitions: Vec<Vec<usize>> = if redis.is_cluster() {
-        groups.by_slot()
-    } else {
-        vec![(0..groups.unique.len()).collect()]
-    };
-    // A script blocks its Redis node while it runs: a call of many limits
-    // goes in scripts of at most MAX_LIMITS_PER_SCRIPT each, decided all
-    // or nothing as on a cluster.
-    let partitions: Vec<Vec<usize>> = partitions
-        .into_iter()
-        .flat_map(|members| {
-            members
-                .chunks(MAX_LIMITS_PER_SCRIPT)
-                .map(<[usize]>::to_vec)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let partitions = script_partitions(redis, groups, 0..groups.unique.len());
     if combination == Combination::Each {
-        let replies =
-            join_all(partitions.iter().map(|members| {
-                run_decide(redis, groups, requests, members, ScriptMode::Each, false)
-            }))
-            .await;
-        let mut result = vec![None; groups.unique.len()];
-        for (members, reply) in partitions.iter().zip(replies) {
-            for (&g, (decision, _)) in members.iter().zip(reply?) {
-                result[g] = Some(decision);
-            }
-        }
-        return result
+        let decided = on_every_node(
+            redis,
+            groups,
+            requests,
+            &partitions,
+            ScriptMode::Each,
+            false,
+        )
+        .await?;
+        return decided
             .into_iter()
-            .map(|decision| {
-                decision.ok_or_else(|| StoreError::Reply("a limit was not decided".into()))
+            .map(|decided| {
+                decided
+                    .map(|(decision, _)| decision)
+                    .ok_or_else(|| StoreError::Reply("a limit was not decided".into()))
             })
             .collect();
     }
@@ -79,24 +63,7 @@ pub(super) async fn decide(
             run_decide(redis, groups, requests, everyone, ScriptMode::Decide, false).await?;
         return Ok(decided.into_iter().map(|(decision, _)| decision).collect());
     }
-    let on_every_node = |mode, look| {
-        join_all(
-            partitions
-                .iter()
-                .map(move |members| run_decide(redis, groups, requests, members, mode, look)),
-        )
-    };
-    let mut result = vec![None; groups.unique.len()];
-    let gather = |replies: Vec<Result<Vec<(Decision, i64)>, StoreError>>,
-                  result: &mut Vec<Option<(Decision, i64)>>|
-     -> Result<(), StoreError> {
-        for (members, reply) in partitions.iter().zip(replies) {
-            for (&g, decided) in members.iter().zip(reply?) {
-                result[g] = Some(decided);
-            }
-        }
-        Ok(())
-    };
+    let everywhere = |mode, look| on_every_node(redis, groups, requests, &partitions, mode, look);
     let denies = |result: &[Option<(Decision, i64)>]| {
         groups
             .unique
@@ -104,11 +71,10 @@ pub(super) async fn decide(
             .zip(result)
             .any(|(group, decided)| !group.shadow && decided.is_some_and(|(d, _)| !d.allowed))
     };
-    gather(on_every_node(ScriptMode::Dry, false).await, &mut result)?;
+    let result = everywhere(ScriptMode::Dry, false).await?;
     if denies(&result) {
         // Nothing is spent; the limits that would allow report what they have.
-        let mut looks = vec![None; groups.unique.len()];
-        gather(on_every_node(ScriptMode::Dry, true).await, &mut looks)?;
+        let looks = everywhere(ScriptMode::Dry, true).await?;
         return Ok(result
             .into_iter()
             .zip(looks)
@@ -118,7 +84,7 @@ pub(super) async fn decide(
             })
             .collect());
     }
-    gather(on_every_node(ScriptMode::Decide, false).await, &mut result)?;
+    let result = everywhere(ScriptMode::Decide, false).await?;
     if !denies(&result) {
         return Ok(result.into_iter().flatten().map(|(d, _)| d).collect());
     }
@@ -166,46 +132,69 @@ pub(super) async fn answer_denied(
     requests: &[LimitRequest],
     members: &[usize],
 ) -> Result<Vec<Decision>, StoreError> {
-    let mut partitions: Vec<Vec<usize>> = Vec::new();
-    if redis.is_cluster() {
-        let mut slots: Vec<u16> = Vec::new();
-        for &g in members {
-            let slot = cluster_slot(&groups.unique[g].key);
-            match slots.iter().position(|&s| s == slot) {
-                Some(at) => partitions[at].push(g),
-                None => {
-                    slots.push(slot);
-                    partitions.push(vec![g]);
-                }
-            }
-        }
-    } else {
-        partitions.push(members.to_vec());
-    }
-    let partitions: Vec<Vec<usize>> = partitions
-        .iter()
-        .flat_map(|list| list.chunks(MAX_LIMITS_PER_SCRIPT).map(<[usize]>::to_vec))
-        .collect();
-    let replies = join_all(
-        partitions
-            .iter()
-            .map(|list| run_decide(redis, groups, requests, list, ScriptMode::Denied, false)),
+    let partitions = script_partitions(redis, groups, members.iter().copied());
+    let mut answered = on_every_node(
+        redis,
+        groups,
+        requests,
+        &partitions,
+        ScriptMode::Denied,
+        false,
     )
-    .await;
-    let mut answered: HashMap<usize, Decision> = HashMap::with_capacity(members.len());
-    for (list, reply) in partitions.iter().zip(replies) {
-        for (&g, (decision, _)) in list.iter().zip(reply?) {
-            answered.insert(g, decision);
-        }
-    }
+    .await?;
     members
         .iter()
-        .map(|g| {
-            answered
-                .remove(g)
+        .map(|&g| {
+            answered[g]
+                .take()
+                .map(|(decision, _)| decision)
                 .ok_or_else(|| StoreError::Reply("a limit was not answered".into()))
         })
         .collect()
+}
+
+/// The scripts that decide the groups `members`: on a Redis Cluster one
+/// per slot (no script may span nodes), and, since a script blocks its
+/// node while it runs, none of more than MAX_LIMITS_PER_SCRIPT limits.
+fn script_partitions(
+    redis: &RedisStore,
+    groups: &Groups,
+    members: impl IntoIterator<Item = usize>,
+) -> Vec<Vec<usize>> {
+    let partitions = if redis.is_cluster() {
+        groups.by_slot(members)
+    } else {
+        vec![members.into_iter().collect()]
+    };
+    partitions
+        .iter()
+        .flat_map(|members| members.chunks(MAX_LIMITS_PER_SCRIPT).map(<[usize]>::to_vec))
+        .collect()
+}
+
+/// Runs the decision script in `mode` for every partition at once; what
+/// each group got, by group index (`None` for groups in no partition).
+async fn on_every_node(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    partitions: &[Vec<usize>],
+    mode: ScriptMode,
+    look: bool,
+) -> Result<Vec<Option<(Decision, i64)>>, StoreError> {
+    let replies = join_all(
+        partitions
+            .iter()
+            .map(|members| run_decide(redis, groups, requests, members, mode, look)),
+    )
+    .await;
+    let mut result = vec![None; groups.unique.len()];
+    for (members, reply) in partitions.iter().zip(replies) {
+        for (&g, decided) in members.iter().zip(reply?) {
+            result[g] = Some(decided);
+        }
+    }
+    Ok(result)
 }
 
 /// One call of the decision script for the groups `members` (all on one
@@ -283,14 +272,14 @@ async fn refund(
 }
 
 impl Groups {
-    /// The groups by Redis Cluster slot: each inner list can go to one node
-    /// in one script.
-    fn by_slot(&self) -> Vec<Vec<usize>> {
+    /// The groups `members` by Redis Cluster slot: each inner list can go
+    /// to one node in one script.
+    fn by_slot(&self, members: impl IntoIterator<Item = usize>) -> Vec<Vec<usize>> {
         // In order of first appearance, so a call's scripts are stable.
         let mut position_of_slot: HashMap<u16, usize> = HashMap::new();
         let mut slots: Vec<Vec<usize>> = Vec::new();
-        for (g, group) in self.unique.iter().enumerate() {
-            let slot = cluster_slot(&group.key);
+        for g in members {
+            let slot = cluster_slot(&self.unique[g].key);
             let position = *position_of_slot.entry(slot).or_insert_with(|| {
                 slots.push(Vec::new());
                 slots.len() - 1
