@@ -79,6 +79,12 @@ pub enum Spend {
     Always,
 }
 
+/// Whether `algorithm` counts a cost it denies when told to
+/// ([`Spend::Always`]): only the fixed window does, in both twins.
+pub fn counts_denied_hits(algorithm: &Algorithm) -> bool {
+    matches!(algorithm, Algorithm::FixedWindow(_))
+}
+
 /// The in-memory state of one key, whichever algorithm owns it. A key's name
 /// includes its algorithm, so one key never holds two kinds of state.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,7 +205,8 @@ pub fn decide_in_memory(
     cost: u64,
     spend: Spend,
 ) -> (Decision, MemoryChange) {
-    // Only the fixed window counts denied hits (see `Spend::Always`).
+    // Only the fixed window counts denied hits (`counts_denied_hits`): the
+    // others take `Spend::Always` as `Spend::IfAllowed`.
     let spends = spend != Spend::Dry;
     // Each arm lends the algorithm its own variant and puts it back after.
     macro_rules! with_variant {

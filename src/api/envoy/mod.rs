@@ -21,6 +21,7 @@ use tracing::{debug, info};
 
 use self::rules::{Limit, Rule, Rules, Source, Unit};
 use self::source::RulesHandle;
+use crate::algorithm;
 use crate::error::Error;
 use crate::incoming;
 use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
@@ -451,7 +452,7 @@ impl Plan {
                 Governed::Counted { rule, index, hits } => {
                     let limit = u64::from(rule.requests_per_unit);
                     let spent = counted_denied
-                        && matches!(rule.limit, Limit::Counted(Algorithm::FixedWindow(_)));
+                        && matches!(&rule.limit, Limit::Counted(algorithm) if algorithm::counts_denied_hits(algorithm));
                     let hits = upstream_stats::rule_hits(
                         limit,
                         *hits,
