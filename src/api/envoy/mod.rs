@@ -56,6 +56,13 @@ pub struct EnvoySettings {
     pub bounds: RequestBounds,
 }
 
+impl EnvoySettings {
+    /// Is `rule` in quota mode: its own `quota_mode`, or QUOTA_MODE for all?
+    fn in_quota_mode(&self, rule: &Rule) -> bool {
+        rule.quota || self.quota_mode
+    }
+}
+
 /// The names of upstream's response headers.
 #[derive(Debug, Clone)]
 pub struct LimitHeaderNames {
@@ -297,7 +304,7 @@ impl Plan {
                 Limit::Counted(algorithm) => {
                     // A quota descriptor does not deny the others' spending
                     // on its own: the response decides (see `response`).
-                    let quota = rule.quota || settings.quota_mode;
+                    let quota = settings.in_quota_mode(rule);
                     requests.push(LimitRequest {
                         key: CallerKey::envoy(counter_key.clone()),
                         algorithm: *algorithm,
@@ -318,10 +325,11 @@ impl Plan {
                 .any(|g| rule_of(g).is_some_and(|rule| rule.count_denied_hits));
         // A blocked descriptor that denies the request: the others only look,
         // so they spend nothing (unless each is counted on its own).
-        let blocked = !count_denied_hits && governed.iter().any(|g| {
-            matches!(g, Governed::Blocked { rule, cost }
-                if *cost > 0 && !rule.shadow && !global_shadow && !rule.quota && !settings.quota_mode)
-        });
+        let blocked = !count_denied_hits
+            && governed.iter().any(|g| {
+                matches!(g, Governed::Blocked { rule, cost }
+                if *cost > 0 && !rule.shadow && !global_shadow && !settings.in_quota_mode(rule))
+            });
         if blocked {
             for request in &mut requests {
                 request.cost = 0;
@@ -350,7 +358,7 @@ impl Plan {
             .map(|governed| status(governed, decisions))
             .collect();
         let is_quota = |governed: &Governed| {
-            rule_of(governed).is_some_and(|rule| rule.quota || settings.quota_mode)
+            rule_of(governed).is_some_and(|rule| settings.in_quota_mode(rule))
         };
         let (mut limits_over, mut quotas, mut quotas_over) = (0, 0, 0);
         for (governed, status) in self.governed.iter().zip(&statuses) {
