@@ -9,11 +9,10 @@
 
 mod common;
 
+use common::rls::{descriptor, with_hits};
 use common::{RedisServer, TestServer};
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -31,24 +30,6 @@ async fn start(extra: &[&str]) -> (TestServer, Client) {
     let server = TestServer::start(&flags).await;
     let client = RateLimitServiceClient::new(common::channel(server.address).await);
     (server, client)
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
-    descriptor.hits_addend = Some(hits);
-    descriptor
 }
 
 async fn ask(

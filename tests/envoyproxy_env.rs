@@ -7,29 +7,14 @@ mod common;
 
 use std::process::{Command, Stdio};
 
+use common::rls::{descriptor, with_hits};
 use common::{RedisServer, ServerProcess};
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 /// Upstream's README example 2, unchanged.
 const MESSAGING: &str = include_str!("fixtures/ratelimit/example2.yaml");
-
-fn descriptor(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect(),
-        hits_addend: Some(hits),
-        ..Default::default()
-    }
-}
 
 #[tokio::test]
 async fn started_by_upstreams_variables_it_behaves_as_upstream() {
@@ -58,8 +43,11 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
     let both = |hits| RateLimitRequest {
         domain: "messaging".into(),
         descriptors: vec![
-            descriptor(&[("to_number", "9")], hits),
-            descriptor(&[("message_type", "marketing"), ("to_number", "9")], hits),
+            with_hits(descriptor(&[("to_number", "9")]), hits),
+            with_hits(
+                descriptor(&[("message_type", "marketing"), ("to_number", "9")]),
+                hits,
+            ),
         ],
         hits_addend: 0,
     };

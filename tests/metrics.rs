@@ -5,51 +5,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::envoy::get;
+use common::prometheus::{scrape, value};
+use common::rls::{descriptor, with_hits};
 use common::{RedisServer, ServerProcess, check, fixed_window, free_port, token_bucket};
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-/// The exposition text as `series → value`, a series being the metric name
-/// with its labels as written (`name{a="x",b="y"}`).
-fn parse(text: &str) -> HashMap<String, f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
-    let response = get(port, "/metrics", &[])
-        .await
-        .expect("the endpoint answers");
-    assert_eq!(response.status, 200);
-    let series = parse(&response.body);
-    (response.body, series)
-}
-
-/// The value of the series whose name is `name` and whose labels include
-/// every `labels` pair.
-fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
-    series
-        .iter()
-        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
-        .filter(|(key, _)| {
-            labels
-                .iter()
-                .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
-        })
-        .map(|(_, value)| *value)
-        .sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_counts_what_happened_and_names_no_caller() {
@@ -85,14 +47,7 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
     }
     check(&mut client, "another-caller", &token_bucket(5, 1.0), None).await;
     let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
-    let over = RateLimitDescriptor {
-        entries: vec![Entry {
-            key: "k".into(),
-            value: "v".into(),
-        }],
-        hits_addend: Some(2),
-        ..Default::default()
-    };
+    let over = with_hits(descriptor(&[("k", "v")]), 2);
     envoy
         .should_rate_limit(RateLimitRequest {
             domain: "metered".into(),
@@ -223,17 +178,10 @@ async fn upstreams_statistics_under_its_names() {
     let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
     let ask = |hits| RateLimitRequest {
         domain: "messaging".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: [("message_type", "marketing"), ("to_number", "2061234567")]
-                .iter()
-                .map(|(key, value)| Entry {
-                    key: (*key).into(),
-                    value: (*value).into(),
-                })
-                .collect(),
-            hits_addend: Some(hits),
-            ..Default::default()
-        }],
+        descriptors: vec![with_hits(
+            descriptor(&[("message_type", "marketing"), ("to_number", "2061234567")]),
+            hits,
+        )],
         hits_addend: 0,
     };
     // A limit of 5 (near above 4): 4 within, then 3 more: 1 near, 2 over.

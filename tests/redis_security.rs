@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::SecureRedis;
+use common::topology::{PinnedRedis, SecureRedis, self_signed_ca_certificate};
 use common::{TestServer, fixed_window};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -106,61 +106,6 @@ async fn tls_with_a_client_certificate() {
     server.stop().await;
 }
 
-/// A self-signed certificate that says CA:TRUE, for `localhost` (what
-/// upstream's `openssl req -x509 ... -subj /CN=localhost -addext
-/// subjectAltName=DNS:localhost` makes): its PEM certificate and key.
-fn self_signed_ca_certificate() -> (String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let key = KeyPair::generate().expect("generate a key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("parameters");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "localhost");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let cert = params.self_signed(&key).expect("self-sign");
-    (cert.pem(), key.serialize_pem())
-}
-
-/// A TLS-only `redis-server` serving `cert`/`key`, trusting `cert` for
-/// client certificates (required with `client_auth`), as upstream's stunnel
-/// recipe; killed when dropped.
-struct PinnedRedis {
-    port: u16,
-    child: std::process::Child,
-}
-
-impl PinnedRedis {
-    async fn start(dir: &std::path::Path, client_auth: bool) -> Self {
-        let port = common::free_port();
-        let file = |name: &str| path(&dir.join(name));
-        let child = std::process::Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", "0", "--save", "", "--appendonly", "no"])
-            .args(["--tls-port", &port.to_string()])
-            .args(["--tls-cert-file", &file("cert.pem"), "--tls-key-file", &file("key.pem")])
-            .args(["--tls-ca-cert-file", &file("cert.pem")])
-            .args(["--tls-auth-clients", if client_auth { "yes" } else { "no" }])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start redis-server (the tests need Redis 7 built with TLS: apt-get install redis-server)");
-        common::eventually("the TLS redis-server to listen", || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-        })
-        .await;
-        Self { port, child }
-    }
-}
-
-impl Drop for PinnedRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Upstream's Redis TLS recipe: one self-signed certificate as the CA file
 /// and the server's certificate (and, in its client-certificate test, the
 /// client's too). webpki alone refuses it (`CaUsedAsEndEntity`); ratelimitd
@@ -176,7 +121,8 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
     std::fs::write(dir.path().join("other.pem"), &other).expect("other cert");
     let pem = |name: &str| path(&dir.path().join(name));
     for client_auth in [false, true] {
-        let redis = PinnedRedis::start(dir.path(), client_auth).await;
+        let redis =
+            PinnedRedis::start(dir.path(), if client_auth { "yes" } else { "no" }, None).await;
         let url = format!("rediss://localhost:{}", redis.port);
         let mut flags = vec!["--redis-url", &url, "--redis-tls-ca"];
         let ca = pem("cert.pem");
@@ -195,7 +141,7 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
         decides_exactly(&server).await;
         server.stop().await;
     }
-    let redis = PinnedRedis::start(dir.path(), false).await;
+    let redis = PinnedRedis::start(dir.path(), "no", None).await;
     let refused = |url: String, ca: String| async move {
         let server = TestServer::start(&[
             "--redis-url",

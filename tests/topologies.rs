@@ -218,25 +218,10 @@ async fn a_sentinel_failover_is_followed() {
 
 mod envoy_across_nodes {
     use super::*;
-    use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use common::rls::{descriptor, with_hits};
     use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
     use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-    fn descriptor(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
-        RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(key, value)| Entry {
-                    key: (*key).into(),
-                    value: (*value).into(),
-                })
-                .collect(),
-            hits_addend: Some(hits),
-            ..Default::default()
-        }
-    }
 
     /// (the 100-a-day number limit, the 5-a-day marketing limit) of
     /// fixtures/ratelimit/example2.yaml, for one number: two keys that hash
@@ -245,9 +230,9 @@ mod envoy_across_nodes {
         RateLimitRequest {
             domain: "messaging".into(),
             descriptors: vec![
-                descriptor(&[("to_number", number)], hits),
-                descriptor(
-                    &[("message_type", "marketing"), ("to_number", number)],
+                with_hits(descriptor(&[("to_number", number)]), hits),
+                with_hits(
+                    descriptor(&[("message_type", "marketing"), ("to_number", number)]),
                     hits,
                 ),
             ],
@@ -261,7 +246,7 @@ mod envoy_across_nodes {
     ) -> u32 {
         let look = RateLimitRequest {
             domain: "messaging".into(),
-            descriptors: vec![descriptor(&[("to_number", number)], 0)],
+            descriptors: vec![with_hits(descriptor(&[("to_number", number)]), 0)],
             hits_addend: 0,
         };
         client

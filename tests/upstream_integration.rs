@@ -13,13 +13,14 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::envoy::get;
-use common::topology::{RedisCluster, RedisSentinel, SecureRedis, Security};
+use common::prometheus;
+use common::rls::descriptor;
+use common::topology::{
+    PinnedRedis, RedisCluster, RedisSentinel, SecureRedis, Security, self_signed_ca_certificate,
+};
 use common::{RedisServer, ServerProcess, free_port};
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -39,16 +40,7 @@ fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimi
         domain: domain.into(),
         descriptors: descriptors
             .iter()
-            .map(|entries| RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(key, value)| Entry {
-                        key: (*key).into(),
-                        value: (*value).into(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
+            .map(|entries| descriptor(entries))
             .collect(),
         hits_addend: hits,
     }
@@ -78,30 +70,8 @@ fn key(name: &str, variant: Variant) -> String {
 
 /// A per-rule counter under upstream's Prometheus name.
 async fn stat(metrics: u16, stat: &str, domain: &str, key1: &str) -> u64 {
-    let response = get(metrics, "/metrics", &[]).await.expect("metrics");
-    let name = format!("ratelimit_service_rate_limit_{stat}{{");
-    response
-        .body
-        .lines()
-        .find(|line| {
-            line.starts_with(&name)
-                && line.contains(&format!("domain=\"{domain}\""))
-                && line.contains(&format!("key1=\"{key1}\""))
-        })
-        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .map_or(0, |value| value as u64)
-}
-
-/// Counts in minute windows must not cross a minute boundary: waits for
-/// the next minute when little of this one is left.
-async fn fresh_minute() {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    let into_minute = now.as_secs_f64() % 60.0;
-    if into_minute > 45.0 {
-        tokio::time::sleep(Duration::from_secs_f64(60.0 - into_minute + 0.2)).await;
-    }
+    let name = format!("ratelimit_service_rate_limit_{stat}");
+    prometheus::count(metrics, &name, &[("domain", domain), ("key1", key1)]).await
 }
 
 /// A value no earlier run used, as upstream's random key.
@@ -184,7 +154,7 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
     assert_eq!(stat(metrics, "total_hits", "basic", &key1).await, 1);
 
     // 20 a minute on a fresh value: 20 pass, then over.
-    fresh_minute().await;
+    common::fresh_minute().await;
     let key2 = key("key2", variant);
     let value = fresh_value();
     for i in 0..25u32 {
@@ -398,57 +368,16 @@ async fn basic_config_with_auth_on_sentinel() {
 /// in front of a Redis with a password.
 #[tokio::test]
 async fn basic_config_with_auth_over_tls() {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let dir = tempfile::tempdir().expect("temp dir");
-    let key_pair = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "localhost");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let cert = params.self_signed(&key_pair).expect("self-sign");
+    let (cert, key) = self_signed_ca_certificate();
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_path, cert.pem()).expect("cert");
-    std::fs::write(&key_path, key_pair.serialize_pem()).expect("key");
+    std::fs::write(&cert_path, cert).expect("cert");
+    std::fs::write(&key_path, key).expect("key");
     let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
     for client_cert in [false, true] {
         // A Redis each: upstream's keys repeat between runs.
-        let port = free_port();
-        let mut child = std::process::Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--tls-port", &port.to_string(), "--requirepass", PASSWORD])
-            .args([
-                "--tls-cert-file",
-                &path(&cert_path),
-                "--tls-key-file",
-                &path(&key_path),
-            ])
-            .args([
-                "--tls-ca-cert-file",
-                &path(&cert_path),
-                "--tls-auth-clients",
-                "optional",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start redis-server (Redis 7 with TLS: apt-get install redis-server)");
-        common::eventually("the TLS redis-server to listen", || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-        })
-        .await;
+        let redis = PinnedRedis::start(dir.path(), "optional", Some(PASSWORD)).await;
+        let port = redis.port;
         let mut settings = vec![
             ("REDIS_URL", format!("localhost:{port}")),
             ("REDIS_AUTH", PASSWORD.to_owned()),
@@ -460,8 +389,7 @@ async fn basic_config_with_auth_over_tls() {
             settings.push(("REDIS_TLS_CLIENT_KEY", path(&key_path)));
         }
         basic_base_config(&settings, Variant::default()).await;
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(redis);
     }
 }
 
@@ -510,13 +438,7 @@ async fn share_threshold() {
 
 /// `config_load_success` under upstream's name.
 async fn loads(metrics: u16) -> u64 {
-    let response = get(metrics, "/metrics", &[]).await.expect("metrics");
-    response
-        .body
-        .lines()
-        .find(|line| line.starts_with("ratelimit_service_config_load_success"))
-        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .map_or(0, |value| value as u64)
+    prometheus::count(metrics, "ratelimit_service_config_load_success", &[]).await
 }
 
 /// `testBasicConfigReload` (and `…WithoutWatchRoot`): a file added to the

@@ -12,10 +12,8 @@
 
 mod common;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use common::envoy::{Envoy, HttpResponse, get};
-use common::{RedisServer, ServerProcess, free_port};
+use common::envoy::{Envoy, HttpResponse};
+use common::{RedisServer, ServerProcess, free_port, prometheus};
 
 const PROXY: &str = include_str!("fixtures/upstream/proxy.yaml");
 const MOCK: &str = include_str!("fixtures/upstream/mock.yaml");
@@ -100,19 +98,8 @@ impl Stack {
 
     /// `ShouldRateLimit` calls ratelimitd has answered, from its metrics.
     async fn calls(&self) -> u64 {
-        let Some(response) = get(self.metrics, "/metrics", &[]).await else {
-            return 0;
-        };
-        response
-            .body
-            .lines()
-            .find(|line| {
-                line.starts_with(
-                    "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}",
-                )
-            })
-            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .map_or(0, |calls| calls as u64)
+        let method = [("grpc_method", "ShouldRateLimit")];
+        prometheus::count(self.metrics, "ratelimit_service_total_requests", &method).await
     }
 
     /// `curl -H ... http://envoy-proxy:8888<path>`, then waits until
@@ -136,7 +123,7 @@ impl Stack {
             .query_async(&mut connection)
             .await
             .expect("FLUSHALL on the test's own Redis");
-        fresh_minute().await;
+        common::fresh_minute().await;
     }
 }
 
@@ -148,20 +135,6 @@ fn rewrite(template: &str, replacements: &[(&str, String)]) -> String {
             assert!(text.contains(from), "the upstream file has no `{from}`");
             text.replace(from, to)
         })
-}
-
-/// The scripts count in windows aligned to the minute, as upstream does: a
-/// script that began in a minute's last seconds would see its counts reset
-/// halfway. Waits for the next minute then (a wall-clock boundary, not a
-/// condition anything could signal).
-async fn fresh_minute() {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
-    let into_minute = now.as_secs_f64() % 60.0;
-    if into_minute > 45.0 {
-        tokio::time::sleep(Duration::from_secs_f64(60.0 - into_minute + 0.2)).await;
-    }
 }
 
 /// `curl -f` succeeded.
@@ -463,18 +436,15 @@ async fn value_in_stats_key(stack: &Stack) {
         !ok(&stack.curl("/unspec", &headers, 1).await),
         "the 3rd is limited"
     );
-    let metrics = get(stack.metrics, "/metrics", &[]).await.expect("metrics");
-    let over = metrics
-        .body
-        .lines()
-        .find(|line| {
-            line.starts_with("ratelimit_service_rate_limit_over_limit{")
-                && line.contains("key1=\"unspec\"")
-        })
-        .unwrap_or_else(|| panic!("no over_limit series for unspec: {}", metrics.body));
-    assert!(over.ends_with(" 1"), "{over}");
+    let (text, series) = prometheus::scrape(stack.metrics).await;
+    let over = prometheus::value(
+        &series,
+        "ratelimit_service_rate_limit_over_limit",
+        &[("key1", "unspec")],
+    );
+    assert_eq!(over, 1.0, "{text}");
     assert!(
-        !metrics.body.contains("unspecified_value"),
+        !text.contains("unspecified_value"),
         "no request value in a label"
     );
 }

@@ -13,10 +13,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use common::TestServer;
+use common::rls::{descriptor, with_hits};
 use futures::Stream;
 use prost::Message;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use ratelimitd::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -202,14 +201,7 @@ async fn applied_limit(
     let response = client
         .should_rate_limit(RateLimitRequest {
             domain: "xds".into(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "user".into(),
-                    value: "u".into(),
-                }],
-                hits_addend: Some(0),
-                ..Default::default()
-            }],
+            descriptors: vec![with_hits(descriptor(&[("user", "u")]), 0)],
             hits_addend: 0,
         })
         .await

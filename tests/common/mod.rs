@@ -7,6 +7,8 @@
 
 pub mod envoy;
 pub mod pip_tool;
+pub mod prometheus;
+pub mod rls;
 pub mod topology;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
@@ -90,6 +92,20 @@ where
     while !condition().await {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Tests that count in windows aligned to the minute (as envoyproxy/ratelimit
+/// does) must not cross a minute boundary halfway: waits for the next
+/// minute when little of this one is left (a wall-clock boundary, not a
+/// condition anything could signal).
+pub async fn fresh_minute() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let into_minute = now.as_secs_f64() % 60.0;
+    if into_minute > 45.0 {
+        tokio::time::sleep(Duration::from_secs_f64(60.0 - into_minute + 0.2)).await;
     }
 }
 

@@ -1462,6 +1462,81 @@ fn cli_args(security: &Security, files: Option<&TlsFiles>, credentials: bool) ->
     args
 }
 
+/// A self-signed certificate that says CA:TRUE, for `localhost` (what
+/// envoyproxy/ratelimit's `openssl req -x509 ... -subj /CN=localhost
+/// -addext subjectAltName=DNS:localhost` makes): its PEM certificate and
+/// key.
+pub fn self_signed_ca_certificate() -> (String, String) {
+    let key = KeyPair::generate().expect("generate a key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("parameters");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).expect("self-sign");
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A TLS-only `redis-server` as upstream's stunnel recipe runs it: serving
+/// `dir/cert.pem` with `dir/key.pem`, trusting `dir/cert.pem` for client
+/// certificates (`tls_auth_clients`: `yes`, `no` or `optional`), with a
+/// password if given; killed when dropped.
+pub struct PinnedRedis {
+    pub port: u16,
+    child: Child,
+}
+
+impl PinnedRedis {
+    pub async fn start(dir: &Path, tls_auth_clients: &str, password: Option<&str>) -> Self {
+        let port = free_port();
+        let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let mut command = Command::new("redis-server");
+        command
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--tls-port", &port.to_string()])
+            .args([
+                "--tls-cert-file",
+                &file("cert.pem"),
+                "--tls-key-file",
+                &file("key.pem"),
+            ])
+            .args(["--tls-ca-cert-file", &file("cert.pem")])
+            .args(["--tls-auth-clients", tls_auth_clients]);
+        if let Some(password) = password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start redis-server (the tests need Redis 7 built with TLS: apt-get install redis-server)");
+        super::eventually("the TLS redis-server to listen", || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        Self { port, child }
+    }
+}
+
+impl Drop for PinnedRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The subject alternative name of [`write_certificates`]' client
 /// certificate.
 pub const CLIENT_SAN: &str = "client.ratelimitd.test";

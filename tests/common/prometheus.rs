@@ -1,0 +1,49 @@
+//! A ratelimitd metrics endpoint, scraped and read: series by name and
+//! labels.
+
+use std::collections::HashMap;
+
+use super::envoy::get;
+
+/// The exposition text as `series → value`, a series being the metric name
+/// with its labels as written (`name{a="x",b="y"}`).
+pub fn parse(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `GET /metrics` on `port`: the text and its series.
+pub async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
+    let response = get(port, "/metrics", &[])
+        .await
+        .expect("the endpoint answers");
+    assert_eq!(response.status, 200);
+    let series = parse(&response.body);
+    (response.body, series)
+}
+
+/// The sum of the series whose name is `name` and whose labels include
+/// every `labels` pair.
+pub fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+    series
+        .iter()
+        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
+        .filter(|(key, _)| {
+            labels
+                .iter()
+                .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
+        })
+        .map(|(_, value)| *value)
+        .sum()
+}
+
+/// [`value`] of a fresh scrape of `port`, as a count.
+pub async fn count(port: u16, name: &str, labels: &[(&str, &str)]) -> u64 {
+    let (_, series) = scrape(port).await;
+    value(&series, name, labels) as u64
+}
