@@ -48,6 +48,8 @@ pub struct TlsSettings {
 pub struct ServerTls {
     acceptor: TlsAcceptor,
     certificate: Arc<ReloadingCertificate>,
+    /// The bytes the certificate in use was made from.
+    loaded: Files,
     settings: TlsSettings,
 }
 
@@ -57,7 +59,7 @@ impl ServerTls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let (files, key) = read_pair(&settings.cert, &settings.key, &provider)?;
         let certificate = Arc::new(ReloadingCertificate {
-            current: RwLock::new((files, Arc::new(key))),
+            current: RwLock::new(Arc::new(key)),
         });
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -98,6 +100,7 @@ impl ServerTls {
         Ok(Self {
             acceptor: TlsAcceptor::from(Arc::new(config)),
             certificate,
+            loaded: files,
             settings,
         })
     }
@@ -111,6 +114,7 @@ impl ServerTls {
     pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
         let certificate = self.certificate.clone();
         let settings = self.settings.clone();
+        let mut in_use = self.loaded.clone();
         async move {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let mut tick = tokio::time::interval(settings.reload_interval);
@@ -123,12 +127,13 @@ impl ServerTls {
                     // Mid-replacement, or gone: the pair in use stays.
                     continue;
                 };
-                if files == certificate.files() || failed.as_ref() == Some(&files) {
+                if files == in_use || failed.as_ref() == Some(&files) {
                     continue;
                 }
                 match certified_key(&files, &settings.cert, &settings.key, &provider) {
                     Ok(key) => {
-                        certificate.replace(files, key);
+                        certificate.replace(key);
+                        in_use = files;
                         failed = None;
                         info!(cert = %settings.cert.display(), "reloaded the gRPC server certificate");
                     }
@@ -203,20 +208,12 @@ fn certified_key(
 /// The certificate in use, replaced whole on reload.
 #[derive(Debug)]
 struct ReloadingCertificate {
-    current: RwLock<(Files, Arc<CertifiedKey>)>,
+    current: RwLock<Arc<CertifiedKey>>,
 }
 
 impl ReloadingCertificate {
-    fn files(&self) -> Files {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .clone()
-    }
-
-    fn replace(&self, files: Files, key: CertifiedKey) {
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = (files, Arc::new(key));
+    fn replace(&self, key: CertifiedKey) {
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(key);
     }
 }
 
@@ -233,7 +230,6 @@ impl ResolvesServerCert for ReloadingCertificate {
             self.current
                 .read()
                 .unwrap_or_else(PoisonError::into_inner)
-                .1
                 .clone(),
         )
     }
