@@ -433,11 +433,12 @@ impl Aliases<'_> {
             .map_err(|err| format!("GRPC_HOST={host}: {err}"))?
             .next()
             .ok_or_else(|| format!("GRPC_HOST={host}: resolves to no address"))?;
-        if self.get("GRPC_HOST").is_some() || self.get("GRPC_PORT").is_some() {
-            self.alias::<SocketAddr>("listen", &mut config.listen, listen, "GRPC_HOST/GRPC_PORT")?;
-        } else {
-            self.default("listen", &mut config.listen, listen);
-        }
+        self.alias_or_default::<SocketAddr>(
+            "listen",
+            &mut config.listen,
+            listen,
+            "GRPC_HOST/GRPC_PORT",
+        )?;
         if self.flag("GRPC_SERVER_USE_TLS", false)? {
             let path = |name: &str| {
                 self.get(name)
@@ -641,35 +642,20 @@ impl Aliases<'_> {
         let app = self.get("RUNTIME_APPDIRECTORY").unwrap_or("config");
         let path = PathBuf::from(root).join(subdirectory).join(app);
         let _ = self.flag("RUNTIME_WATCH_ROOT", true)?;
-        if [
-            "RUNTIME_ROOT",
-            "RUNTIME_SUBDIRECTORY",
-            "RUNTIME_APPDIRECTORY",
-        ]
-        .iter()
-        .any(|name| self.get(name).is_some())
-        {
-            self.alias(
-                "config",
-                &mut config.config,
-                Some(path),
-                "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
-            )?;
-        } else {
-            self.default("config", &mut config.config, Some(path));
-        }
+        self.alias_or_default(
+            "config",
+            &mut config.config,
+            Some(path),
+            "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
+        )?;
         self.default("config_files", &mut config.config_files, ConfigFiles::All);
         let dotfiles = !self.flag("RUNTIME_IGNOREDOTFILES", false)?;
-        if self.get("RUNTIME_IGNOREDOTFILES").is_some() {
-            self.alias(
-                "config_dotfiles",
-                &mut config.config_dotfiles,
-                dotfiles,
-                "RUNTIME_IGNOREDOTFILES",
-            )?;
-        } else {
-            self.default("config_dotfiles", &mut config.config_dotfiles, dotfiles);
-        }
+        self.alias_or_default(
+            "config_dotfiles",
+            &mut config.config_dotfiles,
+            dotfiles,
+            "RUNTIME_IGNOREDOTFILES",
+        )?;
         Ok(())
     }
 
@@ -833,35 +819,35 @@ impl Aliases<'_> {
             None => self.default("key_prefix", &mut config.key_prefix, String::new()),
         }
         let count_denied = !self.flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
-        self.upstream_bool(
+        self.alias_or_default(
             "envoy_count_denied_hits",
             &mut config.envoy_count_denied_hits,
             count_denied,
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         )?;
         let shadow = self.flag("SHADOW_MODE", false)?;
-        self.upstream_bool(
+        self.alias_or_default(
             "shadow_mode",
             &mut config.shadow_mode,
             shadow,
             "SHADOW_MODE",
         )?;
         let quota = self.flag("QUOTA_MODE", false)?;
-        self.upstream_bool(
+        self.alias_or_default(
             "envoy_quota_mode",
             &mut config.envoy_quota_mode,
             quota,
             "QUOTA_MODE",
         )?;
         let metadata = self.flag("RESPONSE_DYNAMIC_METADATA", false)?;
-        self.upstream_bool(
+        self.alias_or_default(
             "envoy_dynamic_metadata",
             &mut config.envoy_dynamic_metadata,
             metadata,
             "RESPONSE_DYNAMIC_METADATA",
         )?;
         let headers = self.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
-        self.upstream_bool(
+        self.alias_or_default(
             "envoy_limit_headers",
             &mut config.envoy_limit_headers,
             headers,
@@ -891,15 +877,16 @@ impl Aliases<'_> {
         Ok(())
     }
 
-    /// A switch set by `from` if present, else upstream's default `value`.
-    fn upstream_bool(
+    /// `value` (from the variables `from`, `/`-separated) as an alias when
+    /// any of them is set, else as upstream's default.
+    fn alias_or_default<T: PartialEq + Debug>(
         &self,
         id: &str,
-        field: &mut bool,
-        value: bool,
+        field: &mut T,
+        value: T,
         from: &str,
     ) -> Result<(), String> {
-        if self.get(from).is_some() {
+        if from.split('/').any(|name| self.get(name).is_some()) {
             self.alias(id, field, value, from)
         } else {
             self.default(id, field, value);
