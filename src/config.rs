@@ -478,14 +478,11 @@ impl Config {
         let Some(server) = &self.xds_server else {
             return Ok(None);
         };
-        let read = |path: &PathBuf| {
-            std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
-        };
         let tls = if self.xds_tls {
             Some(XdsTls {
-                ca: self.xds_tls_ca.as_ref().map(read).transpose()?,
+                ca: self.xds_tls_ca.as_ref().map(read_pem).transpose()?,
                 identity: match (&self.xds_tls_cert, &self.xds_tls_key) {
-                    (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                    (Some(cert), Some(key)) => Some((read_pem(cert)?, read_pem(key)?)),
                     _ => None,
                 },
                 server_name: self.xds_tls_san.clone(),
@@ -546,13 +543,10 @@ impl Config {
                     .into(),
             );
         }
-        let read = |path: &PathBuf| {
-            std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
-        };
         let tls = RedisTls {
-            ca: self.redis_tls_ca.as_ref().map(read).transpose()?,
+            ca: self.redis_tls_ca.as_ref().map(read_pem).transpose()?,
             client: match (&self.redis_tls_cert, &self.redis_tls_key) {
-                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                (Some(cert), Some(key)) => Some((read_pem(cert)?, read_pem(key)?)),
                 _ => None,
             },
         };
@@ -675,6 +669,11 @@ impl fmt::Debug for Config {
             .field("log_format", &self.log_format)
             .finish()
     }
+}
+
+/// A PEM file named by a flag, read at start; the error names it.
+fn read_pem(path: &PathBuf) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
 }
 
 /// `url` with any password replaced by `***`.

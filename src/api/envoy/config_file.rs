@@ -74,12 +74,7 @@ impl Snapshot {
     /// and `..<timestamp>` entries, with the visible names linking into
     /// them.
     pub fn read(path: &Path, selection: FileSelection) -> Result<Self, ConfigError> {
-        let unreadable = |err: std::io::Error| ConfigError {
-            file: path.display().to_string(),
-            line: 0,
-            reason: format!("cannot read: {err}"),
-        };
-        let metadata = std::fs::metadata(path).map_err(unreadable)?;
+        let metadata = std::fs::metadata(path).map_err(unreadable(path))?;
         let mut paths = Vec::new();
         if metadata.is_dir() {
             collect_files(path, selection, 0, &mut paths)?;
@@ -89,11 +84,7 @@ impl Snapshot {
         }
         let mut files = Vec::with_capacity(paths.len());
         for file in paths {
-            let text = std::fs::read_to_string(&file).map_err(|err| ConfigError {
-                file: file.display().to_string(),
-                line: 0,
-                reason: format!("cannot read: {err}"),
-            })?;
+            let text = std::fs::read_to_string(&file).map_err(unreadable(&file))?;
             files.push((file, text));
         }
         Ok(Self { files })
@@ -120,6 +111,15 @@ impl Snapshot {
     }
 }
 
+/// The error for a file or directory `path` that cannot be read.
+fn unreadable(path: &Path) -> impl Fn(std::io::Error) -> ConfigError + '_ {
+    move |err| ConfigError {
+        file: path.display().to_string(),
+        line: 0,
+        reason: format!("cannot read: {err}"),
+    }
+}
+
 /// Adds the files of `directory` that `selection` names to `paths`.
 fn collect_files(
     directory: &Path,
@@ -127,13 +127,9 @@ fn collect_files(
     depth: usize,
     paths: &mut Vec<PathBuf>,
 ) -> Result<(), ConfigError> {
-    let unreadable = |err: std::io::Error| ConfigError {
-        file: directory.display().to_string(),
-        line: 0,
-        reason: format!("cannot read: {err}"),
-    };
-    for entry in std::fs::read_dir(directory).map_err(unreadable)? {
-        let entry_path = entry.map_err(unreadable)?.path();
+    let unreadable = unreadable(directory);
+    for entry in std::fs::read_dir(directory).map_err(&unreadable)? {
+        let entry_path = entry.map_err(&unreadable)?.path();
         let name = entry_path
             .file_name()
             .map(|name| name.to_string_lossy().into_owned())
