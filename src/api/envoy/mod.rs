@@ -456,38 +456,38 @@ impl Plan {
     /// Each matched rule's hits, under upstream's statistics names.
     fn record_upstream_stats(&self, decisions: &[Decision], counted_denied: bool) {
         for governed in &self.governed {
-            let (rule, hits) = match governed {
-                Governed::Counted { rule, index, hits } => {
-                    let limit = u64::from(rule.requests_per_unit);
+            let Some(rule) = rule_of(governed) else {
+                continue;
+            };
+            // Nothing is worked out when nothing would export it.
+            let Some(counters) = metrics::UpstreamRuleCounters::get(
+                &rule.upstream_counters.0,
+                &self.domain,
+                &rule.stats_key,
+            ) else {
+                continue;
+            };
+            let hits = match governed {
+                Governed::Counted { index, hits, .. } => {
                     let spent = counted_denied
                         && matches!(&rule.limit, Limit::Counted(algorithm) if algorithm::counts_denied_hits(algorithm));
-                    let hits = upstream_stats::rule_hits(
-                        limit,
+                    upstream_stats::rule_hits(
+                        u64::from(rule.requests_per_unit),
                         *hits,
                         &decisions[*index],
                         rule.shadow,
                         spent,
-                    );
-                    (rule, hits)
+                    )
                 }
-                Governed::Blocked { rule, cost } => (
-                    rule,
-                    upstream_stats::RuleHits {
-                        total: *cost,
-                        over: *cost,
-                        shadow: if rule.shadow { *cost } else { 0 },
-                        ..Default::default()
-                    },
-                ),
+                Governed::Blocked { cost, .. } => upstream_stats::RuleHits {
+                    total: *cost,
+                    over: *cost,
+                    shadow: if rule.shadow { *cost } else { 0 },
+                    ..Default::default()
+                },
                 Governed::Nothing | Governed::Unlimited => continue,
             };
-            if let Some(counters) = metrics::UpstreamRuleCounters::get(
-                &rule.upstream_counters.0,
-                &self.domain,
-                &rule.stats_key,
-            ) {
-                counters.record(&hits);
-            }
+            counters.record(&hits);
         }
     }
 
