@@ -24,6 +24,25 @@ async fn serving(server: &TestServer) {
     .await;
 }
 
+/// A call gets no decision: the store does not answer (UNAVAILABLE, or
+/// INTERNAL for a store that refuses the connection), never a crash.
+async fn no_decision(server: &TestServer, why: &str) {
+    let status = server
+        .client()
+        .await
+        .check_limit(common::request(
+            "k",
+            fixed_window(2, Duration::from_secs(60)),
+            None,
+        ))
+        .await
+        .expect_err(why);
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::Internal),
+        "{status:?}"
+    );
+}
+
 fn path(file: &std::path::Path) -> String {
     file.to_string_lossy().into_owned()
 }
@@ -39,20 +58,7 @@ async fn a_password() {
 
     let wrong = redis.url_without_credentials();
     let server = TestServer::start(&["--redis-url", &wrong, "--health-interval", "100ms"]).await;
-    let status = server
-        .client()
-        .await
-        .check_limit(common::request(
-            "k",
-            fixed_window(2, Duration::from_secs(60)),
-            None,
-        ))
-        .await
-        .expect_err("no password");
-    assert!(
-        matches!(status.code(), Code::Unavailable | Code::Internal),
-        "{status:?}"
-    );
+    no_decision(&server, "no password").await;
     assert_eq!(
         common::health_status(server.address, "").await,
         Some(ServingStatus::NotServing)
@@ -152,20 +158,7 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
             "100ms",
         ])
         .await;
-        let status = server
-            .client()
-            .await
-            .check_limit(common::request(
-                "k",
-                fixed_window(2, Duration::from_secs(60)),
-                None,
-            ))
-            .await
-            .expect_err("the certificate must be refused");
-        assert!(
-            matches!(status.code(), Code::Unavailable | Code::Internal),
-            "{status:?}"
-        );
+        no_decision(&server, "the certificate must be refused").await;
         server.stop().await;
     };
     // Not the pinned certificate: refused.

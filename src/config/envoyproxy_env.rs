@@ -292,6 +292,16 @@ impl Aliases<'_> {
             .transpose()
     }
 
+    /// [`Aliases::duration`], which must be more than zero here.
+    fn positive_duration(&self, name: &str) -> Result<Option<Duration>, String> {
+        match self.duration(name)? {
+            Some(duration) if duration.is_zero() => {
+                Err(format!("{name}=0: must be more than zero"))
+            }
+            duration => Ok(duration),
+        }
+    }
+
     /// Was our flag `id` given, on the command line or as `RATELIMITD_*`?
     fn given(&self, id: &str) -> bool {
         matches!(
@@ -560,13 +570,9 @@ impl Aliases<'_> {
                 )?;
             }
         }
-        if let Some(interval) = self.duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")? {
-            if interval.is_zero() {
-                return Err(
-                    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=0: must be more than zero"
-                        .into(),
-                );
-            }
+        if let Some(interval) =
+            self.positive_duration("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")?
+        {
             self.alias(
                 "xds_retry_interval",
                 &mut config.xds_retry_interval,
@@ -574,10 +580,7 @@ impl Aliases<'_> {
                 "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
             )?;
         }
-        if let Some(max) = self.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
-            if max.is_zero() {
-                return Err("XDS_CLIENT_BACKOFF_MAX_INTERVAL=0: must be more than zero".into());
-            }
+        if let Some(max) = self.positive_duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
             self.alias(
                 "xds_retry_max",
                 &mut config.xds_retry_max,
@@ -775,10 +778,7 @@ impl Aliases<'_> {
         // Upstream's 10 s default is not taken: Envoy's rate limit filter
         // gives up after 20 ms by default, and a decision held longer only
         // ties up a connection (docs/deployment.md).
-        if let Some(timeout) = self.duration("REDIS_TIMEOUT")? {
-            if timeout.is_zero() {
-                return Err("REDIS_TIMEOUT=0: must be more than zero here".into());
-            }
+        if let Some(timeout) = self.positive_duration("REDIS_TIMEOUT")? {
             self.alias(
                 "redis_connect_timeout",
                 &mut config.redis_connect_timeout,
