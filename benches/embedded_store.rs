@@ -17,8 +17,8 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterio
 use ratelimitd::limit::{
     Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, SlidingWindow, TokenBucket,
 };
-use ratelimitd::limiter::{DEFAULT_KEY_PREFIX, Limiter};
-use ratelimitd::store::{MemoryStore, Store, SystemClock};
+use ratelimitd::limiter::{DEFAULT_KEY_PREFIX, Limiter, Store};
+use ratelimitd::store::{MemoryStore, SystemClock};
 
 /// Distinct caller keys: far more than shards, and state (a few MB for the
 /// sliding window's logs) beyond one core's L2 cache, as on a busy server.

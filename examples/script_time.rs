@@ -21,8 +21,8 @@ use ratelimitd::limit::{
     Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter,
     TokenBucket,
 };
-use ratelimitd::limiter::{Limiter, storage_key};
-use ratelimitd::store::{RedisSettings, RedisStore, Store, Topology};
+use ratelimitd::limiter::{Limiter, Store, storage_key};
+use ratelimitd::store::{RedisSettings, RedisStore, Topology};
 use redis::aio::MultiplexedConnection;
 
 const PREFIX: &str = "ratelimitd-script-time-example:";

@@ -8,7 +8,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
-use crate::store::Store;
+use crate::limiter::Store;
 
 /// The health service names we report: the whole server (`""`) and each API.
 pub const SERVICE_NAMES: [&str; 3] = [

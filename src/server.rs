@@ -22,10 +22,10 @@ use crate::error::StoreError;
 use crate::health;
 use crate::incoming::{self, IncomingSettings};
 use crate::limit::FailurePolicy;
-use crate::limiter::{DenialCache, Limiter};
+use crate::limiter::{DenialCache, Limiter, Store};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
-use crate::store::{MemoryStore, RedisStore, Store, SystemClock};
+use crate::store::{MemoryStore, RedisStore, SystemClock};
 use crate::tls::{ServerTls, TlsError, TlsSettings};
 
 /// Why the server could not start or stopped with an error.

@@ -9,8 +9,8 @@ mod common;
 use std::time::Duration;
 
 use common::{RedisServer, TestServer, check, duration, sliding_window};
-use ratelimitd::algorithm::{self, REFUND_SCRIPT, SCRIPT, ScriptMode};
 use ratelimitd::limit::{Algorithm, SlidingWindow};
+use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use redis::aio::MultiplexedConnection;
 
 /// The storage key of caller key `key` under the sliding window, with the
@@ -118,16 +118,23 @@ async fn spend(
     key: &str,
     limit: &Algorithm,
     cost: u64,
-) -> (ratelimitd::limit::Decision, i64) {
-    let mut invocation = SCRIPT.prepare_invoke();
-    invocation.key(key);
-    algorithm::push_script_args(&mut invocation, limit, cost, 0);
-    invocation.arg(ScriptMode::Decide.arg());
-    let reply: Vec<i64> = invocation
+) -> (ratelimitd::limit::Decision, SpendMark) {
+    let limits = [script_limit(key, limit, cost)];
+    let reply: Vec<i64> = script::decide_call(Mode::Decide, &limits)
         .invoke_async(connection)
         .await
         .expect("decision script");
-    algorithm::decision_from_reply(limit.limit(), &reply).expect("a decision")
+    let decided = script::decode(&limits, &reply).expect("a decision")[0];
+    (decided.decision, decided.mark)
+}
+
+fn script_limit<'a>(key: &'a str, algorithm: &'a Algorithm, cost: u64) -> ScriptLimit<'a> {
+    ScriptLimit {
+        key,
+        algorithm,
+        cost,
+        shadow: false,
+    }
 }
 
 async fn refund(
@@ -135,12 +142,9 @@ async fn refund(
     key: &str,
     limit: &Algorithm,
     cost: u64,
-    mark: i64,
+    mark: SpendMark,
 ) -> i64 {
-    let mut invocation = REFUND_SCRIPT.prepare_invoke();
-    invocation.key(key);
-    algorithm::push_script_args(&mut invocation, limit, cost, mark);
-    invocation
+    script::refund_call(&[(script_limit(key, limit, cost), mark)])
         .invoke_async(connection)
         .await
         .expect("refund script")

@@ -14,8 +14,8 @@ use futures::future::join_all;
 use ratelimitd::limit::{
     Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, TokenBucket,
 };
-use ratelimitd::limiter::Limiter;
-use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, Store, SystemClock, Topology};
+use ratelimitd::limiter::{Limiter, Store};
+use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, SystemClock, Topology};
 
 fn memory_limiter() -> Limiter {
     Limiter::new(

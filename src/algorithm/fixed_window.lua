@@ -15,8 +15,8 @@
 --
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
--- window (0 when anchored). With `spend` false it decides the same and
--- writes nothing; with 'always' it counts a denied cost too (as
+-- window (0 when anchored). With `spend` DRY it decides the same and
+-- writes nothing; with ALWAYS it counts a denied cost too (as
 -- envoyproxy/ratelimit does), and `remaining` is what is left after it.
 local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   local used = 0
@@ -57,7 +57,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
 
   local remaining = math.max(0, limit - used)
   if cost > limit or used + cost > limit then
-    if spend == 'always' and cost > 0 then
+    if spend == ALWAYS and cost > 0 then
       record()
       remaining = math.max(0, limit - used - cost)
     end
@@ -68,7 +68,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
     -- this millisecond").
     return 0, remaining, reset_after, math.max(1000, reset_after), 0
   end
-  if cost > 0 and spend then
+  if cost > 0 and spend ~= DRY then
     record()
   end
   return 1, remaining - cost, reset_after, 0, window or 0

@@ -14,7 +14,7 @@
 -- Returns allowed (1|0), remaining (requests that would pass now),
 -- reset_after_us (until the TAT), retry_after_us (-1: never), and a mark
 -- for refund.lua (always 0: intervals are simply given back). With `spend`
--- false it decides the same and writes nothing.
+-- DRY it decides the same and writes nothing.
 local function gcra(key, now, burst, interval, cost, spend)
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then
@@ -37,7 +37,7 @@ local function gcra(key, now, burst, interval, cost, spend)
   if allow_at > now then
     return 0, remaining_at(tat), tat - now, allow_at - now, 0
   end
-  if cost > 0 and spend then
+  if cost > 0 and spend ~= DRY then
     redis.call('SET', key, new_tat, 'PX', math.ceil((new_tat - now) / 1000))
   end
   return 1, remaining_at(new_tat), new_tat - now, 0, 0

@@ -1,9 +1,9 @@
 //! The rate-limit algorithms, one Lua file and one Rust file each: the Lua
 //! function decides on Redis, the Rust function is its in-memory twin with
-//! the same semantics. This module puts the Lua functions into the one
-//! script every decision runs (`decide.lua` decides one request's limits
-//! together, all or nothing) and is that script's twin for the embedded
-//! store.
+//! the same semantics (tests/twins.rs proves them equal). This module is the
+//! twin of `decide.lua`'s driver for the embedded store; the script itself,
+//! and how a call becomes its arguments, is `limiter::script`. Nothing here
+//! knows Redis.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -11,59 +11,7 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-use std::sync::LazyLock;
-
-use redis::{Script, ScriptInvocation};
-
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
-
-/// The script behind every decision on Redis: the algorithms'
-/// functions, then `decide.lua`, which documents `KEYS`, `ARGV` and reply.
-/// Loaded once per Redis and called by SHA.
-pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("fixed_window.lua"),
-        include_str!("sliding_window.lua"),
-        include_str!("token_bucket.lua"),
-        include_str!("gcra.lua"),
-        include_str!("sliding_window_counter.lua"),
-        include_str!("decide.lua"),
-    ))
-});
-
-/// Takes back what [`SCRIPT`] spent, when a request spanning several Redis
-/// Cluster nodes was denied by one after another had spent; `refund.lua`
-/// documents `KEYS`, `ARGV` and reply.
-pub static REFUND_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("sliding_window.lua"),
-        include_str!("refund.lua")
-    ))
-});
-
-/// The last `ARGV` value of [`SCRIPT`]: decide (spend, all or nothing),
-/// decide each limit on its own (spending even what it denies, where the
-/// algorithm counts denied hits), only say what each limit would answer,
-/// or answer for a request denied elsewhere (by a cached denial): each
-/// limit's denial, or what it has, writing nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScriptMode {
-    Decide,
-    Each,
-    Dry,
-    Denied,
-}
-
-impl ScriptMode {
-    pub fn arg(self) -> &'static str {
-        match self {
-            Self::Decide => "decide",
-            Self::Each => "each",
-            Self::Dry => "dry",
-            Self::Denied => "denied",
-        }
-    }
-}
+use crate::limit::{Algorithm, Decision, Micros};
 
 /// What one decision may write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,16 +44,6 @@ pub enum State {
     SlidingWindowCounter(sliding_window_counter::State),
 }
 
-impl crate::store::memory::HeapSize for State {
-    fn heap_bytes(&self) -> usize {
-        match self {
-            // The only state with a buffer: the log's entries.
-            Self::SlidingWindow(log) => log.heap_bytes(),
-            _ => 0,
-        }
-    }
-}
-
 /// What an in-memory decision did to the key's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryChange {
@@ -128,72 +66,6 @@ pub fn key_tag(algorithm: &Algorithm) -> &'static str {
         Algorithm::Gcra(_) => "gc",
         Algorithm::SlidingWindowCounter(_) => "sc",
     }
-}
-
-/// Adds one limit's six `ARGV` values for [`SCRIPT`] (the last is shadow,
-/// 1 or 0) or [`REFUND_SCRIPT`] (the last is the mark).
-pub fn push_script_args(
-    invocation: &mut ScriptInvocation<'_>,
-    algorithm: &Algorithm,
-    cost: u64,
-    last: i64,
-) {
-    match algorithm {
-        Algorithm::FixedWindow(p) => invocation
-            .arg("fw")
-            .arg(p.limit)
-            .arg(p.window.as_millis())
-            .arg(u8::from(p.aligned)),
-        Algorithm::SlidingWindow(p) => invocation
-            .arg("sw")
-            .arg(p.limit)
-            .arg(p.window.as_micros())
-            .arg(0),
-        // The rate goes in Rust's shortest exact decimal form, which Lua's
-        // `tonumber` reads back to the same double.
-        Algorithm::TokenBucket(p) => invocation
-            .arg("tb")
-            .arg(p.capacity)
-            .arg(p.refill_per_second)
-            .arg(0),
-        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst).arg(p.interval).arg(0),
-        Algorithm::SlidingWindowCounter(p) => invocation
-            .arg("sc")
-            .arg(p.limit)
-            .arg(p.window.as_micros())
-            .arg(0),
-    };
-    invocation.arg(cost).arg(last);
-}
-
-/// Reads one limit's part of the script's reply, `{allowed, remaining,
-/// reset_after_us, retry_after_us (-1: never), mark}`, refusing anything out
-/// of range; the mark is what a refund of this decision needs.
-pub fn decision_from_reply(limit: u64, reply: &[i64]) -> Result<(Decision, i64), String> {
-    let &[allowed, remaining, reset_after, retry_after, mark] = reply else {
-        return Err(format!("script replied {} values, not 5", reply.len()));
-    };
-    let non_negative = |name: &str, value: i64| {
-        u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
-    };
-    let allowed = match allowed {
-        0 => false,
-        1 => true,
-        other => return Err(format!("script replied allowed = {other}")),
-    };
-    let retry_after = match retry_after {
-        -1 => RetryAfter::Never,
-        value => RetryAfter::After(non_negative("retry_after", value)?),
-    };
-    let decision = Decision {
-        allowed,
-        limit,
-        remaining: non_negative("remaining", remaining)?,
-        reset_after: non_negative("reset_after", reset_after)?,
-        retry_after,
-        degraded: false,
-    };
-    Ok((decision, mark))
 }
 
 /// Decides `cost` under `algorithm` on in-memory state: the twin of one

@@ -21,7 +21,7 @@
 --
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the stamp of the entry added (0 when
--- none). With `spend` false it decides the same and adds nothing. Either way
+-- none). With `spend` DRY it decides the same and adds nothing. Either way
 -- it drops up to SW_PRUNE_PER_CALL entries that have left the window.
 local SW_TOTAL_MODULUS = 281474976710656 -- 2^48
 local SW_PRUNE_PER_CALL = 128
@@ -91,7 +91,7 @@ local function sliding_window(key, now, limit, window, cost, spend)
     return 0, remaining, reset_after, leaves + window - now, 0
   end
   local stamp = 0
-  if cost > 0 and spend then
+  if cost > 0 and spend ~= DRY then
     stamp = now
     if newest and newest >= now then
       stamp = newest + 1

@@ -15,7 +15,7 @@
 --
 -- Returns allowed (1|0), remaining, reset_after_us (until the estimate is
 -- 0 with no more requests), retry_after_us (-1: never), and a mark for
--- refund.lua (the window index spent in). With `spend` false it decides
+-- refund.lua (the window index spent in). With `spend` DRY it decides
 -- the same and writes nothing.
 local function sliding_window_counter(key, now, limit, window, cost, spend)
   local index = math.floor(now / window)
@@ -87,7 +87,7 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
     end
     return 0, remaining, reset_after, retry_after, index
   end
-  if cost > 0 and spend then
+  if cost > 0 and spend ~= DRY then
     redis.call('HSET', key, 'w', index, 'c', current + cost, 'p', previous)
     redis.call('PEXPIRE', key, math.ceil((next_start + window) / 1000))
     reset_after = next_start + window

@@ -10,7 +10,7 @@
 --
 -- Returns allowed (1|0), remaining (whole tokens), reset_after_us,
 -- retry_after_us (-1: never), and a mark for refund.lua (always 0: tokens
--- are simply given back). With `spend` false it decides the same and writes
+-- are simply given back). With `spend` DRY it decides the same and writes
 -- nothing.
 local function token_bucket(key, now, capacity, rate, cost, spend)
   local tokens = capacity
@@ -42,7 +42,7 @@ local function token_bucket(key, now, capacity, rate, cost, spend)
   end
   tokens = tokens - cost
   local reset_after = ahead + micros_to_refill(capacity - tokens)
-  if cost > 0 and spend then
+  if cost > 0 and spend ~= DRY then
     redis.call('HSET', key, 't', tokens, 'ts', stamp)
     redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
   end

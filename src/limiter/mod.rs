@@ -4,23 +4,44 @@
 //! nothing of gRPC.
 
 mod denial_cache;
+mod failure;
+mod in_memory;
+mod keys;
 mod on_redis;
+pub mod script;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{debug, instrument};
 
-use crate::algorithm::{self, State};
+use crate::algorithm::State;
 use crate::error::StoreError;
-use crate::limit::{
-    Algorithm, CallerKey, Decision, FailurePolicy, KeyOrigin, LimitRequest, RetryAfter,
-};
+use crate::limit::{Decision, FailurePolicy, LimitRequest};
 use crate::metrics;
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{MemoryStore, RedisStore};
 
 pub use denial_cache::DenialCache;
+pub use keys::storage_key;
+use keys::{Group, GroupDecisions, Groups};
+
+/// The configured store: Redis, shared by every ratelimitd instance, or the
+/// embedded one holding the algorithms' state in this process.
+#[derive(Clone)]
+pub enum Store {
+    Redis(RedisStore),
+    Memory(Arc<MemoryStore<State>>),
+}
+
+impl Store {
+    /// A short name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "redis",
+            Self::Memory(_) => "memory",
+        }
+    }
+}
 
 /// The default prefix of every storage key.
 pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
@@ -125,35 +146,47 @@ impl Limiter {
         let groups = Groups::new(&self.key_prefix, requests);
         let decisions = match &self.store {
             Store::Redis(redis) => {
-                // One instant serves the cache lookup and, if Redis is asked,
-                // as when it was asked: taken before the call, it is never
-                // later than Redis's decision.
-                let sent = Instant::now();
-                let cached = combination == Combination::AllOrNothing;
-                if cached && let Some(known) = self.known_denial(&groups, requests, sent) {
-                    let decisions = self.complete_denial(redis, &groups, requests, known).await;
-                    return Ok(groups.of_request.iter().map(|&g| decisions[g]).collect());
-                }
-                // Boxed: the Redis path's future is kilobytes, and unboxed it
-                // would be copied with every embedded-store decision too.
-                match Box::pin(on_redis::decide(redis, &groups, requests, combination)).await {
-                    Err(err) if err.is_transient() => {
-                        let policy = policy.unwrap_or(self.default_policy);
-                        debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
-                        return self.when_redis_fails(err, policy, &groups, requests, combination);
-                    }
-                    decided => {
-                        let decisions = decided?;
-                        if cached {
-                            self.remember_denials(&groups, requests, &decisions, sent);
-                        }
-                        decisions
-                    }
-                }
+                self.decide_on_redis(redis, &groups, requests, policy, combination)
+                    .await?
             }
-            Store::Memory(memory) => decide_in_memory(memory, &groups, requests, combination),
+            Store::Memory(memory) => in_memory::decide(memory, &groups, requests, combination)?,
         };
-        Ok(groups.of_request.iter().map(|&g| decisions[g]).collect())
+        Ok(groups.per_request(&decisions))
+    }
+
+    /// Decides on Redis, through the denial cache (all or nothing only),
+    /// with the failure policy answering while Redis cannot.
+    async fn decide_on_redis(
+        &self,
+        redis: &RedisStore,
+        groups: &Groups,
+        requests: &[LimitRequest],
+        policy: Option<FailurePolicy>,
+        combination: Combination,
+    ) -> Result<GroupDecisions, StoreError> {
+        // One instant serves the cache lookup and, if Redis is asked, as
+        // when it was asked: taken before the call, it is never later than
+        // Redis's decision.
+        let sent = Instant::now();
+        let cached = combination == Combination::AllOrNothing;
+        if cached && let Some(known) = self.known_denial(groups, requests, sent) {
+            return self.complete_denial(redis, groups, requests, known).await;
+        }
+        // Boxed: the Redis path's future is kilobytes, and unboxed it would
+        // be copied with every embedded-store decision too.
+        match Box::pin(on_redis::decide(redis, groups, requests, combination)).await {
+            Err(err) if err.is_transient() => {
+                let policy = policy.unwrap_or(self.default_policy);
+                self.when_redis_fails(err, policy, groups, requests, combination)
+            }
+            decided => {
+                let decisions = decided?;
+                if cached {
+                    self.remember_denials(groups, requests, &decisions, sent);
+                }
+                Ok(decisions)
+            }
+        }
     }
 
     /// The denial cache's answers for the request's groups, when one of
@@ -166,8 +199,8 @@ impl Limiter {
         now: Instant,
     ) -> Option<Vec<Option<Decision>>> {
         let cache = self.denials.as_deref()?;
-        let algorithm = |group: &Group| &requests[group.first].algorithm;
-        let known = |group: &Group| cache.denial(&group.key, algorithm(group), group.cost, now);
+        let known =
+            |group: &Group| cache.denial(&group.key, group.algorithm(requests), group.cost, now);
         // A first pass that allocates nothing: most requests miss.
         let (hit, denial) = groups.unique.iter().enumerate().find_map(|(g, group)| {
             let denial = known(group).filter(|_| !group.shadow)?;
@@ -198,37 +231,28 @@ impl Limiter {
         groups: &Groups,
         requests: &[LimitRequest],
         known: Vec<Option<Decision>>,
-    ) -> Vec<Decision> {
+    ) -> Result<GroupDecisions, StoreError> {
         let unknown: Vec<usize> = (0..known.len()).filter(|&g| known[g].is_none()).collect();
-        if unknown.is_empty() {
-            return known.into_iter().flatten().collect();
-        }
-        let asked = Box::pin(on_redis::answer_denied(redis, groups, requests, &unknown))
-            .await
-            .unwrap_or_else(|err| {
-                debug!(%err, "Redis cannot say what the other limits of a cached denial have");
-                unknown
-                    .iter()
-                    .map(|&g| {
-                        let limit = requests[groups.unique[g].first].algorithm.limit();
-                        Decision {
-                            allowed: true,
-                            limit,
-                            remaining: limit,
-                            reset_after: 0,
-                            retry_after: RetryAfter::After(0),
-                            degraded: true,
-                        }
-                    })
-                    .collect()
-            });
-        // `asked` has one answer per unknown group, in order, so every
-        // group gets one.
+        let asked = if unknown.is_empty() {
+            Vec::new()
+        } else {
+            Box::pin(on_redis::answer_denied(redis, groups, requests, &unknown))
+                .await
+                .unwrap_or_else(|err| {
+                    debug!(%err, "Redis cannot say what the other limits of a cached denial have");
+                    unknown
+                        .iter()
+                        .map(|&g| failure::unknown_remaining(groups.unique[g].algorithm(requests)))
+                        .collect()
+                })
+        };
+        // `asked` has one answer per unknown group, in order.
         let mut asked = asked.into_iter();
-        known
-            .into_iter()
-            .filter_map(|decision| decision.or_else(|| asked.next()))
-            .collect()
+        groups.decide(|g, _| {
+            known[g].or_else(|| asked.next()).ok_or_else(|| {
+                StoreError::Reply("a limit of a cached denial was not answered".into())
+            })
+        })
     }
 
     /// Keeps Redis's denials of `groups` (asked at `sent`) in the cache.
@@ -236,49 +260,18 @@ impl Limiter {
         &self,
         groups: &Groups,
         requests: &[LimitRequest],
-        decisions: &[Decision],
+        decisions: &GroupDecisions,
         sent: Instant,
     ) {
         let Some(cache) = self.denials.as_deref() else {
             return;
         };
-        for (group, decision) in groups.unique.iter().zip(decisions) {
+        for (group, decision) in groups.unique.iter().zip(decisions.by_group()) {
             if !decision.allowed {
-                let algorithm = &requests[group.first].algorithm;
+                let algorithm = group.algorithm(requests);
                 cache.remember(&group.key, algorithm, group.cost, decision, sent);
             }
         }
-    }
-
-    /// The failure policy's answer while Redis cannot decide: the error
-    /// itself (fail closed), or degraded decisions.
-    fn when_redis_fails(
-        &self,
-        err: StoreError,
-        policy: FailurePolicy,
-        groups: &Groups,
-        requests: &[LimitRequest],
-        combination: Combination,
-    ) -> Result<Vec<Decision>, StoreError> {
-        let decisions = match (policy, &self.local) {
-            (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
-            (FailurePolicy::FailOpen, _) => groups
-                .unique
-                .iter()
-                .map(|group| fail_open(&requests[group.first].algorithm, group.cost))
-                .collect(),
-            (FailurePolicy::Local, Some(local)) => {
-                decide_in_memory(local, groups, requests, combination)
-            }
-        };
-        Ok(groups
-            .of_request
-            .iter()
-            .map(|&g| Decision {
-                degraded: true,
-                ..decisions[g]
-            })
-            .collect())
     }
 }
 
@@ -289,227 +282,4 @@ enum Combination {
     AllOrNothing,
     /// Each on its own, counting denied hits where the algorithm does.
     Each,
-}
-
-/// Decides the groups on an embedded store: the twin of the script.
-fn decide_in_memory(
-    memory: &MemoryStore<State>,
-    groups: &Groups,
-    requests: &[LimitRequest],
-    combination: Combination,
-) -> Vec<Decision> {
-    if combination == Combination::Each {
-        let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
-        let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
-        return memory.with_keys(&keys, |locked, now| {
-            algorithm::decide_each(&costs, |i, cost, spend| {
-                let algorithm = &requests[groups.unique[i].first].algorithm;
-                locked.decide(i, |state| {
-                    algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-                })
-            })
-        });
-    }
-    if let [group] = &*groups.unique {
-        // Most calls decide one key: borrow its parameters in place rather
-        // than collect them, as this path runs millions of times a second.
-        let algorithm = &requests[group.first].algorithm;
-        return memory.with_keys(&[group.key.as_str()], |locked, now| {
-            algorithm::decide_together(
-                std::slice::from_ref(&group.cost),
-                std::slice::from_ref(&group.shadow),
-                |i, cost, spend| {
-                    locked.decide(i, |state| {
-                        algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-                    })
-                },
-            )
-        });
-    }
-    let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
-    let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
-    let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
-    memory.with_keys(&keys, |locked, now| {
-        algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
-            let algorithm = &requests[groups.unique[i].first].algorithm;
-            locked.decide(i, |state| {
-                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-            })
-        })
-    })
-}
-
-/// Failing open: allowed, with the whole limit said to remain (nothing is
-/// known), except a cost no state could ever allow.
-fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
-    let limit = algorithm.limit();
-    Decision {
-        allowed: cost <= limit,
-        limit,
-        remaining: limit.saturating_sub(cost),
-        reset_after: 0,
-        retry_after: if cost <= limit {
-            RetryAfter::After(0)
-        } else {
-            RetryAfter::Never
-        },
-        degraded: true,
-    }
-}
-
-/// Up to this many requests per call, groups are found by a scan.
-const SCAN_GROUPS_UP_TO: usize = 16;
-
-/// Requests grouped by storage key.
-struct Groups {
-    unique: OneOrMany<Group>,
-    /// For each request, the index of its group in `unique`.
-    of_request: OneOrMany<usize>,
-}
-
-/// A list that holds a single item without allocating: most calls carry one
-/// request, and on the embedded store allocations are a good part of a
-/// decision's cost. Used as a slice.
-enum OneOrMany<T> {
-    One([T; 1]),
-    Many(Vec<T>),
-}
-
-impl<T> std::ops::Deref for OneOrMany<T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        match self {
-            Self::One(item) => item,
-            Self::Many(items) => items,
-        }
-    }
-}
-
-impl<'a, T> IntoIterator for &'a OneOrMany<T> {
-    type Item = &'a T;
-    type IntoIter = std::slice::Iter<'a, T>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.iter()
-    }
-}
-
-struct Group {
-    key: String,
-    /// The request whose algorithm decides the group.
-    first: usize,
-    cost: u64,
-    /// Only if every request of the group is in shadow mode.
-    shadow: bool,
-}
-
-impl Groups {
-    fn new(prefix: &str, requests: &[LimitRequest]) -> Self {
-        if let [request] = requests {
-            return Self {
-                unique: OneOrMany::One([Group {
-                    key: storage_key(prefix, &request.algorithm, &request.key),
-                    first: 0,
-                    cost: request.cost,
-                    shadow: request.shadow,
-                }]),
-                of_request: OneOrMany::One([0]),
-            };
-        }
-        let mut unique: Vec<Group> = Vec::with_capacity(requests.len());
-        let mut of_request = Vec::with_capacity(requests.len());
-        // Requests per call are usually few (Envoy descriptors), and then a
-        // scan is cheapest; a map keeps a large call (bounds raised by the
-        // operator) linear rather than quadratic.
-        let mut index_of: Option<HashMap<String, usize>> =
-            (requests.len() > SCAN_GROUPS_UP_TO).then(|| HashMap::with_capacity(requests.len()));
-        for (index, request) in requests.iter().enumerate() {
-            let key = storage_key(prefix, &request.algorithm, &request.key);
-            let existing = match &index_of {
-                Some(index_of) => index_of.get(&key).copied(),
-                None => unique.iter().position(|group| group.key == key),
-            };
-            match existing {
-                Some(existing) => {
-                    let group = &mut unique[existing];
-                    group.cost = group.cost.saturating_add(request.cost);
-                    group.shadow &= request.shadow;
-                    of_request.push(existing);
-                }
-                None => {
-                    if let Some(index_of) = &mut index_of {
-                        index_of.insert(key.clone(), unique.len());
-                    }
-                    of_request.push(unique.len());
-                    unique.push(Group {
-                        key,
-                        first: index,
-                        cost: request.cost,
-                        shadow: request.shadow,
-                    });
-                }
-            }
-        }
-        Self {
-            unique: OneOrMany::Many(unique),
-            of_request: OneOrMany::Many(of_request),
-        }
-    }
-}
-
-/// `<prefix>{<tag>:<key>}`, with the tag `rls:<tag>` for keys composed from
-/// Envoy descriptors. The braces are a Redis Cluster hash tag: every key of
-/// one limit hashes to one slot, whatever the key holds (a `}` inside it
-/// only shortens the tag; the key itself stays unique). The algorithm's tag
-/// keeps one caller key under two algorithms apart, and no `CheckLimit` key
-/// can name an Envoy one (their tags never start with `rls`).
-pub fn storage_key(prefix: &str, algorithm: &Algorithm, key: &CallerKey) -> String {
-    let tag = algorithm::key_tag(algorithm);
-    let origin = match key.origin() {
-        KeyOrigin::CheckLimit => "",
-        KeyOrigin::Envoy => "rls:",
-    };
-    let text = key.as_str();
-    let mut storage =
-        String::with_capacity(prefix.len() + origin.len() + tag.len() + text.len() + 3);
-    storage.push_str(prefix);
-    storage.push('{');
-    storage.push_str(origin);
-    storage.push_str(tag);
-    storage.push(':');
-    storage.push_str(text);
-    storage.push('}');
-    storage
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::limit::{FixedWindow, SlidingWindow};
-
-    fn caller(key: &str) -> CallerKey {
-        CallerKey::new(key.into()).unwrap()
-    }
-
-    #[test]
-    fn keys_carry_prefix_algorithm_and_a_hash_tag() {
-        let fixed = Algorithm::FixedWindow(FixedWindow::new(1, Duration::from_secs(1)).unwrap());
-        let sliding =
-            Algorithm::SlidingWindow(SlidingWindow::new(1, Duration::from_secs(1)).unwrap());
-        assert_eq!(
-            storage_key("ratelimitd:", &sliding, &caller("user42")),
-            "ratelimitd:{sl:user42}"
-        );
-        assert_ne!(
-            storage_key("p:", &fixed, &caller("user42")),
-            storage_key("p:", &sliding, &caller("user42"))
-        );
-        assert_ne!(
-            storage_key("p:", &fixed, &caller("rls:fw:x")),
-            storage_key("p:", &fixed, &CallerKey::envoy("x".into()))
-        );
-    }
 }

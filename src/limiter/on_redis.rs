@@ -3,14 +3,13 @@
 //! decision everywhere, then spending everywhere, with refunds when a node
 //! denies after another has spent.
 
-use std::collections::HashMap;
-
 use futures::future::join_all;
 
-use super::{Combination, Groups};
-use crate::algorithm::{self, REFUND_SCRIPT, SCRIPT, ScriptMode};
+use super::Combination;
+use super::keys::{GroupDecisions, Groups};
+use super::script::{self, Decided, Mode, ScriptLimit};
 use crate::error::StoreError;
-use crate::limit::{Decision, LimitRequest};
+use crate::limit::LimitRequest;
 use crate::store::RedisStore;
 
 /// The most limits one script call decides. Each costs the script a few
@@ -21,14 +20,17 @@ use crate::store::RedisStore;
 pub(super) const MAX_LIMITS_PER_SCRIPT: usize = 64;
 
 /// Decides the groups on Redis: one script call when every key lives on
-/// one node. On a Redis Cluster, where a request's keys can hash to several
-/// nodes and no script may span them, all or nothing takes three steps:
-/// every node says what it would answer (writing nothing); if any limit
-/// would deny, nothing is spent; else every node spends (atomically on its
-/// own), and if one now denies (another request took the units in between),
-/// the nodes that spent give it back. No limit ever admits more than it
-/// allows; a request denied that way held units only between its spend and
-/// its refund.
+/// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
+/// a request's keys can hash to several nodes and no script may span them,
+/// all or nothing takes three steps: every node says what it would answer
+/// (writing nothing); if any limit would deny, nothing is spent; else every
+/// node spends (atomically on its own), and if one now denies (another
+/// request took the units in between), the nodes that spent give it back.
+/// No limit ever admits more than it allows; a request denied that way held
+/// units only between its spend and its refund. (This is the third form of
+/// all or nothing, beside `decide.lua`'s and its twin
+/// `algorithm::decide_together`: it is what remains possible across
+/// nodes, where no one script sees every key.)
 ///
 /// Each on its own ([`Combination::Each`]) needs none of that: every
 /// script decides its limits in `each` mode.
@@ -37,89 +39,69 @@ pub(super) async fn decide(
     groups: &Groups,
     requests: &[LimitRequest],
     combination: Combination,
-) -> Result<Vec<Decision>, StoreError> {
+) -> Result<GroupDecisions, StoreError> {
     let partitions = script_partitions(redis, groups, 0..groups.unique.len());
+    let everywhere = |mode| on_every_node(redis, groups, requests, &partitions, mode);
+    let decisions_of = |answers: &Answers| groups.decide(|g, _| Ok(answers.get(g)?.decision));
     if combination == Combination::Each {
-        let decided = on_every_node(
-            redis,
-            groups,
-            requests,
-            &partitions,
-            ScriptMode::Each,
-            false,
-        )
-        .await?;
-        return decided
-            .into_iter()
-            .map(|decided| {
-                decided
-                    .map(|(decision, _)| decision)
-                    .ok_or_else(|| StoreError::Reply("a limit was not decided".into()))
-            })
-            .collect();
+        return decisions_of(&everywhere(Mode::Each).await?);
     }
-    if let [everyone] = partitions.as_slice() {
-        let decided =
-            run_decide(redis, groups, requests, everyone, ScriptMode::Decide, false).await?;
-        return Ok(decided.into_iter().map(|(decision, _)| decision).collect());
+    if partitions.len() == 1 {
+        return decisions_of(&everywhere(Mode::Decide).await?);
     }
-    let everywhere = |mode, look| on_every_node(redis, groups, requests, &partitions, mode, look);
-    let denies = |result: &[Option<(Decision, i64)>]| {
-        groups
-            .unique
-            .iter()
-            .zip(result)
-            .any(|(group, decided)| !group.shadow && decided.is_some_and(|(d, _)| !d.allowed))
+    let denies = |answers: &Answers| -> Result<bool, StoreError> {
+        for (g, group) in groups.unique.iter().enumerate() {
+            if !group.shadow && !answers.get(g)?.decision.allowed {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     };
-    let result = everywhere(ScriptMode::Dry, false).await?;
-    if denies(&result) {
+    let dry = everywhere(Mode::Dry).await?;
+    if denies(&dry)? {
         // Nothing is spent; the limits that would allow report what they have.
-        let looks = everywhere(ScriptMode::Dry, true).await?;
-        return Ok(result
-            .into_iter()
-            .zip(looks)
-            .filter_map(|(dry, look)| match dry? {
-                (decision, _) if !decision.allowed => Some(decision),
-                _ => look.map(|(decision, _)| decision),
-            })
-            .collect());
+        let looks = everywhere(Mode::Look).await?;
+        return groups.decide(|g, _| {
+            let decision = dry.get(g)?.decision;
+            if decision.allowed {
+                Ok(looks.get(g)?.decision)
+            } else {
+                Ok(decision)
+            }
+        });
     }
-    let result = everywhere(ScriptMode::Decide, false).await?;
-    if !denies(&result) {
-        return Ok(result.into_iter().flatten().map(|(d, _)| d).collect());
+    let spent = everywhere(Mode::Decide).await?;
+    if !denies(&spent)? {
+        return decisions_of(&spent);
     }
     // A node denied after others spent: those give the units back. A node
     // spent only if none of its own enforcing limits denied (otherwise its
     // allowing limits answered with a look, spending nothing).
     let mut refunded = vec![false; groups.unique.len()];
     for members in &partitions {
-        let spent_here = members
-            .iter()
-            .all(|&g| groups.unique[g].shadow || result[g].is_some_and(|(d, _)| d.allowed));
+        let mut spent_here = true;
+        for &g in members {
+            spent_here &= groups.unique[g].shadow || spent.get(g)?.decision.allowed;
+        }
         if spent_here {
-            refund(redis, groups, requests, members, &result).await?;
+            refund(redis, groups, requests, members, &spent).await?;
             for &g in members {
                 refunded[g] = true;
             }
         }
     }
-    Ok(result
-        .into_iter()
-        .zip(&groups.unique)
-        .zip(refunded)
-        .filter_map(|((decided, group), refunded)| {
-            let (decision, _) = decided?;
-            Some(if decision.allowed && refunded {
-                // Given back: what is left is as before this request.
-                Decision {
-                    remaining: decision.remaining + group.cost,
-                    ..decision
-                }
-            } else {
-                decision
-            })
+    groups.decide(|g, group| {
+        let decision = spent.get(g)?.decision;
+        Ok(if decision.allowed && refunded[g] {
+            // Given back: what is left is as before this request.
+            crate::limit::Decision {
+                remaining: decision.remaining + group.cost,
+                ..decision
+            }
+        } else {
+            decision
         })
-        .collect())
+    })
 }
 
 /// What the groups `members` answer in a request that a cached denial of
@@ -131,25 +113,12 @@ pub(super) async fn answer_denied(
     groups: &Groups,
     requests: &[LimitRequest],
     members: &[usize],
-) -> Result<Vec<Decision>, StoreError> {
+) -> Result<Vec<crate::limit::Decision>, StoreError> {
     let partitions = script_partitions(redis, groups, members.iter().copied());
-    let mut answered = on_every_node(
-        redis,
-        groups,
-        requests,
-        &partitions,
-        ScriptMode::Denied,
-        false,
-    )
-    .await?;
+    let answers = on_every_node(redis, groups, requests, &partitions, Mode::Denied).await?;
     members
         .iter()
-        .map(|&g| {
-            answered[g]
-                .take()
-                .map(|(decision, _)| decision)
-                .ok_or_else(|| StoreError::Reply("a limit was not answered".into()))
-        })
+        .map(|&g| Ok(answers.get(g)?.decision))
         .collect()
 }
 
@@ -172,70 +141,78 @@ fn script_partitions(
         .collect()
 }
 
-/// Runs the decision script in `mode` for every partition at once; what
-/// each group got, by group index (`None` for groups in no partition).
+/// What the scripts of one step answered, by group index.
+struct Answers(Vec<Option<Decided>>);
+
+impl Answers {
+    /// Group `g`'s answer; an error if no script answered for it.
+    fn get(&self, g: usize) -> Result<Decided, StoreError> {
+        self.0
+            .get(g)
+            .copied()
+            .flatten()
+            .ok_or_else(|| StoreError::Reply(format!("no script answered for limit {g}")))
+    }
+}
+
+/// Runs the decision script in `mode` for every partition at once.
 async fn on_every_node(
     redis: &RedisStore,
     groups: &Groups,
     requests: &[LimitRequest],
     partitions: &[Vec<usize>],
-    mode: ScriptMode,
-    look: bool,
-) -> Result<Vec<Option<(Decision, i64)>>, StoreError> {
+    mode: Mode,
+) -> Result<Answers, StoreError> {
     let replies = join_all(
         partitions
             .iter()
-            .map(|members| run_decide(redis, groups, requests, members, mode, look)),
+            .map(|members| run_decide(redis, groups, requests, members, mode)),
     )
     .await;
-    let mut result = vec![None; groups.unique.len()];
+    let mut answers = vec![None; groups.unique.len()];
     for (members, reply) in partitions.iter().zip(replies) {
+        // `script::decode` gives exactly one answer per member.
         for (&g, decided) in members.iter().zip(reply?) {
-            result[g] = Some(decided);
+            answers[g] = Some(decided);
         }
     }
-    Ok(result)
+    Ok(Answers(answers))
+}
+
+/// The script's view of the groups `members`.
+fn script_limits<'a>(
+    groups: &'a Groups,
+    requests: &'a [LimitRequest],
+    members: &[usize],
+) -> Vec<ScriptLimit<'a>> {
+    members
+        .iter()
+        .map(|&g| {
+            let group = &groups.unique[g];
+            ScriptLimit {
+                key: &group.key,
+                algorithm: group.algorithm(requests),
+                cost: group.cost,
+                shadow: group.shadow,
+            }
+        })
+        .collect()
 }
 
 /// One call of the decision script for the groups `members` (all on one
-/// node); with `look`, every cost is 0.
+/// node): one answer per member, in order.
 async fn run_decide(
     redis: &RedisStore,
     groups: &Groups,
     requests: &[LimitRequest],
     members: &[usize],
-    mode: ScriptMode,
-    look: bool,
-) -> Result<Vec<(Decision, i64)>, StoreError> {
-    let mut invocation = SCRIPT.prepare_invoke();
-    for &g in members {
-        let group = &groups.unique[g];
-        invocation.key(group.key.as_str());
-        let cost = if look { 0 } else { group.cost };
-        algorithm::push_script_args(
-            &mut invocation,
-            &requests[group.first].algorithm,
-            cost,
-            i64::from(group.shadow),
-        );
-    }
-    invocation.arg(mode.arg());
-    let reply: Vec<i64> = redis.run_script(&invocation).await?;
-    if reply.len() != 5 * members.len() {
-        return Err(StoreError::Reply(format!(
-            "script replied {} values for {} limits",
-            reply.len(),
-            members.len()
-        )));
-    }
-    members
-        .iter()
-        .zip(reply.chunks(5))
-        .map(|(&g, part)| {
-            let limit = requests[groups.unique[g].first].algorithm.limit();
-            algorithm::decision_from_reply(limit, part).map_err(StoreError::Reply)
-        })
-        .collect()
+    mode: Mode,
+) -> Result<Vec<Decided>, StoreError> {
+    let limits = script_limits(groups, requests, members);
+    let reply: Vec<i64> = redis
+        .run_script(&script::decide_call(mode, &limits))
+        .await?;
+    script::decode(&limits, &reply).map_err(StoreError::Reply)
 }
 
 /// Gives back what the groups `members` (all on one node) spent.
@@ -244,78 +221,20 @@ async fn refund(
     groups: &Groups,
     requests: &[LimitRequest],
     members: &[usize],
-    spent: &[Option<(Decision, i64)>],
+    spent: &Answers,
 ) -> Result<(), StoreError> {
-    let mut invocation = REFUND_SCRIPT.prepare_invoke();
-    let mut any = false;
-    for &g in members {
-        let group = &groups.unique[g];
-        let Some((decision, mark)) = spent[g] else {
-            continue;
-        };
-        if !decision.allowed || group.cost == 0 {
-            continue;
+    let mut given_back = Vec::new();
+    for (limit, &g) in script_limits(groups, requests, members)
+        .into_iter()
+        .zip(members)
+    {
+        let decided = spent.get(g)?;
+        if decided.decision.allowed && limit.cost > 0 {
+            given_back.push((limit, decided.mark));
         }
-        invocation.key(group.key.as_str());
-        algorithm::push_script_args(
-            &mut invocation,
-            &requests[group.first].algorithm,
-            group.cost,
-            mark,
-        );
-        any = true;
     }
-    if any {
-        let _refunded: i64 = redis.run_script(&invocation).await?;
+    if !given_back.is_empty() {
+        let _refunded: i64 = redis.run_script(&script::refund_call(&given_back)).await?;
     }
     Ok(())
-}
-
-impl Groups {
-    /// The groups `members` by Redis Cluster slot: each inner list can go
-    /// to one node in one script.
-    fn by_slot(&self, members: impl IntoIterator<Item = usize>) -> Vec<Vec<usize>> {
-        // In order of first appearance, so a call's scripts are stable.
-        let mut position_of_slot: HashMap<u16, usize> = HashMap::new();
-        let mut slots: Vec<Vec<usize>> = Vec::new();
-        for g in members {
-            let slot = cluster_slot(&self.unique[g].key);
-            let position = *position_of_slot.entry(slot).or_insert_with(|| {
-                slots.push(Vec::new());
-                slots.len() - 1
-            });
-            slots[position].push(g);
-        }
-        slots
-    }
-}
-
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of
-/// the whole key without one, modulo 16384.
-fn cluster_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-        // `{}` is no tag: the whole key counts.
-        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-    });
-    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % 16384
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_follow_redis_cluster_hashing() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(cluster_slot("123456789"), 0x31C3);
-        assert_eq!(
-            cluster_slot("{user1000}.following"),
-            cluster_slot("user1000")
-        );
-        assert_eq!(cluster_slot("foo{{bar}}zap"), cluster_slot("{bar"));
-        // An empty first tag means no tag: the whole key is hashed.
-        assert_ne!(cluster_slot("foo{}{bar}"), cluster_slot("bar"));
-    }
 }

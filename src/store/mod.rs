@@ -1,5 +1,6 @@
 //! Where decisions keep their state: Redis, shared by every ratelimitd
-//! instance, or the embedded in-process store.
+//! instance, or the embedded in-process store. Knows nothing of the
+//! algorithms: the limiter chooses which (`limiter::Store`).
 
 pub mod breaker;
 mod managers;
@@ -7,25 +8,5 @@ pub mod memory;
 mod pinned_tls;
 pub mod redis;
 
-use std::sync::Arc;
-
 pub use self::memory::{Clock, ManualClock, MemoryStore, SystemClock};
 pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Topology};
-use crate::algorithm::State;
-
-/// The configured store.
-#[derive(Clone)]
-pub enum Store {
-    Redis(RedisStore),
-    Memory(Arc<MemoryStore<State>>),
-}
-
-impl Store {
-    /// A short name for logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Redis(_) => "redis",
-            Self::Memory(_) => "memory",
-        }
-    }
-}

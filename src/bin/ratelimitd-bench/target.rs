@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use ratelimitd::algorithm::{self, SCRIPT, ScriptMode};
 use ratelimitd::limit::{
     Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
+use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
@@ -168,10 +168,14 @@ impl Target {
                     Err(err) => return Outcome::Error(format!("key: {err}")),
                 };
                 // Exactly what ratelimitd sends for one CheckLimit call.
-                let mut invocation = SCRIPT.prepare_invoke();
-                invocation.key(storage_key(key_prefix, algorithm, &caller));
-                algorithm::push_script_args(&mut invocation, algorithm, *cost, 0);
-                invocation.arg(ScriptMode::Decide.arg());
+                let key = storage_key(key_prefix, algorithm, &caller);
+                let limit = ScriptLimit {
+                    key: &key,
+                    algorithm,
+                    cost: *cost,
+                    shadow: false,
+                };
+                let invocation = script::decide_call(Mode::Decide, &[limit]);
                 let reply = tokio::time::timeout(
                     *timeout,
                     invocation.invoke_async::<Vec<i64>>(&mut connection),

@@ -6,7 +6,8 @@
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
 --          algorithm, three parameters (as decide.lua), cost, mark (the
---          fifth value decide.lua replied for it)
+--          fifth value decide.lua replied for it; 0 for the algorithms
+--          that give units back without finding the spend)
 -- Reply    the number of limits refunded
 --
 -- sliding_window.lua is defined above this part in the same script.

@@ -1,0 +1,71 @@
+//! The failure policy: what a call gets while Redis cannot decide (the
+//! error itself, everything allowed, or this instance's own state), marked
+//! degraded.
+
+use tracing::debug;
+
+use super::in_memory;
+use super::keys::{GroupDecisions, Groups};
+use super::{Combination, Limiter};
+use crate::error::StoreError;
+use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, RetryAfter};
+
+impl Limiter {
+    /// The failure policy's answer while Redis cannot decide: the error
+    /// itself (fail closed), or degraded decisions.
+    pub(super) fn when_redis_fails(
+        &self,
+        err: StoreError,
+        policy: FailurePolicy,
+        groups: &Groups,
+        requests: &[LimitRequest],
+        combination: Combination,
+    ) -> Result<GroupDecisions, StoreError> {
+        debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
+        let decisions = match (policy, &self.local) {
+            (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
+            (FailurePolicy::FailOpen, _) => groups.decide(|_, group| {
+                Ok::<_, StoreError>(fail_open(group.algorithm(requests), group.cost))
+            })?,
+            (FailurePolicy::Local, Some(local)) => {
+                in_memory::decide(local, groups, requests, combination)?
+            }
+        };
+        Ok(decisions.map(|decision| Decision {
+            degraded: true,
+            ..decision
+        }))
+    }
+}
+
+/// Failing open: allowed, with the whole limit said to remain (nothing is
+/// known), except a cost no state could ever allow.
+fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
+    let limit = algorithm.limit();
+    Decision {
+        allowed: cost <= limit,
+        limit,
+        remaining: limit.saturating_sub(cost),
+        reset_after: 0,
+        retry_after: if cost <= limit {
+            RetryAfter::After(0)
+        } else {
+            RetryAfter::Never
+        },
+        degraded: true,
+    }
+}
+
+/// What a limit of a cached denial reports when Redis cannot say what it
+/// has: its whole limit, the most it could have (marked degraded).
+pub(super) fn unknown_remaining(algorithm: &Algorithm) -> Decision {
+    let limit = algorithm.limit();
+    Decision {
+        allowed: true,
+        limit,
+        remaining: limit,
+        reset_after: 0,
+        retry_after: RetryAfter::After(0),
+        degraded: true,
+    }
+}

@@ -1,0 +1,67 @@
+//! Deciding a call's groups on an embedded store (the configured one, or
+//! this instance's own state under the `local` failure policy): the twin of
+//! the decision script, through `algorithm`'s drivers.
+
+use super::Combination;
+use super::keys::{GroupDecisions, Groups};
+use crate::algorithm::{self, State};
+use crate::error::StoreError;
+use crate::limit::LimitRequest;
+use crate::store::MemoryStore;
+use crate::store::memory::HeapSize;
+
+/// Decides the groups on `memory`, all of them under one lock of their
+/// shards, at one instant.
+pub(super) fn decide(
+    memory: &MemoryStore<State>,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    combination: Combination,
+) -> Result<GroupDecisions, StoreError> {
+    if let ([group], Combination::AllOrNothing) = (&*groups.unique, combination) {
+        // Most calls decide one key: borrow its parameters in place rather
+        // than collect them, as this path runs millions of times a second.
+        let algorithm = group.algorithm(requests);
+        let decisions = memory.with_keys(&[group.key.as_str()], |locked, now| {
+            algorithm::decide_together(
+                std::slice::from_ref(&group.cost),
+                std::slice::from_ref(&group.shadow),
+                |i, cost, spend| {
+                    locked.decide(i, |state| {
+                        algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+                    })
+                },
+            )
+        });
+        return groups.expect_one_each(decisions);
+    }
+    let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
+    let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
+    let decisions = memory.with_keys(&keys, |locked, now| {
+        let mut decide = |i: usize, cost, spend| {
+            let algorithm = groups.unique[i].algorithm(requests);
+            locked.decide(i, |state| {
+                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+            })
+        };
+        match combination {
+            Combination::Each => algorithm::decide_each(&costs, decide),
+            Combination::AllOrNothing => {
+                let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
+                algorithm::decide_together(&costs, &shadow, &mut decide)
+            }
+        }
+    });
+    groups.expect_one_each(decisions)
+}
+
+/// How much the embedded store charges a key for its state.
+impl HeapSize for State {
+    fn heap_bytes(&self) -> usize {
+        match self {
+            // The only state with a buffer: the log's entries.
+            Self::SlidingWindow(log) => log.heap_bytes(),
+            _ => 0,
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The protocol between Rust and the Lua scripts that decide on Redis: which
+//! Lua parts make each script, how a call's limits become `KEYS` and `ARGV`,
+//! and how the reply becomes decisions. The one place that knows both the
+//! algorithms' parameters and Redis's script calls; `decide.lua` and
+//! `refund.lua` (beside this file) document the same layout from Lua's side.
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+
+/// Every algorithm's Lua function, with the spend constants they share.
+/// Public so a test can put them under a clock of its own.
+pub const ALGORITHMS_LUA: &str = concat!(
+    include_str!("../algorithm/spend.lua"),
+    include_str!("../algorithm/fixed_window.lua"),
+    include_str!("../algorithm/sliding_window.lua"),
+    include_str!("../algorithm/token_bucket.lua"),
+    include_str!("../algorithm/gcra.lua"),
+    include_str!("../algorithm/sliding_window_counter.lua"),
+);
+
+/// The production clock: `now` from Redis `TIME`.
+pub const CLOCK_LUA: &str = include_str!("script/clock.lua");
+
+/// The driver that decides a call's limits in a [`Mode`]; it needs the
+/// algorithms and a clock defined above it.
+pub const DECIDE_LUA: &str = include_str!("script/decide.lua");
+
+/// The script behind every decision on Redis: the algorithms, the clock,
+/// then `decide.lua`. Loaded once per Redis and called by SHA.
+pub static DECIDE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_LUA].concat()));
+
+/// Takes back what [`DECIDE`] spent, when a request spanning several Redis
+/// Cluster nodes was denied by one after another had spent.
+pub static REFUND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../algorithm/spend.lua"),
+        include_str!("../algorithm/sliding_window.lua"),
+        include_str!("script/refund.lua")
+    ))
+});
+
+/// `ARGV` values per limit: algorithm, three parameters, cost, and shadow
+/// (decide) or mark (refund).
+pub const ARGS_PER_LIMIT: usize = 6;
+
+/// Reply values per limit: allowed, remaining, reset_after, retry_after,
+/// mark.
+pub const REPLY_PER_LIMIT: usize = 5;
+
+/// How [`DECIDE`] decides a call's limits: its last `ARGV` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// All or nothing: spend only if every limit not in shadow mode allows.
+    Decide,
+    /// Every limit on its own, a fixed window counting even what it denies.
+    Each,
+    /// What every limit would answer its cost; nothing written.
+    Dry,
+    /// What every limit has (cost 0); nothing written.
+    Look,
+    /// The call is denied elsewhere (a cached denial): each limit's denial,
+    /// or what it has; nothing written.
+    Denied,
+}
+
+impl Mode {
+    fn arg(self) -> &'static str {
+        match self {
+            Self::Decide => "decide",
+            Self::Each => "each",
+            Self::Dry => "dry",
+            Self::Look => "look",
+            Self::Denied => "denied",
+        }
+    }
+}
+
+/// One limit of a script call.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptLimit<'a> {
+    /// Its storage key.
+    pub key: &'a str,
+    pub algorithm: &'a Algorithm,
+    pub cost: u64,
+    /// In shadow mode: it may not deny the call.
+    pub shadow: bool,
+}
+
+/// What a refund needs to find one spend again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpendMark {
+    /// Nothing: the units are given back to the key as it is (anchored
+    /// fixed window, token bucket, GCRA).
+    Unmarked,
+    /// The window the units were counted in: given back only while the key
+    /// still counts it (aligned fixed window, sliding window counter).
+    Window(u64),
+    /// The stamp of the log entry the spend added (sliding window).
+    Entry(Micros),
+}
+
+impl SpendMark {
+    /// Reads the mark the script replied for `algorithm`.
+    fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, String> {
+        let unsigned = u64::try_from(mark).map_err(|_| format!("script replied mark = {mark}"))?;
+        Ok(match algorithm {
+            Algorithm::FixedWindow(p) if p.aligned => Self::Window(unsigned),
+            Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
+            Algorithm::SlidingWindow(_) => Self::Entry(unsigned),
+            _ => Self::Unmarked,
+        })
+    }
+
+    fn arg(self) -> u64 {
+        match self {
+            Self::Unmarked => 0,
+            Self::Window(window) => window,
+            Self::Entry(stamp) => stamp,
+        }
+    }
+}
+
+/// One limit's answer from [`DECIDE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decided {
+    pub decision: Decision,
+    /// What a refund of this decision's spend needs.
+    pub mark: SpendMark,
+}
+
+/// A [`DECIDE`] call for `limits` (on one Redis node) in `mode`.
+pub fn decide_call(mode: Mode, limits: &[ScriptLimit<'_>]) -> ScriptInvocation<'static> {
+    decide_call_on(&DECIDE, mode, limits)
+}
+
+/// A call of `script`, a [`DECIDE`] with a clock of its own (tests), for
+/// `limits` in `mode`.
+pub fn decide_call_on<'s>(
+    script: &'s Script,
+    mode: Mode,
+    limits: &[ScriptLimit<'_>],
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    for limit in limits {
+        invocation.key(limit.key);
+        push_limit(
+            &mut invocation,
+            limit.algorithm,
+            limit.cost,
+            u64::from(limit.shadow),
+        );
+    }
+    invocation.arg(mode.arg());
+    invocation
+}
+
+/// A [`REFUND`] call giving back `spent` (limits on one node, each with the
+/// mark its decision replied).
+pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'static> {
+    let mut invocation = REFUND.prepare_invoke();
+    for (limit, mark) in spent {
+        invocation.key(limit.key);
+        push_limit(&mut invocation, limit.algorithm, limit.cost, mark.arg());
+    }
+    invocation
+}
+
+/// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
+fn push_limit(invocation: &mut ScriptInvocation<'_>, algorithm: &Algorithm, cost: u64, last: u64) {
+    match algorithm {
+        Algorithm::FixedWindow(p) => invocation
+            .arg("fw")
+            .arg(p.limit)
+            .arg(p.window.as_millis())
+            .arg(u8::from(p.aligned)),
+        Algorithm::SlidingWindow(p) => invocation
+            .arg("sw")
+            .arg(p.limit)
+            .arg(p.window.as_micros())
+            .arg(0),
+        // The rate goes in Rust's shortest exact decimal form, which Lua's
+        // `tonumber` reads back to the same double.
+        Algorithm::TokenBucket(p) => invocation
+            .arg("tb")
+            .arg(p.capacity)
+            .arg(p.refill_per_second)
+            .arg(0),
+        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst).arg(p.interval).arg(0),
+        Algorithm::SlidingWindowCounter(p) => invocation
+            .arg("sc")
+            .arg(p.limit)
+            .arg(p.window.as_micros())
+            .arg(0),
+    };
+    invocation.arg(cost).arg(last);
+}
+
+/// Reads [`DECIDE`]'s reply for `limits`: exactly one [`Decided`] per
+/// limit, in order, or an error saying what was out of range.
+pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>, String> {
+    if reply.len() != REPLY_PER_LIMIT * limits.len() {
+        return Err(format!(
+            "script replied {} values for {} limits",
+            reply.len(),
+            limits.len()
+        ));
+    }
+    limits
+        .iter()
+        .zip(reply.chunks_exact(REPLY_PER_LIMIT))
+        .map(|(limit, part)| decode_one(limit.algorithm, part))
+        .collect()
+}
+
+/// One limit's part of the reply, `{allowed, remaining, reset_after_us,
+/// retry_after_us (-1: never), mark}`.
+fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
+    let &[allowed, remaining, reset_after, retry_after, mark] = reply else {
+        return Err(format!(
+            "script replied {} values, not {REPLY_PER_LIMIT}",
+            reply.len()
+        ));
+    };
+    let non_negative = |name: &str, value: i64| {
+        u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
+    };
+    let allowed = match allowed {
+        0 => false,
+        1 => true,
+        other => return Err(format!("script replied allowed = {other}")),
+    };
+    let retry_after = match retry_after {
+        -1 => RetryAfter::Never,
+        value => RetryAfter::After(non_negative("retry_after", value)?),
+    };
+    let decision = Decision {
+        allowed,
+        limit: algorithm.limit(),
+        remaining: non_negative("remaining", remaining)?,
+        reset_after: non_negative("reset_after", reset_after)?,
+        retry_after,
+        degraded: false,
+    };
+    Ok(Decided {
+        decision,
+        mark: SpendMark::from_reply(algorithm, mark)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::FixedWindow;
+
+    fn fixed() -> Algorithm {
+        Algorithm::FixedWindow(FixedWindow::new(3, Duration::from_secs(1)).expect("valid"))
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_length_or_out_of_range_is_an_error() {
+        let algorithm = fixed();
+        let limit = ScriptLimit {
+            key: "k",
+            algorithm: &algorithm,
+            cost: 1,
+            shadow: false,
+        };
+        let limits = [limit, limit];
+        assert!(decode(&limits, &[1, 2, 0, 0, 0]).is_err());
+        assert!(decode(&limits[..1], &[2, 2, 0, 0, 0]).is_err());
+        assert!(decode(&limits[..1], &[1, -1, 0, 0, 0]).is_err());
+        let decided = decode(&limits[..1], &[0, 0, 5, -1, 0]).expect("valid");
+        assert_eq!(decided[0].decision.retry_after, RetryAfter::Never);
+        assert_eq!(decided[0].decision.limit, 3);
+        assert_eq!(decided[0].mark, SpendMark::Unmarked);
+    }
+}

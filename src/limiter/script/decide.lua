@@ -1,0 +1,121 @@
+-- Decides one call's limits: one limit for CheckLimit, one per descriptor
+-- for Envoy. The algorithms' functions and the clock (`now`) are defined
+-- above this part in the same script; `limiter::script` is its Rust side
+-- (encoder, decoder, and the names of the numbers below).
+--
+-- KEYS[i]  the key of limit i
+-- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
+--          algorithm, three parameters, cost, shadow (1|0)
+--            'fw': limit, window_ms, aligned (1|0)
+--            'sw': limit, window_us, (unused)
+--            'tb': capacity, refill_per_second, (unused)
+--            'gc': burst, interval_us, (unused)
+--            'sc': limit, window_us, (unused)
+--          then, last, the mode:
+--            'decide'  all or nothing: the limits are spent only if every
+--                      limit not in shadow mode allows its cost; otherwise
+--                      nothing is spent, and a limit that would have
+--                      allowed reports what it has (as 'look' does)
+--            'each'    every limit decided on its own, spending ALWAYS (a
+--                      fixed window counts even what it denies, as
+--                      envoyproxy/ratelimit counts hits)
+--            'dry'     every limit decided as if spending; nothing written
+--            'look'    what every limit has (cost 0); nothing written
+--            'denied'  the call is denied by a limit decided elsewhere (a
+--                      cached denial): each limit's denial of its cost, or,
+--                      if it would allow, what it has; nothing written
+-- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
+--          allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
+--          never), mark (what refund.lua needs to take a spend back)
+local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
+
+local function decide(i, cost, spend)
+  local at = ARGS_PER_LIMIT * (i - 1)
+  local algorithm = ARGV[at + 1]
+  local p1 = tonumber(ARGV[at + 2])
+  local p2 = tonumber(ARGV[at + 3])
+  local p3 = tonumber(ARGV[at + 4])
+  if algorithm == 'fw' then
+    return {fixed_window(KEYS[i], now, p1, p2, p3, cost, spend)}
+  elseif algorithm == 'sw' then
+    return {sliding_window(KEYS[i], now, p1, p2, cost, spend)}
+  elseif algorithm == 'tb' then
+    return {token_bucket(KEYS[i], now, p1, p2, cost, spend)}
+  elseif algorithm == 'gc' then
+    return {gcra(KEYS[i], now, p1, p2, cost, spend)}
+  elseif algorithm == 'sc' then
+    return {sliding_window_counter(KEYS[i], now, p1, p2, cost, spend)}
+  end
+  error('unknown algorithm ' .. tostring(algorithm))
+end
+
+local reply = {}
+local function answer(i, decision)
+  for j = 1, REPLY_PER_LIMIT do
+    reply[REPLY_PER_LIMIT * (i - 1) + j] = decision[j]
+  end
+end
+
+local function cost_of(i)
+  return tonumber(ARGV[ARGS_PER_LIMIT * (i - 1) + 5])
+end
+
+local function in_shadow(i)
+  return ARGV[ARGS_PER_LIMIT * (i - 1) + 6] == '1'
+end
+
+local count = #KEYS
+local mode = ARGV[ARGS_PER_LIMIT * count + 1]
+if mode == 'dry' or mode == 'look' then
+  for i = 1, count do
+    local cost = 0
+    if mode == 'dry' then
+      cost = cost_of(i)
+    end
+    answer(i, decide(i, cost, DRY))
+  end
+  return reply
+end
+if mode == 'denied' then
+  for i = 1, count do
+    local decision = decide(i, cost_of(i), DRY)
+    if decision[1] == 1 then
+      decision = decide(i, 0, DRY)
+    end
+    answer(i, decision)
+  end
+  return reply
+end
+if mode == 'each' then
+  for i = 1, count do
+    answer(i, decide(i, cost_of(i), ALWAYS))
+  end
+  return reply
+end
+if mode ~= 'decide' then
+  error('unknown mode ' .. tostring(mode))
+end
+if count == 1 then
+  -- Alone, a limit spends only if it allows: no dry run needed.
+  answer(1, decide(1, cost_of(1), IF_ALLOWED))
+  return reply
+end
+
+local dry = {}
+local all_allow = true
+for i = 1, count do
+  dry[i] = decide(i, cost_of(i), DRY)
+  if dry[i][1] == 0 and not in_shadow(i) then
+    all_allow = false
+  end
+end
+for i = 1, count do
+  if dry[i][1] == 0 then
+    answer(i, dry[i])
+  elseif all_allow then
+    answer(i, decide(i, cost_of(i), IF_ALLOWED))
+  else
+    answer(i, decide(i, 0, DRY))
+  end
+end
+return reply
