@@ -6,21 +6,39 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use crate::algorithm::{MemoryChange, Spend};
+use crate::algorithm::{MemoryChange, Spend, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
 
-/// The in-memory state of one key.
+/// The in-memory state of one key, as the script keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     used: u64,
-    window_end: Micros,
+    /// Aligned: the number of the window `used` counts (a key left from the
+    /// previous window, still alive in its last millisecond, counts
+    /// nothing). Anchored: `None`.
+    window: Option<u64>,
+    /// When the counter expires, in whole milliseconds, as Redis keeps it:
+    /// the window's end.
+    expires_ms: u64,
 }
 
-/// The in-memory twin of `fixed_window.lua`. `state` is `None` when the key
-/// has no live window (the store drops expired state before calling). With
-/// [`Spend::Dry`] it decides the same and changes nothing; with
-/// [`Spend::Always`] a denied cost is counted too (upstream's way), and
-/// `remaining` is what is left after it.
+impl State {
+    pub(super) fn snapshot(&self) -> super::Snapshot {
+        super::Snapshot::FixedWindow {
+            window: self.window,
+            used: self.used,
+        }
+    }
+}
+
+/// The in-memory twin of `fixed_window.lua`, step for step. `state` is
+/// `None` when the key has no live window (the store drops expired state
+/// before calling). With [`Spend::Dry`] it decides the same and changes
+/// nothing; with [`Spend::Always`] a denied cost is counted too (upstream's
+/// way), and `remaining` is what is left after it.
+///
+/// An anchored window's `reset_after` is whole milliseconds: it is what
+/// Redis's `PTTL` says of the counter.
 pub fn decide(
     params: &FixedWindow,
     state: &mut Option<State>,
@@ -29,29 +47,66 @@ pub fn decide(
     spend: Spend,
 ) -> (Decision, MemoryChange) {
     let limit = params.limit;
-    let (used, mut reset_after) = match state {
-        Some(s) => (s.used, s.window_end.saturating_sub(now)),
-        None => (0, 0),
+    let window_us = params.window.as_micros();
+    let now_ms = now / 1000;
+    // Aligned windows are numbered from the Unix epoch.
+    let current = params.aligned.then(|| now / window_us);
+    let window_end = |window: u64| (window + 1) * window_us;
+    let in_window = match (state.as_ref(), current) {
+        (Some(stored), Some(window)) => stored.window == Some(window),
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    let (used, mut reset_after) = match (state.as_ref(), current) {
+        (Some(stored), Some(window)) if in_window => (stored.used, window_end(window) - now),
+        (Some(stored), None) => (stored.used, (stored.expires_ms - now_ms) * 1000),
+        _ => (0, 0),
+    };
+    let mut record = |reset_after: &mut Micros| match current {
+        Some(window) => {
+            let expires_ms = window_end(window) / 1000;
+            *state = Some(State {
+                used: used + cost,
+                window: Some(window),
+                expires_ms,
+            });
+            *reset_after = window_end(window) - now;
+            MemoryChange::Written {
+                expires_at: redis_expiry_at(expires_ms),
+            }
+        }
+        None if in_window => {
+            if let Some(stored) = state.as_mut() {
+                stored.used += cost;
+            }
+            MemoryChange::Updated
+        }
+        None => {
+            let expires_ms = now_ms + params.window.as_millis();
+            *state = Some(State {
+                used: cost,
+                window: None,
+                expires_ms,
+            });
+            *reset_after = window_us;
+            MemoryChange::Written {
+                expires_at: redis_expiry_at(expires_ms),
+            }
+        }
     };
     let mut remaining = limit.saturating_sub(used);
-    let allowed = cost <= limit && used + cost <= limit;
-    let change = if cost > 0 && (spend == Spend::Always || (allowed && spend == Spend::IfAllowed)) {
-        let change = record(params, state, now, cost);
-        if let Some(s) = state {
-            reset_after = s.window_end - now;
-        }
-        change
-    } else {
-        MemoryChange::None
-    };
-    if !allowed {
-        if change != MemoryChange::None {
+    if cost > limit || used + cost > limit {
+        let mut change = MemoryChange::None;
+        if spend == Spend::Always && cost > 0 {
+            change = record(&mut reset_after);
             remaining = limit.saturating_sub(used + cost);
         }
+        // The whole limit is back when the window ends; Redis's `PTTL` says
+        // 0 within the window's last millisecond, so never less than 1 ms.
         let retry_after = if cost > limit {
             RetryAfter::Never
         } else {
-            RetryAfter::After(reset_after.max(1))
+            RetryAfter::After(reset_after.max(1000))
         };
         let decision = Decision {
             allowed: false,
@@ -63,6 +118,11 @@ pub fn decide(
         };
         return (decision, change);
     }
+    let change = if cost > 0 && spend != Spend::Dry {
+        record(&mut reset_after)
+    } else {
+        MemoryChange::None
+    };
     let decision = Decision {
         allowed: true,
         limit,
@@ -72,31 +132,6 @@ pub fn decide(
         degraded: false,
     };
     (decision, change)
-}
-
-/// Adds `cost` to the window in progress, or starts one.
-fn record(params: &FixedWindow, state: &mut Option<State>, now: Micros, cost: u64) -> MemoryChange {
-    match state {
-        Some(s) => {
-            s.used += cost;
-            MemoryChange::Updated
-        }
-        None => {
-            let window = params.window.as_micros();
-            let window_end = if params.aligned {
-                (now / window + 1) * window
-            } else {
-                now + window
-            };
-            *state = Some(State {
-                used: cost,
-                window_end,
-            });
-            MemoryChange::Written {
-                expires_at: window_end,
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -121,7 +156,7 @@ mod tests {
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 3_000_000
+                expires_at: 3_001_000
             }
         );
     }
@@ -200,7 +235,7 @@ mod tests {
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 1_000_000
+                expires_at: 1_001_000
             }
         );
     }

@@ -3,13 +3,19 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::MemoryChange;
+use super::{MemoryChange, redis_expiry_after};
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
 
 /// The in-memory state of one key: its theoretical arrival time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     tat: Micros,
+}
+
+impl State {
+    pub(super) fn snapshot(&self) -> super::Snapshot {
+        super::Snapshot::Gcra { tat: self.tat }
+    }
 }
 
 /// The in-memory twin of `gcra.lua`. A missing state is an idle key. With
@@ -51,12 +57,10 @@ pub fn decide(
         return (decision, MemoryChange::None);
     }
     *state = Some(State { tat: new_tat });
-    // Redis expires the key on a whole millisecond; so does the twin.
-    let expires_in = (new_tat - now).div_ceil(1000) * 1000;
     (
         decision,
         MemoryChange::Written {
-            expires_at: now + expires_in,
+            expires_at: redis_expiry_after(now, (new_tat - now).div_ceil(1000)),
         },
     )
 }

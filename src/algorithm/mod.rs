@@ -44,6 +44,54 @@ pub enum State {
     SlidingWindowCounter(sliding_window_counter::State),
 }
 
+impl State {
+    /// What the state holds, in the terms both twins keep it: for comparing
+    /// the embedded store with Redis (tests/twins.rs) and for inspection.
+    pub fn snapshot(&self) -> Snapshot {
+        match self {
+            Self::FixedWindow(state) => state.snapshot(),
+            Self::SlidingWindow(state) => state.snapshot(),
+            Self::TokenBucket(state) => state.snapshot(),
+            Self::Gcra(state) => state.snapshot(),
+            Self::SlidingWindowCounter(state) => state.snapshot(),
+        }
+    }
+}
+
+/// A key's state as plain values, the same whichever twin holds it (each
+/// algorithm's Lua file says how Redis stores these).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Snapshot {
+    /// Units counted; an aligned window's number (`None`: anchored).
+    FixedWindow { window: Option<u64>, used: u64 },
+    /// The log's entries, oldest first: (stamp, units).
+    SlidingWindow { entries: Vec<(Micros, u64)> },
+    /// Tokens (fractional) as of `stamp`.
+    TokenBucket { tokens: f64, stamp: Micros },
+    /// The theoretical arrival time.
+    Gcra { tat: Micros },
+    /// The window `current` counts, and the one before's count.
+    SlidingWindowCounter {
+        index: u64,
+        current: u64,
+        previous: u64,
+    },
+}
+
+/// When Redis drops a key given `PEXPIRE key ttl_ms` (or `SET ... PX`) at
+/// `now`: see [`redis_expiry_at`]. The twins expire their state at that
+/// same instant, so the embedded store's keys live exactly as long.
+pub fn redis_expiry_after(now: Micros, ttl_ms: u64) -> Micros {
+    redis_expiry_at(now / 1000 + ttl_ms)
+}
+
+/// When Redis drops a key that expires at `at_ms` (`PEXPIREAT`): Redis
+/// keeps expiry in whole milliseconds of its clock and drops a key once its
+/// clock is past that millisecond, so the key lives through all of it.
+pub fn redis_expiry_at(at_ms: u64) -> Micros {
+    (at_ms + 1) * 1000
+}
+
 /// What an in-memory decision did to the key's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryChange {

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::MemoryChange;
+use super::{MemoryChange, redis_expiry_after};
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 
 /// The in-memory state of one key: the log, oldest first, as (stamp,
@@ -27,6 +27,20 @@ pub struct State {
 }
 
 impl State {
+    pub(super) fn snapshot(&self) -> super::Snapshot {
+        let mut before = self.base;
+        let entries = self
+            .entries
+            .iter()
+            .map(|&(stamp, total)| {
+                let units = total - before;
+                before = total;
+                (stamp, units)
+            })
+            .collect();
+        super::Snapshot::SlidingWindow { entries }
+    }
+
     /// The bytes the log's buffer holds, used or not.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<(Micros, u64)>()
@@ -142,7 +156,7 @@ pub fn decide(
     (
         decision,
         MemoryChange::Written {
-            expires_at: stamp + window,
+            expires_at: redis_expiry_after(now, decision.reset_after.div_ceil(1000)),
         },
     )
 }
@@ -208,10 +222,13 @@ mod tests {
         decide(&p, &mut state, 500_000, 1, true);
         let (d, change) = decide(&p, &mut state, 400_000, 1, true);
         assert!(d.allowed);
+        // Stamped 500 001, the entry counts until 1 500 001; the key, like
+        // Redis's (PEXPIRE 1101 ms at 400 ms), lives through 1 501 ms.
+        assert_eq!(d.reset_after, 1_100_001);
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 1_500_001
+                expires_at: 1_502_000
             }
         );
     }

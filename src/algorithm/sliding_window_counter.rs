@@ -6,7 +6,7 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::MemoryChange;
+use super::{MemoryChange, redis_expiry_after};
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
 
 /// The in-memory state of one key.
@@ -16,6 +16,16 @@ pub struct State {
     index: u64,
     current: u64,
     previous: u64,
+}
+
+impl State {
+    pub(super) fn snapshot(&self) -> super::Snapshot {
+        super::Snapshot::SlidingWindowCounter {
+            index: self.index,
+            current: self.current,
+            previous: self.previous,
+        }
+    }
 }
 
 /// The previous window's share of `count` at `into` microseconds into the
@@ -109,12 +119,10 @@ pub fn decide(
         previous,
     });
     decision.reset_after = next_start + window;
-    // Redis expires the key on a whole millisecond; so does the twin.
-    let expires_in = (next_start + window).div_ceil(1000) * 1000;
     (
         decision,
         MemoryChange::Written {
-            expires_at: now + expires_in,
+            expires_at: redis_expiry_after(now, (next_start + window).div_ceil(1000)),
         },
     )
 }

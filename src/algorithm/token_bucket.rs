@@ -4,7 +4,7 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
-use super::MemoryChange;
+use super::{MemoryChange, redis_expiry_after};
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
 
 /// The in-memory state of one key.
@@ -12,6 +12,15 @@ use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
 pub struct State {
     tokens: f64,
     stamp: Micros,
+}
+
+impl State {
+    pub(super) fn snapshot(&self) -> super::Snapshot {
+        super::Snapshot::TokenBucket {
+            tokens: self.tokens,
+            stamp: self.stamp,
+        }
+    }
 }
 
 /// The in-memory twin of `token_bucket.lua`. A missing state is a full
@@ -62,12 +71,10 @@ pub fn decide(
         return (decision, MemoryChange::None);
     }
     *state = Some(State { tokens, stamp });
-    // Redis expires the key on a whole millisecond; so does the twin.
-    let expires_in = decision.reset_after.div_ceil(1000) * 1000;
     (
         decision,
         MemoryChange::Written {
-            expires_at: now + expires_in,
+            expires_at: redis_expiry_after(now, decision.reset_after.div_ceil(1000)),
         },
     )
 }

@@ -301,6 +301,18 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
         self.len() == 0
     }
 
+    /// A copy of `key`'s live state and when it expires, without changing
+    /// anything: for inspection and tests.
+    pub fn peek(&self, key: &str) -> Option<(S, Micros)>
+    where
+        S: Clone,
+    {
+        let now = self.clock.now();
+        let shard = lock(&self.shards[self.shard_of(key)]);
+        let slot = shard.map.get(key).filter(|slot| slot.expires_at > now)?;
+        Some((slot.state.clone()?, slot.expires_at))
+    }
+
     /// Locks the shards of all `keys` (in ascending order) and runs `work`,
     /// which may decide on any of them through [`LockedKeys::decide`]; no
     /// other call sees any of these keys until `work` returns.
