@@ -676,28 +676,38 @@ fn read_pem(path: &PathBuf) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|err| format!("cannot read {}: {err}", path.display()))
 }
 
-/// `url` with any password replaced by `***`.
-pub fn redacted_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
+/// `text` (a Redis URL) with every secret in it replaced by `***`: the
+/// password, a user name standing alone (redis-rs takes
+/// `redis://secret@host` as a password), and `pass` / `password` query
+/// values (`redis+unix:///path?pass=...`). A URL that does not parse is not
+/// shown at all.
+pub fn redacted_url(text: &str) -> String {
+    let Ok(mut url) = url::Url::parse(text) else {
+        return "<a URL that does not parse>".into();
     };
-    let authority_end = url[scheme_end..]
-        .find('/')
-        .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end]
-        .rfind('@')
-        .map(|i| scheme_end + i)
-    else {
-        return url.to_owned();
-    };
-    let user_info = &url[scheme_end..at];
-    let user = user_info.split(':').next().unwrap_or_default();
-    if user_info.contains(':') {
-        format!("{}{user}:***{}", &url[..scheme_end], &url[at..])
-    } else {
-        // `redis://password@host` is accepted by redis-rs too: hide it all.
-        format!("{}***{}", &url[..scheme_end], &url[at..])
+    // Both setters fail only for URLs without a host, which hold no
+    // credentials to hide.
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    } else if !url.username().is_empty() {
+        let _ = url.set_username("***");
     }
+    let secret = |name: &str| name == "pass" || name == "password";
+    if url.query_pairs().any(|(name, _)| secret(&name)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if secret(&name) {
+                    "***".into()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
 }
 
 /// A size such as `256MiB`, `1GB` or `65536`, in bytes; 0 allowed (off).
@@ -739,6 +749,12 @@ mod tests {
             redacted_url("redis://127.0.0.1:6379"),
             "redis://127.0.0.1:6379"
         );
+        assert_eq!(redacted_url("rediss://s3cret@h:1"), "rediss://***@h:1");
+        assert_eq!(
+            redacted_url("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=2&pass=***"
+        );
+        assert!(!redacted_url("redis://u:s3cret@[::1").contains("s3cret"));
         let config = Config::parse_from(["ratelimitd", "--redis-url", "redis://u:pw@h:1/0"]);
         assert!(!format!("{config:?}").contains("pw"));
     }

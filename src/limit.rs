@@ -177,12 +177,12 @@ fn quantity(field: &str, value: u64, max: u64) -> Result<u64, InvalidArgument> {
 /// At most `limit` units per window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
-    pub limit: u64,
-    pub window: Window,
+    limit: u64,
+    window: Window,
     /// `false`: the window starts at the key's first spending request
     /// (`CheckLimit`). `true`: windows are the multiples of `window` since
     /// the Unix epoch, as envoyproxy/ratelimit counts them.
-    pub aligned: bool,
+    aligned: bool,
 }
 
 impl FixedWindow {
@@ -202,13 +202,26 @@ impl FixedWindow {
             ..Self::new(limit, window)?
         })
     }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
+    /// Windows aligned to multiples of their length since the Unix epoch.
+    pub fn is_aligned(&self) -> bool {
+        self.aligned
+    }
 }
 
 /// At most `limit` units within any span of `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingWindow {
-    pub limit: u64,
-    pub window: Window,
+    limit: u64,
+    window: Window,
 }
 
 impl SlidingWindow {
@@ -218,13 +231,21 @@ impl SlidingWindow {
             window: Window::new(window)?,
         })
     }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
 }
 
 /// A bucket of `capacity` tokens, starting full, refilled continuously.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenBucket {
-    pub capacity: u64,
-    pub refill_per_second: f64,
+    capacity: u64,
+    refill_per_second: f64,
 }
 
 impl TokenBucket {
@@ -258,14 +279,23 @@ impl TokenBucket {
             refill_per_second,
         })
     }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Tokens per second: finite and positive.
+    pub fn refill_per_second(&self) -> f64 {
+        self.refill_per_second
+    }
 }
 
 /// At most about `limit` units per `window`, estimated from two aligned
 /// fixed-window counts (the sliding window counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingWindowCounter {
-    pub limit: u64,
-    pub window: Window,
+    limit: u64,
+    window: Window,
 }
 
 impl SlidingWindowCounter {
@@ -275,16 +305,24 @@ impl SlidingWindowCounter {
             window: Window::new(window)?,
         })
     }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window(&self) -> Window {
+        self.window
+    }
 }
 
 /// GCRA (the generic cell rate algorithm): `rate` requests per `period`
 /// sustained, one every `interval` microseconds, and up to `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
-    pub burst: u64,
+    burst: u64,
     /// The period divided by the rate, rounded up to a whole microsecond,
     /// so the sustained rate is never above the one asked for.
-    pub interval: Micros,
+    interval: Micros,
 }
 
 impl Gcra {
@@ -315,6 +353,15 @@ impl Gcra {
         }
         Ok(Self { burst, interval })
     }
+
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Microseconds between requests at the sustained rate: at least 1.
+    pub fn interval(&self) -> Micros {
+        self.interval
+    }
 }
 
 /// The algorithm and its parameters.
@@ -331,11 +378,11 @@ impl Algorithm {
     /// The limit or capacity in force.
     pub fn limit(&self) -> u64 {
         match self {
-            Self::FixedWindow(p) => p.limit,
-            Self::SlidingWindow(p) => p.limit,
-            Self::TokenBucket(p) => p.capacity,
-            Self::Gcra(p) => p.burst,
-            Self::SlidingWindowCounter(p) => p.limit,
+            Self::FixedWindow(p) => p.limit(),
+            Self::SlidingWindow(p) => p.limit(),
+            Self::TokenBucket(p) => p.capacity(),
+            Self::Gcra(p) => p.burst(),
+            Self::SlidingWindowCounter(p) => p.limit(),
         }
     }
 

@@ -145,11 +145,11 @@ fn random_cost(random: &mut Random, limit: u64) -> u64 {
 
 fn window_of(algorithm: &Algorithm) -> Micros {
     match algorithm {
-        Algorithm::FixedWindow(p) => p.window.as_micros(),
-        Algorithm::SlidingWindow(p) => p.window.as_micros(),
-        Algorithm::SlidingWindowCounter(p) => p.window.as_micros(),
-        Algorithm::Gcra(p) => p.burst * p.interval,
-        Algorithm::TokenBucket(p) => (p.capacity as f64 / p.refill_per_second * 1e6) as Micros,
+        Algorithm::FixedWindow(p) => p.window().as_micros(),
+        Algorithm::SlidingWindow(p) => p.window().as_micros(),
+        Algorithm::SlidingWindowCounter(p) => p.window().as_micros(),
+        Algorithm::Gcra(p) => p.burst() * p.interval(),
+        Algorithm::TokenBucket(p) => (p.capacity() as f64 / p.refill_per_second() * 1e6) as Micros,
     }
 }
 
@@ -307,7 +307,7 @@ impl Twins {
             value as u64
         };
         let snapshot = match algorithm {
-            Algorithm::FixedWindow(p) if p.aligned => {
+            Algorithm::FixedWindow(p) if p.is_aligned() => {
                 let values = hash(&["w", "n"]).await;
                 values[0].as_ref()?;
                 Snapshot::FixedWindow {
@@ -339,7 +339,7 @@ impl Twins {
                 // count for nothing, and the twin drops them at once.
                 let entries: Vec<(Micros, u64)> = members
                     .into_iter()
-                    .filter(|&(_, stamp)| stamp + p.window.as_micros() > self.now)
+                    .filter(|&(_, stamp)| stamp + p.window().as_micros() > self.now)
                     .map(|(member, stamp)| {
                         let (_, units) = member.split_once(':').expect("before:units");
                         (stamp, units.parse().expect("units"))

@@ -46,11 +46,11 @@ pub fn decide(
     cost: u64,
     spend: Spend,
 ) -> (Decision, MemoryChange) {
-    let limit = params.limit;
-    let window_us = params.window.as_micros();
+    let limit = params.limit();
+    let window_us = params.window().as_micros();
     let now_ms = now / 1000;
     // Aligned windows are numbered from the Unix epoch.
-    let current = params.aligned.then(|| now / window_us);
+    let current = params.is_aligned().then(|| now / window_us);
     let window_end = |window: u64| (window + 1) * window_us;
     let in_window = match (state.as_ref(), current) {
         (Some(stored), Some(window)) => stored.window == Some(window),
@@ -82,7 +82,7 @@ pub fn decide(
             MemoryChange::Updated
         }
         None => {
-            let expires_ms = now_ms + params.window.as_millis();
+            let expires_ms = now_ms + params.window().as_millis();
             *state = Some(State {
                 used: cost,
                 window: None,
@@ -146,10 +146,7 @@ mod tests {
 
     #[test]
     fn aligned_windows_end_on_multiples_of_the_window() {
-        let p = FixedWindow {
-            aligned: true,
-            ..params(2, 1000)
-        };
+        let p = FixedWindow::aligned(2, Duration::from_millis(1000)).unwrap();
         let mut state = None;
         let (d, change) = decide(&p, &mut state, 2_300_000, 1, Spend::IfAllowed);
         assert_eq!(d.reset_after, 700_000);
@@ -211,10 +208,7 @@ mod tests {
 
     #[test]
     fn spending_always_counts_denied_hits_too() {
-        let p = FixedWindow {
-            aligned: true,
-            ..params(2, 1000)
-        };
+        let p = FixedWindow::aligned(2, Duration::from_millis(1000)).unwrap();
         let mut state = None;
         for (cost, allowed, remaining) in [(1, true, 1), (2, false, 0), (0, false, 0)] {
             let (d, _) = decide(&p, &mut state, 100_000, cost, Spend::Always);

@@ -27,19 +27,19 @@ pub fn decide(
     cost: u64,
     spend: bool,
 ) -> (Decision, MemoryChange) {
-    let interval = params.interval;
-    let tolerance = params.burst * interval;
+    let interval = params.interval();
+    let tolerance = params.burst() * interval;
     let tat = state.as_ref().map_or(now, |s| s.tat).max(now);
     let remaining_at = |at: Micros| (now + tolerance).saturating_sub(at) / interval;
     let mut decision = Decision {
         allowed: false,
-        limit: params.burst,
+        limit: params.burst(),
         remaining: remaining_at(tat),
         reset_after: tat - now,
         retry_after: RetryAfter::Never,
         degraded: false,
     };
-    if cost > params.burst {
+    if cost > params.burst() {
         return (decision, MemoryChange::None);
     }
     let new_tat = tat + cost * interval;
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn the_interval_is_rounded_up_never_down() {
         // 3 a second: one every 333 334 µs, never faster than asked.
-        assert_eq!(params(3, 1000, 1).interval, 333_334);
+        assert_eq!(params(3, 1000, 1).interval(), 333_334);
         assert!(Gcra::new(2_000_000, Duration::from_secs(1), 1).is_err());
         assert!(Gcra::new(1, Duration::from_secs(86_400), 400).is_err());
     }

@@ -107,7 +107,7 @@ pub enum MemoryChange {
 /// caller key under two algorithms names two different keys.
 pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow(p) if p.aligned => "fa",
+        Algorithm::FixedWindow(p) if p.is_aligned() => "fa",
         Algorithm::FixedWindow(_) => "fw",
         Algorithm::SlidingWindow(_) => "sl",
         Algorithm::TokenBucket(_) => "tb",

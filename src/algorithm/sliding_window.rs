@@ -101,8 +101,8 @@ pub fn decide(
     cost: u64,
     spend: bool,
 ) -> (Decision, MemoryChange) {
-    let limit = params.limit;
-    let window = params.window.as_micros();
+    let limit = params.limit();
+    let window = params.window().as_micros();
     let log = state.get_or_insert_with(State::default);
     let pruned = log.prune(now, window);
     let newest = (!log.entries.is_empty()).then_some(log.newest.0);

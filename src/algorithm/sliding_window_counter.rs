@@ -63,8 +63,8 @@ pub fn decide(
     cost: u64,
     spend: bool,
 ) -> (Decision, MemoryChange) {
-    let window = params.window.as_micros();
-    let limit = params.limit;
+    let window = params.window().as_micros();
+    let limit = params.limit();
     let mut index = now / window;
     let (mut current, mut previous) = (0, 0);
     if let Some(stored) = state.as_ref() {

@@ -32,8 +32,8 @@ pub fn decide(
     cost: u64,
     spend: bool,
 ) -> (Decision, MemoryChange) {
-    let capacity = params.capacity as f64;
-    let rate = params.refill_per_second;
+    let capacity = params.capacity() as f64;
+    let rate = params.refill_per_second();
     let (mut tokens, mut stamp) = (capacity, now);
     if let Some(s) = state {
         tokens = s.tokens;
@@ -48,13 +48,13 @@ pub fn decide(
     let ahead = stamp - now;
     let mut decision = Decision {
         allowed: false,
-        limit: params.capacity,
+        limit: params.capacity(),
         remaining: tokens.floor() as u64,
         reset_after: ahead + micros_to_refill(capacity - tokens),
         retry_after: RetryAfter::Never,
         degraded: false,
     };
-    if cost > params.capacity {
+    if cost > params.capacity() {
         return (decision, MemoryChange::None);
     }
     let cost_tokens = cost as f64;

@@ -108,7 +108,7 @@ impl SpendMark {
     fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, String> {
         let unsigned = u64::try_from(mark).map_err(|_| format!("script replied mark = {mark}"))?;
         Ok(match algorithm {
-            Algorithm::FixedWindow(p) if p.aligned => Self::Window(unsigned),
+            Algorithm::FixedWindow(p) if p.is_aligned() => Self::Window(unsigned),
             Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
             Algorithm::SlidingWindow(_) => Self::Entry(unsigned),
             _ => Self::Unmarked,
@@ -174,26 +174,26 @@ fn push_limit(invocation: &mut ScriptInvocation<'_>, algorithm: &Algorithm, cost
     match algorithm {
         Algorithm::FixedWindow(p) => invocation
             .arg("fw")
-            .arg(p.limit)
-            .arg(p.window.as_millis())
-            .arg(u8::from(p.aligned)),
+            .arg(p.limit())
+            .arg(p.window().as_millis())
+            .arg(u8::from(p.is_aligned())),
         Algorithm::SlidingWindow(p) => invocation
             .arg("sw")
-            .arg(p.limit)
-            .arg(p.window.as_micros())
+            .arg(p.limit())
+            .arg(p.window().as_micros())
             .arg(0),
         // The rate goes in Rust's shortest exact decimal form, which Lua's
         // `tonumber` reads back to the same double.
         Algorithm::TokenBucket(p) => invocation
             .arg("tb")
-            .arg(p.capacity)
-            .arg(p.refill_per_second)
+            .arg(p.capacity())
+            .arg(p.refill_per_second())
             .arg(0),
-        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst).arg(p.interval).arg(0),
+        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst()).arg(p.interval()).arg(0),
         Algorithm::SlidingWindowCounter(p) => invocation
             .arg("sc")
-            .arg(p.limit)
-            .arg(p.window.as_micros())
+            .arg(p.limit())
+            .arg(p.window().as_micros())
             .arg(0),
     };
     invocation.arg(cost).arg(last);

@@ -233,22 +233,22 @@ fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request
     let window = prost_types::Duration::try_from(options.window).ok();
     match algorithm {
         Algorithm::FixedWindow(p) => check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
-            limit: p.limit,
+            limit: p.limit(),
             window,
         }),
         Algorithm::SlidingWindow(p) => {
             check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
-                limit: p.limit,
+                limit: p.limit(),
                 window,
             })
         }
         Algorithm::TokenBucket(p) => check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
-            capacity: p.capacity,
-            refill_per_second: p.refill_per_second,
+            capacity: p.capacity(),
+            refill_per_second: p.refill_per_second(),
         }),
         Algorithm::SlidingWindowCounter(p) => {
             check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
-                limit: p.limit,
+                limit: p.limit(),
                 window,
             })
         }
@@ -256,7 +256,7 @@ fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request
         Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
             rate: options.limit,
             period: window,
-            burst: p.burst,
+            burst: p.burst(),
         }),
     }
 }
