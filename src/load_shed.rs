@@ -10,6 +10,12 @@
 //! caller needs. And no one peer (client IP address) may hold more than its
 //! own share (`--max-concurrent-requests-per-peer`, by default 90%), so a
 //! peer with many connections cannot take every slot either.
+//!
+//! Why not tower's `ConcurrencyLimit` behind `LoadShed`: as layers they
+//! take the slot when a request's headers arrive, before its body is read,
+//! which is exactly what lets a slow-body peer hold every slot; and they
+//! have no notion of a peer's share. The global bound here is a tokio
+//! `Semaphore` all the same; what is our own is only the per-peer count.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
