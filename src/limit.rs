@@ -19,6 +19,9 @@ pub type Micros = u64;
 /// stored in Redis at this length.
 pub const MAX_KEY_BYTES: usize = 1024;
 
+/// How much of an over-long Envoy key is kept readable before its digest.
+pub const ENVOY_DIGEST_PREFIX_BYTES: usize = 128;
+
 /// Largest limit, capacity or cost: 10^15 keeps every count exact in a Lua
 /// number (a double, exact to 2^53 ≈ 9·10^15) even after adding a cost.
 pub const MAX_QUANTITY: u64 = 1_000_000_000_000_000;
@@ -83,6 +86,9 @@ pub enum KeyOrigin {
     CheckLimit,
     /// Composed from an Envoy rate-limit descriptor.
     Envoy,
+    /// Composed from an Envoy descriptor too long to keep as it is: its
+    /// prefix and digest ([`CallerKey::envoy`]).
+    EnvoyDigest,
 }
 
 impl CallerKey {
@@ -103,12 +109,36 @@ impl CallerKey {
         })
     }
 
-    /// A key composed from an Envoy descriptor. Not length-checked: Envoy
-    /// bounds the headers it builds descriptors from.
+    /// A key composed from an Envoy descriptor. One of at most
+    /// [`MAX_KEY_BYTES`] is kept as it is (as upstream names its counters);
+    /// a longer one (descriptor values come from request headers, up to
+    /// `--max-descriptor-entry-bytes` each) is kept as its first
+    /// [`ENVOY_DIGEST_PREFIX_BYTES`] bytes, for people reading Redis, and
+    /// the SHA-256 of all of it: never a truncation, so two long keys
+    /// never share a counter, and no key takes more than about 200 bytes
+    /// of it. Digested keys have an origin of their own, so no short key
+    /// can name one.
     pub fn envoy(composed: String) -> Self {
+        if composed.len() <= MAX_KEY_BYTES {
+            return Self {
+                text: composed,
+                origin: KeyOrigin::Envoy,
+            };
+        }
+        let digest = ring::digest::digest(&ring::digest::SHA256, composed.as_bytes());
+        let mut cut = ENVOY_DIGEST_PREFIX_BYTES;
+        while !composed.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut text = String::with_capacity(cut + 1 + 2 * digest.as_ref().len());
+        text.push_str(&composed[..cut]);
+        text.push('#');
+        for byte in digest.as_ref() {
+            text.push_str(&format!("{byte:02x}"));
+        }
         Self {
-            text: composed,
-            origin: KeyOrigin::Envoy,
+            text,
+            origin: KeyOrigin::EnvoyDigest,
         }
     }
 

@@ -2,7 +2,8 @@
 //! just at each bound is served, just over is INVALID_ARGUMENT naming the
 //! field and the flag, and writes nothing; a flag raises its bound; a
 //! request of more limits than one script decides is split into several
-//! scripts and still decided all or nothing.
+//! scripts and still decided all or nothing; an over-long composed key is
+//! stored by its digest, bounded and never shared.
 
 mod common;
 
@@ -255,6 +256,60 @@ async fn requests_at_the_bounds_leave_other_callers_decided() {
         worker.await.expect("a heavy worker");
     }
     eprintln!("slowest unrelated call while requests at the bounds ran: {slowest:?}");
+    server.stop().await;
+    redis.assert_every_key_expires().await;
+}
+
+#[tokio::test]
+async fn over_long_descriptor_keys_are_stored_by_digest_and_never_share_a_counter() {
+    let redis = RedisServer::start().await;
+    let (server, mut client) = start(&redis, &[]).await;
+    // Two values (of rule `value*`) of the largest size that differ only in
+    // their last byte:
+    // a truncated key would count them together.
+    let long = |last: char| format!("value{}{last}", "v".repeat(4090));
+    for hits in [20, 0] {
+        let answer = ask(&mut client, vec![counted(&long('a'), hits)])
+            .await
+            .expect("a long value");
+        assert_eq!(answer.overall_code(), Code::Ok, "hits {hits}");
+    }
+    let answer = ask(&mut client, vec![counted(&long('a'), 1)])
+        .await
+        .expect("a long value");
+    assert_eq!(
+        answer.overall_code(),
+        Code::OverLimit,
+        "its own counter is spent"
+    );
+    let answer = ask(&mut client, vec![counted(&long('b'), 20)])
+        .await
+        .expect("another long value");
+    assert_eq!(
+        answer.overall_code(),
+        Code::Ok,
+        "the other has its own counter"
+    );
+
+    let keys = redis.keys().await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for key in &keys {
+        assert!(key.len() < 300, "{} bytes: {key}", key.len());
+        assert!(key.contains("{rlh:"), "{key}");
+    }
+    // A short value keeps its readable key, as upstream names it.
+    ask(&mut client, vec![counted("value-short", 1)])
+        .await
+        .expect("a short value");
+    assert!(
+        redis
+            .keys()
+            .await
+            .iter()
+            .any(|key| key.contains("{rls:") && key.contains("11:value-short|")),
+        "{:?}",
+        redis.keys().await
+    );
     server.stop().await;
     redis.assert_every_key_expires().await;
 }
