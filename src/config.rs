@@ -29,6 +29,13 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
+    /// Once the gRPC listener is bound, write its address (`host:port`) to
+    /// this file: with `--listen 127.0.0.1:0`, how a supervisor or a test
+    /// learns the port the system chose. Written whole (to a temporary file
+    /// beside it, then renamed), so a reader never sees half of it.
+    #[arg(long, env = "RATELIMITD_ADDRESS_FILE")]
+    pub address_file: Option<PathBuf>,
+
     /// Redis to keep counters in, e.g. redis://127.0.0.1:6379/0 (user and
     /// password go in the URL; rediss:// for TLS). With --redis-mode cluster,
     /// seed nodes; with sentinel, the sentinels: repeat the flag or separate
@@ -577,6 +584,7 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("address_file", &self.address_file)
             .field(
                 "redis_url",
                 &self

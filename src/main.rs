@@ -1,6 +1,8 @@
 //! The `ratelimitd` binary: parse the command line, start logging, bind the
-//! listener, serve until SIGTERM or Ctrl-C.
+//! listener (and say where, with `--address-file`), serve until SIGTERM or
+//! Ctrl-C.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimitd::config::Config;
@@ -37,6 +39,15 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(path) = &config.address_file {
+        let written = listener
+            .local_addr()
+            .and_then(|address| write_whole(path, &format!("{address}\n")));
+        if let Err(err) = written {
+            error!(path = %path.display(), %err, "cannot write --address-file");
+            return ExitCode::FAILURE;
+        }
+    }
     match server::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -44,6 +55,15 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes `text` to `path` so that a reader sees all of it or nothing: to a
+/// temporary file beside it, then renamed over it.
+fn write_whole(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    std::fs::write(&temporary, text)?;
+    std::fs::rename(&temporary, path)
 }
 
 /// Resolves on the first SIGTERM (how orchestrators stop us) or Ctrl-C.

@@ -131,7 +131,7 @@ fn a_broken_configuration_at_start_is_a_clear_error() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
         .arg("--config")
         .arg(&file)
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port())])
+        .args(["--listen", "127.0.0.1:0"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start ratelimitd");

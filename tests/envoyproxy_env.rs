@@ -83,7 +83,7 @@ fn run_to_exit(environment: &[(&str, &str)]) -> (std::process::ExitStatus, Strin
     let output = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
         .envs(environment.iter().copied())
         .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", common::free_port().to_string())
+        .env("GRPC_PORT", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()

@@ -91,14 +91,24 @@ async fn health_serves_for_the_server_and_the_api() {
 
 #[tokio::test]
 async fn starts_on_the_embedded_store_and_says_state_is_not_shared() {
-    let address = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().expect("a directory");
+    let address_file = dir.path().join("address");
     let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
-        .args(["--listen", &address])
+        .args(["--listen", "127.0.0.1:0", "--address-file"])
+        .arg(&address_file)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start ratelimitd");
     let pid = child.id().to_string();
-    let address = address.parse().expect("address");
+    let mut written = String::new();
+    common::eventually("the address file", || {
+        written = std::fs::read_to_string(&address_file).unwrap_or_default();
+        let whole = written.ends_with('\n');
+        async move { whole }
+    })
+    .await;
+    let address: std::net::SocketAddr = written.trim().parse().expect("host:port");
+    assert_ne!(address.port(), 0, "the port the system chose");
     common::eventually("SERVING", || async {
         common::health_status(address, "").await == Some(ServingStatus::Serving)
     })
@@ -133,6 +143,8 @@ async fn starts_on_the_embedded_store_and_says_state_is_not_shared() {
 async fn sigterm_drains_calls_in_flight_and_exits_zero() {
     let redis = RedisServer::start().await;
     let url = redis.url();
+    let metrics_port = free_port().to_string();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
     let server = ServerProcess::start(&[
         "--redis-url",
         &url,
@@ -140,6 +152,8 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
         "2s",
         "--health-interval",
         "1h",
+        "--metrics-listen",
+        &metrics_listen,
     ])
     .await;
     let (first, mut watch) = common::watch_health(server.address).await;
@@ -152,9 +166,14 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
             .check_limit(request("k", fixed_window(1, Duration::from_secs(1)), None))
             .await
     });
-    // Nothing observable marks the call's arrival while Redis is frozen: give
-    // it a moment to reach the server.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The call has reached the server (and waits on Redis) once it is
+    // counted in flight.
+    let metrics_port: u16 = metrics_port.parse().expect("a port");
+    common::eventually("the call in flight", || async move {
+        let (_, series) = common::prometheus::scrape(metrics_port).await;
+        common::prometheus::value(&series, "ratelimitd_requests_in_flight", &[]) == 1.0
+    })
+    .await;
 
     common::send_signal(server.child.id(), "-TERM");
 

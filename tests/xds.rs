@@ -23,7 +23,9 @@ use ratelimitd::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryR
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimitd::pb::ratelimit::config::ratelimit::v3 as conf;
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -158,16 +160,26 @@ impl Running {
 }
 
 /// The management server on `address`, until stopped.
-async fn serve(address: SocketAddr, ads: TestAds) -> Running {
-    serve_over(address, ads, None).await
+async fn serve(listener: TcpListener, ads: TestAds) -> Running {
+    serve_over(listener, ads, None).await
+}
+
+/// A listener on `address` (port 0: one the system chooses) and its address.
+async fn listen(address: &str) -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind(address)
+        .await
+        .expect("bind the test xDS server");
+    let address = listener.local_addr().expect("its address");
+    (listener, address)
 }
 
 /// As [`serve`], over TLS with this certificate and key when given.
 async fn serve_over(
-    address: SocketAddr,
+    listener: TcpListener,
     mut ads: TestAds,
     tls: Option<(Vec<u8>, Vec<u8>)>,
 ) -> Running {
+    let address = listener.local_addr().expect("its address");
     let (stop, stopped) = oneshot::channel::<()>();
     let (alive, alive_now) = watch::channel(true);
     ads.alive = alive_now;
@@ -181,7 +193,7 @@ async fn serve_over(
         }
         builder
             .add_service(AggregatedDiscoveryServiceServer::new(ads))
-            .serve_with_shutdown(address, async {
+            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
                 let _ = stopped.await;
             })
             .await
@@ -217,9 +229,7 @@ async fn applied_limit(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
-    let address: SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
+    let (listener, address) = listen("127.0.0.1:0").await;
     let (publish, current) = watch::channel(snapshot("1", 1, conf::RateLimitUnit::Hour));
     let seen = Arc::new(Mutex::new(Seen::default()));
     let ads = TestAds {
@@ -227,7 +237,7 @@ async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
         seen: seen.clone(),
         alive: watch::channel(true).1,
     };
-    let stop = serve(address, ads.clone()).await;
+    let stop = serve(listener, ads.clone()).await;
     let server = TestServer::start(&[
         "--xds-server",
         &address.to_string(),
@@ -329,7 +339,8 @@ async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
     publish
         .send(snapshot("4", 7, conf::RateLimitUnit::Hour))
         .unwrap();
-    let _stop = serve(address, ads).await;
+    // Back on the same address, as a restarted control plane would be.
+    let _stop = serve(listen(&address.to_string()).await.0, ads).await;
     limit_becomes(7).await;
     let reconnect = seen.lock().unwrap().requests[before].clone();
     assert_eq!(
@@ -349,9 +360,7 @@ async fn rules_from_an_xds_server_over_tls() {
     let files = common::topology::write_certificates(dir.path());
     let stranger = common::topology::write_certificates(&dir.path().join("stranger"));
     let read = |path: &std::path::Path| std::fs::read(path).expect("read PEM");
-    let address: SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
+    let (listener, address) = listen("127.0.0.1:0").await;
     let (_publish, current) = watch::channel(snapshot("1", 4, conf::RateLimitUnit::Hour));
     let ads = TestAds {
         current,
@@ -359,7 +368,7 @@ async fn rules_from_an_xds_server_over_tls() {
         alive: watch::channel(true).1,
     };
     let _running = serve_over(
-        address,
+        listener,
         ads,
         Some((read(&files.server_cert), read(&files.server_key))),
     )

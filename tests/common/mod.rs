@@ -367,44 +367,17 @@ impl ServerProcess {
         Self::spawn(Some((soft, hard)), flags, true).await
     }
 
-    /// Starts the binary as upstream's deployments do: no flags, only
-    /// envoyproxy/ratelimit's variables (`environment`, plus GRPC_HOST and
-    /// GRPC_PORT on a free loopback port), and waits until SERVING.
+    /// Starts the binary as upstream's deployments do: no flags but
+    /// `--address-file`, only envoyproxy/ratelimit's variables
+    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback), and
+    /// waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
-        // A free port can be taken by another test before the process
-        // binds it: then it says "cannot listen" and exits, and another
-        // port is tried.
-        for _ in 0..3 {
-            let port = free_port();
-            let address: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
-            let dir = tempfile::tempdir().expect("log directory");
-            let path = dir.path().join("ratelimitd.log");
-            let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
-                .env("GRPC_HOST", "127.0.0.1")
-                .env("GRPC_PORT", port.to_string())
-                .envs(environment.iter().copied())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(&path).expect("log file")))
-                .spawn()
-                .expect("start the ratelimitd binary");
-            let mut server = Self {
-                address,
-                child,
-                log: Some((dir, path)),
-            };
-            if server
-                .serving_or_exited("ratelimitd (started the upstream way)")
-                .await
-            {
-                return server;
-            }
-            let log = server.log();
-            assert!(
-                log.contains("cannot listen"),
-                "ratelimitd (started the upstream way) exited: {log}"
-            );
-        }
-        panic!("ratelimitd (started the upstream way) found no free port in 3 tries");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", "0")
+            .envs(environment.iter().copied());
+        Self::launch(command, true, "ratelimitd (started the upstream way)").await
     }
 
     /// Everything the process has logged so far.
@@ -414,52 +387,83 @@ impl ServerProcess {
     }
 
     async fn spawn(open_files: Option<(u64, u64)>, flags: &[&str], logged: bool) -> Self {
-        // A free port can be taken by another test before the process
-        // binds it; the process then exits, and another port is tried.
-        for _ in 0..3 {
-            let address: SocketAddr = format!("127.0.0.1:{}", free_port())
-                .parse()
-                .expect("address");
-            let log = logged.then(|| {
-                let dir = tempfile::tempdir().expect("log directory");
-                let path = dir.path().join("ratelimitd.log");
-                (dir, path)
-            });
-            let stderr = match &log {
-                Some((_, path)) => Stdio::from(std::fs::File::create(path).expect("log file")),
-                None => Stdio::inherit(),
-            };
-            let binary = env!("CARGO_BIN_EXE_ratelimitd");
-            let mut command = match open_files {
-                Some((soft, hard)) => {
-                    let mut command = Command::new("prlimit");
-                    command
-                        .arg(format!("--nofile={soft}:{hard}"))
-                        .arg("--")
-                        .arg(binary);
-                    command
-                }
-                None => Command::new(binary),
-            };
-            let child = command
-                .args(flags)
-                .args(["--listen", &address.to_string()])
-                .stdout(Stdio::null())
-                .stderr(stderr)
-                .spawn()
-                .expect(
-                    "start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)",
-                );
-            let mut server = Self {
-                address,
-                child,
-                log,
-            };
-            if server.serving_or_exited("ratelimitd process").await {
-                return server;
+        let binary = env!("CARGO_BIN_EXE_ratelimitd");
+        let mut command = match open_files {
+            Some((soft, hard)) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(binary);
+                command
             }
+            None => Command::new(binary),
+        };
+        command.args(flags).args(["--listen", "127.0.0.1:0"]);
+        Self::launch(command, logged, "the ratelimitd process").await
+    }
+
+    /// Runs `command` with `--address-file`, learns the port it bound from
+    /// that file, and waits until it serves; panics, with its log when
+    /// kept, if it exits first or does neither in time.
+    async fn launch(mut command: Command, logged: bool, what: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the process's files");
+        let address_file = dir.path().join("address");
+        let log_path = dir.path().join("ratelimitd.log");
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(&log_path).expect("log file"))
+        } else {
+            Stdio::inherit()
+        };
+        let mut child = command
+            .arg("--address-file")
+            .arg(&address_file)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)");
+        let log_of = |path: &std::path::Path| {
+            if logged {
+                std::fs::read_to_string(path).unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let deadline = Instant::now() + PATIENCE;
+        let address: SocketAddr = loop {
+            if let Ok(text) = std::fs::read_to_string(&address_file) {
+                break text
+                    .trim()
+                    .parse()
+                    .expect("the address file holds host:port");
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "{what} exited ({status}) before binding; its log: {}",
+                    log_of(&log_path)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} to bind; its log: {}",
+                log_of(&log_path)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let mut server = Self {
+            address,
+            child,
+            log: logged.then_some((dir, log_path)),
+        };
+        if !server.serving_or_exited(what).await {
+            let log = server
+                .log
+                .as_ref()
+                .map(|_| server.log())
+                .unwrap_or_default();
+            panic!("{what} exited before serving; its log: {log}");
         }
-        panic!("the ratelimitd process exited before serving, 3 times");
+        server
     }
 
     /// Waits until the process serves (`true`) or exits first (`false`);
