@@ -11,15 +11,13 @@ use std::time::Duration;
 
 use common::topology::{RedisCluster, RedisSentinel, SecureRedis};
 use common::{
-    RedisServer, TestServer, check, duration, eventually, fixed_window, gcra, sliding_window,
-    sliding_window_counter, token_bucket,
+    RedisServer, TestServer, check, duration, eventually, every_algorithm, fixed_window, gcra,
+    sliding_window, sliding_window_counter, token_bucket,
 };
-use ratelimitd::pb::ratelimitd::v1 as pb;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::Channel;
 
 type Client = RateLimiterClient<Channel>;
-type Algorithm = pb::check_limit_request::Algorithm;
 
 /// Expands each case into a test per store.
 macro_rules! on_every_store {
@@ -144,17 +142,6 @@ on_every_store!(
     large_costs_on_the_sliding_log_are_exact,
     sliding_log_entries_of_several_units_leave_oldest_first,
 );
-
-/// Every algorithm with the given limit and a window or refill long enough
-/// that nothing comes back during a test.
-fn every_algorithm(limit: u64) -> [Algorithm; 4] {
-    [
-        fixed_window(limit, Duration::from_secs(60)),
-        sliding_window(limit, Duration::from_secs(60)),
-        token_bucket(limit, 0.01),
-        gcra(1, Duration::from_secs(1000), limit),
-    ]
-}
 
 async fn fixed_window_allows_exactly_the_limit_then_denies(client: &mut Client) {
     let window = Duration::from_secs(10);
@@ -409,7 +396,7 @@ async fn a_cost_above_the_limit_is_never_allowed(client: &mut Client) {
 }
 
 async fn algorithms_keep_separate_state_for_one_key(client: &mut Client) {
-    let [fixed, sliding, bucket, cells] = every_algorithm(2);
+    let [fixed, sliding, bucket, cells, counter] = every_algorithm(2);
     check(client, "shared", &fixed, Some(2)).await;
     assert_eq!(
         check(client, "shared", &sliding, Some(0)).await.remaining,
@@ -417,6 +404,10 @@ async fn algorithms_keep_separate_state_for_one_key(client: &mut Client) {
     );
     assert_eq!(check(client, "shared", &bucket, Some(0)).await.remaining, 2);
     assert_eq!(check(client, "shared", &cells, Some(0)).await.remaining, 2);
+    assert_eq!(
+        check(client, "shared", &counter, Some(0)).await.remaining,
+        2
+    );
     assert_eq!(check(client, "shared", &fixed, Some(0)).await.remaining, 0);
 }
 

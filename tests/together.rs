@@ -9,11 +9,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::RedisServer;
+use common::{RedisServer, every_model_algorithm};
 use futures::future::join_all;
-use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, TokenBucket,
-};
+use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, LimitRequest};
 use ratelimitd::limiter::{Limiter, Store};
 use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, SystemClock, Topology};
 
@@ -51,16 +49,6 @@ fn fixed(limit: u64) -> Algorithm {
     Algorithm::FixedWindow(FixedWindow::new(limit, Duration::from_secs(60)).expect("fixed"))
 }
 
-fn every_algorithm(limit: u64) -> [Algorithm; 4] {
-    let minute = Duration::from_secs(60);
-    [
-        fixed(limit),
-        Algorithm::SlidingWindow(SlidingWindow::new(limit, minute).expect("sliding")),
-        Algorithm::TokenBucket(TokenBucket::new(limit, 0.01).expect("bucket")),
-        Algorithm::Gcra(Gcra::new(1, Duration::from_secs(1000), limit).expect("gcra")),
-    ]
-}
-
 async fn remaining(limiter: &Limiter, key: &str, algorithm: Algorithm) -> u64 {
     limiter
         .check(&limit(key, algorithm, 0), None)
@@ -70,7 +58,7 @@ async fn remaining(limiter: &Limiter, key: &str, algorithm: Algorithm) -> u64 {
 }
 
 async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
-    for (i, algorithm) in every_algorithm(5).into_iter().enumerate() {
+    for (i, algorithm) in every_model_algorithm(5).into_iter().enumerate() {
         let (roomy, full) = (format!("roomy{i}"), format!("full{i}"));
         limiter
             .check(&limit(&full, algorithm, 5), None)
@@ -160,16 +148,9 @@ async fn one_key_twice_is_counted_once_with_both_costs(limiter: &Limiter) {
 /// one of 60: exactly 60 pass, and the 240 denied ones leave the shared
 /// limit untouched.
 async fn concurrent_groups_admit_exactly_and_denials_leave_no_trace(limiter: &Limiter) {
-    for (i, algorithm) in every_algorithm(100).into_iter().enumerate() {
-        let tight = match algorithm {
-            Algorithm::FixedWindow(_) => fixed(60),
-            Algorithm::SlidingWindow(_) => every_algorithm(60)[1],
-            Algorithm::TokenBucket(_) => every_algorithm(60)[2],
-            Algorithm::Gcra(_) => every_algorithm(60)[3],
-            // Not in `every_algorithm`: an estimate, not exact when a test
-            // straddles two of its windows.
-            Algorithm::SlidingWindowCounter(_) => unreachable!("not among every_algorithm"),
-        };
+    let tight_ones = every_model_algorithm(60);
+    for (i, algorithm) in every_model_algorithm(100).into_iter().enumerate() {
+        let tight = tight_ones[i];
         let (shared, narrow) = (format!("shared{i}"), format!("narrow{i}"));
         let calls = (0..300).map(|_| {
             let limiter = limiter.clone();

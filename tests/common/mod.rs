@@ -605,16 +605,30 @@ pub async fn check(
         .into_inner()
 }
 
-/// Every algorithm with limit `limit` and nothing coming back during a test
-/// (windows of a minute; the bucket refills one token in 1000 s, GCRA one
-/// request in 1000 s).
-pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 4] {
+/// Every algorithm with limit `limit` and nothing coming back during a test:
+/// windows of a minute; the bucket refills one token in 1000 s, GCRA one
+/// request in 1000 s; the sliding window counter's window is the longest
+/// allowed (366 days), because its windows are aligned to the epoch and a
+/// test that straddled two of them would see the previous one's count
+/// weighed down.
+pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 5] {
     [
         fixed_window(limit, Duration::from_secs(60)),
         sliding_window(limit, Duration::from_secs(60)),
         token_bucket(limit, 0.001),
         gcra(1, Duration::from_secs(1000), limit),
+        sliding_window_counter(limit, ratelimitd::limit::MAX_WINDOW),
     ]
+}
+
+/// [`every_algorithm`] as the library's validated model, for tests that
+/// drive the limiter directly.
+pub fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
+    every_algorithm(limit).map(|algorithm| {
+        ratelimitd::api::check::limit_request(request("k", algorithm, None))
+            .expect("valid parameters")
+            .algorithm
+    })
 }
 
 /// Fires `calls` CheckLimit calls on `key` at once, spread round-robin over
