@@ -465,16 +465,22 @@ pub enum ConfigFiles {
 /// When envoyproxy/ratelimit's environment variables are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvoyproxyEnv {
+    /// Read them when a variable only upstream uses is set.
     Auto,
+    /// Always read them.
     Always,
+    /// Never read them.
     Never,
 }
 
 /// The kinds of Redis deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RedisMode {
+    /// One Redis server.
     Standalone,
+    /// A Redis Cluster (the URLs are seed nodes).
     Cluster,
+    /// A primary found through Sentinels (the URLs are sentinels).
     Sentinel,
 }
 

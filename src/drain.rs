@@ -22,6 +22,7 @@ const STREAMING_PATHS: [&str; 3] = [
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
 
+/// Wraps a service in [`Drain`].
 #[derive(Clone, Default)]
 pub struct DrainLayer;
 
@@ -33,6 +34,7 @@ impl<S> Layer<S> for DrainLayer {
     }
 }
 
+/// A service whose calls are counted while in flight, so shutdown can wait for them.
 #[derive(Clone)]
 pub struct Drain<S> {
     inner: S,

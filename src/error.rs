@@ -41,8 +41,10 @@ impl StoreError {
 /// Why a request got no decision.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
+    /// The request broke a rule.
     #[error(transparent)]
     InvalidArgument(#[from] InvalidArgument),
+    /// The store could not decide.
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -31,6 +31,7 @@ use crate::metrics;
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
 pub struct IncomingSettings {
+    /// Connections open at once; more wait in the kernel's backlog.
     pub max_connections: usize,
     /// Idle time before TCP keepalive probes start (`None`: off).
     pub tcp_keepalive: Option<Duration>,
@@ -259,7 +260,9 @@ impl Drop for ActivityGuard {
 /// What tonic puts in every request's extensions for our connections.
 #[derive(Debug, Clone)]
 pub struct ConnectionInfo {
+    /// The peer's and our address.
     pub tcp: TcpConnectInfo,
+    /// When the connection last had a call, for the idle timeout.
     pub activity: Arc<Activity>,
 }
 

@@ -44,6 +44,7 @@ pub struct InvalidArgument {
 }
 
 impl InvalidArgument {
+    /// `field` breaks `rule`.
     pub fn new(field: impl Into<String>, rule: impl Into<String>) -> Self {
         Self {
             field: field.into(),
@@ -142,10 +143,12 @@ impl CallerKey {
         }
     }
 
+    /// The key's text.
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
+    /// Where the key came from.
     pub fn origin(&self) -> KeyOrigin {
         self.origin
     }
@@ -158,6 +161,7 @@ impl CallerKey {
 pub struct Window(Duration);
 
 impl Window {
+    /// A window of `window`, if it keeps the rules above.
     pub fn new(window: Duration) -> Result<Self, InvalidArgument> {
         if window.is_zero() {
             return Err(InvalidArgument::new("window", "must be positive"));
@@ -180,11 +184,13 @@ impl Window {
         Ok(Self(window))
     }
 
+    /// The window in whole milliseconds.
     pub fn as_millis(self) -> u64 {
         // At most 366 days, so this fits easily.
         self.0.as_millis() as u64
     }
 
+    /// The window in microseconds.
     pub fn as_micros(self) -> Micros {
         self.0.as_micros() as Micros
     }
@@ -233,10 +239,12 @@ impl FixedWindow {
         })
     }
 
+    /// Units per window.
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
+    /// The window's length.
     pub fn window(&self) -> Window {
         self.window
     }
@@ -255,6 +263,7 @@ pub struct SlidingWindow {
 }
 
 impl SlidingWindow {
+    /// At most `limit` units in any span of `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
         Ok(Self {
             limit: quantity("limit", limit, MAX_SLIDING_WINDOW_LIMIT)?,
@@ -262,10 +271,12 @@ impl SlidingWindow {
         })
     }
 
+    /// Units per window.
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
+    /// The window's length.
     pub fn window(&self) -> Window {
         self.window
     }
@@ -279,6 +290,7 @@ pub struct TokenBucket {
 }
 
 impl TokenBucket {
+    /// `capacity` tokens refilled at `refill_per_second`.
     pub fn new(capacity: u64, refill_per_second: f64) -> Result<Self, InvalidArgument> {
         let capacity = quantity("capacity", capacity, MAX_QUANTITY)?;
         if !refill_per_second.is_finite() {
@@ -310,6 +322,7 @@ impl TokenBucket {
         })
     }
 
+    /// Tokens when full.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -329,6 +342,7 @@ pub struct SlidingWindowCounter {
 }
 
 impl SlidingWindowCounter {
+    /// About `limit` units per sliding `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
         Ok(Self {
             limit: quantity("limit", limit, MAX_QUANTITY)?,
@@ -336,10 +350,12 @@ impl SlidingWindowCounter {
         })
     }
 
+    /// Units per window.
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
+    /// The window's length.
     pub fn window(&self) -> Window {
         self.window
     }
@@ -356,6 +372,7 @@ pub struct Gcra {
 }
 
 impl Gcra {
+    /// `rate` requests per `period` sustained, up to `burst` at once.
     pub fn new(rate: u64, period: Duration, burst: u64) -> Result<Self, InvalidArgument> {
         let rate = quantity("rate", rate, MAX_QUANTITY)?;
         let period = Window::new(period).map_err(|err| InvalidArgument::new("period", err.rule))?;
@@ -384,6 +401,7 @@ impl Gcra {
         Ok(Self { burst, interval })
     }
 
+    /// Requests that may pass at once.
     pub fn burst(&self) -> u64 {
         self.burst
     }
@@ -397,10 +415,15 @@ impl Gcra {
 /// The algorithm and its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Algorithm {
+    /// A fixed window.
     FixedWindow(FixedWindow),
+    /// A sliding window (log).
     SlidingWindow(SlidingWindow),
+    /// A token bucket.
     TokenBucket(TokenBucket),
+    /// GCRA.
     Gcra(Gcra),
+    /// A sliding window counter.
     SlidingWindowCounter(SlidingWindowCounter),
 }
 
@@ -443,8 +466,11 @@ pub fn cost(cost: Option<u64>) -> Result<u64, InvalidArgument> {
 /// One validated question: may `key` spend `cost` under `algorithm` now?
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitRequest {
+    /// Who is limited.
     pub key: CallerKey,
+    /// Under which limit.
     pub algorithm: Algorithm,
+    /// Units to spend (0 looks without spending).
     pub cost: u64,
     /// Decided and reported, but never the reason a group of limits is
     /// denied (Envoy's shadow mode). Always `false` for `CheckLimit`.
@@ -474,6 +500,7 @@ pub enum FailurePolicy {
 /// The answer. Being over the limit is a decision, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
+    /// Whether the cost may be spent now (it was, unless a look or denied).
     pub allowed: bool,
     /// The limit or capacity in force.
     pub limit: u64,
@@ -481,6 +508,7 @@ pub struct Decision {
     pub remaining: u64,
     /// Until the key is back to its full quota.
     pub reset_after: Micros,
+    /// When the cost could pass.
     pub retry_after: RetryAfter,
     /// Decided by the failure policy, without the shared store.
     pub degraded: bool,

@@ -42,6 +42,7 @@ struct PeerSlots {
 }
 
 impl DecisionSlots {
+    /// At most `limit` decisions in flight, `per_peer_limit` of them from one address.
     pub fn new(limit: usize, per_peer_limit: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(limit)),

@@ -37,7 +37,9 @@ pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
 /// Which face a decision came through.
 #[derive(Debug, Clone, Copy)]
 pub enum Api {
+    /// Our `CheckLimit`.
     CheckLimit,
+    /// Envoy's `ShouldRateLimit`.
     Envoy,
 }
 
@@ -172,6 +174,7 @@ impl UpstreamRuleCounters {
         .as_ref()
     }
 
+    /// Adds one request's hits on the rule.
     pub fn record(&self, hits: &RuleHits) {
         self.total.increment(hits.total);
         self.within.increment(hits.within);

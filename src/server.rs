@@ -31,18 +31,25 @@ use crate::tls::{ServerTls, TlsError, TlsSettings};
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The store could not be set up.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A configuration file could not be loaded.
     #[error("configuration: {0}")]
     Config(#[from] ConfigError),
+    /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The xDS client could not be set up.
     #[error("xDS: {0}")]
     Xds(String),
+    /// The metrics exporter could not start.
     #[error("metrics: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
 }

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
+/// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -17,10 +18,15 @@ pub enum LogFormat {
 /// The least severe level written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogLevel {
+    /// Everything.
     Trace,
+    /// Debugging detail.
     Debug,
+    /// The default: start, stop, reloads.
     Info,
+    /// Only what needs attention.
     Warn,
+    /// Only failures.
     Error,
 }
 

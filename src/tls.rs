@@ -25,22 +25,36 @@ use tracing::{error, info};
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file could not be read.
     #[error("TLS: cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: String,
+        /// Why it could not be read.
         source: std::io::Error,
     },
+    /// A file holds no usable certificate or key.
     #[error("TLS: {path}: {reason}")]
-    Invalid { path: String, reason: String },
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Where the server's TLS material is, and what clients must show.
 #[derive(Debug, Clone)]
 pub struct TlsSettings {
+    /// PEM certificate chain.
     pub cert: PathBuf,
+    /// PEM private key.
     pub key: PathBuf,
+    /// PEM CA whose client certificates are required (unset: no client certificates).
     pub client_ca: Option<PathBuf>,
+    /// A name the client certificate must carry.
     pub client_san: Option<String>,
+    /// How often the files are checked for changes.
     pub reload_interval: Duration,
 }
 
@@ -105,6 +119,7 @@ impl ServerTls {
         })
     }
 
+    /// The acceptor for new connections, with the certificate in use now.
     pub fn acceptor(&self) -> TlsAcceptor {
         self.acceptor.clone()
     }

@@ -37,10 +37,15 @@ pub fn counts_denied_hits(algorithm: &Algorithm) -> bool {
 /// includes its algorithm, so one key never holds two kinds of state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
+    /// A fixed window's count.
     FixedWindow(fixed_window::State),
+    /// A sliding log's entries.
     SlidingWindow(sliding_window::State),
+    /// A token bucket's tokens.
     TokenBucket(token_bucket::State),
+    /// A GCRA key's theoretical arrival time.
     Gcra(gcra::State),
+    /// A sliding window counter's two counts.
     SlidingWindowCounter(sliding_window_counter::State),
 }
 
@@ -62,18 +67,37 @@ impl State {
 /// algorithm's Lua file says how Redis stores these).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Snapshot {
-    /// Units counted; an aligned window's number (`None`: anchored).
-    FixedWindow { window: Option<u64>, used: u64 },
-    /// The log's entries, oldest first: (stamp, units).
-    SlidingWindow { entries: Vec<(Micros, u64)> },
-    /// Tokens (fractional) as of `stamp`.
-    TokenBucket { tokens: f64, stamp: Micros },
-    /// The theoretical arrival time.
-    Gcra { tat: Micros },
-    /// The window `current` counts, and the one before's count.
+    /// A fixed window's count.
+    FixedWindow {
+        /// An aligned window's number (`None`: anchored).
+        window: Option<u64>,
+        /// Units counted.
+        used: u64,
+    },
+    /// A sliding log.
+    SlidingWindow {
+        /// The log's entries, oldest first: (stamp, units).
+        entries: Vec<(Micros, u64)>,
+    },
+    /// A token bucket.
+    TokenBucket {
+        /// Tokens (fractional) as of `stamp`.
+        tokens: f64,
+        /// When `tokens` was true.
+        stamp: Micros,
+    },
+    /// A GCRA key.
+    Gcra {
+        /// The theoretical arrival time.
+        tat: Micros,
+    },
+    /// A sliding window counter.
     SlidingWindowCounter {
+        /// The window `current` counts.
         index: u64,
+        /// Units counted in it.
         current: u64,
+        /// Units counted in the window before.
         previous: u64,
     },
 }
@@ -100,7 +124,10 @@ pub enum MemoryChange {
     /// Changed it (or emptied it), keeping its expiry.
     Updated,
     /// Wrote it with a new expiry.
-    Written { expires_at: Micros },
+    Written {
+        /// When the state stops counting.
+        expires_at: Micros,
+    },
 }
 
 /// The tag in the storage key's hash tag, one per kind of state, so the same

@@ -26,10 +26,12 @@ pub struct CheckService {
 }
 
 impl CheckService {
+    /// The service, deciding on `limiter`, each call holding one of `slots`.
     pub fn new(limiter: Limiter, slots: DecisionSlots) -> Self {
         Self { limiter, slots }
     }
 
+    /// The tonic server for this service.
     pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
         pb::rate_limiter_server::RateLimiterServer::new(self)
     }

@@ -155,6 +155,7 @@ impl DenialCache {
         self.denials.len()
     }
 
+    /// Whether no denial is cached.
     pub fn is_empty(&self) -> bool {
         self.denials.is_empty()
     }

@@ -29,7 +29,9 @@ use keys::{Group, GroupDecisions, Groups};
 /// embedded one holding the algorithms' state in this process.
 #[derive(Clone)]
 pub enum Store {
+    /// Redis, shared by every instance.
     Redis(RedisStore),
+    /// The embedded store, this process's own.
     Memory(Arc<MemoryStore<State>>),
 }
 
@@ -89,6 +91,7 @@ impl Limiter {
         self
     }
 
+    /// The store it decides on.
     pub fn store(&self) -> &Store {
         &self.store
     }

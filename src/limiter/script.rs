@@ -84,7 +84,9 @@ impl Mode {
 pub struct ScriptLimit<'a> {
     /// Its storage key.
     pub key: &'a str,
+    /// Its algorithm and parameters.
     pub algorithm: &'a Algorithm,
+    /// Units to spend.
     pub cost: u64,
     /// In shadow mode: it may not deny the call.
     pub shadow: bool,
@@ -127,6 +129,7 @@ impl SpendMark {
 /// One limit's answer from [`DECIDE`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decided {
+    /// What the limit answered.
     pub decision: Decision,
     /// What a refund of this decision's spend needs.
     pub mark: SpendMark,

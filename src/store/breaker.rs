@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use tracing::{info, warn};
 
+/// Opens after a number of failures in a row, so callers stop waiting on a Redis that is down; the health probe closes it.
 #[derive(Debug)]
 pub struct CircuitBreaker {
     failures_in_a_row: AtomicU32,
@@ -19,6 +20,7 @@ pub struct CircuitBreaker {
 }
 
 impl CircuitBreaker {
+    /// A breaker that opens after `threshold` failures in a row.
     pub fn new(threshold: u32) -> Self {
         Self {
             failures_in_a_row: AtomicU32::new(0),

@@ -34,16 +34,16 @@ use super::redis::Credentials;
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
 /// A pooled connection that calls share through clones of its handle.
-pub struct Shared<C> {
+pub(super) struct Shared<C> {
     connection: C,
     broken: Arc<AtomicBool>,
 }
 
 /// Marks the connection a handle came from as broken.
-pub struct Breakage(Arc<AtomicBool>);
+pub(super) struct Breakage(Arc<AtomicBool>);
 
 impl Breakage {
-    pub fn mark(&self) {
+    pub(super) fn mark(&self) {
         self.0.store(true, Ordering::Relaxed);
     }
 }
@@ -57,7 +57,7 @@ impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
     }
 
     /// A handle onto the connection, and the means to report it broken.
-    pub fn handle(&self) -> (C, Breakage) {
+    pub(super) fn handle(&self) -> (C, Breakage) {
         (self.connection.clone(), Breakage(Arc::clone(&self.broken)))
     }
 
@@ -76,13 +76,13 @@ impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
 
 /// Connections to one Redis server: deadpool-redis's manager opens them,
 /// or, over TLS with CA certificates of our own, [`PinnedTls`] does.
-pub enum StandaloneManager {
+pub(super) enum StandaloneManager {
     Plain(deadpool_redis::Manager),
     Pinned(PinnedTls),
 }
 
 impl StandaloneManager {
-    pub fn new(
+    pub(super) fn new(
         info: ConnectionInfo,
         config: redis::AsyncConnectionConfig,
         pinned: Option<PinnedTls>,
@@ -119,12 +119,12 @@ impl managed::Manager for StandaloneManager {
 }
 
 /// Connections to a Redis Cluster.
-pub struct ClusterManager {
+pub(super) struct ClusterManager {
     client: ClusterClient,
 }
 
 impl ClusterManager {
-    pub fn new(
+    pub(super) fn new(
         nodes: Vec<ConnectionInfo>,
         certificates: Option<TlsCertificates>,
         connect_timeout: Duration,
@@ -163,7 +163,7 @@ impl managed::Manager for ClusterManager {
 
 /// Connections to the primary a group of Sentinels names; each new
 /// connection asks the sentinels again, so a failover is followed.
-pub struct SentinelManager {
+pub(super) struct SentinelManager {
     // `SentinelClient::get_async_connection` needs `&mut`.
     client: tokio::sync::Mutex<SentinelClient>,
 }
@@ -172,7 +172,7 @@ impl SentinelManager {
     /// `sentinels` carry the credentials and TLS mode used both for the
     /// sentinels and for the primary (the first sentinel's), unless
     /// `sentinel_credentials` gives the sentinels their own.
-    pub fn new(
+    pub(super) fn new(
         sentinels: Vec<ConnectionInfo>,
         master: &str,
         sentinel_credentials: Option<&Credentials>,

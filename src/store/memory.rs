@@ -32,6 +32,7 @@ use crate::metrics;
 
 /// What a state holds on the heap beyond its own size, for the budget.
 pub trait HeapSize {
+    /// Heap bytes held.
     fn heap_bytes(&self) -> usize;
 }
 
@@ -78,6 +79,7 @@ impl Clock for SystemClock {
 pub struct ManualClock(AtomicU64);
 
 impl ManualClock {
+    /// Moves the clock on by `by`.
     pub fn advance(&self, by: Duration) {
         self.0.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
     }
@@ -297,6 +299,7 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
         self.shards.iter().map(|shard| lock(shard).bytes()).sum()
     }
 
+    /// Whether it holds no key.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 /// Opens TLS connections to one Redis with the pinning verifier.
-pub struct PinnedTls {
+pub(super) struct PinnedTls {
     connector: TlsConnector,
     host: String,
     port: u16,
@@ -42,7 +42,7 @@ pub struct PinnedTls {
 impl PinnedTls {
     /// For a `rediss://` `info` with CA certificates `ca` (PEM) and maybe a
     /// client certificate and key (PEM); `None` when `info` is not TLS.
-    pub fn new(
+    pub(super) fn new(
         info: ConnectionInfo,
         ca: &[u8],
         client: Option<(&[u8], &[u8])>,
@@ -103,7 +103,7 @@ impl PinnedTls {
     }
 
     /// A new connection, logged in and on its database.
-    pub async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
+    pub(super) async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
         let connect = async {
             let name = ServerName::try_from(self.host.clone()).map_err(|err| {
                 RedisError::from((

@@ -35,7 +35,9 @@ pub enum Topology {
     /// follows failovers. The URLs' credentials are the primary's, and the
     /// sentinels' too unless `sentinel_credentials` says otherwise.
     Sentinel {
+        /// The primary's name at the sentinels.
         master: String,
+        /// The sentinels' own credentials, when not the primary's.
         sentinel_credentials: Option<Credentials>,
     },
 }
@@ -43,7 +45,9 @@ pub enum Topology {
 /// A user (or the default one) and a password (or none).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Credentials {
+    /// The ACL user (`None`: the default user).
     pub user: Option<String>,
+    /// The password (`None`: none).
     pub password: Option<String>,
 }
 
@@ -79,8 +83,11 @@ impl std::fmt::Debug for Credentials {
 pub struct RedisSettings {
     /// One URL, or several for Cluster seeds or Sentinels.
     pub urls: Vec<String>,
+    /// What `urls` name.
     pub topology: Topology,
+    /// Connections per pool.
     pub pool_size: usize,
+    /// The longest a new connection may take.
     pub connect_timeout: Duration,
     /// The longest one decision may take, from asking the pool for a
     /// connection to reading the script's reply.

@@ -29,9 +29,11 @@ use crate::limit::{
 /// A configuration that cannot be used, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The file, as named in the configuration directory.
     pub file: String,
     /// 1-based; 0 when the error concerns the whole file or directory.
     pub line: u64,
+    /// What is wrong, with the line where known.
     pub reason: String,
 }
 
@@ -50,6 +52,7 @@ impl std::error::Error for ConfigError {}
 /// The files a `--config` path names, each with its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Each file read: its path and its text.
     pub files: Vec<(PathBuf, String)>,
 }
 

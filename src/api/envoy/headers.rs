@@ -5,6 +5,7 @@
 /// What the headers describe: the most restrictive descriptor's limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quota<'a> {
+    /// The rule's `RateLimit-Policy` id.
     pub policy_id: &'a str,
     /// `q`: units per window.
     pub quota: u64,

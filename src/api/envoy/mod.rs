@@ -66,8 +66,11 @@ impl EnvoySettings {
 /// The names of upstream's response headers.
 #[derive(Debug, Clone)]
 pub struct LimitHeaderNames {
+    /// The header naming the limit (`RateLimit-Limit` by default).
     pub limit: String,
+    /// The header naming what remains.
     pub remaining: String,
+    /// The header naming the seconds to the reset.
     pub reset: String,
 }
 
@@ -77,15 +80,20 @@ pub struct LimitHeaderNames {
 /// written. Envoy sends a handful of descriptors of a few entries each.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestBounds {
+    /// Descriptors per request.
     pub max_descriptors: usize,
+    /// Entries per descriptor.
     pub max_entries: usize,
     /// Of each entry's key and of its value.
     pub max_entry_bytes: usize,
 }
 
 impl RequestBounds {
+    /// Upstream sends a handful; 64 leaves room and fits one script.
     pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    /// Entries per descriptor unless `--max-descriptor-entries` says.
     pub const DEFAULT_MAX_ENTRIES: usize = 16;
+    /// Bytes per entry key or value unless `--max-descriptor-entry-bytes` says.
     pub const DEFAULT_MAX_ENTRY_BYTES: usize = 4096;
 
     fn check(&self, request: &rls::RateLimitRequest) -> Result<(), limit::InvalidArgument> {
@@ -149,6 +157,7 @@ pub struct EnvoyService {
 }
 
 impl EnvoyService {
+    /// The service, deciding on `limiter` by the rules `rules` holds now, each call holding one of `slots`.
     pub fn new(
         limiter: Limiter,
         rules: RulesHandle,
@@ -163,6 +172,7 @@ impl EnvoyService {
         }
     }
 
+    /// The tonic server for this service.
     pub fn into_server(self) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
         rls::rate_limit_service_server::RateLimitServiceServer::new(self)
     }

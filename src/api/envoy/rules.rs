@@ -21,12 +21,19 @@ use crate::limit::Algorithm;
 /// the Unix epoch (a month is 30 days and a year 365, as upstream counts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
+    /// 1 s.
     Second,
+    /// 60 s.
     Minute,
+    /// 3600 s.
     Hour,
+    /// 86 400 s.
     Day,
+    /// 7 days.
     Week,
+    /// 30 days, as upstream counts a month.
     Month,
+    /// 365 days.
     Year,
 }
 
@@ -45,6 +52,7 @@ impl Unit {
         })
     }
 
+    /// The unit's length in seconds.
     pub fn seconds(self) -> u64 {
         match self {
             Self::Second => 1,
@@ -61,7 +69,9 @@ impl Unit {
 /// Where a rule was written, for logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
+    /// The file, relative to the configuration directory.
     pub file: String,
+    /// The line (1-based) of the descriptor.
     pub line: u64,
 }
 
@@ -87,10 +97,13 @@ pub enum Limit {
 pub struct Rule {
     /// `name`, reported in `current_limit` and targeted by `replaces`.
     pub name: Option<String>,
+    /// `requests_per_unit`.
     pub requests_per_unit: u32,
+    /// `unit`.
     pub unit: Unit,
     /// The window is `unit` × this (1 unless `unit_multiplier` is set).
     pub unit_multiplier: u32,
+    /// What the rule does: count, allow all, or deny all.
     pub limit: Limit,
     /// Names of rules this one replaces within the same request.
     pub replaces: Vec<String>,
@@ -116,10 +129,12 @@ pub struct Rule {
     /// An id for the IETF `RateLimit-Policy` header: the name, else the
     /// descriptor path in the configuration.
     pub policy_id: String,
+    /// Where it was written.
     pub source: Source,
 }
 
 impl Rule {
+    /// The window: `unit` × `unit_multiplier`.
     pub fn window(&self) -> Duration {
         Duration::from_secs(self.unit.seconds() * u64::from(self.unit_multiplier))
     }
@@ -153,10 +168,12 @@ impl std::fmt::Debug for UpstreamCountersSlot {
 /// A node of a domain's descriptor tree.
 #[derive(Debug, Default)]
 pub struct Node {
+    /// The rule at this node, if the descriptor ends here.
     pub rule: Option<Arc<Rule>>,
     /// `share_threshold`: all values matching this wildcard share one
     /// counter, named by the pattern instead of the value.
     pub shared_pattern: Option<String>,
+    /// The nodes one entry deeper.
     pub children: Level,
 }
 
@@ -172,6 +189,7 @@ pub struct Level {
 }
 
 impl Level {
+    /// Whether no rule is below this level.
     pub fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.wildcards.is_empty() && self.any_value.is_empty()
     }
@@ -211,6 +229,7 @@ impl Wildcard {
         })
     }
 
+    /// Whether `value` matches the pattern (`*` matches any run of characters).
     pub fn matches(&self, value: &str) -> bool {
         let (first, rest) = match self.parts.split_first() {
             Some(split) => split,
@@ -242,12 +261,14 @@ impl Wildcard {
 /// Every configured domain.
 #[derive(Debug, Default)]
 pub struct Rules {
+    /// Domain → its top level.
     pub domains: HashMap<String, Level>,
 }
 
 /// The rule governing a descriptor, and the values its counter is named by.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Found<'a> {
+    /// The governing rule.
     pub rule: &'a Arc<Rule>,
     /// Per entry: the request's value, or the wildcard pattern where the
     /// level shares one counter (`share_threshold`).

@@ -20,6 +20,7 @@ use crate::metrics;
 pub struct RulesHandle(Arc<RwLock<Arc<Rules>>>);
 
 impl RulesHandle {
+    /// A source that starts with `rules`.
     pub fn new(rules: Rules) -> Self {
         Self(Arc::new(RwLock::new(Arc::new(rules))))
     }

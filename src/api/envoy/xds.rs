@@ -45,21 +45,26 @@ const INVALID_ARGUMENT: i32 = 3;
 pub struct XdsSettings {
     /// `host:port`, or a `http://` / `https://` URI.
     pub server: String,
+    /// The `node.id` sent to the server.
     pub node_id: String,
     /// The node's metadata, as string values.
     pub node_metadata: Vec<(String, String)>,
     /// Headers sent with the stream.
     pub headers: Vec<(String, String)>,
+    /// TLS to the server, when set.
     pub tls: Option<XdsTls>,
     /// The first wait before reconnecting; doubled up to `retry_max`.
     pub retry_interval: Duration,
+    /// The longest wait between reconnections.
     pub retry_max: Duration,
 }
 
 /// TLS to the management server, as PEM.
 #[derive(Clone)]
 pub struct XdsTls {
+    /// PEM CA to trust (unset: the system's roots).
     pub ca: Option<Vec<u8>>,
+    /// PEM client certificate and key, for mutual TLS.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
     /// The name to verify the server's certificate against, when not the
     /// host.

@@ -7,7 +7,7 @@ use rand_distr::{Distribution, Zipf};
 use crate::options::{KeyPattern, Options};
 
 /// The keys, built once, and how to draw one.
-pub struct Keys {
+pub(crate) struct Keys {
     names: Vec<String>,
     draw: Draw,
 }
@@ -19,7 +19,7 @@ enum Draw {
 }
 
 impl Keys {
-    pub fn new(options: &Options) -> Result<Self, String> {
+    pub(crate) fn new(options: &Options) -> Result<Self, String> {
         let count = match options.keys {
             KeyPattern::Hot => 1,
             KeyPattern::Uniform | KeyPattern::Zipf => options.key_count,
@@ -39,7 +39,7 @@ impl Keys {
     }
 
     /// The next key a worker sends.
-    pub fn draw(&self, rng: &mut impl Rng) -> &str {
+    pub(crate) fn draw(&self, rng: &mut impl Rng) -> &str {
         let index = match &self.draw {
             Draw::Hot => 0,
             Draw::Uniform => rng.random_range(0..self.names.len()),
@@ -53,7 +53,7 @@ impl Keys {
     }
 
     /// A short description for the report.
-    pub fn describe(&self, options: &Options) -> String {
+    pub(crate) fn describe(&self, options: &Options) -> String {
         match options.keys {
             KeyPattern::Hot => format!("one hot key ({})", self.names[0]),
             KeyPattern::Uniform => format!("uniform over {} keys", self.names.len()),

@@ -11,7 +11,7 @@ use clap::{Parser, ValueEnum};
 /// latency.
 #[derive(Debug, Parser)]
 #[command(name = "ratelimitd-bench", version)]
-pub struct Options {
+pub(crate) struct Options {
     /// What to drive.
     #[arg(long, value_enum, default_value_t = TargetKind::CheckLimit)]
     pub target: TargetKind,
@@ -114,7 +114,7 @@ pub struct Options {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TargetKind {
+pub(crate) enum TargetKind {
     /// ratelimitd's `ratelimitd.v1.RateLimiter/CheckLimit`.
     CheckLimit,
     /// `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
@@ -124,7 +124,7 @@ pub enum TargetKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AlgorithmKind {
+pub(crate) enum AlgorithmKind {
     FixedWindow,
     SlidingWindow,
     TokenBucket,
@@ -134,7 +134,7 @@ pub enum AlgorithmKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum KeyPattern {
+pub(crate) enum KeyPattern {
     /// One key for every request: a flood on one limit.
     Hot,
     /// `--key-count` keys, each as likely.
@@ -145,7 +145,7 @@ pub enum KeyPattern {
 
 impl Options {
     /// Checks what clap cannot: values whose rules span several options.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if let Some(rate) = self.rate
             && !(rate.is_finite() && rate > 0.0)
         {

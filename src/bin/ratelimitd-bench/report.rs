@@ -17,7 +17,7 @@ use crate::target::Outcome;
 const HIGHEST_LATENCY_US: u64 = 60_000_000;
 
 /// One worker's (or the whole run's) measured requests.
-pub struct Tally {
+pub(crate) struct Tally {
     latency_us: Histogram<u64>,
     pub allowed: u64,
     pub denied: u64,
@@ -25,7 +25,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             // Three significant digits from 1 µs to a minute: about 180 KiB.
             latency_us: Histogram::new_with_bounds(1, HIGHEST_LATENCY_US, 3)
@@ -36,7 +36,7 @@ impl Tally {
         }
     }
 
-    pub fn record(&mut self, outcome: Outcome, latency: Duration) {
+    pub(crate) fn record(&mut self, outcome: Outcome, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.latency_us.saturating_record(micros.max(1));
         match outcome {
@@ -46,7 +46,7 @@ impl Tally {
         }
     }
 
-    pub fn merge(&mut self, other: Tally) {
+    pub(crate) fn merge(&mut self, other: Tally) {
         // Same bounds on both sides, so adding cannot fail.
         let _ = self.latency_us.add(&other.latency_us);
         self.allowed += other.allowed;
@@ -56,17 +56,17 @@ impl Tally {
         }
     }
 
-    pub fn error_count(&self) -> u64 {
+    pub(crate) fn error_count(&self) -> u64 {
         self.errors.values().sum()
     }
 
-    pub fn requests(&self) -> u64 {
+    pub(crate) fn requests(&self) -> u64 {
         self.allowed + self.denied + self.error_count()
     }
 }
 
 /// The whole run, for printing.
-pub struct Summary {
+pub(crate) struct Summary {
     /// Lines describing what was driven and how: (label, value).
     pub setup: Vec<(&'static str, String)>,
     pub warm_up: Duration,
@@ -76,7 +76,7 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn throughput(&self) -> f64 {
+    pub(crate) fn throughput(&self) -> f64 {
         let seconds = self.measured.as_secs_f64();
         if seconds > 0.0 {
             self.tally.requests() as f64 / seconds
@@ -89,7 +89,7 @@ impl Summary {
         self.tally.latency_us.value_at_quantile(quantile)
     }
 
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         let tally = &self.tally;
         let mut lines: Vec<String> = self
             .setup
@@ -140,7 +140,7 @@ impl Summary {
         lines.join("\n")
     }
 
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         let tally = &self.tally;
         let setup: serde_json::Map<String, serde_json::Value> = self
             .setup
@@ -171,14 +171,14 @@ impl Summary {
 
 /// Every answer so far, warm-up included, for the progress line.
 #[derive(Default)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub allowed: AtomicU64,
     pub denied: AtomicU64,
     pub errors: AtomicU64,
 }
 
 impl Progress {
-    pub fn count(&self, outcome: &Outcome) {
+    pub(crate) fn count(&self, outcome: &Outcome) {
         let counter = match outcome {
             Outcome::Allowed => &self.allowed,
             Outcome::Denied => &self.denied,
@@ -197,7 +197,7 @@ impl Progress {
 
     /// Rewrites one status line on stderr every second until dropped by
     /// the caller (abort the task).
-    pub async fn show(&self) {
+    pub(crate) async fn show(&self) {
         let started = tokio::time::Instant::now();
         let mut ticks = tokio::time::interval(Duration::from_secs(1));
         ticks.tick().await;
@@ -220,7 +220,7 @@ impl Progress {
 }
 
 /// Clears the progress line.
-pub fn clear_progress() {
+pub(crate) fn clear_progress() {
     let mut stderr = std::io::stderr().lock();
     let _ = write!(stderr, "\r\x1b[2K");
     let _ = stderr.flush();

@@ -16,7 +16,7 @@ use crate::report::{Progress, Tally};
 use crate::target::Target;
 
 /// How much load, for how long.
-pub struct Plan {
+pub(crate) struct Plan {
     pub concurrency: u32,
     pub warm_up: Duration,
     pub measure: Measure,
@@ -24,7 +24,7 @@ pub struct Plan {
     pub rate: Option<f64>,
 }
 
-pub enum Measure {
+pub(crate) enum Measure {
     For(Duration),
     Requests(u64),
 }
@@ -47,7 +47,7 @@ struct Shared {
 }
 
 /// Runs the plan; returns the merged tally and the measured time.
-pub async fn run(
+pub(crate) async fn run(
     target: Target,
     keys: Keys,
     plan: &Plan,

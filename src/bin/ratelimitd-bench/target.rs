@@ -26,7 +26,7 @@ use crate::options::{AlgorithmKind, Options, TargetKind};
 
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Allowed,
     Denied,
     /// A failed call, by kind (a gRPC code, or a Redis error kind).
@@ -35,7 +35,7 @@ pub enum Outcome {
 
 /// A connected target; workers share it, each using connection
 /// `worker % connections`.
-pub enum Target {
+pub(crate) enum Target {
     CheckLimit {
         clients: Vec<RateLimiterClient<Channel>>,
         algorithm: check_limit_request::Algorithm,
@@ -57,7 +57,7 @@ pub enum Target {
 
 impl Target {
     /// Opens the connections.
-    pub async fn connect(options: &Options) -> Result<Self, String> {
+    pub(crate) async fn connect(options: &Options) -> Result<Self, String> {
         let algorithm = algorithm(options)?;
         let connections = options.connections as usize;
         match options.target {
@@ -108,7 +108,7 @@ impl Target {
     }
 
     /// Sends one request for `key` on the worker's connection.
-    pub async fn call(&self, worker: usize, key: &str) -> Outcome {
+    pub(crate) async fn call(&self, worker: usize, key: &str) -> Outcome {
         match self {
             Self::CheckLimit {
                 clients,
@@ -197,7 +197,7 @@ impl Target {
 
 /// The limit every target applies: `--limit` per `--window` (a token bucket
 /// holds `--limit` and refills it once per window).
-pub fn algorithm(options: &Options) -> Result<Algorithm, String> {
+pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
     let invalid = |err: ratelimitd::limit::InvalidArgument| err.to_string();
     match options.algorithm {
         AlgorithmKind::FixedWindow => FixedWindow::new(options.limit, options.window)
@@ -283,7 +283,7 @@ async fn channels(options: &Options, connections: usize) -> Result<Vec<Channel>,
 /// Rules in envoyproxy/ratelimit's format (with ratelimitd's `algorithm` and
 /// `unit_multiplier` extensions) that give `--domain` the run's limit for
 /// the descriptor `("key", <any value>)`.
-pub fn envoy_config(options: &Options) -> Result<String, String> {
+pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
     let window = options.window;
     if window.subsec_nanos() != 0 || window.as_secs() == 0 {
         return Err("--window must be whole seconds for Envoy rules".into());
