@@ -3,9 +3,9 @@
 //! process (port 0, shutdown channel) or as separate processes, and clients.
 //! Nothing here touches the machine's own Redis on 6379.
 
-#![allow(dead_code)] // each test file uses its own part of this module
-// Shared by every test file, so `pub` throughout (no crate sees it whole).
-#![allow(unreachable_pub)]
+// Each test file uses its own part of this module, and all of it is `pub`
+// for them (no one crate sees it whole).
+#![allow(dead_code, unreachable_pub)]
 
 pub mod envoy;
 pub mod pip_tool;
