@@ -1,5 +1,9 @@
 //! The command line, with a `RATELIMITD_*` environment fallback for every
-//! flag, parsed into one checked [`Config`].
+//! flag, parsed into one checked [`Config`] in groups (listener, store,
+//! failure policy, Envoy rules, limits, telemetry; each a help section).
+//! Secrets are held in types whose `Debug` hides them, so the whole
+//! configuration can be logged; files are read once, by
+//! [`Config::read_at_start`].
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -22,9 +26,38 @@ pub mod envoyproxy_env;
 ///
 /// Without --redis-url, state lives in this process (the embedded store) and
 /// is not shared with other instances.
-#[derive(Clone, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(version, about)]
 pub struct Config {
+    /// Where and how gRPC is served.
+    #[command(flatten)]
+    pub listener: ListenerConfig,
+
+    /// Where counters live.
+    #[command(flatten)]
+    pub store: StoreConfig,
+
+    /// What answers while Redis cannot.
+    #[command(flatten)]
+    pub failure: FailureConfig,
+
+    /// The Envoy face.
+    #[command(flatten)]
+    pub envoy: EnvoyConfig,
+
+    /// Bounds per peer, connection and request.
+    #[command(flatten)]
+    pub limits: LimitsConfig,
+
+    /// Logs and metrics.
+    #[command(flatten)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// Where and how gRPC is served: the address, TLS, reflection, shutdown.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Listener and TLS")]
+pub struct ListenerConfig {
     /// Address to serve gRPC on.
     #[arg(long, env = "RATELIMITD_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -36,12 +69,53 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_ADDRESS_FILE")]
     pub address_file: Option<PathBuf>,
 
+    /// After SIGTERM, longest wait for calls in flight before exiting anyway.
+    #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = positive_duration)]
+    pub shutdown_grace: Duration,
+
+    /// PEM certificate chain for serving gRPC over TLS (with --tls-key).
+    #[arg(long, env = "RATELIMITD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "RATELIMITD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: clients must present a certificate signed by one
+    /// (mutual TLS). Needs --tls-cert.
+    #[arg(long, env = "RATELIMITD_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With --tls-client-ca: a name (DNS or IP) the client's certificate
+    /// must carry among its subject alternative names.
+    #[arg(long, env = "RATELIMITD_TLS_CLIENT_SAN", requires = "tls_client_ca")]
+    pub tls_client_san: Option<String>,
+
+    /// How often to look whether --tls-cert or --tls-key changed on disk;
+    /// a changed pair that loads serves new connections.
+    #[arg(long, env = "RATELIMITD_TLS_RELOAD_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// Serve gRPC server reflection (grpcurl, grpcui and alike list and call
+    /// the services without the .proto files). `--reflection=false` removes
+    /// it.
+    #[arg(long, env = "RATELIMITD_REFLECTION", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub reflection: bool,
+}
+
+/// Where counters live: Redis (standalone, Cluster or Sentinel) or, without --redis-url, the embedded store.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Store")]
+pub struct StoreConfig {
     /// Redis to keep counters in, e.g. redis://127.0.0.1:6379/0 (user and
     /// password go in the URL; rediss:// for TLS). With --redis-mode cluster,
     /// seed nodes; with sentinel, the sentinels: repeat the flag or separate
     /// URLs with commas. Unset: the embedded in-memory store.
     #[arg(long, env = "RATELIMITD_REDIS_URL", value_delimiter = ',')]
-    pub redis_url: Vec<String>,
+    pub redis_url: Vec<RedisUrl>,
 
     /// What --redis-url names: one standalone server, a Redis Cluster, or
     /// Sentinels watching a primary (see --redis-sentinel-master).
@@ -66,7 +140,7 @@ pub struct Config {
     /// from the primary's (those in the URLs): `password`, `user:password`,
     /// or empty for sentinels without a password.
     #[arg(long, env = "RATELIMITD_REDIS_SENTINEL_AUTH")]
-    pub redis_sentinel_auth: Option<String>,
+    pub redis_sentinel_auth: Option<Secret>,
 
     /// For rediss:// URLs: PEM CA certificates to trust instead of the
     /// system's.
@@ -96,6 +170,71 @@ pub struct Config {
           value_parser = positive_duration)]
     pub redis_connect_timeout: Duration,
 
+    /// Longest one decision may wait on Redis (pool, command and reply)
+    /// before the call fails with UNAVAILABLE.
+    #[arg(long, env = "RATELIMITD_REDIS_COMMAND_TIMEOUT", default_value = "100ms",
+          value_parser = positive_duration)]
+    pub redis_command_timeout: Duration,
+
+    /// Keys this instance remembers Redis denied (until their denial lifts),
+    /// to answer a flood on them without Redis; 0 turns the cache off. A
+    /// cached denial only answers the same limit and the same or a larger
+    /// cost, so it never denies what Redis would allow (but a key deleted by
+    /// hand in Redis stays denied here until its retry-after).
+    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
+    pub local_cache_size: usize,
+
+    /// Most memory the local over-limit cache may take, e.g. `16MiB` (its
+    /// estimate: keys and entries); with --local-cache-size, whichever
+    /// binds first. 0 turns the cache off.
+    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_MAX_BYTES", default_value = "16MiB",
+          value_parser = cache_bytes)]
+    pub local_cache_max_bytes: usize,
+
+    /// How often the embedded store evicts expired keys.
+    #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
+          value_parser = positive_duration)]
+    pub memory_sweep_interval: Duration,
+
+    /// Most memory the embedded store's keys may take (its estimate: keys,
+    /// state, tables), e.g. `256MiB`. A write past it evicts what expired,
+    /// then the keys closest to expiry.
+    #[arg(long, env = "RATELIMITD_MEMORY_MAX_BYTES", default_value = "256MiB",
+          value_parser = byte_size)]
+    pub memory_max_bytes: usize,
+}
+
+/// What answers while Redis cannot, and how soon that is noticed.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Failure policy")]
+pub struct FailureConfig {
+    /// What to answer when Redis cannot decide in time: fail-closed
+    /// (UNAVAILABLE), fail-open (allow), or local (decide on this instance's
+    /// own embedded store). CheckLimit calls may name their own.
+    #[arg(
+        long,
+        env = "RATELIMITD_FAILURE_POLICY",
+        value_enum,
+        default_value = "fail-closed"
+    )]
+    pub failure_policy: FailurePolicy,
+
+    /// Redis failures in a row after which calls stop waiting on Redis (and
+    /// the failure policy answers at once) until a health probe succeeds.
+    #[arg(long, env = "RATELIMITD_REDIS_BREAKER_THRESHOLD", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_breaker_threshold: u32,
+
+    /// How often health checks that the store answers.
+    #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub health_interval: Duration,
+}
+
+/// The Envoy face: where its rules come from (files or xDS) and how it answers.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Envoy rules")]
+pub struct EnvoyConfig {
     /// envoyproxy/ratelimit configuration for the Envoy face: a YAML file, or
     /// a directory of them (`*.yaml`, `*.yml`; dotfiles ignored). Reloaded
     /// when it changes. Unset: every Envoy domain is unconfigured (OK).
@@ -135,9 +274,9 @@ pub struct Config {
     pub xds_node_metadata: KeyValues,
 
     /// Headers sent with the xDS stream: `name:value,name:value`.
-    #[arg(long, env = "RATELIMITD_XDS_HEADERS", value_parser = key_values(':'),
-          default_value = "")]
-    pub xds_headers: KeyValues,
+    #[arg(long, env = "RATELIMITD_XDS_HEADERS",
+          value_parser = key_values(':').map(SecretValues), default_value = "")]
+    pub xds_headers: SecretValues,
 
     /// Speak TLS to the xDS server (system roots, or --xds-tls-ca).
     #[arg(long, env = "RATELIMITD_XDS_TLS")]
@@ -234,90 +373,23 @@ pub struct Config {
     )]
     pub envoy_reset_header: String,
 
-    /// Longest one decision may wait on Redis (pool, command and reply)
-    /// before the call fails with UNAVAILABLE.
-    #[arg(long, env = "RATELIMITD_REDIS_COMMAND_TIMEOUT", default_value = "100ms",
-          value_parser = positive_duration)]
-    pub redis_command_timeout: Duration,
-
-    /// What to answer when Redis cannot decide in time: fail-closed
-    /// (UNAVAILABLE), fail-open (allow), or local (decide on this instance's
-    /// own embedded store). CheckLimit calls may name their own.
+    /// Read envoyproxy/ratelimit's environment variables (REDIS_URL,
+    /// RUNTIME_ROOT, ...; see docs/deployment.md) as aliases of these flags,
+    /// with upstream's defaults where ours differ: `auto` when any variable
+    /// only upstream uses is set, `always`, or `never`.
     #[arg(
         long,
-        env = "RATELIMITD_FAILURE_POLICY",
+        env = "RATELIMITD_ENVOYPROXY_ENV",
         value_enum,
-        default_value = "fail-closed"
+        default_value = "auto"
     )]
-    pub failure_policy: FailurePolicy,
+    pub envoyproxy_env: EnvoyproxyEnv,
+}
 
-    /// Redis failures in a row after which calls stop waiting on Redis (and
-    /// the failure policy answers at once) until a health probe succeeds.
-    #[arg(long, env = "RATELIMITD_REDIS_BREAKER_THRESHOLD", default_value_t = 3,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub redis_breaker_threshold: u32,
-
-    /// Keys this instance remembers Redis denied (until their denial lifts),
-    /// to answer a flood on them without Redis; 0 turns the cache off. A
-    /// cached denial only answers the same limit and the same or a larger
-    /// cost, so it never denies what Redis would allow (but a key deleted by
-    /// hand in Redis stays denied here until its retry-after).
-    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
-    pub local_cache_size: usize,
-
-    /// Most memory the local over-limit cache may take, e.g. `16MiB` (its
-    /// estimate: keys and entries); with --local-cache-size, whichever
-    /// binds first. 0 turns the cache off.
-    #[arg(long, env = "RATELIMITD_LOCAL_CACHE_MAX_BYTES", default_value = "16MiB",
-          value_parser = cache_bytes)]
-    pub local_cache_max_bytes: usize,
-
-    /// How often health checks that the store answers.
-    #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
-          value_parser = positive_duration)]
-    pub health_interval: Duration,
-
-    /// How often the embedded store evicts expired keys.
-    #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
-          value_parser = positive_duration)]
-    pub memory_sweep_interval: Duration,
-
-    /// Most memory the embedded store's keys may take (its estimate: keys,
-    /// state, tables), e.g. `256MiB`. A write past it evicts what expired,
-    /// then the keys closest to expiry.
-    #[arg(long, env = "RATELIMITD_MEMORY_MAX_BYTES", default_value = "256MiB",
-          value_parser = byte_size)]
-    pub memory_max_bytes: usize,
-
-    /// After SIGTERM, longest wait for calls in flight before exiting anyway.
-    #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
-          value_parser = positive_duration)]
-    pub shutdown_grace: Duration,
-
-    /// PEM certificate chain for serving gRPC over TLS (with --tls-key).
-    #[arg(long, env = "RATELIMITD_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// PEM private key for --tls-cert.
-    #[arg(long, env = "RATELIMITD_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
-
-    /// PEM CA certificates: clients must present a certificate signed by one
-    /// (mutual TLS). Needs --tls-cert.
-    #[arg(long, env = "RATELIMITD_TLS_CLIENT_CA", requires = "tls_cert")]
-    pub tls_client_ca: Option<PathBuf>,
-
-    /// With --tls-client-ca: a name (DNS or IP) the client's certificate
-    /// must carry among its subject alternative names.
-    #[arg(long, env = "RATELIMITD_TLS_CLIENT_SAN", requires = "tls_client_ca")]
-    pub tls_client_san: Option<String>,
-
-    /// How often to look whether --tls-cert or --tls-key changed on disk;
-    /// a changed pair that loads serves new connections.
-    #[arg(long, env = "RATELIMITD_TLS_RELOAD_INTERVAL", default_value = "1s",
-          value_parser = positive_duration)]
-    pub tls_reload_interval: Duration,
-
+/// Bounds on what one peer, connection or request may hold or ask.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitsConfig {
     /// Largest request message accepted, in bytes (larger: OUT_OF_RANGE).
     #[arg(long, env = "RATELIMITD_MAX_REQUEST_BYTES", default_value_t = 1 << 20,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -377,13 +449,6 @@ pub struct Config {
           value_parser = humantime::parse_duration)]
     pub tcp_keepalive: Duration,
 
-    /// Serve gRPC server reflection (grpcurl, grpcui and alike list and call
-    /// the services without the .proto files). `--reflection=false` removes
-    /// it.
-    #[arg(long, env = "RATELIMITD_REFLECTION", default_value_t = true,
-          action = clap::ArgAction::Set)]
-    pub reflection: bool,
-
     /// Most descriptors one ShouldRateLimit may carry (more:
     /// INVALID_ARGUMENT). Envoy sends a handful.
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTORS", default_value_t = RequestBounds::DEFAULT_MAX_DESCRIPTORS,
@@ -400,7 +465,12 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRY_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRY_BYTES,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub max_descriptor_entry_bytes: usize,
+}
 
+/// Logs and metrics.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryConfig {
     /// Serve Prometheus metrics at http://<this address>/metrics. Unset:
     /// no metrics endpoint.
     #[arg(long, env = "RATELIMITD_METRICS_LISTEN")]
@@ -410,18 +480,6 @@ pub struct Config {
     #[arg(long, env = "RATELIMITD_LOG_LEVEL", value_enum, default_value = "info")]
     pub log_level: LogLevel,
 
-    /// Read envoyproxy/ratelimit's environment variables (REDIS_URL,
-    /// RUNTIME_ROOT, ...; see docs/deployment.md) as aliases of these flags,
-    /// with upstream's defaults where ours differ: `auto` when any variable
-    /// only upstream uses is set, `always`, or `never`.
-    #[arg(
-        long,
-        env = "RATELIMITD_ENVOYPROXY_ENV",
-        value_enum,
-        default_value = "auto"
-    )]
-    pub envoyproxy_env: EnvoyproxyEnv,
-
     /// Log line format.
     #[arg(
         long,
@@ -430,6 +488,88 @@ pub struct Config {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+/// A Redis URL as given. Its `Debug` hides every credential in it (see
+/// [`redacted_url`]), so a whole [`Config`] can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL, credentials and all, for connecting.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for RedisUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(url: String) -> Self {
+        Self(url)
+    }
+}
+
+impl std::str::FromStr for RedisUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        Ok(Self(url.to_owned()))
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redacted_url(&self.0))
+    }
+}
+
+/// A secret (a password): its `Debug` is `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for using it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(secret: String) -> Self {
+        Self(secret)
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(secret: &str) -> Result<Self, Self::Err> {
+        Ok(Self(secret.to_owned()))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Pairs whose values are secret (xDS headers carry tokens): its `Debug`
+/// names only the keys.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretValues(pub KeyValues);
+
+impl fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.0.iter().map(|(name, _)| name))
+            .finish()
+    }
 }
 
 /// `key=value` (or `key:value`) pairs separated by commas; empty for none.
@@ -485,32 +625,53 @@ pub enum RedisMode {
 }
 
 impl Config {
-    /// The xDS configuration source, when one is configured; an error
-    /// names a TLS file that cannot be read.
-    pub fn xds(&self) -> Result<Option<XdsSettings>, String> {
-        let Some(server) = &self.xds_server else {
+    /// Everything the configuration names that is read from files (the
+    /// Redis and xDS TLS material), read once, at start-up, here; an error
+    /// names the file. (The gRPC server's own certificate is the exception:
+    /// `tls::ServerTls` reads it, because it reloads it when it changes.)
+    pub fn read_at_start(&self) -> Result<StartSettings, String> {
+        let embedded = EmbeddedSettings {
+            max_bytes: self.store.memory_max_bytes,
+            sweep_interval: self.store.memory_sweep_interval,
+        };
+        let store = match self.redis_settings()? {
+            Some(redis) => StoreSettings::Redis {
+                redis: Box::new(redis),
+                local: embedded,
+            },
+            None => StoreSettings::Embedded(embedded),
+        };
+        Ok(StartSettings {
+            store,
+            xds: self.xds_settings()?,
+        })
+    }
+
+    /// The xDS configuration source, when one is configured.
+    fn xds_settings(&self) -> Result<Option<XdsSettings>, String> {
+        let Some(server) = &self.envoy.xds_server else {
             return Ok(None);
         };
-        let tls = if self.xds_tls {
+        let tls = if self.envoy.xds_tls {
             Some(XdsTls {
-                ca: self.xds_tls_ca.as_ref().map(read_pem).transpose()?,
-                identity: match (&self.xds_tls_cert, &self.xds_tls_key) {
+                ca: self.envoy.xds_tls_ca.as_ref().map(read_pem).transpose()?,
+                identity: match (&self.envoy.xds_tls_cert, &self.envoy.xds_tls_key) {
                     (Some(cert), Some(key)) => Some((read_pem(cert)?, read_pem(key)?)),
                     _ => None,
                 },
-                server_name: self.xds_tls_san.clone(),
+                server_name: self.envoy.xds_tls_san.clone(),
             })
         } else {
             None
         };
         Ok(Some(XdsSettings {
             server: server.clone(),
-            node_id: self.xds_node_id.clone(),
-            node_metadata: self.xds_node_metadata.0.clone(),
-            headers: self.xds_headers.0.clone(),
+            node_id: self.envoy.xds_node_id.clone(),
+            node_metadata: self.envoy.xds_node_metadata.0.clone(),
+            headers: self.envoy.xds_headers.0.0.clone(),
             tls,
-            retry_interval: self.xds_retry_interval,
-            retry_max: self.xds_retry_max.max(self.xds_retry_interval),
+            retry_interval: self.envoy.xds_retry_interval,
+            retry_max: self.envoy.xds_retry_max.max(self.envoy.xds_retry_interval),
         }))
     }
 
@@ -543,13 +704,12 @@ impl Config {
         Ok((config, report))
     }
 
-    /// The Redis settings, when a Redis URL is configured; an error names a
-    /// TLS file that cannot be read.
-    pub fn redis(&self) -> Result<Option<RedisSettings>, String> {
-        if self.redis_url.is_empty() {
+    /// The Redis settings, when a Redis URL is configured.
+    fn redis_settings(&self) -> Result<Option<RedisSettings>, String> {
+        if self.store.redis_url.is_empty() {
             return Ok(None);
         }
-        if self.redis_mode == RedisMode::Standalone && self.redis_url.len() > 1 {
+        if self.store.redis_mode == RedisMode::Standalone && self.store.redis_url.len() > 1 {
             return Err(
                 "--redis-url: a standalone Redis takes one URL (several are for \
                         --redis-mode cluster or sentinel)"
@@ -557,132 +717,71 @@ impl Config {
             );
         }
         let tls = RedisTls {
-            ca: self.redis_tls_ca.as_ref().map(read_pem).transpose()?,
-            client: match (&self.redis_tls_cert, &self.redis_tls_key) {
+            ca: self.store.redis_tls_ca.as_ref().map(read_pem).transpose()?,
+            client: match (&self.store.redis_tls_cert, &self.store.redis_tls_key) {
                 (Some(cert), Some(key)) => Some((read_pem(cert)?, read_pem(key)?)),
                 _ => None,
             },
         };
         Ok(Some(RedisSettings {
-            urls: self.redis_url.clone(),
-            topology: match self.redis_mode {
+            urls: self
+                .store
+                .redis_url
+                .iter()
+                .map(|url| url.as_str().to_owned())
+                .collect(),
+            topology: match self.store.redis_mode {
                 RedisMode::Standalone => Topology::Standalone,
                 RedisMode::Cluster => Topology::Cluster,
                 RedisMode::Sentinel => Topology::Sentinel {
-                    master: self.redis_sentinel_master.clone(),
+                    master: self.store.redis_sentinel_master.clone(),
                     sentinel_credentials: self
+                        .store
                         .redis_sentinel_auth
-                        .as_deref()
-                        .map(Credentials::parse),
+                        .as_ref()
+                        .map(|auth| Credentials::parse(auth.expose())),
                 },
             },
-            pool_size: usize::from(self.redis_pool_size),
-            connect_timeout: self.redis_connect_timeout,
-            command_timeout: self.redis_command_timeout,
-            breaker_threshold: self.redis_breaker_threshold,
+            pool_size: usize::from(self.store.redis_pool_size),
+            connect_timeout: self.store.redis_connect_timeout,
+            command_timeout: self.store.redis_command_timeout,
+            breaker_threshold: self.failure.redis_breaker_threshold,
             tls,
         }))
     }
 }
 
-/// Debug output goes to logs: the Redis password never does.
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("listen", &self.listen)
-            .field("address_file", &self.address_file)
-            .field(
-                "redis_url",
-                &self
-                    .redis_url
-                    .iter()
-                    .map(|url| redacted_url(url))
-                    .collect::<Vec<_>>(),
-            )
-            .field("redis_mode", &self.redis_mode)
-            .field("redis_sentinel_master", &self.redis_sentinel_master)
-            .field(
-                "redis_sentinel_auth",
-                &self.redis_sentinel_auth.as_ref().map(|_| "***"),
-            )
-            .field("redis_tls_ca", &self.redis_tls_ca)
-            .field("redis_tls_cert", &self.redis_tls_cert)
-            .field("redis_tls_key", &self.redis_tls_key)
-            .field("key_prefix", &self.key_prefix)
-            .field("config", &self.config)
-            .field("config_files", &self.config_files)
-            .field("config_dotfiles", &self.config_dotfiles)
-            .field("config_poll_interval", &self.config_poll_interval)
-            .field("xds_server", &self.xds_server)
-            .field("xds_node_id", &self.xds_node_id)
-            .field("xds_node_metadata", &self.xds_node_metadata)
-            .field(
-                "xds_headers",
-                &self
-                    .xds_headers
-                    .0
-                    .iter()
-                    .map(|(name, _)| name)
-                    .collect::<Vec<_>>(),
-            )
-            .field("xds_tls", &self.xds_tls)
-            .field("xds_tls_ca", &self.xds_tls_ca)
-            .field("xds_tls_cert", &self.xds_tls_cert)
-            .field("xds_tls_key", &self.xds_tls_key)
-            .field("xds_tls_san", &self.xds_tls_san)
-            .field("xds_retry_interval", &self.xds_retry_interval)
-            .field("xds_retry_max", &self.xds_retry_max)
-            .field("shadow_mode", &self.shadow_mode)
-            .field("envoy_ratelimit_headers", &self.envoy_ratelimit_headers)
-            .field("envoy_count_denied_hits", &self.envoy_count_denied_hits)
-            .field("envoy_quota_mode", &self.envoy_quota_mode)
-            .field("envoy_dynamic_metadata", &self.envoy_dynamic_metadata)
-            .field("envoy_limit_headers", &self.envoy_limit_headers)
-            .field("envoy_limit_header", &self.envoy_limit_header)
-            .field("envoy_remaining_header", &self.envoy_remaining_header)
-            .field("envoy_reset_header", &self.envoy_reset_header)
-            .field("redis_pool_size", &self.redis_pool_size)
-            .field("redis_connect_timeout", &self.redis_connect_timeout)
-            .field("redis_command_timeout", &self.redis_command_timeout)
-            .field("failure_policy", &self.failure_policy)
-            .field("redis_breaker_threshold", &self.redis_breaker_threshold)
-            .field("local_cache_size", &self.local_cache_size)
-            .field("local_cache_max_bytes", &self.local_cache_max_bytes)
-            .field("health_interval", &self.health_interval)
-            .field("memory_sweep_interval", &self.memory_sweep_interval)
-            .field("memory_max_bytes", &self.memory_max_bytes)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("tls_cert", &self.tls_cert)
-            .field("tls_key", &self.tls_key)
-            .field("tls_client_ca", &self.tls_client_ca)
-            .field("tls_client_san", &self.tls_client_san)
-            .field("tls_reload_interval", &self.tls_reload_interval)
-            .field("max_request_bytes", &self.max_request_bytes)
-            .field("max_concurrent_requests", &self.max_concurrent_requests)
-            .field(
-                "max_concurrent_requests_per_peer",
-                &self.max_concurrent_requests_per_peer,
-            )
-            .field("max_connections", &self.max_connections)
-            .field("max_concurrent_streams", &self.max_concurrent_streams)
-            .field("request_timeout", &self.request_timeout)
-            .field("idle_timeout", &self.idle_timeout)
-            .field("http2_keepalive_interval", &self.http2_keepalive_interval)
-            .field("http2_keepalive_timeout", &self.http2_keepalive_timeout)
-            .field("tcp_keepalive", &self.tcp_keepalive)
-            .field("reflection", &self.reflection)
-            .field("max_descriptors", &self.max_descriptors)
-            .field("max_descriptor_entries", &self.max_descriptor_entries)
-            .field(
-                "max_descriptor_entry_bytes",
-                &self.max_descriptor_entry_bytes,
-            )
-            .field("metrics_listen", &self.metrics_listen)
-            .field("log_level", &self.log_level)
-            .field("envoyproxy_env", &self.envoyproxy_env)
-            .field("log_format", &self.log_format)
-            .finish()
-    }
+/// What [`Config::read_at_start`] resolved.
+pub struct StartSettings {
+    /// The store to decide on.
+    pub store: StoreSettings,
+    /// The xDS source of the Envoy rules, if one is configured.
+    pub xds: Option<XdsSettings>,
+}
+
+/// The store the configuration names. (No `Debug`: the Redis URLs in it
+/// carry passwords; log them through [`redacted_url`].)
+pub enum StoreSettings {
+    /// The embedded store alone: state in this process.
+    Embedded(EmbeddedSettings),
+    /// Redis, with this instance's own embedded store for the `local`
+    /// failure policy.
+    Redis {
+        /// The Redis deployment and its TLS (boxed: the variants' sizes
+        /// differ by hundreds of bytes).
+        redis: Box<RedisSettings>,
+        /// The instance's own store, for `--failure-policy local`.
+        local: EmbeddedSettings,
+    },
+}
+
+/// The embedded store's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddedSettings {
+    /// Its memory budget.
+    pub max_bytes: usize,
+    /// How often expired state is swept out.
+    pub sweep_interval: Duration,
 }
 
 /// A PEM file named by a flag, read at start; the error names it.
@@ -769,16 +868,31 @@ mod tests {
             "redis+unix:///run/redis.sock?db=2&pass=***"
         );
         assert!(!redacted_url("redis://u:s3cret@[::1").contains("s3cret"));
-        let config = Config::parse_from(["ratelimitd", "--redis-url", "redis://u:pw@h:1/0"]);
-        assert!(!format!("{config:?}").contains("pw"));
+        let config = Config::parse_from([
+            "ratelimitd",
+            "--redis-url",
+            "redis://u:pw1@h:1/0,redis://u:pw2@h:2/0",
+            "--redis-sentinel-auth",
+            "sentinel:pw3",
+            "--xds-headers",
+            "authorization:Bearer pw4",
+        ]);
+        let logged = format!("{config:?}");
+        for secret in ["pw1", "pw2", "pw3", "pw4"] {
+            assert!(!logged.contains(secret), "{secret} in {logged}");
+        }
+        assert!(logged.contains("redis://u:***@h:1/0") && logged.contains("authorization"));
     }
 
     #[test]
     fn defaults_are_sensible_and_zero_timeouts_are_refused() {
         let config = Config::parse_from(["ratelimitd"]);
-        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
-        assert_eq!(config.key_prefix, "ratelimitd:");
-        assert!(config.redis().unwrap().is_none());
+        assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(config.store.key_prefix, "ratelimitd:");
+        assert!(matches!(
+            config.read_at_start().unwrap().store,
+            StoreSettings::Embedded(_)
+        ));
         assert!(Config::try_parse_from(["ratelimitd", "--redis-command-timeout", "0s"]).is_err());
         assert!(Config::try_parse_from(["ratelimitd", "--redis-pool-size", "0"]).is_err());
     }

@@ -19,7 +19,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    telemetry::init(config.log_format, config.log_level);
+    telemetry::init(config.telemetry.log_format, config.telemetry.log_level);
     info!(?config, "starting ratelimitd {}", env!("CARGO_PKG_VERSION"));
     if upstream.active {
         // Warn: upstream's default level is WARN, and this changes defaults.
@@ -32,14 +32,14 @@ async fn main() -> ExitCode {
         warn!("{warning}");
     }
     ratelimitd::incoming::raise_open_file_limit();
-    let listener = match TcpListener::bind(config.listen).await {
+    let listener = match TcpListener::bind(config.listener.listen).await {
         Ok(listener) => listener,
         Err(err) => {
-            error!(listen = %config.listen, %err, "cannot listen");
+            error!(listen = %config.listener.listen, %err, "cannot listen");
             return ExitCode::FAILURE;
         }
     };
-    if let Some(path) = &config.address_file {
+    if let Some(path) = &config.listener.address_file {
         let written = listener
             .local_addr()
             .and_then(|address| write_whole(path, &format!("{address}\n")));

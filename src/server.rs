@@ -16,7 +16,9 @@ use crate::api::check::CheckService;
 use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds, xds};
-use crate::config::{Config, ConfigFiles, redacted_url};
+use crate::config::{
+    Config, ConfigFiles, EmbeddedSettings, StartSettings, StoreSettings, redacted_url,
+};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health;
@@ -40,9 +42,10 @@ pub enum ServeError {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The xDS client could not be set up.
-    #[error("xDS: {0}")]
-    Xds(String),
+    /// A file the configuration names could not be read, or the Redis
+    /// settings cannot work.
+    #[error("configuration: {0}")]
+    Files(String),
     /// The metrics exporter could not start.
     #[error("metrics: {0}")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
@@ -54,41 +57,41 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The limiter the configuration names: on Redis (with this instance's
-/// own embedded store for the `local` failure policy) or on the embedded
-/// store alone. Must run inside a tokio runtime (embedded stores start their
-/// eviction task).
-pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
-    let embedded = || {
+/// The limiter `store` names: on Redis (with this instance's own embedded
+/// store for the `local` failure policy) or on the embedded store alone.
+/// Must run inside a tokio runtime (embedded stores start their eviction
+/// task).
+pub fn build_limiter(config: &Config, store: &StoreSettings) -> Result<Limiter, StoreError> {
+    let embedded = |settings: &EmbeddedSettings| {
         let memory =
-            MemoryStore::with_max_bytes(Arc::new(SystemClock::default()), config.memory_max_bytes);
-        memory.spawn_sweeper(config.memory_sweep_interval);
+            MemoryStore::with_max_bytes(Arc::new(SystemClock::default()), settings.max_bytes);
+        memory.spawn_sweeper(settings.sweep_interval);
         memory
     };
-    match config.redis().map_err(StoreError::Config)? {
-        Some(settings) => {
+    match store {
+        StoreSettings::Redis { redis, local } => {
             info!(
-                urls = ?settings.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
-                topology = ?settings.topology,
-                failure_policy = ?config.failure_policy,
+                urls = ?redis.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
+                topology = ?redis.topology,
+                failure_policy = ?config.failure.failure_policy,
                 "using Redis"
             );
-            let store = Store::Redis(RedisStore::new(&settings)?);
-            Ok(Limiter::new(store, config.key_prefix.clone())
-                .with_failure_policy(config.failure_policy, embedded())
+            let store = Store::Redis(RedisStore::new(redis)?);
+            Ok(Limiter::new(store, config.store.key_prefix.clone())
+                .with_failure_policy(config.failure.failure_policy, embedded(local))
                 .with_denial_cache(DenialCache::new(
-                    config.local_cache_size,
-                    config.local_cache_max_bytes,
+                    config.store.local_cache_size,
+                    config.store.local_cache_max_bytes,
                 )))
         }
-        None => {
+        StoreSettings::Embedded(settings) => {
             warn!(
                 "no --redis-url: using the embedded in-memory store; limits are NOT shared \
                  between ratelimitd instances and are lost on restart"
             );
             Ok(Limiter::new(
-                Store::Memory(embedded()),
-                config.key_prefix.clone(),
+                Store::Memory(embedded(settings)),
+                config.store.key_prefix.clone(),
             ))
         }
     }
@@ -97,15 +100,15 @@ pub fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
 /// The TLS the configuration names, if any: a certificate and key
 /// (reloaded when they change), and with a client CA, mutual TLS.
 fn server_tls(config: &Config) -> Result<Option<ServerTls>, TlsError> {
-    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+    let (Some(cert), Some(key)) = (&config.listener.tls_cert, &config.listener.tls_key) else {
         return Ok(None);
     };
     ServerTls::load(TlsSettings {
         cert: cert.clone(),
         key: key.clone(),
-        client_ca: config.tls_client_ca.clone(),
-        client_san: config.tls_client_san.clone(),
-        reload_interval: config.tls_reload_interval,
+        client_ca: config.listener.tls_client_ca.clone(),
+        client_san: config.listener.tls_client_san.clone(),
+        reload_interval: config.listener.tls_reload_interval,
     })
     .map(Some)
 }
@@ -124,22 +127,24 @@ pub async fn run(
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Everything that can refuse to start comes before any task is spawned.
     let tls = server_tls(&config)?;
-    if let Some(listen) = config.metrics_listen {
+    let StartSettings { store, xds } = config.read_at_start().map_err(ServeError::Files)?;
+    if let Some(listen) = config.telemetry.metrics_listen {
         metrics::install(listen)?;
         info!(%listen, "serving Prometheus metrics at /metrics");
     }
-    let (rules, config_watch) = match &config.config {
+    let (rules, config_watch) = match &config.envoy.config {
         Some(path) => {
             let selection = FileSelection {
-                every_file: config.config_files == ConfigFiles::All,
-                dotfiles: config.config_dotfiles,
+                every_file: config.envoy.config_files == ConfigFiles::All,
+                dotfiles: config.envoy.config_dotfiles,
             };
             let (source, rules) = ConfigSource::load(path.clone(), selection)?;
             let rules = RulesHandle::new(rules);
-            let watch = tokio::spawn(source.watch(rules.clone(), config.config_poll_interval));
+            let watch =
+                tokio::spawn(source.watch(rules.clone(), config.envoy.config_poll_interval));
             (rules, Some(watch))
         }
-        None => match config.xds().map_err(ServeError::Xds)? {
+        None => match xds {
             Some(xds) => {
                 info!(server = %xds.server, node = %xds.node_id, "Envoy rules from xDS");
                 let rules = RulesHandle::default();
@@ -148,30 +153,36 @@ pub async fn run(
             None => (RulesHandle::default(), None),
         },
     };
-    let limiter = build_limiter(&config)?;
+    let limiter = build_limiter(&config, &store)?;
     let per_peer = config
+        .limits
         .max_concurrent_requests_per_peer
-        .unwrap_or(config.max_concurrent_requests - config.max_concurrent_requests / 10)
+        .unwrap_or(
+            config.limits.max_concurrent_requests - config.limits.max_concurrent_requests / 10,
+        )
         .max(1);
-    let slots = DecisionSlots::new(config.max_concurrent_requests as usize, per_peer as usize);
+    let slots = DecisionSlots::new(
+        config.limits.max_concurrent_requests as usize,
+        per_peer as usize,
+    );
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,
         EnvoySettings {
-            shadow_mode: config.shadow_mode,
-            ratelimit_headers: config.envoy_ratelimit_headers,
-            count_denied_hits: config.envoy_count_denied_hits,
-            quota_mode: config.envoy_quota_mode,
-            dynamic_metadata: config.envoy_dynamic_metadata,
-            limit_headers: config.envoy_limit_headers.then(|| LimitHeaderNames {
-                limit: config.envoy_limit_header.clone(),
-                remaining: config.envoy_remaining_header.clone(),
-                reset: config.envoy_reset_header.clone(),
+            shadow_mode: config.envoy.shadow_mode,
+            ratelimit_headers: config.envoy.envoy_ratelimit_headers,
+            count_denied_hits: config.envoy.envoy_count_denied_hits,
+            quota_mode: config.envoy.envoy_quota_mode,
+            dynamic_metadata: config.envoy.envoy_dynamic_metadata,
+            limit_headers: config.envoy.envoy_limit_headers.then(|| LimitHeaderNames {
+                limit: config.envoy.envoy_limit_header.clone(),
+                remaining: config.envoy.envoy_remaining_header.clone(),
+                reset: config.envoy.envoy_reset_header.clone(),
             }),
             bounds: RequestBounds {
-                max_descriptors: config.max_descriptors,
-                max_entries: config.max_descriptor_entries,
-                max_entry_bytes: config.max_descriptor_entry_bytes,
+                max_descriptors: config.limits.max_descriptors,
+                max_entries: config.limits.max_descriptor_entries,
+                max_entry_bytes: config.limits.max_descriptor_entry_bytes,
             },
         },
         slots.clone(),
@@ -181,11 +192,11 @@ pub async fn run(
     health::report(&reporter, ServingStatus::NotServing).await;
     // With a policy that answers without Redis, the instance can serve
     // while Redis is down.
-    let serves_without_store = config.failure_policy != FailurePolicy::FailClosed;
+    let serves_without_store = config.failure.failure_policy != FailurePolicy::FailClosed;
     let health_task = tokio::spawn(health::watch(
         limiter.store().clone(),
         reporter.clone(),
-        config.health_interval,
+        config.failure.health_interval,
         serves_without_store,
     ));
 
@@ -208,7 +219,7 @@ pub async fn run(
             |builder, service| builder.with_service_name(service),
         )
     };
-    let (reflection_v1, reflection_v1alpha) = if config.reflection {
+    let (reflection_v1, reflection_v1alpha) = if config.listener.reflection {
         (
             Some(reflection("grpc.reflection.v1.ServerReflection").build_v1()?),
             Some(reflection("grpc.reflection.v1alpha.ServerReflection").build_v1alpha()?),
@@ -227,9 +238,9 @@ pub async fn run(
     let incoming = incoming::connections(
         listener,
         IncomingSettings {
-            max_connections: config.max_connections,
-            tcp_keepalive: nonzero(config.tcp_keepalive),
-            idle_timeout: nonzero(config.idle_timeout),
+            max_connections: config.limits.max_connections,
+            tcp_keepalive: nonzero(config.limits.tcp_keepalive),
+            idle_timeout: nonzero(config.limits.idle_timeout),
             shutting_down: shutting_down.clone(),
         },
         tls.as_ref().map(ServerTls::acceptor),
@@ -254,12 +265,12 @@ pub async fn run(
             draining.notify_one();
         }
     };
-    let max_request = config.max_request_bytes as usize;
+    let max_request = config.limits.max_request_bytes as usize;
     let builder = Server::builder()
-        .timeout(config.request_timeout)
-        .max_concurrent_streams(config.max_concurrent_streams)
-        .http2_keepalive_interval(nonzero(config.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(config.http2_keepalive_timeout));
+        .timeout(config.limits.request_timeout)
+        .max_concurrent_streams(config.limits.max_concurrent_streams)
+        .http2_keepalive_interval(nonzero(config.limits.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(config.limits.http2_keepalive_timeout));
     let serve = builder
         .layer(DrainLayer)
         .add_service(health_service)
@@ -272,7 +283,7 @@ pub async fn run(
         )
         .add_service(envoy.into_server().max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(incoming, stop);
-    let grace = config.shutdown_grace;
+    let grace = config.listener.shutdown_grace;
     let grace_expired = async move {
         draining.notified().await;
         tokio::time::sleep(grace).await;

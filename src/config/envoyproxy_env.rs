@@ -21,7 +21,9 @@ use clap::ArgMatches;
 use clap::parser::ValueSource;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::{Config, ConfigFiles, EnvoyproxyEnv, KeyValues, RedisMode};
+use super::{
+    Config, ConfigFiles, EnvoyproxyEnv, KeyValues, RedisMode, RedisUrl, Secret, SecretValues,
+};
 use crate::telemetry::{LogFormat, LogLevel};
 
 /// Variable name to value.
@@ -200,7 +202,7 @@ pub fn apply(
                 .iter()
                 .any(|prefix| name.starts_with(prefix))
     };
-    let active = match config.envoyproxy_env {
+    let active = match config.envoy.envoyproxy_env {
         EnvoyproxyEnv::Never => false,
         EnvoyproxyEnv::Always => true,
         EnvoyproxyEnv::Auto => environment.keys().any(|name| is_upstream_name(name)),
@@ -232,7 +234,7 @@ pub fn apply(
     aliases.redis(config)?;
     aliases.limits(config)?;
     aliases.statistics(config)?;
-    if let (Some(path), Some(server)) = (&config.config, &config.xds_server) {
+    if let (Some(path), Some(server)) = (&config.envoy.config, &config.envoy.xds_server) {
         return Err(format!(
             "rules from both {} and the xDS server {server}: set one (RUNTIME_ROOT or --config, \
              CONFIG_TYPE=GRPC_XDS_SOTW or --xds-server)",
@@ -445,7 +447,7 @@ impl Aliases<'_> {
             .ok_or_else(|| format!("GRPC_HOST={host}: resolves to no address"))?;
         self.alias_or_default::<SocketAddr>(
             "listen",
-            &mut config.listen,
+            &mut config.listener.listen,
             listen,
             "GRPC_HOST/GRPC_PORT",
         )?;
@@ -458,13 +460,13 @@ impl Aliases<'_> {
             };
             self.alias(
                 "tls_cert",
-                &mut config.tls_cert,
+                &mut config.listener.tls_cert,
                 Some(path("GRPC_SERVER_TLS_CERT")?),
                 "GRPC_SERVER_TLS_CERT",
             )?;
             self.alias(
                 "tls_key",
-                &mut config.tls_key,
+                &mut config.listener.tls_key,
                 Some(path("GRPC_SERVER_TLS_KEY")?),
                 "GRPC_SERVER_TLS_KEY",
             )?;
@@ -474,7 +476,7 @@ impl Aliases<'_> {
             {
                 self.alias(
                     "tls_client_ca",
-                    &mut config.tls_client_ca,
+                    &mut config.listener.tls_client_ca,
                     Some(PathBuf::from(ca)),
                     "GRPC_CLIENT_TLS_CACERT",
                 )?;
@@ -495,14 +497,14 @@ impl Aliases<'_> {
             .unwrap_or("localhost:18000");
         self.alias(
             "xds_server",
-            &mut config.xds_server,
+            &mut config.envoy.xds_server,
             Some(server.to_owned()),
             "CONFIG_GRPC_XDS_SERVER_URL",
         )?;
         if let Some(id) = self.get("CONFIG_GRPC_XDS_NODE_ID") {
             self.alias(
                 "xds_node_id",
-                &mut config.xds_node_id,
+                &mut config.envoy.xds_node_id,
                 id.to_owned(),
                 "CONFIG_GRPC_XDS_NODE_ID",
             )?;
@@ -517,7 +519,7 @@ impl Aliases<'_> {
         if let Some(metadata) = pairs("CONFIG_GRPC_XDS_NODE_METADATA", '=')? {
             self.alias(
                 "xds_node_metadata",
-                &mut config.xds_node_metadata,
+                &mut config.envoy.xds_node_metadata,
                 metadata,
                 "CONFIG_GRPC_XDS_NODE_METADATA",
             )?;
@@ -525,15 +527,15 @@ impl Aliases<'_> {
         if let Some(headers) = pairs("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ':')? {
             self.alias(
                 "xds_headers",
-                &mut config.xds_headers,
-                headers,
+                &mut config.envoy.xds_headers,
+                SecretValues(headers),
                 "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
             )?;
         }
         if self.flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
             self.alias(
                 "xds_tls",
-                &mut config.xds_tls,
+                &mut config.envoy.xds_tls,
                 true,
                 "CONFIG_GRPC_XDS_SERVER_USE_TLS",
             )?;
@@ -545,15 +547,15 @@ impl Aliases<'_> {
             if let Some(ca) = file("CONFIG_GRPC_XDS_SERVER_TLS_CACERT") {
                 self.alias(
                     "xds_tls_ca",
-                    &mut config.xds_tls_ca,
+                    &mut config.envoy.xds_tls_ca,
                     Some(ca),
                     "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
                 )?;
             }
             match (file("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"), file("CONFIG_GRPC_XDS_CLIENT_TLS_KEY")) {
                 (Some(cert), Some(key)) => {
-                    self.alias("xds_tls_cert", &mut config.xds_tls_cert, Some(cert), "CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?;
-                    self.alias("xds_tls_key", &mut config.xds_tls_key, Some(key), "CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?;
+                    self.alias("xds_tls_cert", &mut config.envoy.xds_tls_cert, Some(cert), "CONFIG_GRPC_XDS_CLIENT_TLS_CERT")?;
+                    self.alias("xds_tls_key", &mut config.envoy.xds_tls_key, Some(key), "CONFIG_GRPC_XDS_CLIENT_TLS_KEY")?;
                 }
                 (None, None) => {}
                 _ => return Err("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together".into()),
@@ -564,7 +566,7 @@ impl Aliases<'_> {
             {
                 self.alias(
                     "xds_tls_san",
-                    &mut config.xds_tls_san,
+                    &mut config.envoy.xds_tls_san,
                     Some(san.to_owned()),
                     "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
                 )?;
@@ -575,7 +577,7 @@ impl Aliases<'_> {
         {
             self.alias(
                 "xds_retry_interval",
-                &mut config.xds_retry_interval,
+                &mut config.envoy.xds_retry_interval,
                 interval,
                 "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
             )?;
@@ -583,7 +585,7 @@ impl Aliases<'_> {
         if let Some(max) = self.positive_duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL")? {
             self.alias(
                 "xds_retry_max",
-                &mut config.xds_retry_max,
+                &mut config.envoy.xds_retry_max,
                 max,
                 "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
             )?;
@@ -607,9 +609,14 @@ impl Aliases<'_> {
                         ));
                     }
                 };
-                self.alias("log_level", &mut config.log_level, level, "LOG_LEVEL")?;
+                self.alias(
+                    "log_level",
+                    &mut config.telemetry.log_level,
+                    level,
+                    "LOG_LEVEL",
+                )?;
             }
-            None => self.default("log_level", &mut config.log_level, LogLevel::Warn),
+            None => self.default("log_level", &mut config.telemetry.log_level, LogLevel::Warn),
         }
         if let Some(text) = self.get("LOG_FORMAT") {
             let format = match text.to_ascii_lowercase().as_str() {
@@ -617,7 +624,12 @@ impl Aliases<'_> {
                 "json" => LogFormat::Json,
                 _ => return Err(format!("LOG_FORMAT={text}: not text or json")),
             };
-            self.alias("log_format", &mut config.log_format, format, "LOG_FORMAT")?;
+            self.alias(
+                "log_format",
+                &mut config.telemetry.log_format,
+                format,
+                "LOG_FORMAT",
+            )?;
         }
         Ok(())
     }
@@ -635,7 +647,7 @@ impl Aliases<'_> {
         ]
         .iter()
         .any(|name| self.get(name).is_some());
-        if config.xds_server.is_some() && !named {
+        if config.envoy.xds_server.is_some() && !named {
             return Ok(());
         }
         let root = self
@@ -647,15 +659,19 @@ impl Aliases<'_> {
         let _ = self.flag("RUNTIME_WATCH_ROOT", true)?;
         self.alias_or_default(
             "config",
-            &mut config.config,
+            &mut config.envoy.config,
             Some(path),
             "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
         )?;
-        self.default("config_files", &mut config.config_files, ConfigFiles::All);
+        self.default(
+            "config_files",
+            &mut config.envoy.config_files,
+            ConfigFiles::All,
+        );
         let dotfiles = !self.flag("RUNTIME_IGNOREDOTFILES", false)?;
         self.alias_or_default(
             "config_dotfiles",
-            &mut config.config_dotfiles,
+            &mut config.envoy.config_dotfiles,
             dotfiles,
             "RUNTIME_IGNOREDOTFILES",
         )?;
@@ -694,14 +710,14 @@ impl Aliases<'_> {
             let master = addresses.remove(0).to_owned();
             self.alias(
                 "redis_sentinel_master",
-                &mut config.redis_sentinel_master,
+                &mut config.store.redis_sentinel_master,
                 master,
                 "REDIS_URL",
             )?;
         }
         let urls = addresses
             .iter()
-            .map(|address| redis_url(address, socket, auth, tls))
+            .map(|address| redis_url(address, socket, auth, tls).map(RedisUrl::from))
             .collect::<Result<Vec<_>, _>>()?;
         let names_redis = [
             "REDIS_URL",
@@ -713,20 +729,25 @@ impl Aliases<'_> {
         .iter()
         .any(|name| self.get(name).is_some());
         if names_redis {
-            self.alias("redis_url", &mut config.redis_url, urls, "REDIS_URL")?;
-            self.alias("redis_mode", &mut config.redis_mode, mode, "REDIS_TYPE")?;
+            self.alias("redis_url", &mut config.store.redis_url, urls, "REDIS_URL")?;
+            self.alias(
+                "redis_mode",
+                &mut config.store.redis_mode,
+                mode,
+                "REDIS_TYPE",
+            )?;
         } else if !self.given("redis_url") {
             // Upstream's default: twemproxy's socket.
-            config.redis_url = urls;
-            config.redis_mode = mode;
+            config.store.redis_url = urls;
+            config.store.redis_mode = mode;
         }
         if let Some(auth) = self.get("REDIS_SENTINEL_AUTH")
             && mode == RedisMode::Sentinel
         {
             self.alias(
                 "redis_sentinel_auth",
-                &mut config.redis_sentinel_auth,
-                Some(auth.to_owned()),
+                &mut config.store.redis_sentinel_auth,
+                Some(Secret::from(auth.to_owned())),
                 "REDIS_SENTINEL_AUTH",
             )?;
         }
@@ -739,7 +760,7 @@ impl Aliases<'_> {
             if let Some(ca) = file("REDIS_TLS_CACERT") {
                 self.alias(
                     "redis_tls_ca",
-                    &mut config.redis_tls_ca,
+                    &mut config.store.redis_tls_ca,
                     Some(ca),
                     "REDIS_TLS_CACERT",
                 )?;
@@ -748,13 +769,13 @@ impl Aliases<'_> {
                 (Some(cert), Some(key)) => {
                     self.alias(
                         "redis_tls_cert",
-                        &mut config.redis_tls_cert,
+                        &mut config.store.redis_tls_cert,
                         Some(cert),
                         "REDIS_TLS_CLIENT_CERT",
                     )?;
                     self.alias(
                         "redis_tls_key",
-                        &mut config.redis_tls_key,
+                        &mut config.store.redis_tls_key,
                         Some(key),
                         "REDIS_TLS_CLIENT_KEY",
                     )?;
@@ -769,11 +790,11 @@ impl Aliases<'_> {
             Some(0) => return Err("REDIS_POOL_SIZE=0: must be at least 1".into()),
             Some(size) => self.alias(
                 "redis_pool_size",
-                &mut config.redis_pool_size,
+                &mut config.store.redis_pool_size,
                 size,
                 "REDIS_POOL_SIZE",
             )?,
-            None => self.default("redis_pool_size", &mut config.redis_pool_size, 10),
+            None => self.default("redis_pool_size", &mut config.store.redis_pool_size, 10),
         }
         // Upstream's 10 s default is not taken: Envoy's rate limit filter
         // gives up after 20 ms by default, and a decision held longer only
@@ -781,13 +802,13 @@ impl Aliases<'_> {
         if let Some(timeout) = self.positive_duration("REDIS_TIMEOUT")? {
             self.alias(
                 "redis_connect_timeout",
-                &mut config.redis_connect_timeout,
+                &mut config.store.redis_connect_timeout,
                 timeout,
                 "REDIS_TIMEOUT",
             )?;
             self.alias(
                 "redis_command_timeout",
-                &mut config.redis_command_timeout,
+                &mut config.store.redis_command_timeout,
                 timeout,
                 "REDIS_TIMEOUT",
             )?;
@@ -799,57 +820,57 @@ impl Aliases<'_> {
         match self.number::<usize>("LOCAL_CACHE_SIZE_IN_BYTES")? {
             Some(bytes) => self.alias(
                 "local_cache_max_bytes",
-                &mut config.local_cache_max_bytes,
+                &mut config.store.local_cache_max_bytes,
                 bytes,
                 "LOCAL_CACHE_SIZE_IN_BYTES",
             )?,
             None => self.default(
                 "local_cache_max_bytes",
-                &mut config.local_cache_max_bytes,
+                &mut config.store.local_cache_max_bytes,
                 0,
             ),
         }
         match self.get("CACHE_KEY_PREFIX") {
             Some(prefix) => self.alias(
                 "key_prefix",
-                &mut config.key_prefix,
+                &mut config.store.key_prefix,
                 prefix.to_owned(),
                 "CACHE_KEY_PREFIX",
             )?,
-            None => self.default("key_prefix", &mut config.key_prefix, String::new()),
+            None => self.default("key_prefix", &mut config.store.key_prefix, String::new()),
         }
         let count_denied = !self.flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
         self.alias_or_default(
             "envoy_count_denied_hits",
-            &mut config.envoy_count_denied_hits,
+            &mut config.envoy.envoy_count_denied_hits,
             count_denied,
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         )?;
         let shadow = self.flag("SHADOW_MODE", false)?;
         self.alias_or_default(
             "shadow_mode",
-            &mut config.shadow_mode,
+            &mut config.envoy.shadow_mode,
             shadow,
             "SHADOW_MODE",
         )?;
         let quota = self.flag("QUOTA_MODE", false)?;
         self.alias_or_default(
             "envoy_quota_mode",
-            &mut config.envoy_quota_mode,
+            &mut config.envoy.envoy_quota_mode,
             quota,
             "QUOTA_MODE",
         )?;
         let metadata = self.flag("RESPONSE_DYNAMIC_METADATA", false)?;
         self.alias_or_default(
             "envoy_dynamic_metadata",
-            &mut config.envoy_dynamic_metadata,
+            &mut config.envoy.envoy_dynamic_metadata,
             metadata,
             "RESPONSE_DYNAMIC_METADATA",
         )?;
         let headers = self.flag("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
         self.alias_or_default(
             "envoy_limit_headers",
-            &mut config.envoy_limit_headers,
+            &mut config.envoy.envoy_limit_headers,
             headers,
             "LIMIT_RESPONSE_HEADERS_ENABLED",
         )?;
@@ -857,17 +878,17 @@ impl Aliases<'_> {
             (
                 "LIMIT_LIMIT_HEADER",
                 "envoy_limit_header",
-                &mut config.envoy_limit_header,
+                &mut config.envoy.envoy_limit_header,
             ),
             (
                 "LIMIT_REMAINING_HEADER",
                 "envoy_remaining_header",
-                &mut config.envoy_remaining_header,
+                &mut config.envoy.envoy_remaining_header,
             ),
             (
                 "LIMIT_RESET_HEADER",
                 "envoy_reset_header",
-                &mut config.envoy_reset_header,
+                &mut config.envoy.envoy_reset_header,
             ),
         ] {
             if let Some(header) = self.get(name) {
@@ -898,7 +919,7 @@ impl Aliases<'_> {
         if self.flag("DISABLE_STATS", false)? {
             return self.alias(
                 "metrics_listen",
-                &mut config.metrics_listen,
+                &mut config.telemetry.metrics_listen,
                 None,
                 "DISABLE_STATS",
             );
@@ -927,7 +948,7 @@ impl Aliases<'_> {
             .ok_or_else(|| format!("PROMETHEUS_ADDR={address}: resolves to no address"))?;
         self.alias(
             "metrics_listen",
-            &mut config.metrics_listen,
+            &mut config.telemetry.metrics_listen,
             Some(listen),
             "USE_PROMETHEUS/PROMETHEUS_ADDR",
         )
@@ -1012,10 +1033,10 @@ mod tests {
     fn without_upstream_variables_ours_stay() {
         let (config, report) = load(&[], &[("PORT", "8080"), ("REDIS_URL", "x")]).unwrap();
         assert!(!report.active, "shared names alone do not switch");
-        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
-        assert!(config.redis_url.is_empty());
-        assert_eq!(config.key_prefix, "ratelimitd:");
-        assert!(!config.envoy_count_denied_hits);
+        assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+        assert!(config.store.redis_url.is_empty());
+        assert_eq!(config.store.key_prefix, "ratelimitd:");
+        assert!(!config.envoy.envoy_count_denied_hits);
     }
 
     #[test]
@@ -1033,29 +1054,35 @@ mod tests {
         )
         .unwrap();
         assert!(report.active);
-        assert_eq!(config.listen.to_string(), "0.0.0.0:8081");
-        assert_eq!(config.redis_url, ["redis://127.0.0.1:6380"]);
-        assert_eq!(config.redis_mode, RedisMode::Standalone);
-        assert_eq!(config.redis_pool_size, 10);
-        assert_eq!(config.key_prefix, "");
-        assert_eq!(config.local_cache_max_bytes, 0);
-        assert!(config.envoy_count_denied_hits);
-        assert_eq!(config.log_level, LogLevel::Warn);
-        assert_eq!(config.config, Some(PathBuf::from("/data/ratelimit/config")));
-        assert_eq!(config.config_files, ConfigFiles::All);
-        assert!(!config.config_dotfiles);
+        assert_eq!(config.listener.listen.to_string(), "0.0.0.0:8081");
+        assert_eq!(config.store.redis_url, ["redis://127.0.0.1:6380"]);
+        assert_eq!(config.store.redis_mode, RedisMode::Standalone);
+        assert_eq!(config.store.redis_pool_size, 10);
+        assert_eq!(config.store.key_prefix, "");
+        assert_eq!(config.store.local_cache_max_bytes, 0);
+        assert!(config.envoy.envoy_count_denied_hits);
+        assert_eq!(config.telemetry.log_level, LogLevel::Warn);
+        assert_eq!(
+            config.envoy.config,
+            Some(PathBuf::from("/data/ratelimit/config"))
+        );
+        assert_eq!(config.envoy.config_files, ConfigFiles::All);
+        assert!(!config.envoy.config_dotfiles);
     }
 
     #[test]
     fn defaults_without_redis_url_are_twemproxys_socket() {
         let (config, _) = load(&[], &[("USE_STATSD", "false")]).unwrap();
         assert_eq!(
-            config.redis_url,
+            config.store.redis_url,
             ["redis+unix:///var/run/nutcracker/ratelimit.sock"]
         );
-        assert!(config.config_dotfiles, "upstream reads dotfiles by default");
+        assert!(
+            config.envoy.config_dotfiles,
+            "upstream reads dotfiles by default"
+        );
         assert_eq!(
-            config.config,
+            config.envoy.config,
             Some(PathBuf::from("/srv/runtime_data/current/config"))
         );
     }
@@ -1071,9 +1098,9 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(config.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(config.listener.listen.to_string(), "127.0.0.1:9000");
         assert_eq!(
-            config.key_prefix, "mine:",
+            config.store.key_prefix, "mine:",
             "our flag beats upstream's default"
         );
         let err = load(&["--listen", "127.0.0.1:9001"], &[("GRPC_PORT", "9000")]).unwrap_err();
@@ -1101,16 +1128,23 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(config.redis_mode, RedisMode::Sentinel);
-        assert_eq!(config.redis_sentinel_master, "mymaster");
+        assert_eq!(config.store.redis_mode, RedisMode::Sentinel);
+        assert_eq!(config.store.redis_sentinel_master, "mymaster");
         assert_eq!(
-            config.redis_url,
+            config.store.redis_url,
             [
                 "redis://app:p%40ss%3Aw%2Frd@127.0.0.1:26379",
                 "redis://app:p%40ss%3Aw%2Frd@127.0.0.1:26380"
             ]
         );
-        assert_eq!(config.redis_sentinel_auth.as_deref(), Some(""));
+        assert_eq!(
+            config
+                .store
+                .redis_sentinel_auth
+                .as_ref()
+                .map(Secret::expose),
+            Some("")
+        );
         let (config, _) = load(
             &[],
             &[
@@ -1121,8 +1155,8 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(config.redis_mode, RedisMode::Cluster);
-        assert_eq!(config.redis_url, ["rediss://a:1", "rediss://b:2"]);
+        assert_eq!(config.store.redis_mode, RedisMode::Cluster);
+        assert_eq!(config.store.redis_url, ["rediss://a:1", "rediss://b:2"]);
         let (config, _) = load(
             &[],
             &[
@@ -1132,7 +1166,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(config.redis_url, ["redis+unix:///tmp/r.sock?pass=pw"]);
+        assert_eq!(config.store.redis_url, ["redis+unix:///tmp/r.sock?pass=pw"]);
         let err = load(
             &[],
             &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "nocolon")],
@@ -1183,11 +1217,15 @@ mod tests {
         )
         .unwrap();
         assert!(!report.active);
-        assert_eq!(config.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
         let (config, _) =
             load(&[], &[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
         assert_eq!(
-            config.metrics_listen.map(|a| a.to_string()).as_deref(),
+            config
+                .telemetry
+                .metrics_listen
+                .map(|a| a.to_string())
+                .as_deref(),
             Some("0.0.0.0:9090")
         );
     }
@@ -1208,15 +1246,15 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(config.xds_server.as_deref(), Some("localhost:18000"));
-        assert_eq!(config.config, None, "no runtime directory with xDS");
-        assert_eq!(config.xds_node_id, "ratelimit-0");
-        assert_eq!(config.xds_node_metadata.0.len(), 2);
+        assert_eq!(config.envoy.xds_server.as_deref(), Some("localhost:18000"));
+        assert_eq!(config.envoy.config, None, "no runtime directory with xDS");
+        assert_eq!(config.envoy.xds_node_id, "ratelimit-0");
+        assert_eq!(config.envoy.xds_node_metadata.0.len(), 2);
         assert_eq!(
-            config.xds_headers.0,
+            config.envoy.xds_headers.0.0,
             [("authorization".to_owned(), "Bearer t".to_owned())]
         );
-        assert_eq!(config.xds_retry_interval, Duration::from_millis(500));
+        assert_eq!(config.envoy.xds_retry_interval, Duration::from_millis(500));
     }
 
     #[test]
@@ -1224,7 +1262,7 @@ mod tests {
         let (config, _) =
             load(&["--xds-server", "127.0.0.1:1"], &[("USE_STATSD", "false")]).unwrap();
         assert_eq!(
-            config.config, None,
+            config.envoy.config, None,
             "our --xds-server: no runtime directory"
         );
         let err = load(
