@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{RedisCluster, RedisSentinel, SecureRedis};
+use common::topology::{RedisCluster, RedisSentinel, SecureRedis, Secured};
 use common::{
     RedisServer, TestServer, check, duration, eventually, every_algorithm, fixed_window, gcra,
     sliding_window, sliding_window_counter, token_bucket,
@@ -63,6 +63,8 @@ macro_rules! on_every_store {
         /// Behind an ACL user and over TLS with a private CA and a client
         /// certificate, every case in turn.
         mod redis_secured {
+            use super::Secured;
+
             #[tokio::test]
             async fn every_case_with_an_acl_user() {
                 let redis = super::SecureRedis::with_acl_user("limiter", "s3cret").await;

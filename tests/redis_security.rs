@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{PinnedRedis, SecureRedis, self_signed_ca_certificate};
+use common::topology::{PinnedRedis, SecureRedis, Secured, self_signed_ca_certificate};
 use common::{TestServer, fixed_window};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;

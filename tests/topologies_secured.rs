@@ -6,7 +6,7 @@
 mod common;
 
 use common::ServerProcess;
-use common::topology::{RedisCluster, RedisSentinel, Security, SentinelPassword};
+use common::topology::{RedisCluster, RedisSentinel, Secured, Security, SentinelPassword};
 
 const PASSWORD: &str = "s3cret p@ss";
 

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Instant;
 
-use common::topology::{RedisCluster, RedisSentinel, Role, SecureRedis};
+use common::topology::{RedisCluster, RedisSentinel, Role, SecureRedis, Secured};
 use common::{PATIENCE, eventually};
 
 /// The answer to `PING` on a plain connection to `url`, or the error.

@@ -181,6 +181,14 @@ pub fn decide_in_memory(
 /// The twin of `decide.lua`'s driver in `decide` mode: decides
 /// `costs.len()` limits together, all or nothing. `decide(i, cost, spend)`
 /// decides limit `i`; `shadow[i]` says limit `i` may not deny the group.
+///
+/// All or nothing exists three times, each where it must: in `decide.lua`
+/// (atomic on one Redis node), here (the same steps under the embedded
+/// store's shard locks; tests/twins.rs proves the two answer alike), and in
+/// `limiter::on_redis` across Redis Cluster nodes, where no one script
+/// sees every key, so it is dry run, spend and refund instead. The first
+/// two share their steps (dry run every limit, then spend or look); the
+/// third is built from the script's `dry`, `look` and `decide` modes.
 pub fn decide_together(
     costs: &[u64],
     shadow: &[bool],

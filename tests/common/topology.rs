@@ -164,7 +164,7 @@ impl RedisCluster {
             let node = Process::start(
                 format!("cluster node {index}"),
                 node_dir,
-                access.cli_args(),
+                access.cli_args(true),
                 |port| {
                     // The bus port is set, not left at port + 10000, which
                     // may be above 65535 or taken.
@@ -203,7 +203,7 @@ impl RedisCluster {
                 .map(|node| format!("127.0.0.1:{}", node.port)),
         );
         args.extend(strings(&["--cluster-replicas", "1", "--cluster-yes"]));
-        args.extend(self.access.cli_args());
+        args.extend(self.access.cli_args(true));
         args.push("--no-auth-warning".to_owned());
         let output = run("redis-cli", args, CREATE_TIMEOUT).await;
         let created = output
@@ -227,34 +227,6 @@ impl RedisCluster {
             .into_iter()
             .map(|port| self.access.url(port))
             .collect()
-    }
-
-    /// The password every node demands, if any (the ACL user's, if there
-    /// is one).
-    pub fn password(&self) -> Option<&str> {
-        self.access.password.as_deref()
-    }
-
-    /// The PEM files, for a cluster started with TLS.
-    pub fn tls_files(&self) -> &TlsFiles {
-        self.access
-            .tls
-            .as_ref()
-            .expect("started with TLS (RedisCluster::start_with)")
-    }
-
-    /// The test CA that signed the nodes' certificates.
-    pub fn ca_cert_path(&self) -> &Path {
-        &self.tls_files().ca_cert
-    }
-
-    /// A client certificate signed by the test CA.
-    pub fn client_cert_path(&self) -> &Path {
-        &self.tls_files().client_cert
-    }
-
-    pub fn client_key_path(&self) -> &Path {
-        &self.tls_files().client_key
     }
 
     /// The ports of the nodes still answering (neither killed nor frozen).
@@ -781,7 +753,7 @@ impl RedisSentinel {
             let sentinel = Process::start(
                 format!("sentinel {index}"),
                 sentinel_dir.clone(),
-                sentinel_access.cli_args(),
+                sentinel_access.cli_args(true),
                 |port| {
                     // A sentinel rewrites its configuration file, so each
                     // has its own, written anew for each port tried.
@@ -901,33 +873,6 @@ impl RedisSentinel {
             .into_iter()
             .map(|port| self.data_access.url(port))
             .collect()
-    }
-
-    /// The password the data nodes and the sentinels demand, if any.
-    pub fn password(&self) -> Option<&str> {
-        self.data_access.password.as_deref()
-    }
-
-    /// The PEM files, for a group started with TLS.
-    pub fn tls_files(&self) -> &TlsFiles {
-        self.data_access
-            .tls
-            .as_ref()
-            .expect("started with TLS (RedisSentinel::start_with)")
-    }
-
-    /// The test CA that signed every process's certificate.
-    pub fn ca_cert_path(&self) -> &Path {
-        &self.tls_files().ca_cert
-    }
-
-    /// A client certificate signed by the test CA.
-    pub fn client_cert_path(&self) -> &Path {
-        &self.tls_files().client_cert
-    }
-
-    pub fn client_key_path(&self) -> &Path {
-        &self.tls_files().client_key
     }
 
     pub fn sentinel_ports(&self) -> Vec<u16> {
@@ -1071,16 +1016,21 @@ async fn start_data_node(
 ) -> Process {
     let data_dir = path_arg(dir);
     let tls = access.tls.is_some();
-    Process::start(name.to_owned(), dir.to_owned(), access.cli_args(), |port| {
-        let mut args = listen_args(port, tls);
-        args.extend(secured.iter().cloned());
-        args.extend(strings(&DATA_NODE_SETTINGS));
-        args.extend(strings(&["--dir", &data_dir]));
-        if let Some(primary) = primary {
-            args.extend(strings(&["--replicaof", "127.0.0.1", &primary.to_string()]));
-        }
-        args
-    })
+    Process::start(
+        name.to_owned(),
+        dir.to_owned(),
+        access.cli_args(true),
+        |port| {
+            let mut args = listen_args(port, tls);
+            args.extend(secured.iter().cloned());
+            args.extend(strings(&DATA_NODE_SETTINGS));
+            args.extend(strings(&["--dir", &data_dir]));
+            if let Some(primary) = primary {
+                args.extend(strings(&["--replicaof", "127.0.0.1", &primary.to_string()]));
+            }
+            args
+        },
+    )
     .await
 }
 
@@ -1220,8 +1170,7 @@ pub struct TlsFiles {
 /// or TLS.
 pub struct SecureRedis {
     process: Process,
-    security: Security,
-    tls_files: Option<TlsFiles>,
+    access: Access,
     dir: tempfile::TempDir,
 }
 
@@ -1268,45 +1217,19 @@ impl SecureRedis {
     pub async fn start(security: Security) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for redis-server");
         let tls_files = security.tls.map(|_| write_certificates(dir.path()));
-        let mut server_args = strings(&DATA_NODE_SETTINGS);
-        server_args.extend(strings(&[
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            &path_arg(dir.path()),
-        ]));
-        if let Some(password) = &security.password {
-            server_args.extend(strings(&["--requirepass", password]));
-        }
-        if let Some((user, password)) = &security.acl_user {
-            // The same rules as `ACL SETUSER`, given at start so that there
-            // is no moment when the default user is still on.
-            let rule = format!(">{password}");
-            server_args.extend(strings(&["--user", user, "on", &rule, "~*", "&*", "+@all"]));
-            server_args.extend(strings(&["--user", "default", "off"]));
-        }
-        if let (Some(mode), Some(files)) = (security.tls, &tls_files) {
-            server_args.extend(strings(&["--tls-cert-file", &path_arg(&files.server_cert)]));
-            server_args.extend(strings(&["--tls-key-file", &path_arg(&files.server_key)]));
-            server_args.extend(strings(&["--tls-ca-cert-file", &path_arg(&files.ca_cert)]));
-            let auth_clients = match mode {
-                ClientCertificates::Optional => "optional",
-                ClientCertificates::Required => "yes",
-            };
-            server_args.extend(strings(&["--tls-auth-clients", auth_clients]));
-        }
-        let cli_args = cli_args(&security, tls_files.as_ref(), true);
-        let tls = security.tls.is_some();
+        let access = Access::new(&security, tls_files.as_ref());
+        // The same settings as a node of a cluster or a sentinel group (the
+        // replication ones do nothing on a node without replicas).
+        let mut server_args = secured_node_args(&security, tls_files.as_ref());
+        server_args.extend(strings(&DATA_NODE_SETTINGS));
+        server_args.extend(strings(&["--dir", &path_arg(dir.path())]));
+        let tls = tls_files.is_some();
         let process = Process::try_start(
             "secure redis-server".to_owned(),
             dir.path().join("redis"),
-            cli_args,
+            access.cli_args(true),
             |port| {
-                let mut args = if tls {
-                    strings(&["--port", "0", "--tls-port", &port.to_string()])
-                } else {
-                    strings(&["--port", &port.to_string()])
-                };
+                let mut args = listen_args(port, tls);
                 args.extend(server_args.iter().cloned());
                 args
             },
@@ -1323,8 +1246,7 @@ impl SecureRedis {
         });
         Self {
             process,
-            security,
-            tls_files,
+            access,
             dir,
         }
     }
@@ -1342,63 +1264,24 @@ impl SecureRedis {
     /// TLS a client must trust [`TlsFiles::ca_cert`]; the server
     /// certificate names `127.0.0.1` and `localhost`.
     pub fn url(&self) -> String {
-        let scheme = if self.security.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
-        };
-        let credentials = match (&self.security.acl_user, &self.security.password) {
-            (Some((user, password)), _) => {
-                format!("{}:{}@", percent_encode(user), percent_encode(password))
-            }
-            (None, Some(password)) => format!(":{}@", percent_encode(password)),
-            (None, None) => String::new(),
-        };
-        format!("{scheme}://{credentials}127.0.0.1:{}/0", self.port())
+        format!("{}/0", self.access.url(self.port()))
     }
 
     /// [`SecureRedis::url`] without the credentials.
     pub fn url_without_credentials(&self) -> String {
-        let scheme = if self.security.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
+        let anonymous = Access {
+            tls: self.access.tls.clone(),
+            ..Access::default()
         };
-        format!("{scheme}://127.0.0.1:{}/0", self.port())
+        format!("{}/0", anonymous.url(self.port()))
     }
 
-    /// The PEM files, for a TLS server.
-    pub fn tls_files(&self) -> &TlsFiles {
-        self.tls_files
-            .as_ref()
-            .expect("started with TLS (SecureRedis::with_tls)")
-    }
-
-    pub fn ca_cert_path(&self) -> &Path {
-        &self.tls_files().ca_cert
-    }
-
-    pub fn client_cert_path(&self) -> &Path {
-        &self.tls_files().client_cert
-    }
-
-    pub fn client_key_path(&self) -> &Path {
-        &self.tls_files().client_key
-    }
-
-    /// A connection through [`SecureRedis::url`], logged in. Not for TLS:
-    /// this build of the `redis` crate has no TLS support; use
-    /// [`SecureRedis::cli`].
+    /// A connection through [`SecureRedis::url`], logged in (over TLS
+    /// with the client certificate, for a TLS server).
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        assert!(
-            self.security.tls.is_none(),
-            "the redis crate is built without TLS here: talk to a TLS server with SecureRedis::cli"
-        );
-        redis::Client::open(self.url())
-            .expect("redis url")
-            .get_multiplexed_async_connection()
+        connect(&self.access, self.port())
             .await
-            .expect("connect to the secure test redis")
+            .unwrap_or_else(|why| panic!("cannot connect to the secure test redis: {why}"))
     }
 
     /// Runs `redis-cli COMMAND...` logged in, over TLS with the client
@@ -1412,8 +1295,7 @@ impl SecureRedis {
     /// As [`SecureRedis::cli`] with no password, no user and no client
     /// certificate (only the CA, to trust the server).
     pub async fn cli_anonymous(&self, command: &[&str]) -> Result<String, String> {
-        let args = cli_args(&self.security, self.tls_files.as_ref(), false);
-        cli(self.port(), &args, command).await
+        cli(self.port(), &self.access.cli_args(false), command).await
     }
 
     /// SIGKILL, as in a crash.
@@ -1439,27 +1321,6 @@ impl SecureRedis {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
-}
-
-/// The `redis-cli` arguments that get past `security`: TLS with the CA, and
-/// if `credentials`, the client certificate and the password or user too.
-fn cli_args(security: &Security, files: Option<&TlsFiles>, credentials: bool) -> Vec<String> {
-    let mut args = Vec::new();
-    if let Some(files) = files {
-        args.extend(strings(&["--tls", "--cacert", &path_arg(&files.ca_cert)]));
-        if credentials {
-            args.extend(strings(&["--cert", &path_arg(&files.client_cert)]));
-            args.extend(strings(&["--key", &path_arg(&files.client_key)]));
-        }
-    }
-    if credentials {
-        if let Some((user, password)) = &security.acl_user {
-            args.extend(strings(&["--user", user, "--pass", password]));
-        } else if let Some(password) = &security.password {
-            args.extend(strings(&["--pass", password]));
-        }
-    }
-    args
 }
 
 /// A self-signed certificate that says CA:TRUE, for `localhost` (what
@@ -1828,12 +1689,65 @@ fn node_url(port: u16) -> String {
     format!("redis://127.0.0.1:{port}")
 }
 
+/// What every topology started here offers a test about how to get in:
+/// one implementation of each accessor, over the topology's [`Access`].
+pub trait Secured {
+    /// How clients get in (the data nodes', for a Sentinel group).
+    fn access(&self) -> &Access;
+
+    /// The password it demands, if any (the ACL user's, if there is one).
+    fn password(&self) -> Option<&str> {
+        self.access().password.as_deref()
+    }
+
+    /// The PEM files, for a topology started with TLS.
+    fn tls_files(&self) -> &TlsFiles {
+        self.access()
+            .tls
+            .as_ref()
+            .expect("started with TLS (start_with / with_tls)")
+    }
+
+    /// The test CA that signed every certificate.
+    fn ca_cert_path(&self) -> &Path {
+        &self.tls_files().ca_cert
+    }
+
+    /// A client certificate signed by the test CA.
+    fn client_cert_path(&self) -> &Path {
+        &self.tls_files().client_cert
+    }
+
+    /// The key of [`Secured::client_cert_path`].
+    fn client_key_path(&self) -> &Path {
+        &self.tls_files().client_key
+    }
+}
+
+impl Secured for RedisCluster {
+    fn access(&self) -> &Access {
+        &self.access
+    }
+}
+
+impl Secured for RedisSentinel {
+    fn access(&self) -> &Access {
+        &self.data_access
+    }
+}
+
+impl Secured for SecureRedis {
+    fn access(&self) -> &Access {
+        &self.access
+    }
+}
+
 /// What a client needs to get past a node of a secured topology: the
 /// password (`requirepass`), or the ACL user and its password, and, for
 /// TLS, the test CA and client certificate. The default is a plain node
 /// that asks for nothing.
 #[derive(Debug, Clone, Default)]
-struct Access {
+pub struct Access {
     /// The ACL user to log in as; `None` for the default user.
     user: Option<String>,
     /// The password of `user`, or of the default user.
@@ -1900,19 +1814,26 @@ impl Access {
         client.map_err(|err| err.to_string())
     }
 
-    /// The `redis-cli` arguments that get past it.
-    fn cli_args(&self) -> Vec<String> {
-        let security = match (&self.user, &self.password) {
-            (Some(user), Some(password)) => Security {
-                acl_user: Some((user.clone(), password.clone())),
-                ..Security::default()
-            },
-            _ => Security {
-                password: self.password.clone(),
-                ..Security::default()
-            },
-        };
-        cli_args(&security, self.tls.as_ref(), true)
+    /// The `redis-cli` arguments that get past it: TLS with the CA, and if
+    /// `credentials`, the client certificate and the password or user too.
+    fn cli_args(&self, credentials: bool) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(files) = &self.tls {
+            args.extend(strings(&["--tls", "--cacert", &path_arg(&files.ca_cert)]));
+            if credentials {
+                args.extend(strings(&["--cert", &path_arg(&files.client_cert)]));
+                args.extend(strings(&["--key", &path_arg(&files.client_key)]));
+            }
+        }
+        if credentials {
+            if let Some(user) = &self.user {
+                args.extend(strings(&["--user", user]));
+            }
+            if let Some(password) = &self.password {
+                args.extend(strings(&["--pass", password]));
+            }
+        }
+        args
     }
 }
 
