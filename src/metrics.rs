@@ -12,7 +12,6 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
 
-use crate::api::envoy::upstream_stats::RuleHits;
 use crate::error::StoreError;
 use crate::limit::Decision;
 
@@ -125,6 +124,22 @@ pub fn upstream_request(error: Option<&'static str>) {
     if let Some(err_type) = error {
         counter!("ratelimit_service_should_rate_limit_error", "err_type" => err_type).increment(1);
     }
+}
+
+/// One descriptor's hits, by upstream's counters (worked out from a
+/// decision by `api::envoy::upstream_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleHits {
+    /// Hits asked for.
+    pub total: u64,
+    /// Hits within the limit.
+    pub within: u64,
+    /// Hits within but near the limit (upstream's near_limit).
+    pub near: u64,
+    /// Hits over the limit.
+    pub over: u64,
+    /// Hits over the limit let through by shadow mode.
+    pub shadow: u64,
 }
 
 /// One configured rule's counters under envoyproxy/ratelimit's Prometheus

@@ -6,8 +6,9 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use crate::algorithm::{MemoryChange, Spend, redis_expiry_at};
+use crate::algorithm::{Spend, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
+use crate::store::MemoryChange;
 
 /// The in-memory state of one key, as the script keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]

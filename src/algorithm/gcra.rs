@@ -3,8 +3,9 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::{MemoryChange, redis_expiry_after};
+use super::redis_expiry_after;
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
+use crate::store::MemoryChange;
 
 /// The in-memory state of one key: its theoretical arrival time.
 #[derive(Debug, Clone, PartialEq, Eq)]

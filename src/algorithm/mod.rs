@@ -12,6 +12,7 @@ pub mod sliding_window_counter;
 pub mod token_bucket;
 
 use crate::limit::{Algorithm, Decision, Micros};
+use crate::store::MemoryChange;
 
 /// What one decision may write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,20 +115,6 @@ pub fn redis_expiry_after(now: Micros, ttl_ms: u64) -> Micros {
 /// clock is past that millisecond, so the key lives through all of it.
 pub fn redis_expiry_at(at_ms: u64) -> Micros {
     (at_ms + 1) * 1000
-}
-
-/// What an in-memory decision did to the key's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemoryChange {
-    /// Nothing.
-    None,
-    /// Changed it (or emptied it), keeping its expiry.
-    Updated,
-    /// Wrote it with a new expiry.
-    Written {
-        /// When the state stops counting.
-        expires_at: Micros,
-    },
 }
 
 /// The tag in the storage key's hash tag, one per kind of state, so the same

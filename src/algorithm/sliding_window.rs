@@ -6,8 +6,9 @@
 
 use std::collections::VecDeque;
 
-use super::{MemoryChange, redis_expiry_after};
+use super::redis_expiry_after;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
+use crate::store::MemoryChange;
 
 /// The in-memory state of one key: the log, oldest first, as (stamp,
 /// running total of units after this entry). As in the script, running

@@ -6,8 +6,9 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::{MemoryChange, redis_expiry_after};
+use super::redis_expiry_after;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
+use crate::store::MemoryChange;
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]

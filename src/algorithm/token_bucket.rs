@@ -4,8 +4,9 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
-use super::{MemoryChange, redis_expiry_after};
+use super::redis_expiry_after;
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
+use crate::store::MemoryChange;
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq)]

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::algorithm::MemoryChange;
 use crate::limit::Micros;
 use crate::metrics;
 
@@ -203,6 +202,21 @@ impl<S: HeapSize> Shard<S> {
         }
         evicted
     }
+}
+
+/// What a decision did to a key's state: the store's part of every
+/// in-memory decision (the algorithms' twins say it, the store acts on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryChange {
+    /// Nothing.
+    None,
+    /// Changed it (or emptied it), keeping its expiry.
+    Updated,
+    /// Wrote it with a new expiry.
+    Written {
+        /// When the state stops counting.
+        expires_at: Micros,
+    },
 }
 
 /// Keys and their state of type `S`, with expiry, within a memory budget.

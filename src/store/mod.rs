@@ -8,5 +8,5 @@ pub mod memory;
 mod pinned_tls;
 pub mod redis;
 
-pub use self::memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use self::memory::{Clock, ManualClock, MemoryChange, MemoryStore, SystemClock};
 pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Topology};

@@ -8,24 +8,10 @@
 //! the configuration, never by a request's values.
 
 use crate::limit::Decision;
+pub use crate::metrics::RuleHits;
 
 /// Upstream's NEAR_LIMIT_RATIO default.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
-
-/// One descriptor's hits, by upstream's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RuleHits {
-    /// Hits asked for.
-    pub total: u64,
-    /// Hits within the limit.
-    pub within: u64,
-    /// Hits within but near the limit (upstream's near_limit).
-    pub near: u64,
-    /// Hits over the limit.
-    pub over: u64,
-    /// Hits over the limit let through by shadow mode.
-    pub shadow: u64,
-}
 
 /// The hits of a descriptor that asked for `hits` under a limit of `limit`
 /// and got `decision`. `counted_denied`: a denied descriptor spent its hits
