@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[
                 PathBuf::from("proto/ratelimitd/v1/ratelimit.proto"),
                 PathBuf::from("proto/envoy/service/ratelimit/v3/rls.proto"),
+                PathBuf::from("proto/envoy/service/rate_limit_quota/v3/rlqs.proto"),
                 // The xDS configuration source is a client of these.
                 PathBuf::from("proto/envoy/service/discovery/v3/ads.proto"),
                 PathBuf::from("proto/ratelimit/config/ratelimit/v3/rls_conf.proto"),

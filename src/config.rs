@@ -45,6 +45,10 @@ pub struct Config {
     #[command(flatten)]
     pub envoy: EnvoyConfig,
 
+    /// The Envoy quota service (RLQS).
+    #[command(flatten)]
+    pub quota: QuotaConfig,
+
     /// Bounds per peer, connection and request.
     #[command(flatten)]
     pub limits: LimitsConfig,
@@ -384,6 +388,40 @@ pub struct EnvoyConfig {
         default_value = "auto"
     )]
     pub envoyproxy_env: EnvoyproxyEnv,
+}
+
+/// The Envoy quota service (RLQS): how assignments are made and kept. Its
+/// policies are the configuration's `quota_buckets`; `--shadow-mode` and
+/// the failure policy apply to it too.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Envoy quota service (RLQS)")]
+pub struct QuotaConfig {
+    /// How long an assignment holds at an Envoy unless renewed, in whole
+    /// seconds (Envoy ignores fractions). Renewed at the Envoy's reports
+    /// (every 5 s in Envoy 1.40) once half of it has passed; when the
+    /// service is gone, the Envoy falls back to its
+    /// expired_assignment_behavior this long after the last one.
+    #[arg(long, env = "RATELIMITD_QUOTA_ASSIGNMENT_TTL", default_value = "15s",
+          value_parser = whole_seconds)]
+    pub quota_assignment_ttl: Duration,
+
+    /// A bucket an Envoy has not reported for this long is dropped: its
+    /// share is freed and the Envoy told to abandon it.
+    #[arg(long, env = "RATELIMITD_QUOTA_SUBSCRIBER_TIMEOUT", default_value = "15s",
+          value_parser = positive_duration)]
+    pub quota_subscriber_timeout: Duration,
+
+    /// What each Envoy is given beyond its reported demand, in percent of
+    /// it, so it can grow before its next report.
+    #[arg(long, env = "RATELIMITD_QUOTA_HEADROOM", default_value_t = 20,
+          value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub quota_headroom: u16,
+
+    /// Most buckets one Envoy stream may subscribe to; reports of more are
+    /// ignored (and counted).
+    #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub quota_max_buckets_per_stream: usize,
 }
 
 /// Bounds on what one peer, connection or request may hold or ask.
@@ -837,6 +875,15 @@ fn byte_size(text: &str) -> Result<usize, String> {
         return Err("must be at least 64KiB".into());
     }
     Ok(bytes)
+}
+
+/// A duration of whole seconds, at least one.
+fn whole_seconds(text: &str) -> Result<Duration, String> {
+    let duration = positive_duration(text)?;
+    if duration.subsec_nanos() != 0 || duration.is_zero() {
+        return Err("must be whole seconds, at least 1s (Envoy ignores fractions)".into());
+    }
+    Ok(duration)
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {

@@ -14,6 +14,8 @@
 //!   besides [`server`] and [`pb`].
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
+//! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
+//!   reporting it (the quota service, `api::rlqs`), on the same store.
 //! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
 //!   in-memory twin with the same semantics.
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
@@ -35,6 +37,7 @@ pub mod limiter;
 pub mod load_shed;
 pub mod metrics;
 pub mod pb;
+pub mod quota;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -224,3 +224,72 @@ pub fn memory_store(keys: usize, bytes: usize) {
 pub fn memory_evictions(keys: usize) {
     counter!("ratelimitd_memory_evictions_total").increment(keys as u64);
 }
+
+/// A quota service stream opened (+1) or closed (-1).
+pub fn quota_streams(delta: f64) {
+    gauge!("ratelimitd_quota_streams").increment(delta);
+}
+
+/// A quota policy's subscribers on this instance (one Envoy stream's
+/// bucket each), up or down.
+pub fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
+    gauge!(
+        "ratelimitd_quota_subscribers",
+        "domain" => domain.to_owned(),
+        "policy" => policy.to_owned()
+    )
+    .increment(delta);
+}
+
+/// The rate this instance has assigned under a quota policy, in requests
+/// per second, up or down.
+pub fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
+    gauge!(
+        "ratelimitd_quota_assigned_requests_per_second",
+        "domain" => domain.to_owned(),
+        "policy" => policy.to_owned()
+    )
+    .increment(delta);
+}
+
+/// What Envoys reported under a quota policy.
+pub fn quota_reported(domain: &str, policy: &str, allowed: u64, denied: u64) {
+    for (outcome, count) in [("allowed", allowed), ("denied", denied)] {
+        counter!(
+            "ratelimitd_quota_reported_requests_total",
+            "domain" => domain.to_owned(),
+            "policy" => policy.to_owned(),
+            "outcome" => outcome
+        )
+        .increment(count);
+    }
+}
+
+/// An assignment sent to an Envoy, by its kind (`token_bucket`,
+/// `allow_all`, `deny_all`, `abandon`).
+pub fn quota_assignment(domain: &str, policy: &str, kind: &'static str) {
+    counter!(
+        "ratelimitd_quota_assignments_total",
+        "domain" => domain.to_owned(),
+        "policy" => policy.to_owned(),
+        "kind" => kind
+    )
+    .increment(1);
+}
+
+/// A bucket report ignored, and why (`no_domain`, `domain_changed`,
+/// `unknown_domain`, `empty_bucket_id`, `bucket_id_too_large`,
+/// `too_many_buckets`).
+pub fn quota_report_ignored(reason: &'static str) {
+    counter!("ratelimitd_quota_reports_ignored_total", "reason" => reason).increment(1);
+}
+
+/// A share the store could not settle, answered by the failure policy.
+pub fn quota_degraded(domain: &str, policy: &str) {
+    counter!(
+        "ratelimitd_quota_degraded_total",
+        "domain" => domain.to_owned(),
+        "policy" => policy.to_owned()
+    )
+    .increment(1);
+}

@@ -8,7 +8,7 @@ pub mod ratelimitd {
     }
 }
 
-/// Envoy's rate limit service API, from the trimmed wire-compatible copies in
+/// Envoy's rate limit (RLS) and rate limit quota (RLQS) service APIs, from the trimmed wire-compatible copies in
 /// `proto/envoy/`. The module tree mirrors the proto packages because the
 /// generated code refers to its neighbours by relative paths.
 #[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
@@ -17,6 +17,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
         pub mod discovery {

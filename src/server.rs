@@ -16,6 +16,7 @@ use crate::api::check::CheckService;
 use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds, xds};
+use crate::api::rlqs::{QuotaService, QuotaSettings};
 use crate::config::{
     Config, ConfigFiles, EmbeddedSettings, StartSettings, StoreSettings, redacted_url,
 };
@@ -27,6 +28,7 @@ use crate::limit::FailurePolicy;
 use crate::limiter::{DenialCache, Limiter, Store};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
+use crate::quota::{MemoryLedger, QuotaLedger};
 use crate::store::{MemoryStore, RedisStore, SystemClock};
 use crate::tls::{ServerTls, TlsError, TlsSettings};
 
@@ -93,6 +95,17 @@ pub fn build_limiter(config: &Config, store: &StoreSettings) -> Result<Limiter, 
                 Store::Memory(embedded(settings)),
                 config.store.key_prefix.clone(),
             ))
+        }
+    }
+}
+
+/// The quota ledgers' home: the limiter's store, Redis or embedded (the
+/// embedded store's ledger is this process's own).
+fn quota_ledger(store: &Store) -> QuotaLedger {
+    match store {
+        Store::Redis(redis) => QuotaLedger::Redis(redis.clone()),
+        Store::Memory(_) => {
+            QuotaLedger::Memory(MemoryLedger::new(Arc::new(SystemClock::default())))
         }
     }
 }
@@ -165,6 +178,29 @@ pub async fn run(
         config.limits.max_concurrent_requests as usize,
         per_peer as usize,
     );
+    let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
+    let quota = QuotaService::new(
+        quota_ledger(limiter.store()),
+        match limiter.store() {
+            Store::Redis(_) => Some(QuotaLedger::Memory(MemoryLedger::new(Arc::new(
+                SystemClock::default(),
+            )))),
+            Store::Memory(_) => None,
+        },
+        rules.clone(),
+        QuotaSettings {
+            assignment_ttl: config.quota.quota_assignment_ttl,
+            subscriber_timeout: config.quota.quota_subscriber_timeout,
+            headroom_permille: u64::from(config.quota.quota_headroom) * 10,
+            max_buckets_per_stream: config.quota.quota_max_buckets_per_stream,
+            max_entries: config.limits.max_descriptor_entries,
+            max_entry_bytes: config.limits.max_descriptor_entry_bytes,
+            shadow_mode: config.envoy.shadow_mode,
+            failure_policy: config.failure.failure_policy,
+            key_prefix: config.store.key_prefix.clone(),
+        },
+        quota_shutdown_watch,
+    );
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,
@@ -208,6 +244,7 @@ pub async fn run(
         [
             "ratelimitd.v1.RateLimiter",
             "envoy.service.ratelimit.v3.RateLimitService",
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
             "grpc.health.v1.Health",
             itself,
         ]
@@ -262,6 +299,9 @@ pub async fn run(
                 tls_watch.abort();
             }
             health::report(&reporter, ServingStatus::NotServing).await;
+            // Quota streams never finish by themselves: end them, so the
+            // Envoys reconnect to another instance.
+            let _ = quota_shutdown.send(true);
             draining.notify_one();
         }
     };
@@ -282,6 +322,7 @@ pub async fn run(
                 .max_decoding_message_size(max_request),
         )
         .add_service(envoy.into_server().max_decoding_message_size(max_request))
+        .add_service(quota.into_server().max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(incoming, stop);
     let grace = config.listener.shutdown_grace;
     let grace_expired = async move {

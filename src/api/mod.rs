@@ -4,3 +4,4 @@
 
 pub mod check;
 pub mod envoy;
+pub mod rlqs;

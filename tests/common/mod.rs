@@ -10,6 +10,7 @@
 pub mod envoy;
 pub mod pip_tool;
 pub mod prometheus;
+pub mod quota;
 pub mod rls;
 pub mod topology;
 

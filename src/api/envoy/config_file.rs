@@ -11,8 +11,12 @@
 //! the rule is counted as upstream counts), `algorithm` (`fixed_window`, the default,
 //! with windows aligned to the unit as upstream; `sliding_window`;
 //! `token_bucket`; `gcra`; `sliding_window_counter`) and `unit_multiplier` (the window is `unit` × this).
+//!
+//! Also an extension: the Envoy quota service's policies of the domain,
+//! `quota_buckets` (a `bucket_id` pattern and a `rate_limit` each) and
+//! `quota_default` (see [`super::quota_policies`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +25,10 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::metadata;
+use super::quota_policies::{
+    QuotaDomain, QuotaLimit, QuotaPolicy, QuotaRate, ValuePattern, allow_all_default,
+    render_pattern,
+};
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
 use crate::limit::{
     Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
@@ -99,7 +107,7 @@ impl Snapshot {
         let mut domain_lines: HashMap<String, String> = HashMap::new();
         for (path, text) in &self.files {
             let file = path.display().to_string();
-            let (domain, line, level) = compile_file(&file, text)?;
+            let (domain, line, level, quota) = compile_file(&file, text)?;
             if let Some(first) = domain_lines.get(&domain) {
                 return Err(ConfigError {
                     file,
@@ -108,6 +116,9 @@ impl Snapshot {
                 });
             }
             domain_lines.insert(domain.clone(), format!("{}:{line}", path.display()));
+            if let Some(quota) = quota {
+                rules.quotas.insert(domain.clone(), quota);
+            }
             rules.domains.insert(domain, level);
         }
         Ok(rules)
@@ -156,7 +167,7 @@ fn collect_files(
 
 /// A YAML scalar read as text, as upstream's Go struct fields read them:
 /// `value: 123` is the string "123".
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Text(String);
 
 impl<'de> Deserialize<'de> for Text {
@@ -190,6 +201,40 @@ struct FileSpec {
     domain: Option<Spanned<Text>>,
     #[serde(default)]
     descriptors: Vec<Spanned<DescriptorSpec>>,
+    /// Extension: the quota service's policies.
+    quota_buckets: Option<Vec<Spanned<QuotaBucketSpec>>>,
+    /// Extension: the quota service's policy for buckets no other governs.
+    quota_default: Option<Spanned<QuotaDefaultSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaBucketSpec {
+    bucket_id: Option<Spanned<BTreeMap<Text, Text>>>,
+    rate_limit: Option<Spanned<QuotaRateSpec>>,
+    #[serde(default)]
+    shadow_mode: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaDefaultSpec {
+    rate_limit: Option<Spanned<QuotaRateSpec>>,
+    #[serde(default)]
+    shadow_mode: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaRateSpec {
+    unit: Option<Text>,
+    requests_per_unit: Option<u64>,
+    unit_multiplier: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<Text>,
+    /// Requests a bucket may take at once beyond its rate.
+    burst: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -248,8 +293,12 @@ struct ReplacesSpec {
     name: Option<Text>,
 }
 
-/// Parses one file: its domain, the line of `domain:`, and its tree.
-fn compile_file(file: &str, text: &str) -> Result<(String, u64, Level), ConfigError> {
+/// Parses one file: its domain, the line of `domain:`, its tree, and its
+/// quota policies if it has any.
+fn compile_file(
+    file: &str,
+    text: &str,
+) -> Result<(String, u64, Level, Option<QuotaDomain>), ConfigError> {
     let spec: Option<FileSpec> = serde_saphyr::from_str(text).map_err(|err| ConfigError {
         file: file.to_owned(),
         line: err.location().map_or(0, |at| at.line()),
@@ -277,7 +326,20 @@ fn compile_file(file: &str, text: &str) -> Result<(String, u64, Level), ConfigEr
         path: vec![domain.clone()],
     };
     let level = context.level(&spec.descriptors)?;
-    Ok((domain, line, level))
+    let quota = if spec.quota_buckets.is_some() || spec.quota_default.is_some() {
+        let domain_source = Source {
+            file: file.to_owned(),
+            line,
+        };
+        Some(context.quota(
+            spec.quota_buckets.as_deref().unwrap_or_default(),
+            spec.quota_default.as_ref(),
+            domain_source,
+        )?)
+    } else {
+        None
+    };
+    Ok((domain, line, level, quota))
 }
 
 /// The reason alone: the YAML parser's message starts with "error: line L
@@ -403,6 +465,130 @@ impl Context<'_> {
             }
         }
         Ok(level)
+    }
+
+    /// A domain's quota policies, from `quota_buckets` and
+    /// `quota_default`.
+    fn quota(
+        &self,
+        buckets: &[Spanned<QuotaBucketSpec>],
+        default: Option<&Spanned<QuotaDefaultSpec>>,
+        domain_source: Source,
+    ) -> Result<QuotaDomain, ConfigError> {
+        let mut policies: Vec<Arc<QuotaPolicy>> = Vec::with_capacity(buckets.len());
+        for spanned in buckets {
+            let line = spanned.referenced.line();
+            let spec = &spanned.value;
+            let Some(bucket_id) = &spec.bucket_id else {
+                return Err(self.error(line, "quota bucket has no bucket_id"));
+            };
+            let id_line = bucket_id.referenced.line();
+            let mut bucket = Vec::with_capacity(bucket_id.value.len());
+            for (Text(key), Text(value)) in &bucket_id.value {
+                if key.is_empty() || value.is_empty() {
+                    return Err(self.error(
+                        id_line,
+                        "bucket_id keys and values must not be empty (Envoy sends none)",
+                    ));
+                }
+                bucket.push((key.clone(), ValuePattern::new(value)));
+            }
+            if bucket.is_empty() {
+                return Err(self.error(
+                    id_line,
+                    "bucket_id must name at least one key (quota_default governs the rest)",
+                ));
+            }
+            let pattern = render_pattern(&bucket);
+            if let Some(first) = policies
+                .iter()
+                .find(|policy| render_pattern(&policy.bucket) == pattern)
+            {
+                return Err(self.error(
+                    line,
+                    format!(
+                        "duplicate quota bucket '{pattern}' (first at line {})",
+                        first.source.line
+                    ),
+                ));
+            }
+            let (limit, name) = self.quota_limit(spec.rate_limit.as_ref(), line)?;
+            policies.push(Arc::new(QuotaPolicy {
+                name: name.unwrap_or(pattern),
+                bucket,
+                limit,
+                shadow: spec.shadow_mode,
+                source: Source {
+                    file: self.file.to_owned(),
+                    line,
+                },
+            }));
+        }
+        let default = match default {
+            None => allow_all_default(domain_source),
+            Some(spanned) => {
+                let line = spanned.referenced.line();
+                let (limit, name) = self.quota_limit(spanned.value.rate_limit.as_ref(), line)?;
+                Arc::new(QuotaPolicy {
+                    name: name.unwrap_or_else(|| "default".to_owned()),
+                    bucket: Vec::new(),
+                    limit,
+                    shadow: spanned.value.shadow_mode,
+                    source: Source {
+                        file: self.file.to_owned(),
+                        line,
+                    },
+                })
+            }
+        };
+        Ok(QuotaDomain { policies, default })
+    }
+
+    /// A quota policy's `rate_limit`: what it allows, and its name.
+    fn quota_limit(
+        &self,
+        spanned: Option<&Spanned<QuotaRateSpec>>,
+        line: u64,
+    ) -> Result<(QuotaLimit, Option<String>), ConfigError> {
+        let Some(spanned) = spanned else {
+            return Err(self.error(line, "quota bucket has no rate_limit"));
+        };
+        let line = spanned.referenced.line();
+        let spec = &spanned.value;
+        let name = spec
+            .name
+            .as_ref()
+            .map(|Text(name)| name.clone())
+            .filter(|name| !name.is_empty());
+        let unit_text = spec.unit.as_ref().map_or("", |Text(unit)| unit.as_str());
+        let unit = Unit::parse(unit_text);
+        if spec.unlimited {
+            if unit.is_some() || spec.requests_per_unit.is_some() || spec.burst.is_some() {
+                return Err(self.error(
+                    line,
+                    "should not specify unit, requests_per_unit or burst when unlimited",
+                ));
+            }
+            return Ok((QuotaLimit::AllowAll, name));
+        }
+        let Some(unit) = unit else {
+            return Err(self.error(line, format!("invalid rate limit unit '{unit_text}'")));
+        };
+        let unit_multiplier = spec.unit_multiplier.unwrap_or(1);
+        if unit_multiplier == 0 {
+            return Err(self.error(line, "unit_multiplier must be at least 1"));
+        }
+        // As upstream reads a rate_limit: a missing requests_per_unit is 0.
+        let requests = spec.requests_per_unit.unwrap_or(0);
+        if requests == 0 {
+            return Ok((QuotaLimit::DenyAll, name));
+        }
+        if spec.burst == Some(0) {
+            return Err(self.error(line, "burst must be at least 1"));
+        }
+        let rate = QuotaRate::new(requests, unit, unit_multiplier, spec.burst)
+            .map_err(|reason| self.error(line, reason))?;
+        Ok((QuotaLimit::Rate(rate), name))
     }
 
     fn rule(
@@ -538,6 +724,7 @@ impl Context<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::envoy::quota_policies::{QuotaLimit, QuotaRate};
 
     fn compile(text: &str) -> Result<Rules, ConfigError> {
         Snapshot {
@@ -649,5 +836,107 @@ mod tests {
         let entries = [("code".to_owned(), "429".to_owned())];
         let found = rules.find("d", &entries).unwrap();
         assert_eq!(found.rule.unit, Unit::Minute);
+    }
+
+    #[test]
+    fn quota_policies_compile_with_their_default() {
+        let rules = compile(
+            "domain: edge\nquota_buckets:\n  - bucket_id: {name: api, tenant: \"*\"}\n    rate_limit: {unit: second, requests_per_unit: 100}\n  - bucket_id: {name: blocked}\n    rate_limit: {unit: second, requests_per_unit: 0, name: nobody}\n    shadow_mode: true\nquota_default:\n  rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 5000, burst: 50}\n",
+        )
+        .unwrap();
+        let quota = &rules.quotas["edge"];
+        assert_eq!(quota.policies.len(), 2);
+        assert_eq!(quota.policies[0].name, "name=api,tenant=*");
+        assert_eq!(quota.policies[0].source.line, 3);
+        assert!(
+            matches!(quota.policies[0].limit, QuotaLimit::Rate(rate) if rate.micro_rps() == 100_000_000)
+        );
+        assert_eq!(quota.policies[1].name, "nobody");
+        assert_eq!(quota.policies[1].limit, QuotaLimit::DenyAll);
+        assert!(quota.policies[1].shadow);
+        assert_eq!(
+            quota.default.limit,
+            QuotaLimit::Rate(QuotaRate {
+                requests: 5000,
+                period_seconds: 300,
+                burst: Some(50)
+            })
+        );
+        // A domain without quota keys has no quota policies; one with only
+        // buckets allows the rest.
+        let rules = compile("domain: plain\n").unwrap();
+        assert!(rules.quotas.is_empty());
+        let rules = compile(
+            "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unlimited: true}\n",
+        )
+        .unwrap();
+        assert_eq!(rules.quotas["d"].default.limit, QuotaLimit::AllowAll);
+        assert_eq!(rules.quotas["d"].policies[0].limit, QuotaLimit::AllowAll);
+    }
+
+    #[test]
+    fn quota_errors_name_the_line_and_the_reason() {
+        let cases = [
+            (
+                "domain: d\nquota_buckets:\n  - rate_limit: {unlimited: true}\n",
+                3,
+                "quota bucket has no bucket_id",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {}\n    rate_limit: {unlimited: true}\n",
+                3,
+                "at least one key",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: \"\"}\n    rate_limit: {unlimited: true}\n",
+                3,
+                "must not be empty",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n",
+                3,
+                "quota bucket has no rate_limit",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+                4,
+                "invalid rate limit unit 'fortnight'",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unit: second, requests_per_unit: 2000000}\n",
+                4,
+                "at most 1000000 requests per second",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unit: year, requests_per_unit: 1}\n",
+                4,
+                "below the smallest quota rate",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0}\n",
+                4,
+                "burst must be at least 1",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unlimited: true, unit: second}\n",
+                4,
+                "when unlimited",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    rate_limit: {unlimited: true}\n  - bucket_id: {a: b}\n    rate_limit: {unlimited: true}\n",
+                5,
+                "duplicate quota bucket 'a=b' (first at line 3)",
+            ),
+            (
+                "domain: d\nquota_buckets:\n  - bucket_id: {a: b}\n    limit: 5\n",
+                4,
+                "unknown field `limit`",
+            ),
+        ];
+        for (text, line, reason) in cases {
+            let err = compile(text).expect_err(text);
+            assert_eq!(err.line, line, "{text:?}: {err}");
+            assert!(err.reason.contains(reason), "{text:?}: {err}");
+        }
     }
 }

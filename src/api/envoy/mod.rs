@@ -8,6 +8,7 @@
 pub mod config_file;
 pub mod headers;
 pub mod metadata;
+pub mod quota_policies;
 pub mod rules;
 pub mod source;
 pub mod upstream_stats;

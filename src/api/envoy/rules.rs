@@ -263,6 +263,8 @@ impl Wildcard {
 pub struct Rules {
     /// Domain → its top level.
     pub domains: HashMap<String, Level>,
+    /// Domain → its quota service policies, for the domains that have any.
+    pub quotas: HashMap<String, super::quota_policies::QuotaDomain>,
 }
 
 /// The rule governing a descriptor, and the values its counter is named by.

@@ -1,0 +1,216 @@
+//! Shared quota: each quota bucket's rate split among the Envoys that
+//! report it, across every ratelimitd instance, through the configured
+//! store (Redis, one hash per bucket, or this process's own ledger). The
+//! Envoy quota service (`api::rlqs`) asks it for each subscriber's share.
+//!
+//! On Redis every settlement is one atomic script (`share.lua`) on the
+//! bucket's hash, on Redis's clock; the embedded ledger runs its Rust twin
+//! (`share`) under a lock, on the process's clock.
+
+pub mod share;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
+use redis::Script;
+
+use crate::error::StoreError;
+use crate::limit::{CallerKey, KeyOrigin};
+use crate::limiter::script::CLOCK_LUA;
+use crate::store::{Clock, RedisStore};
+pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
+
+/// The share script's own part; a clock must be defined above it.
+pub const SHARE_LUA: &str = include_str!("share.lua");
+
+/// The script that settles shares on Redis: the clock, then `share.lua`.
+pub static SHARE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[CLOCK_LUA, SHARE_LUA].concat()));
+
+/// Where the ledgers of quota buckets live.
+#[derive(Clone)]
+pub enum QuotaLedger {
+    /// On Redis, shared by every instance.
+    Redis(RedisStore),
+    /// In this process: one instance's subscribers only.
+    Memory(Arc<MemoryLedger>),
+}
+
+impl QuotaLedger {
+    /// Settles `op` for `subscriber` on the bucket stored at `key`.
+    pub async fn settle(
+        &self,
+        key: &str,
+        subscriber: &str,
+        op: ShareOp,
+        params: &ShareParams,
+    ) -> Result<Share, StoreError> {
+        match self {
+            Self::Redis(store) => {
+                let mut invocation = SHARE.key(key);
+                share_args(&mut invocation, subscriber, op, params);
+                let reply: Vec<i64> = store.run_script(&invocation).await?;
+                decode_share(&reply)
+            }
+            Self::Memory(ledger) => Ok(ledger.settle(key, subscriber, op, params)),
+        }
+    }
+}
+
+/// Adds `share.lua`'s `ARGV` for `op` to a script call.
+pub fn share_args(
+    invocation: &mut redis::ScriptInvocation<'_>,
+    subscriber: &str,
+    op: ShareOp,
+    params: &ShareParams,
+) {
+    let (name, demand) = match op {
+        ShareOp::Report(demand) => ("report", demand.map_or(-1, |d| d as i64)),
+        ShareOp::Leave => ("leave", -1),
+    };
+    invocation
+        .arg(subscriber)
+        .arg(name)
+        .arg(demand)
+        .arg(params.capacity)
+        .arg(params.headroom_permille)
+        .arg(params.min_want)
+        .arg(params.lease_ms)
+        .arg(params.stale_ms)
+        .arg(params.hysteresis_permille);
+}
+
+/// Reads `share.lua`'s reply: grant, target, subscribers, granted.
+pub fn decode_share(reply: &[i64]) -> Result<Share, StoreError> {
+    let number = |i: usize| {
+        reply
+            .get(i)
+            .and_then(|&n| u64::try_from(n).ok())
+            .ok_or_else(|| StoreError::Reply(format!("share script replied {reply:?}")))
+    };
+    if reply.len() != 4 {
+        return Err(StoreError::Reply(format!("share script replied {reply:?}")));
+    }
+    Ok(Share {
+        grant: number(0)?,
+        target: number(1)?,
+        subscribers: number(2)?,
+        granted: number(3)?,
+    })
+}
+
+/// The bytes escaped in a bucket's stored name, so that its parts cannot
+/// run into one another.
+const NAME_ESCAPES: &AsciiSet = &CONTROLS.add(b'%').add(b'|').add(b',').add(b'=');
+
+/// `<prefix>{rlq:<domain>|<key>=<value>,...}`, the pairs sorted by key and
+/// each part percent-escaped; a name over 1 KiB is kept as its prefix and
+/// SHA-256 (tag `rlqh:`), as Envoy descriptor keys are. The braces make the
+/// whole name one Redis Cluster hash tag: one bucket, one slot.
+pub fn bucket_key(prefix: &str, domain: &str, bucket: &HashMap<String, String>) -> String {
+    let mut pairs: Vec<(&String, &String)> = bucket.iter().collect();
+    pairs.sort();
+    let mut name = utf8_percent_encode(domain, NAME_ESCAPES).to_string();
+    name.push('|');
+    for (i, (key, value)) in pairs.into_iter().enumerate() {
+        if i > 0 {
+            name.push(',');
+        }
+        name.extend(utf8_percent_encode(key, NAME_ESCAPES));
+        name.push('=');
+        name.extend(utf8_percent_encode(value, NAME_ESCAPES));
+    }
+    let key = CallerKey::envoy(name);
+    let tag = match key.origin() {
+        KeyOrigin::EnvoyDigest => "rlqh:",
+        _ => "rlq:",
+    };
+    format!("{prefix}{{{tag}{}}}", key.as_str())
+}
+
+/// The embedded store's ledgers: every bucket's entries in this process.
+pub struct MemoryLedger {
+    clock: Arc<dyn Clock>,
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    buckets: HashMap<String, HashMap<String, Entry>>,
+    /// When run-out entries and emptied buckets are next swept away.
+    next_sweep: Millis,
+}
+
+/// How often the embedded ledgers drop what has run out.
+const SWEEP_EVERY_MS: Millis = 10_000;
+
+impl MemoryLedger {
+    /// Empty ledgers on `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self {
+            clock,
+            state: Mutex::new(MemoryState::default()),
+        })
+    }
+
+    /// [`share::settle`] on the bucket at `key`, now.
+    pub fn settle(&self, key: &str, subscriber: &str, op: ShareOp, params: &ShareParams) -> Share {
+        let now = self.clock.now() / 1000;
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if now >= state.next_sweep {
+            state.buckets.retain(|_, entries| {
+                entries.retain(|_, entry| entry.stale_at > now || entry.expires_at > now);
+                !entries.is_empty()
+            });
+            state.next_sweep = now + SWEEP_EVERY_MS;
+        }
+        let entries = state.buckets.entry(key.to_owned()).or_default();
+        let share = share::settle(entries, subscriber, op, params, now);
+        if entries.is_empty() {
+            state.buckets.remove(key);
+        }
+        share
+    }
+
+    /// A bucket's entries, for tests.
+    pub fn entries(&self, key: &str) -> HashMap<String, Entry> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.buckets.get(key).cloned().unwrap_or_default()
+    }
+
+    /// How many buckets it holds.
+    pub fn len(&self) -> usize {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.buckets.len()
+    }
+
+    /// Whether it holds no bucket.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn bucket_keys_are_one_hash_tag_and_never_run_together() {
+        let key = bucket_key("p:", "edge", &bucket(&[("tenant", "a"), ("name", "api")]));
+        assert_eq!(key, "p:{rlq:edge|name=api,tenant=a}");
+        let tricky = bucket_key("p:", "edge", &bucket(&[("name", "api,tenant=a")]));
+        assert_ne!(tricky, key);
+        assert_eq!(tricky, "p:{rlq:edge|name=api%2Ctenant%3Da}");
+        let long = bucket_key("p:", "edge", &bucket(&[("name", &"x".repeat(2000))]));
+        assert!(long.starts_with("p:{rlqh:edge|name=xxx"), "{long}");
+        assert!(long.len() < 1200, "{}", long.len());
+    }
+}

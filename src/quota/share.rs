@@ -1,0 +1,350 @@
+//! How one quota bucket's rate is shared among its subscribers: the Rust
+//! twin of `share.lua`, for the embedded store (tests/quota_twins.rs proves
+//! the two equal). Pure: the caller holds the bucket's entries and the
+//! clock.
+//!
+//! Each subscriber (one Envoy's stream, for one bucket) reports its demand;
+//! the capacity is split max-min fair: a subscriber wanting less than an
+//! equal share gets its want (demand plus headroom), and the rest is split
+//! evenly among the others. The grants in force never add up to more than
+//! the capacity: a subscriber's grant shrinks to its fair share at once,
+//! and grows only into what the others' grants in force leave free (they
+//! shrink at their own next report).
+
+use std::collections::HashMap;
+
+/// A rate in millionths of a request per second.
+pub type MicroRps = u64;
+
+/// Milliseconds since the Unix epoch, on the store's clock.
+pub type Millis = u64;
+
+/// What a subscriber asks of a bucket's ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareOp {
+    /// Its demand now (`None` while unknown: a new subscriber, which is
+    /// given an equal share); answers its grant.
+    Report(Option<MicroRps>),
+    /// It is gone (its stream closed): its grant is free at once.
+    Leave,
+}
+
+/// How shares are worked out: the bucket's policy and the service's
+/// settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareParams {
+    /// The bucket's rate, shared by all its subscribers.
+    pub capacity: MicroRps,
+    /// What a subscriber wants beyond its demand, per mille of it.
+    pub headroom_permille: u64,
+    /// The least a subscriber wants, so a quiet one can start again.
+    pub min_want: MicroRps,
+    /// How long a grant counts after it is written: the assignment's time
+    /// to live, and a margin for the push to reach the Envoy.
+    pub lease_ms: u64,
+    /// How long a demand counts without a new report.
+    pub stale_ms: u64,
+    /// A new grant within this (per mille) of the one held keeps the one
+    /// held, so small changes are not pushed.
+    pub hysteresis_permille: u64,
+}
+
+/// One subscriber's entry in a bucket's ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Its last reported demand; `None` while unknown.
+    pub demand: Option<MicroRps>,
+    /// Its share.
+    pub grant: MicroRps,
+    /// When its demand stops counting, unless it reports again.
+    pub stale_at: Millis,
+    /// When its grant stops counting.
+    pub expires_at: Millis,
+}
+
+impl Entry {
+    /// The entry as `share.lua` stores it: "demand grant stale_at
+    /// expires_at", demand -1 while unknown.
+    pub fn encode(&self) -> String {
+        let demand = self.demand.map_or(-1, |d| d as i64);
+        format!(
+            "{demand} {} {} {}",
+            self.grant, self.stale_at, self.expires_at
+        )
+    }
+
+    /// Reads [`Entry::encode`]'s form.
+    pub fn decode(text: &str) -> Option<Self> {
+        let mut numbers = text.split(' ');
+        let demand: i64 = numbers.next()?.parse().ok()?;
+        let mut next = || numbers.next()?.parse::<u64>().ok();
+        let entry = Self {
+            demand: u64::try_from(demand).ok(),
+            grant: next()?,
+            stale_at: next()?,
+            expires_at: next()?,
+        };
+        numbers.next().is_none().then_some(entry)
+    }
+}
+
+/// What a report (or a leave) settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Share {
+    /// The subscriber's grant (0 after a leave).
+    pub grant: MicroRps,
+    /// Its fair share, which the grant grows to as others shrink.
+    pub target: MicroRps,
+    /// Subscribers whose demand counts, itself included (after a leave,
+    /// the others).
+    pub subscribers: u64,
+    /// The grants in force, its own included.
+    pub granted: MicroRps,
+}
+
+/// What `demand` asks for: unknown asks for everything (and so gets an
+/// equal share); else the demand and headroom, at least `min_want`, at
+/// most the capacity.
+fn want(demand: Option<MicroRps>, params: &ShareParams) -> MicroRps {
+    match demand {
+        None => params.capacity,
+        Some(demand) => (demand + demand * params.headroom_permille / 1000)
+            .max(params.min_want)
+            .min(params.capacity),
+    }
+}
+
+/// The water level of a max-min fair split of `capacity` among `wants`:
+/// each want above it is cut to it; `capacity` when every want fits.
+pub fn water_level(capacity: MicroRps, wants: &mut [MicroRps]) -> MicroRps {
+    wants.sort_unstable();
+    let mut left = capacity;
+    for (k, &want) in wants.iter().enumerate() {
+        let fair = left / (wants.len() - k) as u64;
+        if want > fair {
+            return fair;
+        }
+        left -= want;
+    }
+    capacity
+}
+
+/// Settles `op` for subscriber `me` on a bucket's `entries` at `now`, as
+/// `share.lua` does on Redis: drops the entries whose demand and grant have
+/// both run out, then answers and records `me`'s grant.
+pub fn settle(
+    entries: &mut HashMap<String, Entry>,
+    me: &str,
+    op: ShareOp,
+    params: &ShareParams,
+    now: Millis,
+) -> Share {
+    entries.retain(|id, entry| id == me || entry.stale_at > now || entry.expires_at > now);
+    let mut held: MicroRps = 0;
+    let mut wants = Vec::with_capacity(entries.len() + 1);
+    for (id, entry) in entries.iter() {
+        if id == me {
+            continue;
+        }
+        if entry.expires_at > now {
+            held += entry.grant;
+        }
+        if entry.stale_at > now {
+            wants.push(want(entry.demand, params));
+        }
+    }
+    let demand = match op {
+        ShareOp::Leave => {
+            entries.remove(me);
+            return Share {
+                grant: 0,
+                target: 0,
+                subscribers: wants.len() as u64,
+                granted: held,
+            };
+        }
+        ShareOp::Report(demand) => demand,
+    };
+    let my_want = want(demand, params);
+    wants.push(my_want);
+    let target = my_want.min(water_level(params.capacity, &mut wants));
+    let free = params.capacity.saturating_sub(held);
+    let mut grant = target.min(free);
+    if let Some(mine) = entries.get(me) {
+        let close = grant.abs_diff(mine.grant) * 1000 <= mine.grant * params.hysteresis_permille;
+        if mine.expires_at > now && mine.grant <= free && close {
+            grant = mine.grant;
+        }
+    }
+    entries.insert(
+        me.to_owned(),
+        Entry {
+            demand,
+            grant,
+            stale_at: now + params.stale_ms,
+            expires_at: now + params.lease_ms,
+        },
+    );
+    Share {
+        grant,
+        target,
+        subscribers: wants.len() as u64,
+        granted: held + grant,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARAMS: ShareParams = ShareParams {
+        capacity: 100_000_000,
+        headroom_permille: 200,
+        min_want: 1_000_000,
+        lease_ms: 16_000,
+        stale_ms: 15_000,
+        hysteresis_permille: 50,
+    };
+
+    fn rps(n: u64) -> MicroRps {
+        n * 1_000_000
+    }
+
+    #[test]
+    fn the_water_level_cuts_only_the_wants_above_an_equal_share() {
+        assert_eq!(water_level(100, &mut [10, 100, 100]), 45);
+        assert_eq!(water_level(100, &mut [10, 20]), 100);
+        assert_eq!(water_level(100, &mut [100, 100, 100]), 33);
+        assert_eq!(water_level(100, &mut []), 100);
+    }
+
+    #[test]
+    fn a_lone_subscriber_gets_everything_then_shares_as_others_come() {
+        let mut entries = HashMap::new();
+        let a = settle(&mut entries, "a", ShareOp::Report(None), &PARAMS, 1000);
+        assert_eq!((a.grant, a.target), (rps(100), rps(100)));
+        // b arrives: its fair share is half, but a holds everything.
+        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 1001);
+        assert_eq!((b.grant, b.target, b.subscribers), (0, rps(50), 2));
+        // a reports a demand of 150/s: it shrinks to its fair half at once.
+        let a = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(150))),
+            &PARAMS,
+            2000,
+        );
+        assert_eq!(a.grant, rps(50));
+        // b grows into what a freed.
+        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 2001);
+        assert_eq!((b.grant, b.granted), (rps(50), rps(100)));
+    }
+
+    #[test]
+    fn a_small_demand_gets_its_want_and_the_rest_goes_to_the_others() {
+        let mut entries = HashMap::new();
+        settle(
+            &mut entries,
+            "small",
+            ShareOp::Report(Some(rps(20))),
+            &PARAMS,
+            0,
+        );
+        let big = settle(
+            &mut entries,
+            "big",
+            ShareOp::Report(Some(rps(500))),
+            &PARAMS,
+            1,
+        );
+        // small wants 24 (20 and 20% headroom); big is cut at 76.
+        assert_eq!(big.target, rps(76));
+        let small = settle(
+            &mut entries,
+            "small",
+            ShareOp::Report(Some(rps(20))),
+            &PARAMS,
+            2,
+        );
+        assert_eq!(small.grant, rps(24));
+    }
+
+    #[test]
+    fn grants_in_force_never_add_up_to_more_than_the_capacity() {
+        let mut entries = HashMap::new();
+        let mut now = 0;
+        let demands = [None, Some(rps(300)), Some(rps(5)), Some(rps(60)), Some(0)];
+        for round in 0..50u64 {
+            for (i, demand) in demands.iter().enumerate() {
+                let me = format!("s{}", (i as u64 + round) % 7);
+                let op = if (round + i as u64).is_multiple_of(11) {
+                    ShareOp::Leave
+                } else {
+                    ShareOp::Report(*demand)
+                };
+                let share = settle(&mut entries, &me, op, &PARAMS, now);
+                assert!(share.granted <= PARAMS.capacity, "{share:?}");
+                let in_force: u64 = entries
+                    .values()
+                    .filter(|entry| entry.expires_at > now)
+                    .map(|entry| entry.grant)
+                    .sum();
+                assert!(in_force <= PARAMS.capacity, "{in_force} at {now}");
+                now += 700;
+            }
+        }
+    }
+
+    #[test]
+    fn a_close_grant_is_kept_and_a_silent_subscriber_is_dropped() {
+        let mut entries = HashMap::new();
+        settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(40))),
+            &PARAMS,
+            0,
+        );
+        // 40 and headroom is 48; 41 and headroom is 49.2: within 5%, kept.
+        let again = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(41))),
+            &PARAMS,
+            10,
+        );
+        assert_eq!(again.grant, rps(48));
+        let more = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(60))),
+            &PARAMS,
+            20,
+        );
+        assert_eq!(more.grant, rps(72));
+        // Silent past both its stale time and its lease: dropped.
+        let other = settle(
+            &mut entries,
+            "b",
+            ShareOp::Report(None),
+            &PARAMS,
+            20 + 16_000,
+        );
+        assert_eq!((other.grant, other.subscribers), (rps(100), 1));
+        assert!(!entries.contains_key("a"));
+    }
+
+    #[test]
+    fn entries_read_back_as_written() {
+        let entry = Entry {
+            demand: None,
+            grant: 5,
+            stale_at: 6,
+            expires_at: 7,
+        };
+        assert_eq!(entry.encode(), "-1 5 6 7");
+        assert_eq!(Entry::decode(&entry.encode()), Some(entry));
+        assert_eq!(Entry::decode("1 2 3"), None);
+        assert_eq!(Entry::decode("1 2 3 4 5"), None);
+    }
+}
