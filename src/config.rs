@@ -411,6 +411,15 @@ pub struct QuotaConfig {
           value_parser = positive_duration)]
     pub quota_subscriber_timeout: Duration,
 
+    /// How often each stream settles its contended buckets again (those
+    /// with subscribers elsewhere, or short of their fair share), so that
+    /// shares move between the Envoys of different instances within this
+    /// rather than at each Envoy's next report: one store call per
+    /// contended bucket and stream each time.
+    #[arg(long, env = "RATELIMITD_QUOTA_REBALANCE_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub quota_rebalance_interval: Duration,
+
     /// What each Envoy is given beyond its reported demand, in percent of
     /// it, so it can grow before its next report.
     #[arg(long, env = "RATELIMITD_QUOTA_HEADROOM", default_value_t = 20,

@@ -191,6 +191,7 @@ pub async fn run(
         QuotaSettings {
             assignment_ttl: config.quota.quota_assignment_ttl,
             subscriber_timeout: config.quota.quota_subscriber_timeout,
+            rebalance_interval: config.quota.quota_rebalance_interval,
             headroom_permille: u64::from(config.quota.quota_headroom) * 10,
             max_buckets_per_stream: config.quota.quota_max_buckets_per_stream,
             max_entries: config.limits.max_descriptor_entries,

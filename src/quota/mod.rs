@@ -66,7 +66,10 @@ pub fn share_args(
     params: &ShareParams,
 ) {
     let (name, demand) = match op {
-        ShareOp::Report(demand) => ("report", demand.map_or(-1, |d| d as i64)),
+        ShareOp::Report(demand) => (
+            "report",
+            demand.map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX)),
+        ),
         ShareOp::Leave => ("leave", -1),
     };
     invocation

@@ -18,10 +18,11 @@
 --          force, its own included), all integers
 --
 -- Invariant: the grants in force never add up to more than the capacity.
--- A subscriber's grant shrinks at once to its fair share, and grows only
--- into what the others' grants in force leave free; the others shrink at
--- their own next report. All numbers stay below 2^50, so Lua's doubles
--- keep them (and their floored quotients) exact.
+-- A subscriber's grant shrinks at once to its fair share (or to within the
+-- hysteresis above it), and grows only into what the others' grants in
+-- force leave free; the others shrink when they settle next. Every number,
+-- demand × headroom included (at most 4e12 × 1000), stays below 2^53, so
+-- Lua's doubles keep them and their floored quotients exact.
 local now_ms = math.floor(now / 1000)
 local key = KEYS[1]
 local me, op = ARGV[1], ARGV[2]
@@ -52,6 +53,10 @@ end
 local held = 0
 local wants = {}
 local mine = nil
+-- When the last entry kept runs out: the hash's own expiry, so that no
+-- caller with shorter times (a rolling configuration change) cuts the
+-- entries of another short.
+local latest = 0
 local flat = redis.call('HGETALL', key)
 for i = 1, #flat, 2 do
   local id = flat[i]
@@ -62,6 +67,7 @@ for i = 1, #flat, 2 do
   elseif s <= now_ms and e <= now_ms then
     redis.call('HDEL', key, id)
   else
+    latest = math.max(latest, s, e)
     if e > now_ms then
       held = held + g
     end
@@ -106,5 +112,6 @@ end
 
 redis.call('HSET', key, me, string.format('%d %d %d %d', demand, grant,
   now_ms + stale_ms, now_ms + lease_ms))
-redis.call('PEXPIRE', key, math.max(stale_ms, lease_ms))
+latest = math.max(latest, now_ms + stale_ms, now_ms + lease_ms)
+redis.call('PEXPIRE', key, latest - now_ms)
 return {grant, target, #wants, held + grant}

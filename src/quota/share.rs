@@ -7,9 +7,9 @@
 //! the capacity is split max-min fair: a subscriber wanting less than an
 //! equal share gets its want (demand plus headroom), and the rest is split
 //! evenly among the others. The grants in force never add up to more than
-//! the capacity: a subscriber's grant shrinks to its fair share at once,
-//! and grows only into what the others' grants in force leave free (they
-//! shrink at their own next report).
+//! the capacity: a subscriber's grant shrinks to its fair share at once
+//! (or to within the hysteresis above it), and grows only into what the
+//! others' grants in force leave free (they shrink when they settle next).
 
 use std::collections::HashMap;
 

@@ -359,6 +359,14 @@ impl ServerProcess {
         Self::spawn(None, flags, false).await
     }
 
+    /// As [`ServerProcess::start`], listening on `address` (the address of
+    /// a process that is gone, to start it again where its clients are).
+    pub async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command.args(flags).args(["--listen", &address.to_string()]);
+        Self::launch(command, false, "the ratelimitd process").await
+    }
+
     /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
     pub async fn start_logged(flags: &[&str]) -> Self {
         Self::spawn(None, flags, true).await

@@ -41,6 +41,9 @@ pub struct QuotaSettings {
     pub subscriber_timeout: Duration,
     /// What a subscriber wants beyond its demand, per mille.
     pub headroom_permille: u64,
+    /// How often each stream drops the buckets Envoy stopped reporting and
+    /// settles its contended buckets again.
+    pub rebalance_interval: Duration,
     /// Most buckets one stream may subscribe to.
     pub max_buckets_per_stream: usize,
     /// Most pairs in a `BucketId`.
@@ -76,9 +79,6 @@ struct Shared {
 pub struct QuotaService {
     shared: Arc<Shared>,
 }
-
-/// How often each stream looks for buckets Envoy stopped reporting.
-const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Responses queued per stream before the stream stops reading reports.
 const RESPONSE_QUEUE: usize = 16;
@@ -156,8 +156,8 @@ async fn serve_stream(
     let (nudge_sender, mut nudged) = mpsc::channel(64);
     let mut stream = QuotaStream::new(shared.clone(), number, nudge_sender);
     let mut shutdown = shared.shutdown.clone();
-    let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rebalance = tokio::time::interval(shared.settings.rebalance_interval);
+    rebalance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shutting_down = *shutdown.borrow();
     while !shutting_down {
         let actions = tokio::select! {
@@ -170,7 +170,7 @@ async fn serve_stream(
                 }
             },
             Some(key) = nudged.recv() => stream.on_nudge(key).await,
-            _ = sweep.tick() => stream.sweep().await,
+            _ = rebalance.tick() => stream.tick().await,
             () = responses.closed() => break,
             _ = shutdown.changed() => {
                 shutting_down = true;

@@ -58,6 +58,9 @@ struct Subscription {
     demand: Option<MicroRps>,
     /// The ledger's grant last settled (0 for fixed policies).
     grant: MicroRps,
+    /// Whether the last settlement found others subscribed, or left it
+    /// short of its fair share: then it settles again at every rebalance.
+    contended: bool,
     /// What it was last told, and when.
     sent: Option<(Assigned, Instant)>,
     /// What the metrics count as assigned to it, in requests per second.
@@ -141,9 +144,12 @@ impl QuotaStream {
         self.settle_and_act(vec![(key, plan)], false).await
     }
 
-    /// Drops the buckets Envoy stopped reporting, freeing their shares and
-    /// telling Envoy to abandon them.
-    pub(super) async fn sweep(&mut self) -> Vec<BucketAction> {
+    /// The periodic look: drops the buckets Envoy stopped reporting
+    /// (freeing their shares, telling Envoy to abandon them), then settles
+    /// again every contended bucket on its last demand, so that shares move
+    /// between the Envoys of different instances within a rebalance
+    /// interval rather than at each one's next report.
+    pub(super) async fn tick(&mut self) -> Vec<BucketAction> {
         let timeout = self.shared.settings.subscriber_timeout;
         let silent: Vec<String> = self
             .buckets
@@ -156,6 +162,28 @@ impl QuotaStream {
             if let Some(action) = self.drop_bucket(&key, true).await {
                 actions.push(action);
             }
+        }
+        // And every assignment half-way through its time to live, should
+        // the Envoy's reports come less often than that.
+        let renew_after = self.shared.settings.assignment_ttl / 2;
+        let plans: Vec<(String, Plan)> = self
+            .buckets
+            .iter()
+            .filter(|(_, subscription)| {
+                subscription.contended
+                    || subscription
+                        .sent
+                        .is_some_and(|(_, at)| at.elapsed() >= renew_after)
+            })
+            .map(|(key, subscription)| {
+                (
+                    key.clone(),
+                    self.plan(&subscription.policy, subscription.demand),
+                )
+            })
+            .collect();
+        if !plans.is_empty() {
+            actions.extend(self.settle_and_act(plans, false).await);
         }
         actions
     }
@@ -311,6 +339,7 @@ impl QuotaStream {
                         last_report: now,
                         demand,
                         grant: 0,
+                        contended: false,
                         sent: None,
                         counted_rate: 0.0,
                         in_ledger: false,
@@ -392,6 +421,7 @@ impl QuotaStream {
                 let shrank = share.grant < subscription.grant;
                 let starved = share.target > share.grant;
                 subscription.grant = share.grant;
+                subscription.contended = share.subscribers > 1 || starved;
                 subscription.in_ledger = true;
                 if shrank || (starved && may_nudge_when_starved) {
                     self.shared.nudges.nudge(&key, self.number);
