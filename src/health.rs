@@ -11,10 +11,11 @@ use tracing::{info, warn};
 use crate::limiter::Store;
 
 /// The health service names we report: the whole server (`""`) and each API.
-pub const SERVICE_NAMES: [&str; 3] = [
+pub const SERVICE_NAMES: [&str; 4] = [
     "",
     "ratelimitd.v1.RateLimiter",
     "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// Sets every name in [`SERVICE_NAMES`] to `status`.

@@ -59,6 +59,7 @@ async fn the_readme_session_works_with_grpcurl_and_no_proto_file() {
     let listed = stdout(&grpcurl(address, &[], &["list"]).await);
     for service in [
         "envoy.service.ratelimit.v3.RateLimitService",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
         "grpc.health.v1.Health",
         "ratelimitd.v1.RateLimiter",
     ] {

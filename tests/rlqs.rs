@@ -356,3 +356,66 @@ async fn shutting_down_ends_the_streams() {
         .expect("the server stops without waiting out its grace")
         .unwrap();
 }
+
+#[tokio::test]
+async fn metrics_count_per_policy_never_per_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let server = server(dir.path(), &["--metrics-listen", &listen]).await;
+    let mut first = QuotaStream::open(server.address).await;
+    let mut second = QuotaStream::open(server.address).await;
+    // Two buckets of the default policy, one of `api` on two streams.
+    let api = bucket(&[("name", "api")]);
+    first.subscribe("edge", &api).await;
+    assert_eq!(first.next_one().await.told, ALL_OF_100);
+    second.subscribe("edge", &api).await;
+    let _ = second.until(&api, |told| *told == HALF_OF_100).await;
+    for user in ["user-1", "user-2"] {
+        first
+            .send(
+                "edge",
+                vec![usage(&bucket(&[("name", user)]), 7, 3, Duration::ZERO)],
+            )
+            .await;
+        let _ = first.next().await;
+    }
+    let series = || async move { prometheus::scrape(metrics_port).await };
+    common::eventually("the per-policy series", || async {
+        let (_, series) = series().await;
+        let api = [("domain", "edge"), ("policy", "name=api")];
+        let default = [("domain", "edge"), ("policy", "default")];
+        prometheus::value(&series, "ratelimitd_quota_subscribers", &api) == 2.0
+            && prometheus::value(&series, "ratelimitd_quota_subscribers", &default) == 2.0
+            && prometheus::value(
+                &series,
+                "ratelimitd_quota_assigned_requests_per_second",
+                &api,
+            ) == 100.0
+            && prometheus::value(
+                &series,
+                "ratelimitd_quota_reported_requests_total",
+                &[("policy", "default"), ("outcome", "denied")],
+            ) == 6.0
+    })
+    .await;
+    let (text, _) = series().await;
+    assert!(
+        !text.contains("user-1"),
+        "a bucket's value is never a label"
+    );
+    // A stream gone takes its subscribers and rates with it.
+    drop(second);
+    common::eventually("the second stream's series to go", || async {
+        let (_, series) = series().await;
+        let api = [("domain", "edge"), ("policy", "name=api")];
+        prometheus::value(&series, "ratelimitd_quota_subscribers", &api) == 1.0
+            && prometheus::value(
+                &series,
+                "ratelimitd_quota_assigned_requests_per_second",
+                &api,
+            ) == 100.0
+    })
+    .await;
+    server.stop().await;
+}

@@ -38,6 +38,7 @@ async fn reflection_lists_every_service() {
     assert_eq!(
         names,
         [
+            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
             "envoy.service.ratelimit.v3.RateLimitService",
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
