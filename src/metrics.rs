@@ -277,11 +277,11 @@ pub fn quota_assignment(domain: &str, policy: &str, kind: &'static str) {
     .increment(1);
 }
 
-/// A bucket report ignored, and why (`no_domain`, `domain_changed`,
+/// Bucket reports ignored, and why (`no_domain`, `domain_changed`,
 /// `unknown_domain`, `empty_bucket_id`, `bucket_id_too_large`,
 /// `too_many_buckets`).
-pub fn quota_report_ignored(reason: &'static str) {
-    counter!("ratelimitd_quota_reports_ignored_total", "reason" => reason).increment(1);
+pub fn quota_report_ignored(reason: &'static str, reports: u64) {
+    counter!("ratelimitd_quota_reports_ignored_total", "reason" => reason).increment(reports);
 }
 
 /// A share the store could not settle, answered by the failure policy.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::prometheus;
 use common::quota::{QuotaStream, Told, bucket, usage};
-use common::{RedisServer, TestServer, free_port};
+use common::{RedisServer, ServerProcess, TestServer, free_port};
 
 const POLICIES: &str = "\
 domain: edge
@@ -42,6 +42,16 @@ async fn server(dir: &Path, extra: &[&str]) -> TestServer {
     let mut flags = vec!["--config", &config];
     flags.extend_from_slice(extra);
     TestServer::start(&flags).await
+}
+
+/// A server in its own process, serving metrics at `127.0.0.1:metrics_port`
+/// (one metrics recorder per process).
+async fn server_with_metrics(dir: &Path, metrics_port: u16, extra: &[&str]) -> ServerProcess {
+    let config = write_policies(dir, POLICIES);
+    let listen = format!("127.0.0.1:{metrics_port}");
+    let mut flags = vec!["--config", &config, "--metrics-listen", &listen];
+    flags.extend_from_slice(extra);
+    ServerProcess::start(&flags).await
 }
 
 /// A whole share of 100/s: 6000 a minute, a tenth of a second of burst.
@@ -149,12 +159,10 @@ async fn envoys_on_two_instances_share_one_rate_through_redis() {
 async fn bad_reports_are_ignored_and_counted_while_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let metrics_port = free_port();
-    let listen = format!("127.0.0.1:{metrics_port}");
-    let server = server(
+    let server = server_with_metrics(
         dir.path(),
+        metrics_port,
         &[
-            "--metrics-listen",
-            &listen,
             "--quota-max-buckets-per-stream",
             "2",
             "--max-descriptor-entries",
@@ -240,7 +248,7 @@ async fn bad_reports_are_ignored_and_counted_while_the_stream_goes_on() {
         .send("edge", vec![usage(&api, 1, 0, Duration::from_secs(5))])
         .await;
     assert_eq!(stream.next_one().await.told, Told::TokenBucket(1, 60, 60));
-    server.stop().await;
+    assert!(server.terminate().await.success());
 }
 
 #[tokio::test]
@@ -361,8 +369,7 @@ async fn shutting_down_ends_the_streams() {
 async fn metrics_count_per_policy_never_per_bucket() {
     let dir = tempfile::tempdir().unwrap();
     let metrics_port = free_port();
-    let listen = format!("127.0.0.1:{metrics_port}");
-    let server = server(dir.path(), &["--metrics-listen", &listen]).await;
+    let server = server_with_metrics(dir.path(), metrics_port, &[]).await;
     let mut first = QuotaStream::open(server.address).await;
     let mut second = QuotaStream::open(server.address).await;
     // Two buckets of the default policy, one of `api` on two streams.
@@ -417,5 +424,57 @@ async fn metrics_count_per_policy_never_per_bucket() {
             ) == 100.0
     })
     .await;
-    server.stop().await;
+    assert!(server.terminate().await.success());
+}
+
+#[tokio::test]
+async fn a_flood_of_distinct_buckets_stops_at_the_bound_and_the_stream_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let server = server_with_metrics(
+        dir.path(),
+        metrics_port,
+        &[
+            "--quota-max-buckets-per-stream",
+            "3000",
+            "--quota-assignment-ttl",
+            "60s",
+        ],
+    )
+    .await;
+    let mut stream = QuotaStream::open(server.address).await;
+    let mut assigned = 0;
+    for batch in 0..5 {
+        let usages = (0..1000)
+            .map(|i| {
+                let user = format!("user-{}", batch * 1000 + i);
+                usage(&bucket(&[("name", &user)]), 1, 0, Duration::ZERO)
+            })
+            .collect();
+        let sent = std::time::Instant::now();
+        stream.send("edge", usages).await;
+        if batch < 3 {
+            assigned += stream.next().await.len();
+            eprintln!("batch {batch}: answered in {:?}", sent.elapsed());
+        }
+    }
+    assert_eq!(assigned, 3000);
+    common::eventually("the buckets past the bound to be counted", || async {
+        let (_, series) = prometheus::scrape(metrics_port).await;
+        prometheus::value(
+            &series,
+            "ratelimitd_quota_reports_ignored_total",
+            &[("reason", "too_many_buckets")],
+        ) == 2000.0
+    })
+    .await;
+    // The stream still answers for the buckets it holds: a quiet one is
+    // cut to its demand.
+    let first = bucket(&[("name", "user-0")]);
+    stream
+        .send("edge", vec![usage(&first, 5, 0, Duration::from_secs(5))])
+        .await;
+    let action = stream.next_one().await;
+    assert_eq!(action.bucket, first);
+    assert!(server.terminate().await.success());
 }

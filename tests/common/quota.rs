@@ -177,7 +177,7 @@ impl QuotaStream {
     /// The next response, which must hold exactly one action.
     pub async fn next_one(&mut self) -> Action {
         let mut actions = self.next().await;
-        assert_eq!(actions.len(), 1, "{actions:?}");
+        assert_eq!(actions.len(), 1, "one action, not {:.2000?}", actions);
         actions.remove(0)
     }
 

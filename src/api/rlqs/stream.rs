@@ -283,12 +283,6 @@ impl QuotaStream {
         let count = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
-        metrics::quota_reported(
-            domain,
-            &policy.name,
-            usage.num_requests_allowed,
-            usage.num_requests_denied,
-        );
         let capacity = match policy.limit {
             QuotaLimit::Rate(rate) => rate.micro_rps(),
             _ => 0,
@@ -348,6 +342,12 @@ impl QuotaStream {
                 demand
             }
         };
+        metrics::quota_reported(
+            domain,
+            &policy.name,
+            usage.num_requests_allowed,
+            usage.num_requests_denied,
+        );
         let plan = self.plan(&policy, demand);
         Some((key, plan))
     }
@@ -485,9 +485,7 @@ impl QuotaStream {
     /// Counts `count` ignored bucket reports, logging the first of each
     /// reason on this stream.
     fn ignore(&mut self, reason: &'static str, count: usize) {
-        for _ in 0..count.max(1) {
-            metrics::quota_report_ignored(reason);
-        }
+        metrics::quota_report_ignored(reason, count.max(1) as u64);
         if self.warned.insert(reason) {
             warn!(
                 stream = %self.subscriber,
