@@ -24,7 +24,8 @@
 #                        every 5 s and the first assignment follows its
 #                        first reports; keep it above 5)
 #   CONCURRENCY=50       h2load clients (connections), one request in flight each
-#   UNBOUND_LIMIT=10000000  the limit, per second, of the unbound scenario
+#   UNBOUND_LIMIT=1000000  the limit, per second, of the unbound scenario (at
+#                        most 1000000: the most a quota policy may have)
 #   LIMIT=1000           the limit, per second, of the binding scenario
 #   OFFERED=3000         requests per second offered in the binding scenario
 #                        (split evenly over the clients, h2load --rps)
@@ -49,7 +50,7 @@ DURATION=${DURATION%s}
 WARM_UP=${WARM_UP:-8}
 WARM_UP=${WARM_UP%s}
 CONCURRENCY=${CONCURRENCY:-50}
-UNBOUND_LIMIT=${UNBOUND_LIMIT:-10000000}
+UNBOUND_LIMIT=${UNBOUND_LIMIT:-1000000}
 LIMIT=${LIMIT:-1000}
 OFFERED=${OFFERED:-3000}
 ENVOY_CONCURRENCY=${ENVOY_CONCURRENCY:-$(nproc)}
@@ -125,6 +126,12 @@ script_calls() {
 # CPU seconds (user + system) a process has used so far.
 cpu_seconds() {
     awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
+# CPU seconds the whole machine has been busy so far (all cores; /proc/stat:
+# user nice system irq softirq steal).
+machine_busy() {
+    awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.2f", ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat
 }
 
 # The upstream every Envoy routes to: nothing listens there (the fault
@@ -248,31 +255,36 @@ EOF
 )
 }
 
-# The sum of Envoy's counters whose names match the regex $1.
-envoy_counter() {
-    python3 - "$ENVOY_ADMIN" "$1" <<'EOF'
+# For each regex argument, the sum of Envoy's counters whose names match it.
+envoy_counters() {
+    python3 - "$ENVOY_ADMIN" "$@" <<'EOF'
 import re, sys, urllib.request
-admin, pattern = sys.argv[1:]
+admin, patterns = sys.argv[1], sys.argv[2:]
 text = urllib.request.urlopen(f"http://{admin}/stats?usedonly").read().decode()
-total = 0
+totals = [0] * len(patterns)
 for line in text.splitlines():
     name, _, value = line.partition(": ")
-    if re.fullmatch(pattern, name) and value.isdigit():
-        total += int(value)
-print(total)
+    for i, pattern in enumerate(patterns):
+        if re.fullmatch(pattern, name) and value.isdigit():
+            totals[i] += int(value)
+print(*totals)
 EOF
 }
 
 # Requests the filter let through without a decision: RLS errors and
 # timeouts (the examples fail open).
 FAIL_OPEN='cluster\.upstream\.ratelimit\.(error|failure_mode_allowed)'
+# Bytes Envoy sent to and received from ratelimitd (the RLS cluster is
+# `ratelimit`, the RLQS one `ratelimitd`).
+TO_RATELIMITD='cluster\.ratelimitd?\.upstream_cx_(rx|tx)_bytes_total'
 
 # h2load against Envoy for $1 seconds, one request in flight per client;
 # $2: requests a second per client (0: closed loop); $3: a log file
 # (per request: start µs, status, µs to the response) or empty. In the
 # background so a signal reaches the trap at once.
 load() {
-    local seconds=$1 rps=$2 log=$3 args=(--h1 -c "$CONCURRENCY" -m 1 -D "$seconds")
+    local seconds=$1 rps=$2 log=$3 args
+    args=(--h1 -c "$CONCURRENCY" -m 1 -D "$seconds")
     [ "$rps" != 0 ] && args+=(--rps "$rps")
     [ -n "$log" ] && args+=(--log-file "$log")
     h2load "${args[@]}" "http://127.0.0.1:$ENVOY_PORT/" > "$WORK/h2load.out" 2>&1 &
@@ -282,11 +294,12 @@ load() {
     stop "$pid"
 }
 
-# CPU seconds (user + system) of this shell's finished children so far.
+# Sets CHILDREN_CPU to the CPU seconds (user + system) of this shell's
+# finished children so far (not in a subshell: its `times` would be its own).
 children_cpu() {
     times > "$WORK/times"
-    awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } }
-        END { printf "%.2f", n }' "$WORK/times"
+    CHILDREN_CPU=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, t, /[ms]/); n += t[1] * 60 + t[2] } }
+        END { printf "%.2f", n }' "$WORK/times")
 }
 
 # One run of filter $2 in scenario $1 (Envoy started, warmed up,
@@ -294,24 +307,28 @@ children_cpu() {
 # Appends one line of key=value pairs for the tables to $WORK/runs.
 run() {
     local scenario=$1 filter=$2 rps=$3 log="$WORK/$1-$2.log" loadavg
-    local rl0 en0 rd0 h20 calls0 open0 rl1 en1 rd1 h21 calls1 open1
+    local rl0 en0 rd0 h20 calls0 open0 bytes0 all0 rl1 en1 rd1 h21 calls1 open1 bytes1 all1
     start_envoy "$filter"
     load "$WARM_UP" "$rps" ""
     loadavg=$(cut -d' ' -f1 /proc/loadavg)
     rl0=$(cpu_seconds "$RATELIMITD_PID"); en0=$(cpu_seconds "$ENVOY_PID")
-    rd0=$(cpu_seconds "$REDIS_PID"); calls0=$(script_calls); open0=$(envoy_counter "$FAIL_OPEN")
-    h20=$(children_cpu)
+    rd0=$(cpu_seconds "$REDIS_PID"); calls0=$(script_calls)
+    read -r open0 bytes0 < <(envoy_counters "$FAIL_OPEN" "$TO_RATELIMITD")
+    children_cpu; h20=$CHILDREN_CPU; all0=$(machine_busy)
     load "$DURATION" "$rps" "$log"
-    h21=$(children_cpu)
+    all1=$(machine_busy); children_cpu; h21=$CHILDREN_CPU
     rl1=$(cpu_seconds "$RATELIMITD_PID"); en1=$(cpu_seconds "$ENVOY_PID")
-    rd1=$(cpu_seconds "$REDIS_PID"); calls1=$(script_calls); open1=$(envoy_counter "$FAIL_OPEN")
+    rd1=$(cpu_seconds "$REDIS_PID"); calls1=$(script_calls)
+    read -r open1 bytes1 < <(envoy_counters "$FAIL_OPEN" "$TO_RATELIMITD")
     stop "$ENVOY_PID"
     echo "scenario=$scenario filter=$filter rps=$rps log=$log loadavg=$loadavg" \
         "ratelimitd_cpu=$(awk "BEGIN { print $rl1 - $rl0 }")" \
         "envoy_cpu=$(awk "BEGIN { print $en1 - $en0 }")" \
         "redis_cpu=$(awk "BEGIN { print $rd1 - $rd0 }")" \
         "h2load_cpu=$(awk "BEGIN { print $h21 - $h20 }")" \
-        "script_calls=$((calls1 - calls0))" "fail_open=$((open1 - open0))" >> "$WORK/runs"
+        "machine_cpu=$(awk "BEGIN { print $all1 - $all0 }")" \
+        "script_calls=$((calls1 - calls0))" "fail_open=$((open1 - open0))" \
+        "bytes=$((bytes1 - bytes0))" >> "$WORK/runs"
 }
 
 # Reads run() lines; prints the tables' rows.
@@ -327,12 +344,21 @@ def pct(values, p):
 
 for line in sys.stdin:
     r = dict(kv.split("=", 1) for kv in line.split())
-    statuses, micros = {}, []
+    statuses, micros, starts = {}, [], []
     with open(r["log"]) as f:
         for row in f:
-            _, status, us = row.split("\t")
+            start, status, us = row.split("\t")
             statuses[status] = statuses.get(status, 0) + 1
             micros.append(int(us))
+            if status.startswith("2"):
+                starts.append(int(start))
+    # Admitted in each whole second of the run (by request start).
+    first = min(starts, default=0)
+    per_second = [0] * int(duration)
+    for start in starts:
+        second = (start - first) // 1_000_000
+        if second < len(per_second):
+            per_second[second] += 1
     micros.sort()
     total = len(micros)
     ok = sum(n for s, n in statuses.items() if s.startswith("2"))
@@ -341,22 +367,23 @@ for line in sys.stdin:
     rate = total / duration
     p50, p99 = pct(micros, 0.50), pct(micros, 0.99)
     rl, en, rd, h2 = (float(r[k]) for k in ("ratelimitd_cpu", "envoy_cpu", "redis_cpu", "h2load_cpu"))
-    calls, fail_open = int(r["script_calls"]), int(r["fail_open"])
-    cpu = f"{h2:.1f} / {en:.1f} / {rl:.2f} / {rd:.2f}"
+    calls, fail_open, grpc = int(r["script_calls"]), int(r["fail_open"]), int(r["bytes"])
+    rest = float(r["machine_cpu"]) - h2 - en - rl - rd
+    cpu = f"{h2:.1f} / {en:.1f} / {rl:.2f} / {rd:.2f} / {max(rest, 0):.1f}"
     name, loadavg = names[r["filter"]], r["loadavg"]
     if r["scenario"] == "unbound":
         if r["filter"] == "none":
             baseline = rate
         of = f"{rate / baseline:.0%}" if baseline else "-"
-        rl_per = "-" if r["filter"] == "none" else f"{rl * 1e6 / max(ok, 1):.1f}"
-        print(f"| {name} | {rate:,.0f} | {of} | {p50:,} | {p99:,} | {ok:,} | {denied + other:,} | {fail_open:,} "
-              f"| {en * 1e6 / max(total, 1):.0f} | {rl_per} | {calls:,} | {calls / max(ok, 1):.4f} | {cpu} | {loadavg} |")
+        rl_per = "-" if r["filter"] == "none" else f"{rl * 1e6 / max(ok, 1):.2f}"
+        print(f"| {name} | {rate:,.0f} | {of} | {p50:,} | {p99:,} | {ok:,} | {denied:,} | {other:,} | {fail_open:,} "
+              f"| {en * 1e6 / max(total, 1):.0f} | {rl_per} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc / max(ok, 1):.1f} | {cpu} | {loadavg} |")
     else:
         offered = float(r["rps"]) * concurrency
         target = limit * duration
         print(f"| {name} | {offered:,.0f} | {rate:,.0f} | {total:,} | {ok:,} | {denied:,} | {other:,} | {fail_open:,} "
-              f"| {ok / duration:,.0f} | {ok / target:.1%} | {p50:,} | {p99:,} "
-              f"| {rl * 1e6 / max(ok, 1):.1f} | {calls:,} | {calls / max(ok, 1):.4f} | {cpu} | {loadavg} |")
+              f"| {ok / duration:,.0f} | {min(per_second):,} / {max(per_second):,} | {ok / target:.1%} | {p50:,} | {p99:,} "
+              f"| {rl * 1e6 / max(ok, 1):.1f} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc / max(ok, 1):.1f} | {cpu} | {loadavg} |")
 ' "$DURATION" "$CONCURRENCY" "$LIMIT" "$UNBOUND_LIMIT"
 }
 
@@ -366,7 +393,8 @@ echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), Envoy $e
     "$(h2load --version | head -1); all on this machine, over loopback"
 echo "load: h2load --h1, $CONCURRENCY connections with one request in flight each," \
     "${DURATION} s measured after a ${WARM_UP} s warm-up run (not counted); Envoy answers 200 itself"
-echo "CPU: seconds over the measured run (h2load / Envoy / ratelimitd / Redis; $(nproc) cores x ${DURATION} s = $(( $(nproc) * DURATION )) s available)"
+echo "CPU: seconds over the measured run (h2load / Envoy / ratelimitd / Redis / every other process;" \
+    "$(nproc) cores x ${DURATION} s = $(( $(nproc) * DURATION )) s available)"
 
 for scenario in $SCENARIOS; do
     case $scenario in
@@ -376,8 +404,8 @@ for scenario in $SCENARIOS; do
         echo
         echo "Unbound: limit $UNBOUND_LIMIT/s (never reached), closed loop:"
         echo
-        echo "| filter | requests/s | of no filter | p50 µs | p99 µs | 2xx | other | RLS fail-open | Envoy CPU µs per request | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | CPU s: h2load / Envoy / ratelimitd / Redis | load avg before |"
-        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        echo "| filter | requests/s | of no filter | p50 µs | p99 µs | 2xx | 429 | other | RLS fail-open | Envoy CPU µs per request | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes per admitted | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine | load avg before |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
         : > "$WORK/runs"
         for filter in none rls rlqs; do run unbound "$filter" 0; done
         tables < "$WORK/runs"
@@ -389,8 +417,8 @@ for scenario in $SCENARIOS; do
         echo
         echo "Binding: limit $LIMIT/s, open loop at $rps/s per connection ($((rps * CONCURRENCY))/s offered); admitted against $LIMIT/s x ${DURATION} s = $((LIMIT * DURATION)):"
         echo
-        echo "| filter | offered/s | sent/s | sent | admitted (2xx) | denied (429) | other | RLS fail-open | admitted/s | admitted of limit x duration | p50 µs | p99 µs | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | CPU s: h2load / Envoy / ratelimitd / Redis | load avg before |"
-        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        echo "| filter | offered/s | sent/s | sent | admitted (2xx) | denied (429) | other | RLS fail-open | admitted/s | admitted in a second: min / max | admitted of limit x duration | p50 µs | p99 µs | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes per admitted | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine | load avg before |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
         : > "$WORK/runs"
         for filter in rls rlqs; do run binding "$filter" "$rps"; done
         tables < "$WORK/runs"

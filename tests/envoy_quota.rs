@@ -37,6 +37,7 @@ async fn envoy(ratelimitd: u16, upstream: u16) -> Envoy {
             upstream,
         },
         &[],
+        &[],
     )
     .await
 }

@@ -64,18 +64,16 @@ impl Envoy {
 
     /// Starts Envoy on `examples/envoy/quota-envoy.yaml` (the quota
     /// filter), pointed at these ports, with `edit` applied (pairs of text
-    /// and its replacement, each found once).
-    pub async fn start_quota(ports: EnvoyPorts, edit: &[(&str, &str)]) -> Self {
+    /// and what replaces every occurrence of it) and `args` added.
+    pub async fn start_quota(ports: EnvoyPorts, edit: &[(&str, &str)], args: &[&str]) -> Self {
         let template = include_str!("../../examples/envoy/quota-envoy.yaml");
         // The quota API is marked work in progress: Envoy warns of it for
         // every message it reads (logger `misc`).
-        Self::from_template(
-            template,
-            ports,
-            edit,
-            &["--component-log-level", "misc:error"],
-        )
-        .await
+        let mut all_args = args.to_vec();
+        if !args.contains(&"--component-log-level") {
+            all_args.extend(["--component-log-level", "misc:error"]);
+        }
+        Self::from_template(template, ports, edit, &all_args).await
     }
 
     async fn from_template(
@@ -86,12 +84,8 @@ impl Envoy {
     ) -> Self {
         let mut template = template.to_owned();
         for (from, to) in edit {
-            assert_eq!(
-                template.matches(from).count(),
-                1,
-                "`{from}` once in the template"
-            );
-            template = template.replacen(from, to, 1);
+            assert!(template.contains(from), "`{from}` is in the template");
+            template = template.replace(from, to);
         }
         let config = [
             ("port_value: 10000", 0),
