@@ -169,14 +169,17 @@ EOF
     done
 }
 
-# Writes $WORK/envoy-{none,rls,rlqs}.yaml from the examples, for ratelimitd
-# on $1:
-#   rls   examples/envoy/envoy.yaml with only the first of its three
-#         rate_limits entries ([("generic_key", "default")]: one descriptor
-#         per request, one rule);
-#   none  the same without the rate limit filter (the baseline);
-#   rlqs  examples/envoy/quota-envoy.yaml as it is (no x-tenant header:
-#         every request is in bucket {name: api});
+# Writes $WORK/envoy-{none,rls,none-quota,rlqs}.yaml from the examples,
+# for ratelimitd on $1:
+#   rls         examples/envoy/envoy.yaml with only the first of its three
+#               rate_limits entries ([("generic_key", "default")]: one
+#               descriptor per request, one rule);
+#   none        the same without the rate limit filter (its baseline);
+#   rlqs        examples/envoy/quota-envoy.yaml as it is (no x-tenant
+#               header: every request is in bucket {name: api});
+#   none-quota  the same without the rate limit quota filter (its baseline:
+#               the two examples differ in more than the filter, e.g.
+#               use_remote_address);
 # all three with the fault filter answering 200 before the router, and
 # the listener and admin ports left to the kernel (0).
 write_envoy_configs() {
@@ -216,7 +219,9 @@ rls = cut(rls, '                              # -> [("user", ', "               
 rls = common(rls)
 none = cut(rls, "                  # Global rate limiting:", "                  - name: envoy.filters.http.fault\n")
 rlqs = common(open("examples/envoy/quota-envoy.yaml").read())
-for name, text in [("none", none), ("rls", rls), ("rlqs", rlqs)]:
+none_quota = cut(rlqs, "                  - name: envoy.filters.http.rate_limit_quota\n",
+                 "                  - name: envoy.filters.http.fault\n")
+for name, text in [("none", none), ("rls", rls), ("none-quota", none_quota), ("rlqs", rlqs)]:
     with open(f"{work}/envoy-{name}.yaml", "w") as f:
         f.write(text)
 EOF
@@ -306,11 +311,10 @@ children_cpu() {
 # measured, stopped), at $3 requests a second per client (0: closed loop).
 # Appends one line of key=value pairs for the tables to $WORK/runs.
 run() {
-    local scenario=$1 filter=$2 rps=$3 log="$WORK/$1-$2.log" loadavg
+    local scenario=$1 filter=$2 rps=$3 log="$WORK/$1-$2.log"
     local rl0 en0 rd0 h20 calls0 open0 bytes0 all0 rl1 en1 rd1 h21 calls1 open1 bytes1 all1
     start_envoy "$filter"
     load "$WARM_UP" "$rps" ""
-    loadavg=$(cut -d' ' -f1 /proc/loadavg)
     rl0=$(cpu_seconds "$RATELIMITD_PID"); en0=$(cpu_seconds "$ENVOY_PID")
     rd0=$(cpu_seconds "$REDIS_PID"); calls0=$(script_calls)
     read -r open0 bytes0 < <(envoy_counters "$FAIL_OPEN" "$TO_RATELIMITD")
@@ -321,7 +325,7 @@ run() {
     rd1=$(cpu_seconds "$REDIS_PID"); calls1=$(script_calls)
     read -r open1 bytes1 < <(envoy_counters "$FAIL_OPEN" "$TO_RATELIMITD")
     stop "$ENVOY_PID"
-    echo "scenario=$scenario filter=$filter rps=$rps log=$log loadavg=$loadavg" \
+    echo "scenario=$scenario filter=$filter rps=$rps log=$log" \
         "ratelimitd_cpu=$(awk "BEGIN { print $rl1 - $rl0 }")" \
         "envoy_cpu=$(awk "BEGIN { print $en1 - $en0 }")" \
         "redis_cpu=$(awk "BEGIN { print $rd1 - $rd0 }")" \
@@ -336,7 +340,8 @@ tables() {
     python3 -c '
 import sys
 duration, concurrency, limit, unbound_limit = (float(x) for x in sys.argv[1:5])
-names = {"none": "no filter", "rls": "ShouldRateLimit", "rlqs": "RLQS"}
+names = {"none": "no filter (envoy.yaml)", "rls": "ShouldRateLimit",
+         "none-quota": "no filter (quota-envoy.yaml)", "rlqs": "RLQS"}
 baseline = None
 
 def pct(values, p):
@@ -370,20 +375,20 @@ for line in sys.stdin:
     calls, fail_open, grpc = int(r["script_calls"]), int(r["fail_open"]), int(r["bytes"])
     rest = float(r["machine_cpu"]) - h2 - en - rl - rd
     cpu = f"{h2:.1f} / {en:.1f} / {rl:.2f} / {rd:.2f} / {max(rest, 0):.1f}"
-    name, loadavg = names[r["filter"]], r["loadavg"]
+    name = names[r["filter"]]
     if r["scenario"] == "unbound":
-        if r["filter"] == "none":
+        if r["filter"].startswith("none"):
             baseline = rate
         of = f"{rate / baseline:.0%}" if baseline else "-"
-        rl_per = "-" if r["filter"] == "none" else f"{rl * 1e6 / max(ok, 1):.2f}"
+        rl_per = "-" if r["filter"].startswith("none") else f"{rl * 1e6 / max(ok, 1):.2f}"
         print(f"| {name} | {rate:,.0f} | {of} | {p50:,} | {p99:,} | {ok:,} | {denied:,} | {other:,} | {fail_open:,} "
-              f"| {en * 1e6 / max(total, 1):.0f} | {rl_per} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc / max(ok, 1):.1f} | {cpu} | {loadavg} |")
+              f"| {en * 1e6 / max(total, 1):.0f} | {rl_per} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc:,} ({grpc / max(ok, 1):.3g}) | {cpu} |")
     else:
         offered = float(r["rps"]) * concurrency
         target = limit * duration
         print(f"| {name} | {offered:,.0f} | {rate:,.0f} | {total:,} | {ok:,} | {denied:,} | {other:,} | {fail_open:,} "
               f"| {ok / duration:,.0f} | {min(per_second):,} / {max(per_second):,} | {ok / target:.1%} | {p50:,} | {p99:,} "
-              f"| {rl * 1e6 / max(ok, 1):.1f} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc / max(ok, 1):.1f} | {cpu} | {loadavg} |")
+              f"| {rl * 1e6 / max(ok, 1):.1f} | {calls:,} | {calls / max(ok, 1):.4f} | {grpc:,} ({grpc / max(ok, 1):.3g}) | {cpu} |")
 ' "$DURATION" "$CONCURRENCY" "$LIMIT" "$UNBOUND_LIMIT"
 }
 
@@ -394,7 +399,8 @@ echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), Envoy $e
 echo "load: h2load --h1, $CONCURRENCY connections with one request in flight each," \
     "${DURATION} s measured after a ${WARM_UP} s warm-up run (not counted); Envoy answers 200 itself"
 echo "CPU: seconds over the measured run (h2load / Envoy / ratelimitd / Redis / every other process;" \
-    "$(nproc) cores x ${DURATION} s = $(( $(nproc) * DURATION )) s available)"
+    "$(nproc) cores x ${DURATION} s = $(( $(nproc) * DURATION )) s available); load average at start:" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 for scenario in $SCENARIOS; do
     case $scenario in
@@ -404,10 +410,10 @@ for scenario in $SCENARIOS; do
         echo
         echo "Unbound: limit $UNBOUND_LIMIT/s (never reached), closed loop:"
         echo
-        echo "| filter | requests/s | of no filter | p50 µs | p99 µs | 2xx | 429 | other | RLS fail-open | Envoy CPU µs per request | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes per admitted | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine | load avg before |"
-        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        echo "| filter | requests/s | of the no-filter row above | p50 µs | p99 µs | 2xx | 429 | other | RLS fail-open | Envoy CPU µs per request | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes (per admitted) | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         : > "$WORK/runs"
-        for filter in none rls rlqs; do run unbound "$filter" 0; done
+        for filter in none rls none-quota rlqs; do run unbound "$filter" 0; done
         tables < "$WORK/runs"
         ;;
     binding)
@@ -417,8 +423,8 @@ for scenario in $SCENARIOS; do
         echo
         echo "Binding: limit $LIMIT/s, open loop at $rps/s per connection ($((rps * CONCURRENCY))/s offered); admitted against $LIMIT/s x ${DURATION} s = $((LIMIT * DURATION)):"
         echo
-        echo "| filter | offered/s | sent/s | sent | admitted (2xx) | denied (429) | other | RLS fail-open | admitted/s | admitted in a second: min / max | admitted of limit x duration | p50 µs | p99 µs | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes per admitted | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine | load avg before |"
-        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        echo "| filter | offered/s | sent/s | sent | admitted (2xx) | denied (429) | other | RLS fail-open | admitted/s | admitted in a second: min / max | admitted of limit x duration | p50 µs | p99 µs | ratelimitd CPU µs per admitted | Redis script calls | calls per admitted | Envoy-ratelimitd bytes (per admitted) | CPU s: h2load / Envoy / ratelimitd / Redis / rest of the machine |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         : > "$WORK/runs"
         for filter in rls rlqs; do run binding "$filter" "$rps"; done
         tables < "$WORK/runs"

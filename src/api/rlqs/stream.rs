@@ -163,14 +163,17 @@ impl QuotaStream {
                 actions.push(action);
             }
         }
+        // A reload reaches every bucket here, not only at its next report.
+        let reloaded = self.follow_reload();
         // And every assignment half-way through its time to live, should
         // the Envoy's reports come less often than that.
         let renew_after = self.shared.settings.assignment_ttl / 2;
         let plans: Vec<(String, Plan)> = self
             .buckets
             .iter()
-            .filter(|(_, subscription)| {
+            .filter(|(key, subscription)| {
                 subscription.contended
+                    || reloaded.contains(*key)
                     || subscription
                         .sent
                         .is_some_and(|(_, at)| at.elapsed() >= renew_after)
@@ -186,6 +189,29 @@ impl QuotaStream {
             actions.extend(self.settle_and_act(plans, false).await);
         }
         actions
+    }
+
+    /// Moves every subscription whose governing policy a reload changed to
+    /// the policy now in force; the keys of those moved. (A domain whose
+    /// policies are gone is left to the next report, which abandons its
+    /// buckets.)
+    fn follow_reload(&mut self) -> HashSet<String> {
+        let mut moved = HashSet::new();
+        let Some(domain) = &self.domain else {
+            return moved;
+        };
+        let rules = self.shared.rules.current();
+        let Some(quota) = rules.quotas.get(domain) else {
+            return moved;
+        };
+        for (key, subscription) in &mut self.buckets {
+            let policy = quota.find(&subscription.bucket);
+            if **policy != *subscription.policy {
+                recount_policy(subscription, policy.clone());
+                moved.insert(key.clone());
+            }
+        }
+        moved
     }
 
     /// The stream is over: frees every share (a closed stream's Envoy is
@@ -303,9 +329,7 @@ impl QuotaStream {
                 if elapsed >= MIN_DEMAND_WINDOW {
                     subscription.demand = Some(rate_of(count, elapsed, capacity));
                 }
-                if subscription.policy.name != policy.name
-                    || subscription.policy.limit != policy.limit
-                {
+                if *policy != *subscription.policy {
                     recount_policy(subscription, policy.clone());
                 }
                 subscription.demand
