@@ -82,11 +82,14 @@ if op == 'leave' then
   return {0, 0, #wants, held}
 end
 
--- Max-min fair: the water level every unsatisfied want is cut to.
+-- Max-min fair: when the wants do not all fit, the water level every
+-- unsatisfied want is cut to; when they do, what is left over is split
+-- evenly on top of them, so that a bucket's rate is never held back from
+-- Envoys that may need it before their next report.
 local my_want = want(demand)
 wants[#wants + 1] = my_want
 table.sort(wants)
-local level = capacity
+local level = nil
 local left = capacity
 for k = 1, #wants do
   local fair = math.floor(left / (#wants - k + 1))
@@ -96,7 +99,12 @@ for k = 1, #wants do
   end
   left = left - wants[k]
 end
-local target = math.min(my_want, level)
+local target
+if level then
+  target = math.min(my_want, level)
+else
+  target = my_want + math.floor(left / #wants)
+end
 
 local free = capacity - held
 if free < 0 then

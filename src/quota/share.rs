@@ -6,7 +6,8 @@
 //! Each subscriber (one Envoy's stream, for one bucket) reports its demand;
 //! the capacity is split max-min fair: a subscriber wanting less than an
 //! equal share gets its want (demand plus headroom), and the rest is split
-//! evenly among the others. The grants in force never add up to more than
+//! evenly among the others; when every want fits, what is left is split
+//! evenly on top of them. The grants in force never add up to more than
 //! the capacity: a subscriber's grant shrinks to its fair share at once
 //! (or to within the hysteresis above it), and grows only into what the
 //! others' grants in force leave free (they shrink when they settle next).
@@ -114,19 +115,27 @@ fn want(demand: Option<MicroRps>, params: &ShareParams) -> MicroRps {
     }
 }
 
-/// The water level of a max-min fair split of `capacity` among `wants`:
-/// each want above it is cut to it; `capacity` when every want fits.
-pub fn water_level(capacity: MicroRps, wants: &mut [MicroRps]) -> MicroRps {
+/// How a max-min fair split of a capacity among wants comes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// The wants do not all fit: each want above this level is cut to it.
+    Level(MicroRps),
+    /// They all fit: each gets its want and this much of what is left.
+    Spare(MicroRps),
+}
+
+/// The max-min fair split of `capacity` among `wants`.
+pub fn split(capacity: MicroRps, wants: &mut [MicroRps]) -> Split {
     wants.sort_unstable();
     let mut left = capacity;
     for (k, &want) in wants.iter().enumerate() {
         let fair = left / (wants.len() - k) as u64;
         if want > fair {
-            return fair;
+            return Split::Level(fair);
         }
         left -= want;
     }
-    capacity
+    Split::Spare(left / wants.len().max(1) as u64)
 }
 
 /// Settles `op` for subscriber `me` on a bucket's `entries` at `now`, as
@@ -167,7 +176,13 @@ pub fn settle(
     };
     let my_want = want(demand, params);
     wants.push(my_want);
-    let target = my_want.min(water_level(params.capacity, &mut wants));
+    // When the wants all fit, the spare is split on top of them, so that a
+    // bucket's rate is never held back from Envoys that may need it before
+    // their next report.
+    let target = match split(params.capacity, &mut wants) {
+        Split::Level(level) => my_want.min(level),
+        Split::Spare(spare) => my_want + spare,
+    };
     let free = params.capacity.saturating_sub(held);
     let mut grant = target.min(free);
     if let Some(mine) = entries.get(me) {
@@ -211,11 +226,11 @@ mod tests {
     }
 
     #[test]
-    fn the_water_level_cuts_only_the_wants_above_an_equal_share() {
-        assert_eq!(water_level(100, &mut [10, 100, 100]), 45);
-        assert_eq!(water_level(100, &mut [10, 20]), 100);
-        assert_eq!(water_level(100, &mut [100, 100, 100]), 33);
-        assert_eq!(water_level(100, &mut []), 100);
+    fn the_split_cuts_only_the_wants_above_an_equal_share_or_shares_the_spare() {
+        assert_eq!(split(100, &mut [10, 100, 100]), Split::Level(45));
+        assert_eq!(split(100, &mut [100, 100, 100]), Split::Level(33));
+        assert_eq!(split(100, &mut [10, 20]), Split::Spare(35));
+        assert_eq!(split(100, &mut []), Split::Spare(100));
     }
 
     #[test]
@@ -296,42 +311,83 @@ mod tests {
     }
 
     #[test]
-    fn a_close_grant_is_kept_and_a_silent_subscriber_is_dropped() {
+    fn the_spare_is_shared_a_close_grant_is_kept_and_a_silent_subscriber_is_dropped() {
         let mut entries = HashMap::new();
+        // Two quiet ones (10/s, 12 with headroom): the spare 76 is split.
         settle(
             &mut entries,
             "a",
-            ShareOp::Report(Some(rps(40))),
+            ShareOp::Report(Some(rps(10))),
             &PARAMS,
             0,
         );
-        // 40 and headroom is 48; 41 and headroom is 49.2: within 5%, kept.
-        let again = settle(
+        settle(
+            &mut entries,
+            "b",
+            ShareOp::Report(Some(rps(10))),
+            &PARAMS,
+            1,
+        );
+        let a = settle(
             &mut entries,
             "a",
-            ShareOp::Report(Some(rps(41))),
+            ShareOp::Report(Some(rps(10))),
+            &PARAMS,
+            2,
+        );
+        assert_eq!((a.grant, a.target), (rps(50), rps(50)));
+        let b = settle(
+            &mut entries,
+            "b",
+            ShareOp::Report(Some(rps(10))),
+            &PARAMS,
+            3,
+        );
+        assert_eq!(b.grant, rps(50));
+        // a's fair share moves to 51.2: within 5%, it keeps 50.
+        let a = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(12))),
             &PARAMS,
             10,
         );
-        assert_eq!(again.grant, rps(48));
-        let more = settle(
+        assert_eq!((a.grant, a.target), (rps(50), 51_200_000));
+        // a wants 72: its share is 80, but b holds 50 until it settles.
+        let a = settle(
             &mut entries,
             "a",
             ShareOp::Report(Some(rps(60))),
             &PARAMS,
             20,
         );
-        assert_eq!(more.grant, rps(72));
-        // Silent past both its stale time and its lease: dropped.
-        let other = settle(
+        assert_eq!((a.grant, a.target), (rps(50), rps(80)));
+        let b = settle(
             &mut entries,
             "b",
-            ShareOp::Report(None),
+            ShareOp::Report(Some(rps(10))),
             &PARAMS,
-            20 + 16_000,
+            21,
         );
-        assert_eq!((other.grant, other.subscribers), (rps(100), 1));
-        assert!(!entries.contains_key("a"));
+        assert_eq!(b.grant, rps(20));
+        let a = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(60))),
+            &PARAMS,
+            22,
+        );
+        assert_eq!(a.grant, rps(80));
+        // Silent past both its stale time and its lease: b is dropped.
+        let a = settle(
+            &mut entries,
+            "a",
+            ShareOp::Report(Some(rps(60))),
+            &PARAMS,
+            21 + 16_000,
+        );
+        assert_eq!((a.grant, a.subscribers), (rps(100), 1));
+        assert!(!entries.contains_key("b"));
     }
 
     #[test]
