@@ -20,6 +20,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use common::RedisServer;
+use common::random::Random;
 use ratelimitd::quota::share::{self, Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 use ratelimitd::quota::{MemoryLedger, SHARE_LUA, decode_share, share_args};
 use ratelimitd::store::ManualClock;
@@ -45,43 +46,6 @@ const MAX_CAPACITY: MicroRps = 1_000_000_000_000;
 const SUBSCRIBERS: [&str; 6] = [
     "envoy-a", "envoy-b", "envoy-c", "envoy-d", "envoy-e", "envoy-f",
 ];
-
-/// xorshift64*: a small seeded generator, so a failing sequence replays.
-struct Random(u64);
-
-impl Random {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// In `0..=most`.
-    fn upto(&mut self, most: u64) -> u64 {
-        match most.checked_add(1) {
-            Some(span) => self.next() % span,
-            None => self.next(),
-        }
-    }
-
-    /// In `least..=most`.
-    fn between(&mut self, least: u64, most: u64) -> u64 {
-        least + self.upto(most - least)
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.upto(items.len() as u64 - 1) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.upto(99) < percent
-    }
-}
 
 /// A bucket's rate: tiny ones (floors and remainders everywhere), ordinary
 /// ones, and ones near the largest.

@@ -19,6 +19,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use common::RedisServer;
+use common::random::Random;
 use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
 use ratelimitd::limit::{
     Algorithm, CallerKey, Decision, FixedWindow, Gcra, LimitRequest, Micros, SlidingWindow,
@@ -47,35 +48,6 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
 /// Where every sequence starts: a real epoch in microseconds, so values are
 /// as large as Redis `TIME` gives (and stay exact below 2^53).
 const START: Micros = 1_764_806_400_000_000;
-
-/// xorshift64*: a small seeded generator, so a failing sequence replays.
-struct Random(u64);
-
-impl Random {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// In `0..=most`.
-    fn upto(&mut self, most: u64) -> u64 {
-        self.next() % (most + 1)
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.upto(items.len() as u64 - 1) as usize]
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.upto(99) < percent
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {

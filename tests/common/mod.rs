@@ -11,6 +11,7 @@ pub mod envoy;
 pub mod pip_tool;
 pub mod prometheus;
 pub mod quota;
+pub mod random;
 pub mod rls;
 pub mod topology;
 
