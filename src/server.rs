@@ -194,6 +194,7 @@ pub async fn run(
             rebalance_interval: config.quota.quota_rebalance_interval,
             headroom_permille: u64::from(config.quota.quota_headroom) * 10,
             max_buckets_per_stream: config.quota.quota_max_buckets_per_stream,
+            max_buckets: config.quota.quota_max_buckets,
             max_entries: config.limits.max_descriptor_entries,
             max_entry_bytes: config.limits.max_descriptor_entry_bytes,
             shadow_mode: config.envoy.shadow_mode,

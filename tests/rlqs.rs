@@ -432,7 +432,7 @@ async fn metrics_count_per_policy_never_per_bucket() {
 }
 
 #[tokio::test]
-async fn a_flood_of_distinct_buckets_stops_at_the_bound_and_the_stream_goes_on() {
+async fn a_flood_of_distinct_buckets_stops_at_the_bounds_and_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let metrics_port = free_port();
     let server = server_with_metrics(
@@ -441,6 +441,8 @@ async fn a_flood_of_distinct_buckets_stops_at_the_bound_and_the_stream_goes_on()
         &[
             "--quota-max-buckets-per-stream",
             "3000",
+            "--quota-max-buckets",
+            "3500",
             "--quota-assignment-ttl",
             "60s",
         ],
@@ -480,5 +482,31 @@ async fn a_flood_of_distinct_buckets_stops_at_the_bound_and_the_stream_goes_on()
     let half = Told::TokenBucket(25, 300, 60);
     let _ = other.until(&first, |told| *told == half).await;
     let _ = stream.until(&first, |told| *told == half).await;
+    // The instance holds at most 3500 in all: another stream gets the 499
+    // left.
+    let usages = (0..1000)
+        .map(|i| {
+            usage(
+                &bucket(&[("name", &format!("other-{i}"))]),
+                1,
+                0,
+                Duration::ZERO,
+            )
+        })
+        .collect();
+    other.send("edge", usages).await;
+    assert_eq!(other.next().await.len(), 499);
+    common::eventually(
+        "the buckets past the instance's bound to be counted",
+        || async {
+            let (_, series) = prometheus::scrape(metrics_port).await;
+            prometheus::value(
+                &series,
+                "ratelimitd_quota_reports_ignored_total",
+                &[("reason", "too_many_buckets")],
+            ) == 2501.0
+        },
+    )
+    .await;
     assert!(server.terminate().await.success());
 }

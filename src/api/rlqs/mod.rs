@@ -13,7 +13,7 @@ mod stream;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
@@ -46,6 +46,8 @@ pub struct QuotaSettings {
     pub rebalance_interval: Duration,
     /// Most buckets one stream may subscribe to.
     pub max_buckets_per_stream: usize,
+    /// Most buckets all streams of this instance may subscribe to together.
+    pub max_buckets: usize,
     /// Most pairs in a `BucketId`.
     pub max_entries: usize,
     /// Most bytes in a `BucketId` key or value.
@@ -69,9 +71,27 @@ struct Shared {
     /// Names this instance's subscribers apart from other instances'.
     instance: String,
     next_stream: AtomicU64,
+    /// Subscriptions held by all streams, at most `max_buckets`.
+    subscriptions: AtomicUsize,
     nudges: Nudges,
     /// Turns true when the server shuts down.
     shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// Takes one of the instance's subscriptions, if any is left.
+    fn take_subscription(&self) -> bool {
+        self.subscriptions
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held < self.settings.max_buckets).then_some(held + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives one back.
+    fn give_back_subscription(&self) {
+        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The quota service.
@@ -103,6 +123,7 @@ impl QuotaService {
                 settings,
                 instance,
                 next_stream: AtomicU64::new(1),
+                subscriptions: AtomicUsize::new(0),
                 nudges: Nudges::default(),
                 shutdown,
             }),

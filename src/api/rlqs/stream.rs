@@ -228,6 +228,7 @@ impl QuotaStream {
     /// Envoys keep enforcing them until their time to live.
     pub(super) fn forget_all(&mut self) {
         for (key, subscription) in self.buckets.drain() {
+            self.shared.give_back_subscription();
             self.shared.nudges.unsubscribe(&key, self.number);
             uncount(&subscription);
         }
@@ -249,6 +250,7 @@ impl QuotaStream {
     /// that tells Envoy.
     async fn drop_bucket(&mut self, key: &str, abandon: bool) -> Option<BucketAction> {
         let subscription = self.buckets.remove(key)?;
+        self.shared.give_back_subscription();
         self.shared.nudges.unsubscribe(key, self.number);
         if subscription.in_ledger {
             let params = self.share_params_for_leave();
@@ -335,7 +337,9 @@ impl QuotaStream {
                 subscription.demand
             }
             None => {
-                if self.buckets.len() >= self.shared.settings.max_buckets_per_stream {
+                if self.buckets.len() >= self.shared.settings.max_buckets_per_stream
+                    || !self.shared.take_subscription()
+                {
                     self.ignore("too_many_buckets", 1);
                     return None;
                 }
