@@ -433,9 +433,9 @@ pub struct QuotaConfig {
     pub quota_max_buckets_per_stream: usize,
 
     /// Most buckets all Envoy streams of this instance may subscribe to
-    /// together (about half a kilobyte each); reports of more are ignored
-    /// (and counted).
-    #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS", default_value_t = 200_000,
+    /// together (about 1.4 KiB each on the embedded store); reports of more
+    /// are ignored (and counted).
+    #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub quota_max_buckets: usize,
 }
