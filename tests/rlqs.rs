@@ -510,3 +510,32 @@ async fn a_flood_of_distinct_buckets_stops_at_the_bounds_and_the_stream_goes_on(
     .await;
     assert!(server.terminate().await.success());
 }
+
+#[tokio::test]
+async fn shares_the_failure_policy_answered_are_counted() {
+    let mut redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics_port = free_port();
+    let url = redis.url();
+    let server = server_with_metrics(
+        dir.path(),
+        metrics_port,
+        &["--redis-url", &url, "--failure-policy", "local"],
+    )
+    .await;
+    redis.kill();
+    let api = bucket(&[("name", "api")]);
+    let mut stream = QuotaStream::open(server.address).await;
+    stream.subscribe("edge", &api).await;
+    assert_eq!(stream.next_one().await.told, ALL_OF_100);
+    common::eventually("the degraded share to be counted", || async {
+        let (_, series) = prometheus::scrape(metrics_port).await;
+        prometheus::value(
+            &series,
+            "ratelimitd_quota_degraded_total",
+            &[("domain", "edge"), ("policy", "name=api")],
+        ) >= 1.0
+    })
+    .await;
+    assert!(server.terminate().await.success());
+}

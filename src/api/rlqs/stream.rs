@@ -44,6 +44,19 @@ enum Plan {
     Share(ShareParams, ShareOp, QuotaRate),
 }
 
+/// What settling one bucket came to.
+struct Settled {
+    key: String,
+    /// What to tell the Envoy; `None`: nothing (the failure policy left it
+    /// to its own fallbacks).
+    assigned: Option<Assigned>,
+    /// The share settled, if any (a shared rate, settled on the store or
+    /// this instance's own ledger).
+    share: Option<Share>,
+    /// Whether the failure policy answered.
+    degraded: bool,
+}
+
 /// One subscribed bucket.
 struct Subscription {
     /// The `BucketId` as Envoy sent it, echoed in every action.
@@ -415,36 +428,56 @@ impl QuotaStream {
     ) -> Vec<BucketAction> {
         let shared = self.shared.clone();
         let subscriber = self.subscriber.clone();
-        let settled: Vec<(String, Option<Assigned>, Option<Share>)> =
-            futures::stream::iter(plans.into_iter().map(|(key, plan)| {
-                let shared = shared.clone();
-                let subscriber = subscriber.clone();
-                async move {
-                    match plan {
-                        Plan::Fixed(assigned) => (key, Some(assigned), None),
-                        Plan::Share(params, op, rate) => {
-                            let share =
-                                settle_or_fail(&shared, &key, &subscriber, op, &params).await;
-                            match share {
-                                Ok(share) => {
-                                    let assigned = Assigned::share(share.grant, &rate);
-                                    (key, Some(assigned), Some(share))
-                                }
-                                Err(policy_answer) => (key, policy_answer, None),
-                            }
+        let settled: Vec<Settled> = futures::stream::iter(plans.into_iter().map(|(key, plan)| {
+            let shared = shared.clone();
+            let subscriber = subscriber.clone();
+            async move {
+                match plan {
+                    Plan::Fixed(assigned) => Settled {
+                        key,
+                        assigned: Some(assigned),
+                        share: None,
+                        degraded: false,
+                    },
+                    Plan::Share(params, op, rate) => {
+                        let (answer, degraded) =
+                            settle_or_fail(&shared, &key, &subscriber, op, &params).await;
+                        match answer {
+                            Ok(share) => Settled {
+                                key,
+                                assigned: Some(Assigned::share(share.grant, &rate)),
+                                share: Some(share),
+                                degraded,
+                            },
+                            Err(policy_answer) => Settled {
+                                key,
+                                assigned: policy_answer,
+                                share: None,
+                                degraded,
+                            },
                         }
                     }
                 }
-            }))
-            .buffered(SETTLE_CONCURRENCY)
-            .collect()
-            .await;
+            }
+        }))
+        .buffered(SETTLE_CONCURRENCY)
+        .collect()
+        .await;
         let now = Instant::now();
         let mut actions = Vec::new();
-        for (key, assigned, share) in settled {
+        for Settled {
+            key,
+            assigned,
+            share,
+            degraded,
+        } in settled
+        {
             let Some(subscription) = self.buckets.get_mut(&key) else {
                 continue;
             };
+            if degraded {
+                metrics::quota_degraded(&subscription.domain, &subscription.policy.name);
+            }
             if let Some(share) = share {
                 let shrank = share.grant < subscription.grant;
                 let starved = share.target > share.grant;
@@ -535,20 +568,21 @@ const HYSTERESIS_PERMILLE: u64 = 50;
 
 /// Settles on the ledger; when the store fails, the failure policy's
 /// answer instead: `Err(Some(allow all))` open, `Err(None)` closed (the
-/// Envoy's own fallbacks decide), or a share of this instance's own ledger.
+/// Envoy's own fallbacks decide), or a share of this instance's own
+/// ledger. With whether the failure policy answered.
 async fn settle_or_fail(
     shared: &Shared,
     key: &str,
     subscriber: &str,
     op: ShareOp,
     params: &ShareParams,
-) -> Result<Share, Option<Assigned>> {
+) -> (Result<Share, Option<Assigned>>, bool) {
     let failed: StoreError = match shared.ledger.settle(key, subscriber, op, params).await {
-        Ok(share) => return Ok(share),
+        Ok(share) => return (Ok(share), false),
         Err(err) => err,
     };
     debug!(%failed, key, "quota share not settled; the failure policy answers");
-    match shared.settings.failure_policy {
+    let answer = match shared.settings.failure_policy {
         FailurePolicy::FailOpen => Err(Some(Assigned::AllowAll)),
         FailurePolicy::FailClosed => Err(None),
         FailurePolicy::Local => match &shared.local {
@@ -558,7 +592,8 @@ async fn settle_or_fail(
                 .map_err(|_| None),
             None => Err(None),
         },
-    }
+    };
+    (answer, true)
 }
 
 /// `count` requests over `elapsed` as µrps, at most four times the
