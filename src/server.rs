@@ -99,14 +99,14 @@ pub fn build_limiter(config: &Config, store: &StoreSettings) -> Result<Limiter, 
     }
 }
 
-/// The quota ledgers' home: the limiter's store, Redis or embedded (the
-/// embedded store's ledger is this process's own).
-fn quota_ledger(store: &Store) -> QuotaLedger {
+/// The quota ledgers on the limiter's store: on Redis, with this
+/// process's own ledger for the `local` failure policy; or, on the
+/// embedded store, this process's own alone.
+fn quota_ledgers(store: &Store) -> (QuotaLedger, Option<QuotaLedger>) {
+    let own = || QuotaLedger::Memory(MemoryLedger::new(Arc::new(SystemClock::default())));
     match store {
-        Store::Redis(redis) => QuotaLedger::Redis(redis.clone()),
-        Store::Memory(_) => {
-            QuotaLedger::Memory(MemoryLedger::new(Arc::new(SystemClock::default())))
-        }
+        Store::Redis(redis) => (QuotaLedger::Redis(redis.clone()), Some(own())),
+        Store::Memory(_) => (own(), None),
     }
 }
 
@@ -179,14 +179,10 @@ pub async fn run(
         per_peer as usize,
     );
     let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
+    let (quota_ledger, local_quota_ledger) = quota_ledgers(limiter.store());
     let quota = QuotaService::new(
-        quota_ledger(limiter.store()),
-        match limiter.store() {
-            Store::Redis(_) => Some(QuotaLedger::Memory(MemoryLedger::new(Arc::new(
-                SystemClock::default(),
-            )))),
-            Store::Memory(_) => None,
-        },
+        quota_ledger,
+        local_quota_ledger,
         rules.clone(),
         QuotaSettings {
             assignment_ttl: config.quota.quota_assignment_ttl,

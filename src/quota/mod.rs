@@ -181,17 +181,6 @@ impl MemoryLedger {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.buckets.get(key).cloned().unwrap_or_default()
     }
-
-    /// How many buckets it holds.
-    pub fn len(&self) -> usize {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        state.buckets.len()
-    }
-
-    /// Whether it holds no bucket.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

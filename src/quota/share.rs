@@ -31,8 +31,8 @@ pub enum ShareOp {
 }
 
 /// How shares are worked out: the bucket's policy and the service's
-/// settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// settings. (A leave needs none of them: the default serves.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ShareParams {
     /// The bucket's rate, shared by all its subscribers.
     pub capacity: MicroRps,

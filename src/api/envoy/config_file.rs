@@ -467,6 +467,26 @@ impl Context<'_> {
         Ok(level)
     }
 
+    /// A `rate_limit`'s period, `unit` (as parsed from `unit_text`) and
+    /// `unit_multiplier` (1 unless written; at least 1), for rules and
+    /// quota policies alike.
+    fn period(
+        &self,
+        line: u64,
+        unit: Option<Unit>,
+        unit_text: &str,
+        unit_multiplier: Option<u32>,
+    ) -> Result<(Unit, u32), ConfigError> {
+        let Some(unit) = unit else {
+            return Err(self.error(line, format!("invalid rate limit unit '{unit_text}'")));
+        };
+        let unit_multiplier = unit_multiplier.unwrap_or(1);
+        if unit_multiplier == 0 {
+            return Err(self.error(line, "unit_multiplier must be at least 1"));
+        }
+        Ok((unit, unit_multiplier))
+    }
+
     /// A domain's quota policies, from `quota_buckets` and
     /// `quota_default`.
     fn quota(
@@ -571,13 +591,7 @@ impl Context<'_> {
             }
             return Ok((QuotaLimit::AllowAll, name));
         }
-        let Some(unit) = unit else {
-            return Err(self.error(line, format!("invalid rate limit unit '{unit_text}'")));
-        };
-        let unit_multiplier = spec.unit_multiplier.unwrap_or(1);
-        if unit_multiplier == 0 {
-            return Err(self.error(line, "unit_multiplier must be at least 1"));
-        }
+        let (unit, unit_multiplier) = self.period(line, unit, unit_text, spec.unit_multiplier)?;
         // As upstream reads a rate_limit: a missing requests_per_unit is 0.
         let requests = spec.requests_per_unit.unwrap_or(0);
         if requests == 0 {
@@ -651,13 +665,7 @@ impl Context<'_> {
                 source,
             });
         }
-        let Some(unit) = unit else {
-            return Err(self.error(line, format!("invalid rate limit unit '{unit_text}'")));
-        };
-        let unit_multiplier = spec.unit_multiplier.unwrap_or(1);
-        if unit_multiplier == 0 {
-            return Err(self.error(line, "unit_multiplier must be at least 1"));
-        }
+        let (unit, unit_multiplier) = self.period(line, unit, unit_text, spec.unit_multiplier)?;
         // Upstream reads a missing requests_per_unit as 0: always denied.
         let requests_per_unit = spec.requests_per_unit.unwrap_or(0);
         let mut rule = Rule {

@@ -82,6 +82,14 @@ struct Subscription {
     in_ledger: bool,
 }
 
+impl Subscription {
+    /// Whether what it was last told is `renew_after` old at `now`.
+    fn renewal_due(&self, now: Instant, renew_after: Duration) -> bool {
+        self.sent
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) >= renew_after)
+    }
+}
+
 /// The state of one stream.
 pub(super) struct QuotaStream {
     shared: Arc<Shared>,
@@ -153,7 +161,7 @@ impl QuotaStream {
         let Some(subscription) = self.buckets.get(&key) else {
             return Vec::new();
         };
-        let plan = self.plan(&subscription.policy.clone(), subscription.demand);
+        let plan = self.plan(&subscription.policy, subscription.demand);
         self.settle_and_act(vec![(key, plan)], false).await
     }
 
@@ -170,26 +178,20 @@ impl QuotaStream {
             .filter(|(_, subscription)| subscription.last_report.elapsed() >= timeout)
             .map(|(key, _)| key.clone())
             .collect();
-        let mut actions = Vec::with_capacity(silent.len());
-        for key in silent {
-            if let Some(action) = self.drop_bucket(&key, true).await {
-                actions.push(action);
-            }
-        }
+        let mut actions = self.drop_buckets(silent, true).await;
         // A reload reaches every bucket here, not only at its next report.
         let reloaded = self.follow_reload();
         // And every assignment half-way through its time to live, should
         // the Envoy's reports come less often than that.
         let renew_after = self.shared.settings.assignment_ttl / 2;
+        let now = Instant::now();
         let plans: Vec<(String, Plan)> = self
             .buckets
             .iter()
             .filter(|(key, subscription)| {
                 subscription.contended
                     || reloaded.contains(*key)
-                    || subscription
-                        .sent
-                        .is_some_and(|(_, at)| at.elapsed() >= renew_after)
+                    || subscription.renewal_due(now, renew_after)
             })
             .map(|(key, subscription)| {
                 (
@@ -230,10 +232,8 @@ impl QuotaStream {
     /// The stream is over: frees every share (a closed stream's Envoy is
     /// gone, or will subscribe again on a new stream).
     pub(super) async fn leave_all(&mut self) {
-        let keys: Vec<String> = self.buckets.keys().cloned().collect();
-        for key in keys {
-            self.drop_bucket(&key, false).await;
-        }
+        let keys = self.buckets.keys().cloned().collect();
+        self.drop_buckets(keys, false).await;
     }
 
     /// The instance stops: the stream's subscriptions are forgotten here,
@@ -249,10 +249,15 @@ impl QuotaStream {
 
     /// Every bucket abandoned, its share freed.
     async fn abandon_all(&mut self) -> Vec<BucketAction> {
-        let keys: Vec<String> = self.buckets.keys().cloned().collect();
-        let mut actions = Vec::with_capacity(keys.len());
+        let keys = self.buckets.keys().cloned().collect();
+        self.drop_buckets(keys, true).await
+    }
+
+    /// [`Self::drop_bucket`] for each of `keys`: the abandon actions.
+    async fn drop_buckets(&mut self, keys: Vec<String>, abandon: bool) -> Vec<BucketAction> {
+        let mut actions = Vec::new();
         for key in keys {
-            if let Some(action) = self.drop_bucket(&key, true).await {
+            if let Some(action) = self.drop_bucket(&key, abandon).await {
                 actions.push(action);
             }
         }
@@ -266,11 +271,11 @@ impl QuotaStream {
         self.shared.give_back_subscription();
         self.shared.nudges.unsubscribe(key, self.number);
         if subscription.in_ledger {
-            let params = self.share_params_for_leave();
+            let leave = ShareParams::default();
             match self
                 .shared
                 .ledger
-                .settle(key, &self.subscriber, ShareOp::Leave, &params)
+                .settle(key, &self.subscriber, ShareOp::Leave, &leave)
                 .await
             {
                 Ok(_) => self.shared.nudges.nudge(key, self.number),
@@ -288,18 +293,6 @@ impl QuotaStream {
                 bucket_action: Some(bucket_action::BucketAction::AbandonAction(AbandonAction {})),
             }
         })
-    }
-
-    /// The parameters of a leave: only the subscriber matters.
-    fn share_params_for_leave(&self) -> ShareParams {
-        ShareParams {
-            capacity: 0,
-            headroom_permille: 0,
-            min_want: 0,
-            lease_ms: 0,
-            stale_ms: 0,
-            hysteresis_permille: 0,
-        }
     }
 
     /// Checks one bucket's report, subscribes it if new, works out its
@@ -502,11 +495,8 @@ impl QuotaStream {
             subscription.counted_rate = counted;
             let told = if shadow { Assigned::AllowAll } else { assigned };
             let renew_after = self.shared.settings.assignment_ttl / 2;
-            let due = match subscription.sent {
-                None => true,
-                Some((sent, at)) => sent != told || now.duration_since(at) >= renew_after,
-            };
-            if !due {
+            let changed = subscription.sent.is_none_or(|(sent, _)| sent != told);
+            if !changed && !subscription.renewal_due(now, renew_after) {
                 continue;
             }
             subscription.sent = Some((told, now));
