@@ -519,6 +519,20 @@ pub struct LimitsConfig {
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRY_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRY_BYTES,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub max_descriptor_entry_bytes: usize,
+
+    /// Most limits one CheckLimit may carry in `limits` (more:
+    /// INVALID_ARGUMENT). Every limit of a request is decided in one Redis
+    /// script when its keys share a node; 64 is what one script decides.
+    #[arg(long, env = "RATELIMITD_MAX_LIMITS_PER_REQUEST", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_limits_per_request: usize,
+
+    /// Most requests one CheckLimits batch may carry (more:
+    /// INVALID_ARGUMENT for the whole call), as gubernator bounds its
+    /// batches.
+    #[arg(long, env = "RATELIMITD_MAX_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub max_batch_size: usize,
 }
 
 /// Logs and metrics.

@@ -44,6 +44,9 @@ pub enum Error {
     /// The request broke a rule.
     #[error(transparent)]
     InvalidArgument(#[from] InvalidArgument),
+    /// The request names something the server does not know (a policy).
+    #[error("{0}")]
+    NotFound(String),
     /// The store could not decide.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -53,6 +56,7 @@ impl From<Error> for tonic::Status {
     fn from(err: Error) -> Self {
         match err {
             Error::InvalidArgument(err) => tonic::Status::invalid_argument(err.to_string()),
+            Error::NotFound(what) => tonic::Status::not_found(what),
             Error::Store(err) if err.is_transient() => tonic::Status::unavailable(err.to_string()),
             Error::Store(err) => tonic::Status::internal(err.to_string()),
         }

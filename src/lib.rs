@@ -14,6 +14,8 @@
 //!   besides [`server`] and [`pb`].
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
+//! - [`policy`] holds the operator's named limit sets that `CheckLimit`
+//!   callers may name instead of parameters.
 //! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
 //! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
@@ -37,6 +39,7 @@ pub mod limiter;
 pub mod load_shed;
 pub mod metrics;
 pub mod pb;
+pub mod policy;
 pub mod quota;
 pub mod server;
 pub mod store;

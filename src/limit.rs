@@ -90,6 +90,13 @@ pub enum KeyOrigin {
     /// Composed from an Envoy descriptor too long to keep as it is: its
     /// prefix and digest ([`CallerKey::envoy`]).
     EnvoyDigest,
+    /// A named limit of a `CheckLimit` with several: `<name>:<key>`
+    /// ([`CallerKey::named`]).
+    Named,
+    /// A limit of a named policy: `<policy>/<limit>:<key>`, or
+    /// `<policy>/<limit>` for one counter shared by every key
+    /// ([`CallerKey::policy`]).
+    Policy,
 }
 
 impl CallerKey {
@@ -143,6 +150,30 @@ impl CallerKey {
         }
     }
 
+    /// The key of a named limit: its own counter, apart from the key's
+    /// unnamed limits and from every other name. `name` passed
+    /// [`check_name`], so it holds no `:` and the text splits one way only.
+    pub fn named(name: &str, key: &CallerKey) -> Self {
+        Self {
+            text: format!("{name}:{}", key.text),
+            origin: KeyOrigin::Named,
+        }
+    }
+
+    /// The key of limit `limit` of policy `policy`: for `key`, or with
+    /// `None`, the one counter every key of the policy shares. Both names
+    /// passed [`check_name`] (no `:` and no `/`).
+    pub fn policy(policy: &str, limit: &str, key: Option<&CallerKey>) -> Self {
+        let text = match key {
+            Some(key) => format!("{policy}/{limit}:{}", key.text),
+            None => format!("{policy}/{limit}"),
+        };
+        Self {
+            text,
+            origin: KeyOrigin::Policy,
+        }
+    }
+
     /// The key's text.
     pub fn as_str(&self) -> &str {
         &self.text
@@ -152,6 +183,41 @@ impl CallerKey {
     pub fn origin(&self) -> KeyOrigin {
         self.origin
     }
+}
+
+/// Longest limit or policy name, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+
+/// A limit's or a policy's name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII
+/// letters, digits, `_`, `-` and `.`. Names become part of storage keys
+/// and metric labels, so they are kept to characters that read the same
+/// everywhere.
+pub fn check_name(field: &str, name: &str) -> Result<(), InvalidArgument> {
+    if name.is_empty() {
+        return Err(InvalidArgument::new(field, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(InvalidArgument::new(
+            field,
+            format!(
+                "must be at most {MAX_NAME_BYTES} bytes (got {})",
+                name.len()
+            ),
+        ));
+    }
+    if let Some(odd) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(InvalidArgument::new(
+            field,
+            format!(
+                "may hold only ASCII letters, digits, '_', '-' and '.' (found {:?})",
+                odd
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A window length: whole milliseconds, from 1 ms to [`MAX_WINDOW`].

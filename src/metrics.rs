@@ -53,18 +53,23 @@ impl Api {
 
 /// One decision: allowed, denied, or degraded (made by the failure policy).
 pub fn decision(api: Api, algorithm: &'static str, decision: &Decision) {
-    let outcome = if decision.degraded {
-        "degraded"
-    } else if decision.allowed {
-        "allowed"
-    } else {
-        "denied"
-    };
+    let outcome = outcome(decision.allowed, decision.degraded);
     counter!(
         "ratelimitd_decisions_total",
         "api" => api.label(),
         "algorithm" => algorithm,
         "outcome" => outcome
+    )
+    .increment(1);
+}
+
+/// A `CheckLimit` that named a policy, by policy and outcome. Policy
+/// names come from the operator's file, so the label stays bounded.
+pub fn policy_decision(policy: &str, allowed: bool, degraded: bool) {
+    counter!(
+        "ratelimitd_policy_decisions_total",
+        "policy" => policy.to_owned(),
+        "outcome" => outcome(allowed, degraded)
     )
     .increment(1);
 }
@@ -292,4 +297,15 @@ pub fn quota_degraded(domain: &str, policy: &str) {
         "policy" => policy.to_owned()
     )
     .increment(1);
+}
+
+/// A decision's outcome label.
+fn outcome(allowed: bool, degraded: bool) -> &'static str {
+    if degraded {
+        "degraded"
+    } else if allowed {
+        "allowed"
+    } else {
+        "denied"
+    }
 }

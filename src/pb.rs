@@ -53,7 +53,7 @@ pub mod envoy {
     }
 }
 
-/// `google.rpc.Status`, for xDS NACKs.
+/// `google.rpc.Status`, for xDS NACKs and the errors of `CheckLimits` items.
 #[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
 pub mod google {
     pub mod rpc {

@@ -12,7 +12,7 @@ use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-use crate::api::check::CheckService;
+use crate::api::check::{CheckBounds, CheckService};
 use crate::api::envoy::config_file::{ConfigError, FileSelection};
 use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds, xds};
@@ -199,6 +199,11 @@ pub async fn run(
         },
         quota_shutdown_watch,
     );
+    let check_rules = rules.clone();
+    let check_bounds = CheckBounds {
+        max_limits: config.limits.max_limits_per_request,
+        max_batch: config.limits.max_batch_size,
+    };
     let envoy = EnvoyService::new(
         limiter.clone(),
         rules,
@@ -315,7 +320,7 @@ pub async fn run(
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .add_service(
-            CheckService::new(limiter, slots)
+            CheckService::new(limiter, slots, check_rules, check_bounds)
                 .into_server()
                 .max_decoding_message_size(max_request),
         )

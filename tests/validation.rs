@@ -37,8 +37,7 @@ fn bad_requests() -> Vec<(&'static str, pb::CheckLimitRequest, &'static str)> {
             pb::CheckLimitRequest {
                 key: "k".into(),
                 algorithm: None,
-                cost: None,
-                failure_policy: None,
+                ..Default::default()
             },
             "algorithm",
         ),

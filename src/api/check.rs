@@ -1,11 +1,18 @@
-//! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated request to
-//! the limiter, decision back to protobuf. Nothing else happens here.
+//! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated
+//! questions to the limiter (one limit, several, or a named policy's),
+//! decisions back to protobuf; and batches of such questions. Nothing else
+//! happens here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
+use crate::algorithm;
+use crate::api::envoy::rules::Rules;
+use crate::api::envoy::source::RulesHandle;
 use crate::error::Error;
 use crate::incoming;
 use crate::limit::{
@@ -15,25 +22,99 @@ use crate::limit::{
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
+use crate::pb::google::rpc;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
+use crate::policy::Policy;
+
+/// Items of one batch decided at once: enough to keep a Redis pool busy,
+/// few enough that one batch does not take every connection from the
+/// unary calls beside it.
+const BATCH_CONCURRENCY: usize = 32;
+
+/// Bounds on what one call may ask.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckBounds {
+    /// Most limits in one request's `limits`.
+    pub max_limits: usize,
+    /// Most requests in one `CheckLimits`.
+    pub max_batch: usize,
+}
 
 /// The service, over one limiter.
 #[derive(Clone)]
 pub struct CheckService {
     limiter: Limiter,
     slots: DecisionSlots,
+    /// Where the named policies are (with the Envoy rules, reloaded with
+    /// them).
+    rules: RulesHandle,
+    bounds: CheckBounds,
 }
 
 impl CheckService {
-    /// The service, deciding on `limiter`, each call holding one of `slots`.
-    pub fn new(limiter: Limiter, slots: DecisionSlots) -> Self {
-        Self { limiter, slots }
+    /// The service, deciding on `limiter`, each call holding one of
+    /// `slots`, with the policies of `rules`.
+    pub fn new(
+        limiter: Limiter,
+        slots: DecisionSlots,
+        rules: RulesHandle,
+        bounds: CheckBounds,
+    ) -> Self {
+        Self {
+            limiter,
+            slots,
+            rules,
+            bounds,
+        }
     }
 
     /// The tonic server for this service.
     pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
         pb::rate_limiter_server::RateLimiterServer::new(self)
+    }
+
+    /// Validates and decides one request, against the policies of `rules`.
+    async fn answer(
+        &self,
+        request: pb::CheckLimitRequest,
+        rules: &Rules,
+    ) -> Result<pb::CheckLimitResponse, Error> {
+        let question = question(request, rules, self.bounds.max_limits)?;
+        match question.form {
+            Form::One => {
+                let request = &question.requests[0];
+                let decision = self.limiter.check(request, question.failure_policy).await?;
+                metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
+                debug!(
+                    algorithm = request.algorithm.name(),
+                    allowed = decision.allowed,
+                    remaining = decision.remaining,
+                    "decided"
+                );
+                Ok(response(&decision))
+            }
+            Form::Several { labels, policy } => {
+                let decisions = self
+                    .limiter
+                    .check_all(&question.requests, question.failure_policy)
+                    .await?;
+                for (request, decision) in question.requests.iter().zip(&decisions) {
+                    metrics::decision(Api::CheckLimit, request.algorithm.name(), decision);
+                }
+                let response = several_response(&labels, &decisions);
+                if let Some(policy) = &policy {
+                    metrics::policy_decision(&policy.name, response.allowed, response.degraded);
+                }
+                debug!(
+                    limits = decisions.len(),
+                    policy = policy.as_ref().map(|p| p.name.as_str()),
+                    allowed = response.allowed,
+                    "decided"
+                );
+                Ok(response)
+            }
+        }
     }
 }
 
@@ -44,34 +125,278 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
         let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
-        let request = request.into_inner();
-        let policy = failure_policy(request.failure_policy).map_err(Error::from)?;
-        let request = limit_request(request).map_err(Error::from)?;
-        let decision = self
-            .limiter
-            .check(&request, policy)
-            .await
-            .map_err(Error::from)?;
-        metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
-        debug!(
-            algorithm = request.algorithm.name(),
-            allowed = decision.allowed,
-            remaining = decision.remaining,
-            "decided"
-        );
-        Ok(Response::new(response(&decision)))
+        let rules = self.rules.current();
+        let response = self.answer(request.into_inner(), &rules).await?;
+        Ok(Response::new(response))
+    }
+
+    /// One slot for the whole batch: its items are decided at most
+    /// [`BATCH_CONCURRENCY`] at a time, and every item against the same
+    /// policies (one reload cannot split a batch).
+    async fn check_limits(
+        &self,
+        request: Request<pb::CheckLimitsRequest>,
+    ) -> Result<Response<pb::CheckLimitsResponse>, Status> {
+        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
+        let items = request.into_inner().requests;
+        if items.is_empty() {
+            return Err(Error::from(InvalidArgument::new("requests", "must not be empty")).into());
+        }
+        if items.len() > self.bounds.max_batch {
+            return Err(Error::from(InvalidArgument::new(
+                "requests",
+                format!(
+                    "must hold at most {} requests (got {}); the server's --max-batch-size \
+                     sets the bound",
+                    self.bounds.max_batch,
+                    items.len()
+                ),
+            ))
+            .into());
+        }
+        let rules = self.rules.current();
+        let rules = &*rules;
+        let results = futures::stream::iter(items)
+            .map(|item| async move {
+                let result = match self.answer(item, rules).await {
+                    Ok(response) => pb::check_limit_result::Result::Response(response),
+                    Err(err) => {
+                        let status = Status::from(err);
+                        pb::check_limit_result::Result::Error(rpc::Status {
+                            code: status.code() as i32,
+                            message: status.message().to_owned(),
+                            details: Vec::new(),
+                        })
+                    }
+                };
+                pb::CheckLimitResult {
+                    result: Some(result),
+                }
+            })
+            .buffered(BATCH_CONCURRENCY)
+            .collect()
+            .await;
+        Ok(Response::new(pb::CheckLimitsResponse { results }))
     }
 }
 
-/// Validates a request once, into the types the core trusts.
+/// A validated request: the limit requests to decide, and how to answer.
+struct Question {
+    requests: Vec<LimitRequest>,
+    form: Form,
+    failure_policy: Option<FailurePolicy>,
+}
+
+enum Form {
+    /// One limit: answered in the top-level fields alone.
+    One,
+    /// Several limits (or a policy's): one label per request, in order.
+    Several {
+        labels: Vec<Label>,
+        policy: Option<Arc<Policy>>,
+    },
+}
+
+/// What a status reports of its limit besides the decision.
+struct Label {
+    name: String,
+    shadow: bool,
+}
+
+/// Validates a request once, into the types the core trusts: its form,
+/// then that form's fields.
+fn question(
+    request: pb::CheckLimitRequest,
+    rules: &Rules,
+    max_limits: usize,
+) -> Result<Question, Error> {
+    let failure_policy = failure_policy(request.failure_policy)?;
+    let forms = [
+        ("an algorithm", request.algorithm.is_some()),
+        ("limits", !request.limits.is_empty()),
+        ("policy", !request.policy.is_empty()),
+    ];
+    let set: Vec<&str> = forms
+        .iter()
+        .filter(|(_, set)| *set)
+        .map(|(f, _)| *f)
+        .collect();
+    if set.len() > 1 {
+        return Err(InvalidArgument::new(
+            if request.policy.is_empty() {
+                "limits"
+            } else {
+                "policy"
+            },
+            format!(
+                "cannot be combined with {}: a request sets one algorithm, or limits, or a \
+                 policy",
+                set[0]
+            ),
+        )
+        .into());
+    }
+    if !request.policy.is_empty() {
+        limit::check_name("policy", &request.policy)?;
+        let Some(policy) = rules.policies.get(&request.policy).cloned() else {
+            return Err(Error::NotFound(format!(
+                "policy: '{}' is not defined in the server's policies",
+                request.policy
+            )));
+        };
+        let key = CallerKey::new(request.key)?;
+        let cost = limit::cost(request.cost)?;
+        let labels = policy
+            .limits
+            .iter()
+            .map(|limit| Label {
+                name: limit.name.clone(),
+                shadow: limit.shadow,
+            })
+            .collect();
+        return Ok(Question {
+            requests: policy.requests(&key, cost),
+            form: Form::Several {
+                labels,
+                policy: Some(policy),
+            },
+            failure_policy,
+        });
+    }
+    if !request.limits.is_empty() {
+        let (requests, labels) = several(request, max_limits)?;
+        return Ok(Question {
+            requests,
+            form: Form::Several {
+                labels,
+                policy: None,
+            },
+            failure_policy,
+        });
+    }
+    Ok(Question {
+        requests: vec![limit_request(request)?],
+        form: Form::One,
+        failure_policy,
+    })
+}
+
+/// The limit requests of a request with `limits`, and their labels.
+fn several(
+    request: pb::CheckLimitRequest,
+    max_limits: usize,
+) -> Result<(Vec<LimitRequest>, Vec<Label>), InvalidArgument> {
+    if request.limits.len() > max_limits {
+        return Err(InvalidArgument::new(
+            "limits",
+            format!(
+                "must hold at most {max_limits} limits (got {}); the server's \
+                 --max-limits-per-request sets the bound",
+                request.limits.len()
+            ),
+        ));
+    }
+    let key = if request.key.is_empty() {
+        None
+    } else {
+        Some(CallerKey::new(request.key)?)
+    };
+    let cost = limit::cost(request.cost)?;
+    let mut requests: Vec<LimitRequest> = Vec::with_capacity(request.limits.len());
+    let mut labels: Vec<Label> = Vec::with_capacity(request.limits.len());
+    // Each limit's own key and name, to find two that would be one counter.
+    let mut counters: Vec<(CallerKey, &'static str, String)> = Vec::new();
+    for (i, limit) in request.limits.into_iter().enumerate() {
+        let within = |err: InvalidArgument| err.within(&format!("limits[{i}]"));
+        if !limit.name.is_empty() {
+            limit::check_name("name", &limit.name).map_err(within)?;
+        }
+        let own_key = if limit.key.is_empty() {
+            key.clone().ok_or_else(|| {
+                InvalidArgument::new("key", "is required when the request has no key")
+            })
+        } else {
+            CallerKey::new(limit.key)
+        }
+        .map_err(within)?;
+        let algorithm = algorithm(limit.algorithm.map(one_limit_algorithm)).map_err(within)?;
+        let limit_cost = match limit.cost {
+            Some(cost) => limit::cost(Some(cost)).map_err(within)?,
+            None => cost,
+        };
+        let tag = algorithm::key_tag(&algorithm);
+        let same = |(other_key, other_tag, other_name): &(CallerKey, &str, String)| {
+            if limit.name.is_empty() {
+                other_name.is_empty() && *other_tag == tag && *other_key == own_key
+            } else {
+                *other_name == limit.name
+            }
+        };
+        if let Some(first) = counters.iter().position(same) {
+            let rule = if limit.name.is_empty() {
+                format!(
+                    "counts on the same counter as limits[{first}] (same key and algorithm): \
+                     give one of them a name, or its own key"
+                )
+            } else {
+                format!("'{}' is already the name of limits[{first}]", limit.name)
+            };
+            let field = if limit.name.is_empty() { "key" } else { "name" };
+            return Err(within(InvalidArgument::new(field, rule)));
+        }
+        let counted = if limit.name.is_empty() {
+            own_key.clone()
+        } else {
+            CallerKey::named(&limit.name, &own_key)
+        };
+        counters.push((own_key, tag, limit.name.clone()));
+        requests.push(LimitRequest {
+            key: counted,
+            algorithm,
+            cost: limit_cost,
+            shadow: false,
+        });
+        labels.push(Label {
+            name: limit.name,
+            shadow: false,
+        });
+    }
+    Ok((requests, labels))
+}
+
+/// A `Limit`'s algorithm, as the one-limit form's (the same messages).
+fn one_limit_algorithm(algorithm: pb::limit::Algorithm) -> PbAlgorithm {
+    use pb::limit::Algorithm as Of;
+    match algorithm {
+        Of::FixedWindow(p) => PbAlgorithm::FixedWindow(p),
+        Of::SlidingWindow(p) => PbAlgorithm::SlidingWindow(p),
+        Of::TokenBucket(p) => PbAlgorithm::TokenBucket(p),
+        Of::Gcra(p) => PbAlgorithm::Gcra(p),
+        Of::SlidingWindowCounter(p) => PbAlgorithm::SlidingWindowCounter(p),
+    }
+}
+
+/// Validates a one-limit request into the request the core decides.
 pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, InvalidArgument> {
     let key = CallerKey::new(request.key)?;
-    let algorithm = match request.algorithm {
+    let algorithm = algorithm(request.algorithm)?;
+    let cost = limit::cost(request.cost)?;
+    Ok(LimitRequest {
+        key,
+        algorithm,
+        cost,
+        shadow: false,
+    })
+}
+
+/// An algorithm and its parameters, each checked.
+fn algorithm(algorithm: Option<PbAlgorithm>) -> Result<Algorithm, InvalidArgument> {
+    Ok(match algorithm {
         None => {
             return Err(InvalidArgument::new(
                 "algorithm",
                 "is required: set one of fixed_window, sliding_window, token_bucket, gcra, \
-                 sliding_window_counter",
+                 sliding_window_counter (or, for the request, limits or a policy)",
             ));
         }
         Some(PbAlgorithm::FixedWindow(p)) => {
@@ -105,13 +430,6 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
                 .map(Algorithm::Gcra)
                 .map_err(|err| err.within("gcra"))?
         }
-    };
-    let cost = limit::cost(request.cost)?;
-    Ok(LimitRequest {
-        key,
-        algorithm,
-        cost,
-        shadow: false,
     })
 }
 
@@ -152,10 +470,7 @@ fn duration(
 
 /// The protobuf form of a decision.
 pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
-    let (retry_after, cost_exceeds_limit) = match decision.retry_after {
-        RetryAfter::After(micros) => (Some(proto_duration(micros)), false),
-        RetryAfter::Never => (None, true),
-    };
+    let (retry_after, cost_exceeds_limit) = retry(decision);
     pb::CheckLimitResponse {
         allowed: decision.allowed,
         limit: decision.limit,
@@ -164,6 +479,105 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
         retry_after,
         cost_exceeds_limit,
         degraded: decision.degraded,
+        limits: Vec::new(),
+        most_restrictive: 0,
+    }
+}
+
+/// The answer to several limits decided together: one status each, and
+/// the request's overall decision (see the proto's `CheckLimitResponse`).
+fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitResponse {
+    let enforcing = || {
+        labels
+            .iter()
+            .zip(decisions)
+            .enumerate()
+            .filter(|(_, (label, _))| !label.shadow)
+            .map(|(i, (_, decision))| (i, decision))
+    };
+    let allowed = enforcing().all(|(_, decision)| decision.allowed);
+    let wait = |decision: &Decision| match decision.retry_after {
+        RetryAfter::After(micros) => Some(micros),
+        RetryAfter::Never => None,
+    };
+    // Never waits longest; among equals the first is kept.
+    let longer_wait = |a: &Decision, b: &Decision| match (wait(a), wait(b)) {
+        (Some(a), Some(b)) => b > a,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    let mut chosen: Option<(usize, &Decision)> = None;
+    // All shadow: the statuses still name the most restrictive.
+    let candidates: Vec<(usize, &Decision)> = if enforcing().next().is_some() {
+        enforcing().collect()
+    } else {
+        decisions.iter().enumerate().collect()
+    };
+    for (i, decision) in candidates {
+        let better = match chosen {
+            None => true,
+            Some((_, best)) if !allowed => {
+                !decision.allowed && (best.allowed || longer_wait(best, decision))
+            }
+            Some((_, best)) => {
+                decision.remaining < best.remaining
+                    || (decision.remaining == best.remaining
+                        && decision.reset_after > best.reset_after)
+            }
+        };
+        if better {
+            chosen = Some((i, decision));
+        }
+    }
+    let degraded = decisions.iter().any(|decision| decision.degraded);
+    let Some((most_restrictive, top)) = chosen else {
+        // No limits: `question` never builds such a request.
+        return pb::CheckLimitResponse {
+            allowed,
+            degraded,
+            ..Default::default()
+        };
+    };
+    let (retry_after, cost_exceeds_limit) = if allowed {
+        (Some(proto_duration(0)), false)
+    } else {
+        retry(top)
+    };
+    let limits = labels
+        .iter()
+        .zip(decisions)
+        .map(|(label, decision)| {
+            let (retry_after, cost_exceeds_limit) = retry(decision);
+            pb::LimitStatus {
+                name: label.name.clone(),
+                allowed: decision.allowed,
+                limit: decision.limit,
+                remaining: decision.remaining,
+                reset_after: Some(proto_duration(decision.reset_after)),
+                retry_after,
+                cost_exceeds_limit,
+                shadow: label.shadow,
+            }
+        })
+        .collect();
+    pb::CheckLimitResponse {
+        allowed,
+        limit: top.limit,
+        remaining: top.remaining,
+        reset_after: Some(proto_duration(top.reset_after)),
+        retry_after,
+        cost_exceeds_limit,
+        degraded,
+        limits,
+        most_restrictive: most_restrictive as u32,
+    }
+}
+
+/// A decision's `retry_after` and `cost_exceeds_limit`.
+fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
+    match decision.retry_after {
+        RetryAfter::After(micros) => (Some(proto_duration(micros)), false),
+        RetryAfter::Never => (None, true),
     }
 }
 
@@ -184,6 +598,8 @@ mod tests {
             algorithm: Some(algorithm),
             cost: None,
             failure_policy: None,
+            limits: Vec::new(),
+            policy: String::new(),
         }
     }
 

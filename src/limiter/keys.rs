@@ -120,17 +120,21 @@ impl Groups {
 
 /// `<prefix>{<tag>:<key>}`, with the tag `rls:<tag>` for keys composed from
 /// Envoy descriptors (`rlh:<tag>` for one kept as its digest, see
-/// [`CallerKey::envoy`]). The braces are a Redis Cluster hash tag: every key of
+/// [`CallerKey::envoy`]), `lim:<tag>` for a named limit and `pol:<tag>` for
+/// a policy's ([`CallerKey::named`], [`CallerKey::policy`]). The braces are a Redis Cluster hash tag: every key of
 /// one limit hashes to one slot, whatever the key holds (a `}` inside it
 /// only shortens the tag; the key itself stays unique). The algorithm's tag
 /// keeps one caller key under two algorithms apart, and no `CheckLimit` key
-/// can name an Envoy one (their tags never start with `rls` or `rlh`).
+/// can name an Envoy, named or policy one (no algorithm's tag is `rls`,
+/// `rlh`, `lim` or `pol`).
 pub fn storage_key(prefix: &str, algorithm: &Algorithm, key: &CallerKey) -> String {
     let tag = algorithm::key_tag(algorithm);
     let origin = match key.origin() {
         KeyOrigin::CheckLimit => "",
         KeyOrigin::Envoy => "rls:",
         KeyOrigin::EnvoyDigest => "rlh:",
+        KeyOrigin::Named => "lim:",
+        KeyOrigin::Policy => "pol:",
     };
     let text = key.as_str();
     let mut storage =

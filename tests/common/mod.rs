@@ -599,7 +599,7 @@ pub fn request(
         key: key.to_owned(),
         algorithm: Some(algorithm),
         cost,
-        failure_policy: None,
+        ..Default::default()
     }
 }
 

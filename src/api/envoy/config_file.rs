@@ -15,6 +15,11 @@
 //! Also an extension: the Envoy quota service's policies of the domain,
 //! `quota_buckets` (a `bucket_id` pattern and a `rate_limit` each) and
 //! `quota_default` (see [`super::quota_policies`]).
+//!
+//! And `CheckLimit`'s named policies ([`crate::policy`]): a file whose top
+//! level is `policies:` (conventionally `policies.yaml`, with or without a
+//! `domain`), each policy a list of limits with `per`, `limit`, and
+//! optionally `algorithm`, `burst`, `name`, `scope` and `shadow_mode`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -31,8 +36,12 @@ use super::quota_policies::{
 };
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
 use crate::limit::{
-    Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
+    self, Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
+use crate::policy::{self, Policy, PolicyLimit, Scope};
+
+/// Most limits one policy may hold: what one Redis script decides at once.
+const MAX_POLICY_LIMITS: usize = 64;
 
 /// A configuration that cannot be used, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,7 +116,23 @@ impl Snapshot {
         let mut domain_lines: HashMap<String, String> = HashMap::new();
         for (path, text) in &self.files {
             let file = path.display().to_string();
-            let (domain, line, level, quota) = compile_file(&file, text)?;
+            let CompiledFile { domain, policies } = compile_file(&file, text)?;
+            for (policy, line) in policies {
+                if let Some(first) = rules.policies.get(&policy.name) {
+                    return Err(ConfigError {
+                        file,
+                        line,
+                        reason: format!(
+                            "duplicate policy '{}' (first defined at {})",
+                            policy.name, first.source
+                        ),
+                    });
+                }
+                rules.policies.insert(policy.name.clone(), Arc::new(policy));
+            }
+            let Some((domain, line, level, quota)) = domain else {
+                continue;
+            };
             if let Some(first) = domain_lines.get(&domain) {
                 return Err(ConfigError {
                     file,
@@ -205,6 +230,26 @@ struct FileSpec {
     quota_buckets: Option<Vec<Spanned<QuotaBucketSpec>>>,
     /// Extension: the quota service's policy for buckets no other governs.
     quota_default: Option<Spanned<QuotaDefaultSpec>>,
+    /// Extension: `CheckLimit`'s named policies, name → limits.
+    policies: Option<BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyLimitSpec {
+    /// Unique in its policy; default: `per` as written.
+    name: Option<Text>,
+    /// The window or period: `1s`, `500ms`, `1h`, or a unit word.
+    per: Option<Text>,
+    limit: Option<u64>,
+    /// Default `fixed_window`.
+    algorithm: Option<Text>,
+    /// Token bucket capacity or GCRA burst; default `limit`.
+    burst: Option<u64>,
+    /// `key` (default): each key its own counter; `policy`: one counter.
+    scope: Option<Text>,
+    #[serde(default)]
+    shadow_mode: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,12 +338,17 @@ struct ReplacesSpec {
     name: Option<Text>,
 }
 
-/// Parses one file: its domain, the line of `domain:`, its tree, and its
-/// quota policies if it has any.
-fn compile_file(
-    file: &str,
-    text: &str,
-) -> Result<(String, u64, Level, Option<QuotaDomain>), ConfigError> {
+/// What one file holds: a domain (its name, the line of `domain:`, its
+/// tree, and its quota policies if it has any), `CheckLimit` policies, or
+/// both.
+struct CompiledFile {
+    domain: Option<(String, u64, Level, Option<QuotaDomain>)>,
+    /// Each policy, with the line it starts at.
+    policies: Vec<(Policy, u64)>,
+}
+
+/// Parses one file.
+fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
     let spec: Option<FileSpec> = serde_saphyr::from_str(text).map_err(|err| ConfigError {
         file: file.to_owned(),
         line: err.location().map_or(0, |at| at.line()),
@@ -313,6 +363,19 @@ fn compile_file(
     let Some(spec) = spec else {
         return Err(error(1, "config file cannot have empty domain".into()));
     };
+    let policies = match &spec.policies {
+        Some(policies) => compile_policies(file, policies)?,
+        None => Vec::new(),
+    };
+    // A policies file needs no domain, unless it limits Envoy too.
+    let domain_less =
+        spec.descriptors.is_empty() && spec.quota_buckets.is_none() && spec.quota_default.is_none();
+    if spec.policies.is_some() && spec.domain.is_none() && domain_less {
+        return Ok(CompiledFile {
+            domain: None,
+            policies,
+        });
+    }
     let (domain, line) = match spec.domain {
         Some(domain) if !domain.value.0.is_empty() => (domain.value.0, domain.referenced.line()),
         Some(domain) => {
@@ -339,7 +402,100 @@ fn compile_file(
     } else {
         None
     };
-    Ok((domain, line, level, quota))
+    Ok(CompiledFile {
+        domain: Some((domain, line, level, quota)),
+        policies,
+    })
+}
+
+/// A file's `policies:`.
+fn compile_policies(
+    file: &str,
+    specs: &BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>,
+) -> Result<Vec<(Policy, u64)>, ConfigError> {
+    let error = |line: u64, reason: String| ConfigError {
+        file: file.to_owned(),
+        line,
+        reason,
+    };
+    let mut policies = Vec::with_capacity(specs.len());
+    for (Text(name), spanned) in specs {
+        let line = spanned.referenced.line();
+        limit::check_name("policy name", name)
+            .map_err(|err| error(line, format!("policy '{name}': {err}")))?;
+        if spanned.value.is_empty() {
+            return Err(error(line, format!("policy '{name}' has no limits")));
+        }
+        if spanned.value.len() > MAX_POLICY_LIMITS {
+            return Err(error(
+                line,
+                format!("policy '{name}' has more than {MAX_POLICY_LIMITS} limits"),
+            ));
+        }
+        let mut limits: Vec<(PolicyLimit, u64)> = Vec::with_capacity(spanned.value.len());
+        for limit_spec in &spanned.value {
+            let at = limit_spec.referenced.line();
+            let compiled = policy_limit(&limit_spec.value)
+                .map_err(|reason| error(at, format!("policy '{name}': {reason}")))?;
+            if let Some((_, first)) = limits.iter().find(|(l, _)| l.name == compiled.name) {
+                return Err(error(
+                    at,
+                    format!(
+                        "policy '{name}': duplicate limit name '{}' (first at line {first}): \
+                         give one of them its own `name`",
+                        compiled.name
+                    ),
+                ));
+            }
+            limits.push((compiled, at));
+        }
+        let policy = Policy {
+            name: name.clone(),
+            limits: limits.into_iter().map(|(limit, _)| limit).collect(),
+            source: format!("{file}:{line}"),
+        };
+        policies.push((policy, line));
+    }
+    Ok(policies)
+}
+
+/// One limit of a policy; the error is the reason, naming the field.
+fn policy_limit(spec: &PolicyLimitSpec) -> Result<PolicyLimit, String> {
+    let per_text = match &spec.per {
+        Some(Text(per)) if !per.trim().is_empty() => per.trim(),
+        _ => return Err("a limit needs `per` (e.g. `per: 1s`, `per: 1h`)".into()),
+    };
+    let per = match Unit::parse(per_text) {
+        Some(unit) => std::time::Duration::from_secs(unit.seconds()),
+        None => humantime::parse_duration(per_text).map_err(|err| {
+            format!("per: '{per_text}' is not a duration like 1s, 500ms or 1h ({err})")
+        })?,
+    };
+    let Some(count) = spec.limit else {
+        return Err("a limit needs `limit` (units per `per`)".into());
+    };
+    let algorithm = spec.algorithm.as_ref().map(|Text(name)| name.as_str());
+    let algorithm =
+        policy::algorithm(algorithm, count, per, spec.burst).map_err(|err| err.to_string())?;
+    let name = match &spec.name {
+        Some(Text(name)) => name.clone(),
+        None => per_text.split_whitespace().collect(),
+    };
+    limit::check_name("name", &name).map_err(|err| match &spec.name {
+        Some(_) => err.to_string(),
+        None => format!("the limit's default name (its `per`) {err}: give it a `name`"),
+    })?;
+    let scope = match spec.scope.as_ref().map(|Text(scope)| scope.as_str()) {
+        None | Some("key") => Scope::Key,
+        Some("policy") => Scope::Policy,
+        Some(other) => return Err(format!("scope: unknown '{other}': use key or policy")),
+    };
+    Ok(PolicyLimit {
+        name,
+        algorithm,
+        scope,
+        shadow: spec.shadow_mode,
+    })
 }
 
 /// The reason alone: the YAML parser's message starts with "error: line L

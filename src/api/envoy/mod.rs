@@ -191,7 +191,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         metrics::upstream_request(match &answered {
             Ok(_) => None,
             Err(Error::Store(_)) => Some("redis_error"),
-            Err(Error::InvalidArgument(_)) => Some("service_error"),
+            Err(Error::InvalidArgument(_) | Error::NotFound(_)) => Some("service_error"),
         });
         Ok(Response::new(answered?))
     }

@@ -265,6 +265,8 @@ pub struct Rules {
     pub domains: HashMap<String, Level>,
     /// Domain → its quota service policies, for the domains that have any.
     pub quotas: HashMap<String, super::quota_policies::QuotaDomain>,
+    /// `CheckLimit`'s named policies, from files with `policies:`.
+    pub policies: crate::policy::Policies,
 }
 
 /// The rule governing a descriptor, and the values its counter is named by.

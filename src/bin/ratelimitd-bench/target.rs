@@ -121,7 +121,7 @@ impl Target {
                     key: key.to_owned(),
                     algorithm: Some(*algorithm),
                     cost: Some(*cost),
-                    failure_policy: None,
+                    ..Default::default()
                 };
                 match client.check_limit(request).await {
                     Ok(response) if response.get_ref().allowed => Outcome::Allowed,

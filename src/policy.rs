@@ -1,0 +1,207 @@
+//! Named policies: limit sets the operator defines once, in the policies
+//! file, and `CheckLimit` callers name instead of sending parameters. Pure:
+//! the model, how one limit's `per` / `limit` / `burst` become an
+//! algorithm's parameters, and how a policy becomes limit requests.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::limit::{
+    Algorithm, CallerKey, FixedWindow, Gcra, InvalidArgument, LimitRequest, SlidingWindow,
+    SlidingWindowCounter, TokenBucket,
+};
+
+/// Every policy, by name.
+pub type Policies = HashMap<String, Arc<Policy>>;
+
+/// A named set of limits, decided together, all or nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Its name, as callers send it.
+    pub name: String,
+    /// Its limits, in file order (the order of a response's statuses).
+    pub limits: Vec<PolicyLimit>,
+    /// Where it was written, as `file:line`, for logs.
+    pub source: String,
+}
+
+/// One limit of a policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyLimit {
+    /// Unique within the policy: its own `name`, else its `per` as
+    /// written. Part of its counter's name.
+    pub name: String,
+    /// The algorithm and its parameters.
+    pub algorithm: Algorithm,
+    /// Whose counter it spends.
+    pub scope: Scope,
+    /// Decided and reported, but never denies.
+    pub shadow: bool,
+}
+
+/// Whose counter a policy limit spends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Each caller key its own (the default).
+    Key,
+    /// One counter for the whole policy, whatever the key: a plan-wide
+    /// limit.
+    Policy,
+}
+
+/// The algorithms a policy may name, as written in the file.
+pub const ALGORITHM_NAMES: &str =
+    "fixed_window, sliding_window, token_bucket, gcra or sliding_window_counter";
+
+/// `limit` units per `per` under `algorithm` (`fixed_window` when `None`),
+/// with `burst` for the two algorithms that take one:
+/// - fixed_window, sliding_window, sliding_window_counter: at most `limit`
+///   per `per` (a fixed window starts at the key's first request, as
+///   `CheckLimit`'s);
+/// - token_bucket: `burst` tokens (default `limit`), refilled at
+///   `limit / per`;
+/// - gcra: `limit` per `per` sustained, `burst` (default `limit`) at once.
+///
+/// The error names the field (`per`, `limit`, `burst`, `algorithm`) and
+/// the rule.
+pub fn algorithm(
+    algorithm: Option<&str>,
+    limit: u64,
+    per: Duration,
+    burst: Option<u64>,
+) -> Result<Algorithm, InvalidArgument> {
+    let name = algorithm.unwrap_or("fixed_window");
+    let takes_burst = matches!(name, "token_bucket" | "gcra");
+    if burst.is_some() && !takes_burst {
+        return Err(InvalidArgument::new(
+            "burst",
+            format!("applies to token_bucket and gcra only (this limit is {name})"),
+        ));
+    }
+    // The parameters' own names, mapped back to the file's.
+    let field = |err: InvalidArgument| {
+        let field = match err.field.as_str() {
+            "window" | "period" | "refill_per_second" => "per",
+            "capacity" if burst.is_some() => "burst",
+            "capacity" | "rate" => "limit",
+            other => other,
+        };
+        InvalidArgument::new(field, err.rule)
+    };
+    let counted = match name {
+        "fixed_window" => FixedWindow::new(limit, per).map(Algorithm::FixedWindow),
+        "sliding_window" => SlidingWindow::new(limit, per).map(Algorithm::SlidingWindow),
+        "sliding_window_counter" => {
+            SlidingWindowCounter::new(limit, per).map(Algorithm::SlidingWindowCounter)
+        }
+        "token_bucket" => {
+            if per.is_zero() {
+                return Err(InvalidArgument::new("per", "must be positive"));
+            }
+            let rate = limit as f64 / per.as_secs_f64();
+            TokenBucket::new(burst.unwrap_or(limit), rate).map(Algorithm::TokenBucket)
+        }
+        "gcra" => Gcra::new(limit, per, burst.unwrap_or(limit)).map(Algorithm::Gcra),
+        other => {
+            return Err(InvalidArgument::new(
+                "algorithm",
+                format!("unknown '{other}': use {ALGORITHM_NAMES}"),
+            ));
+        }
+    };
+    counted.map_err(field)
+}
+
+impl Policy {
+    /// The limit requests asking it for `key` to spend `cost`.
+    pub fn requests(&self, key: &CallerKey, cost: u64) -> Vec<LimitRequest> {
+        self.limits
+            .iter()
+            .map(|limit| LimitRequest {
+                key: CallerKey::policy(
+                    &self.name,
+                    &limit.name,
+                    (limit.scope == Scope::Key).then_some(key),
+                ),
+                algorithm: limit.algorithm,
+                cost,
+                shadow: limit.shadow,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn each_algorithm_reads_limit_per_and_burst() {
+        let Algorithm::TokenBucket(bucket) =
+            algorithm(Some("token_bucket"), 10, SECOND, None).unwrap()
+        else {
+            panic!("not a token bucket")
+        };
+        assert_eq!(bucket.capacity(), 10);
+        assert_eq!(bucket.refill_per_second(), 10.0);
+        let Algorithm::TokenBucket(bucket) =
+            algorithm(Some("token_bucket"), 60, Duration::from_secs(60), Some(5)).unwrap()
+        else {
+            panic!("not a token bucket")
+        };
+        assert_eq!((bucket.capacity(), bucket.refill_per_second()), (5, 1.0));
+        let Algorithm::Gcra(gcra) = algorithm(Some("gcra"), 10, SECOND, Some(3)).unwrap() else {
+            panic!("not gcra")
+        };
+        assert_eq!((gcra.burst(), gcra.interval()), (3, 100_000));
+        assert!(matches!(
+            algorithm(None, 1000, Duration::from_secs(3600), None).unwrap(),
+            Algorithm::FixedWindow(fixed) if fixed.limit() == 1000 && !fixed.is_aligned()
+        ));
+    }
+
+    #[test]
+    fn errors_name_the_files_fields() {
+        let field = |name: Option<&str>, limit, per, burst| {
+            algorithm(name, limit, per, burst).unwrap_err().field
+        };
+        assert_eq!(field(None, 0, SECOND, None), "limit");
+        assert_eq!(field(None, 1, Duration::ZERO, None), "per");
+        assert_eq!(field(Some("token_bucket"), 1, Duration::ZERO, None), "per");
+        assert_eq!(field(Some("token_bucket"), 1, SECOND, Some(0)), "burst");
+        assert_eq!(field(Some("gcra"), 1, SECOND, Some(0)), "burst");
+        assert_eq!(field(Some("fixed_window"), 1, SECOND, Some(2)), "burst");
+        assert_eq!(field(Some("leaky"), 1, SECOND, None), "algorithm");
+    }
+
+    #[test]
+    fn a_policy_wide_limit_ignores_the_key() {
+        let policy = Policy {
+            name: "free".into(),
+            limits: vec![
+                PolicyLimit {
+                    name: "1s".into(),
+                    algorithm: algorithm(None, 1, SECOND, None).unwrap(),
+                    scope: Scope::Key,
+                    shadow: false,
+                },
+                PolicyLimit {
+                    name: "plan".into(),
+                    algorithm: algorithm(None, 1, SECOND, None).unwrap(),
+                    scope: Scope::Policy,
+                    shadow: true,
+                },
+            ],
+            source: "policies.yaml:2".into(),
+        };
+        let key = CallerKey::new("u1".into()).unwrap();
+        let requests = policy.requests(&key, 2);
+        assert_eq!(requests[0].key.as_str(), "free/1s:u1");
+        assert_eq!(requests[1].key.as_str(), "free/plan");
+        assert!(requests[1].shadow && !requests[0].shadow);
+        assert!(requests.iter().all(|request| request.cost == 2));
+    }
+}
