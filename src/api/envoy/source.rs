@@ -55,7 +55,8 @@ impl ConfigSource {
             path = %path.display(),
             files = snapshot.files.len(),
             domains = rules.domains.len(),
-            "loaded Envoy rate limit configuration"
+            policies = rules.policies.len(),
+            "loaded rate limit configuration"
         );
         Ok((
             Self {
@@ -102,7 +103,8 @@ impl ConfigSource {
                     path = %self.path.display(),
                     files = snapshot.files.len(),
                     domains = compiled.domains.len(),
-                    "reloaded Envoy rate limit configuration"
+                    policies = compiled.policies.len(),
+                    "reloaded rate limit configuration"
                 );
                 rules.replace(compiled);
                 metrics::config_reload(true);
