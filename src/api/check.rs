@@ -3,6 +3,7 @@
 //! decisions back to protobuf; and batches of such questions. Nothing else
 //! happens here.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -304,8 +305,10 @@ fn several(
     let cost = limit::cost(request.cost)?;
     let mut requests: Vec<LimitRequest> = Vec::with_capacity(request.limits.len());
     let mut labels: Vec<Label> = Vec::with_capacity(request.limits.len());
-    // Each limit's own key and name, to find two that would be one counter.
-    let mut counters: Vec<(CallerKey, &'static str, String)> = Vec::new();
+    // The limits seen so far, by what makes a counter theirs: a name, or
+    // (unnamed) a key and an algorithm. A map, so a bound raised high
+    // stays linear.
+    let mut seen: HashMap<(String, String, &'static str), usize> = HashMap::new();
     for (i, limit) in request.limits.into_iter().enumerate() {
         let within = |err: InvalidArgument| err.within(&format!("limits[{i}]"));
         if !limit.name.is_empty() {
@@ -324,32 +327,33 @@ fn several(
             Some(cost) => limit::cost(Some(cost)).map_err(within)?,
             None => cost,
         };
-        let tag = algorithm::key_tag(&algorithm);
-        let same = |(other_key, other_tag, other_name): &(CallerKey, &str, String)| {
-            if limit.name.is_empty() {
-                other_name.is_empty() && *other_tag == tag && *other_key == own_key
-            } else {
-                *other_name == limit.name
-            }
+        let identity = if limit.name.is_empty() {
+            (
+                String::new(),
+                own_key.as_str().to_owned(),
+                algorithm::key_tag(&algorithm),
+            )
+        } else {
+            (limit.name.clone(), String::new(), "")
         };
-        if let Some(first) = counters.iter().position(same) {
-            let rule = if limit.name.is_empty() {
-                format!(
+        if let Some(first) = seen.insert(identity, i) {
+            let (field, rule) = if limit.name.is_empty() {
+                let rule = format!(
                     "counts on the same counter as limits[{first}] (same key and algorithm): \
                      give one of them a name, or its own key"
-                )
+                );
+                ("key", rule)
             } else {
-                format!("'{}' is already the name of limits[{first}]", limit.name)
+                let rule = format!("'{}' is already the name of limits[{first}]", limit.name);
+                ("name", rule)
             };
-            let field = if limit.name.is_empty() { "key" } else { "name" };
             return Err(within(InvalidArgument::new(field, rule)));
         }
         let counted = if limit.name.is_empty() {
-            own_key.clone()
+            own_key
         } else {
             CallerKey::named(&limit.name, &own_key)
         };
-        counters.push((own_key, tag, limit.name.clone()));
         requests.push(LimitRequest {
             key: counted,
             algorithm,
