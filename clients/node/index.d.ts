@@ -78,7 +78,42 @@ export interface CallOptions {
   deadlineMs?: number;
 }
 
+/** One limit: `check(key, { type, ...parameters })`. */
 export type CheckOptions = Limit & CallOptions;
+
+/** A limit's own name and cost, in `limits`. */
+export interface LimitsEntryOptions {
+  /** Reported back in its LimitStatus; 1 to 64 letters, digits, '_', '-' or '.'; unique in the request. A named limit counts on a counter of its own. */
+  name?: string;
+  /** Units this limit spends, 0 to 1e15; default the request's `cost`. */
+  cost?: number;
+}
+
+/** One of several limits decided together: an algorithm as `type` spells it, and optionally its own name, key and cost. */
+export type LimitsEntry = Limit &
+  LimitsEntryOptions & {
+    /** The key this limit counts on (1 to 1024 bytes); default the request's. */
+    key?: string;
+  };
+
+/**
+ * Several limits, decided together, all or nothing: allowed only if every
+ * limit allows, and then each spends; if any denies, none spends anything.
+ * At most ratelimitd's --max-limits-per-request (default 64). Two unnamed
+ * limits may not count on the same key with the same algorithm.
+ */
+export interface LimitsCheckOptions extends CallOptions {
+  limits: LimitsEntry[];
+}
+
+/**
+ * A policy of ratelimitd's policies file, by name (1 to 64 letters, digits,
+ * '_', '-' or '.'): its limits, decided as `limits` are. One the server does
+ * not know is a RateLimitError with code 'NOT_FOUND'.
+ */
+export interface PolicyCheckOptions extends CallOptions {
+  policy: string;
+}
 
 /** A decision: a denial is an answer, not an error. */
 export interface Decision {
@@ -100,6 +135,54 @@ export interface Decision {
   degraded: boolean;
 }
 
+/** One limit's part of a decision on several (`limits` or `policy`). */
+export interface LimitStatus {
+  /** The limit's name ('' if it has none); a policy's limits are named `name`, else their `per` (e.g. '1s'). */
+  name: string;
+  /** Whether this limit alone allows the cost. When the request is denied, no limit spent anything, whatever this says. */
+  allowed: boolean;
+  /** The limit or capacity in force. */
+  limit: number;
+  /** Units left on this limit after the decision. */
+  remaining: number;
+  /** Milliseconds until this limit is back to its full quota (0 when it is full). */
+  resetAfterMs: number;
+  /** 0 when this limit allows; else milliseconds until it would; null when it never will (`costExceedsLimit`). */
+  retryAfterMs: number | null;
+  /** The cost exceeds this limit itself. */
+  costExceedsLimit: boolean;
+  /** A policy limit in shadow mode: decided and reported, but it never denies. */
+  shadow: boolean;
+}
+
+/**
+ * The decision on several limits or a policy. The Decision fields describe
+ * the request as a whole: `allowed` only if every limit allows;
+ * `retryAfterMs` until every limit would allow (null if one never would);
+ * `costExceedsLimit` if any limit's does; `limit`, `remaining` and
+ * `resetAfterMs` those of `limits[mostRestrictive]`.
+ */
+export interface LimitsDecision extends Decision {
+  /** One status per limit, in the request's order (a policy's: the policies file's). */
+  limits: LimitStatus[];
+  /** Which of `limits` the top-level fields describe: the denying one with the longest wait, else the one with the fewest units left. */
+  mostRestrictive: number;
+}
+
+/** One request of a batch: its key and what `check` takes, without `deadlineMs` (the call's). */
+export type CheckManyRequest = { key: string } & Omit<CallOptions, 'deadlineMs'> &
+  (Limit | { limits: LimitsEntry[] } | { policy: string });
+
+/**
+ * One request's answer in a batch: its decision, or its own error (a
+ * RateLimitError with ratelimitd's code, e.g. 'INVALID_ARGUMENT' or
+ * 'NOT_FOUND', or the TypeError / RangeError of its invalid options, then
+ * not sent).
+ */
+export type CheckManyResult =
+  | { decision: Decision | LimitsDecision; error: null }
+  | { decision: null; error: RateLimitError | TypeError | RangeError };
+
 /** gRPC status names, as `RateLimitError.code`. */
 export type GrpcStatusName =
   | 'OK'
@@ -120,16 +203,18 @@ export type GrpcStatusName =
   | 'DATA_LOSS'
   | 'UNAUTHENTICATED';
 
-/** A failed call to ratelimitd (unreachable, too slow, or a refused request). */
+/** A failed call to ratelimitd (unreachable, too slow, or a refused request), or one failed request of a batch. */
 export declare class RateLimitError extends Error {
   name: 'RateLimitError';
-  /** The gRPC status name, e.g. 'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'INVALID_ARGUMENT'. */
+  /** The gRPC status name, e.g. 'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'INVALID_ARGUMENT', 'NOT_FOUND'. */
   code: GrpcStatusName;
   /** The numeric gRPC status code. */
   grpcCode: number;
   /** The status message, e.g. `key: must be at most 1024 bytes (got 2000)`. */
   details: string;
-  /** The grpc-js error. */
+  /** In a `checkMany` result: the request's position in the batch. */
+  index?: number;
+  /** The grpc-js error; in a `checkMany` result, the item's google.rpc.Status `{ code, message }`. */
   cause: unknown;
 }
 
@@ -149,11 +234,23 @@ export declare class RateLimitClient {
   readonly address: string;
   readonly deadlineMs: number;
   /**
-   * Asks whether `key` (1 to 1024 bytes) may spend `cost` units now.
+   * Asks whether `key` (1 to 1024 bytes) may spend `cost` units now: under
+   * one limit, several (`limits`) or a policy (`policy`).
    * Rejects with a RateLimitError when ratelimitd fails or misses the
-   * deadline, and with a TypeError or RangeError for invalid options.
+   * deadline (NOT_FOUND for an unknown policy), and with a TypeError or
+   * RangeError for invalid options.
    */
   check(key: string, options: CheckOptions): Promise<Decision>;
+  check(key: string, options: LimitsCheckOptions | PolicyCheckOptions): Promise<LimitsDecision>;
+  /**
+   * Decides many independent requests in one call (CheckLimits), each as
+   * `check` would. Resolves with one result per request, in order, each its
+   * decision or its own error. Rejects only when the call as a whole fails:
+   * a RateLimitError (unreachable, the deadline, more than ratelimitd's
+   * --max-batch-size requests, default 1000), or a TypeError when
+   * `requests` is not a non-empty array.
+   */
+  checkMany(requests: CheckManyRequest[], options?: { deadlineMs?: number }): Promise<CheckManyResult[]>;
   /** Closes the channel. */
   close(): void;
 }
@@ -161,11 +258,14 @@ export declare class RateLimitClient {
 /** What `rateLimiter` needs of a client: a RateLimitClient, or anything with its `check`. */
 export interface Checker {
   check(key: string, options: CheckOptions): Promise<Decision>;
+  check(key: string, options: LimitsCheckOptions | PolicyCheckOptions): Promise<LimitsDecision>;
 }
 
 interface MiddlewareOptions<Req> {
   /** Derives the limited key from the request; default `req.ip`. May be async. */
   keyGenerator?: (req: Req) => string | number | Promise<string | number>;
+  /** The same option as `keyGenerator`, under a shorter name; pass one of them. */
+  key?: (req: Req) => string | number | Promise<string | number>;
   /** Units each request spends: a number, or a function of the request (may be async). Default 1. */
   cost?: number | ((req: Req) => number | Promise<number>);
   /** Prepended to every key, so that two limiters on the same keys count separately. Default ''. */
@@ -187,7 +287,31 @@ interface MiddlewareOptions<Req> {
 
 type Service = { client: Checker; address?: never } | { address: string; client?: never };
 
-export type RateLimiterOptions<Req = any> = Limit & Service & MiddlewareOptions<Req>;
+/** One of the middleware's `limits`: as the client's, but `key` may also be a function of the request. */
+export type MiddlewareLimitsEntry<Req = any> = Limit &
+  LimitsEntryOptions & {
+    /**
+     * The key this limit counts on: a string, or a function of the request
+     * (may be async), prefixed and hashed as `keyGenerator`'s; default the
+     * request's key.
+     */
+    key?: string | ((req: Req) => string | number | Promise<string | number>);
+  };
+
+/**
+ * What is limited: one limit (`type` and its parameters), several decided
+ * together, all or nothing (`limits`), or a policy of ratelimitd's policies
+ * file (`policy`). With several, the headers describe the most restrictive.
+ */
+type Limits<Req> =
+  | Limit
+  | { limits: MiddlewareLimitsEntry<Req>[] }
+  | {
+      /** A policy of ratelimitd's policies file. One it does not know (NOT_FOUND) is handled as `onServiceError`. */
+      policy: string;
+    };
+
+export type RateLimiterOptions<Req = any> = Limits<Req> & Service & MiddlewareOptions<Req>;
 
 /** An Express (or Connect / node:http) middleware. */
 export interface RateLimitMiddleware<Req = any, Res = any> {
@@ -197,7 +321,9 @@ export interface RateLimitMiddleware<Req = any, Res = any> {
 }
 
 /**
- * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowSize })`.
+ * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowSize })`,
+ * or `rateLimiter({ address, policy: 'free-tier', keyGenerator })`, or
+ * `rateLimiter({ address, limits: [...] })`.
  * Options are checked here; an invalid one throws a TypeError or RangeError.
  */
 export declare function rateLimiter<Req = any, Res = any>(

@@ -3,10 +3,12 @@
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
-const { ALGORITHM_OPTIONS, MAX_COUNT, resolve, show } = require('./algorithms');
+const { ALGORITHMS, ALGORITHM_OPTIONS, MAX_COUNT, resolve, show } = require('./algorithms');
 
 // The repository's proto/ folder: this package lives in clients/node/.
-// google/protobuf/duration.proto comes from protobufjs's bundled common types.
+// google/rpc/status.proto (a CheckLimits item's error) is vendored there too;
+// google/protobuf/duration.proto and any.proto come from protobufjs's bundled
+// common types.
 const PROTO_ROOT = path.join(__dirname, '..', '..', '..', 'proto');
 const PROTO_FILE = 'ratelimitd/v1/ratelimit.proto';
 
@@ -31,8 +33,23 @@ const STATUS_NAMES = Object.fromEntries(
   Object.entries(grpc.status).map(([name, number]) => [number, name]),
 );
 
-const CHECK_OPTIONS = new Set(['type', ...ALGORITHM_OPTIONS, 'cost', 'failurePolicy', 'deadlineMs']);
+const CHECK_OPTIONS = new Set([
+  'type',
+  ...ALGORITHM_OPTIONS,
+  'limits',
+  'policy',
+  'cost',
+  'failurePolicy',
+  'deadlineMs',
+]);
+// One entry of `limits`: an algorithm as `type` spells it, and its own name,
+// key and cost.
+const LIMIT_OPTIONS = new Set(['name', 'key', 'type', ...ALGORITHM_OPTIONS, 'cost']);
 const CLIENT_OPTIONS = new Set(['address', 'deadlineMs', 'credentials', 'channelOptions']);
+// The three forms of a request; exactly one per request.
+const FORMS = ['type', 'limits', 'policy'];
+// A limit's or a policy's name, as ratelimitd accepts it.
+const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 
 let serviceConstructor;
 function loadService() {
@@ -50,17 +67,20 @@ function loadService() {
   return serviceConstructor;
 }
 
-/** A failed call to ratelimitd; `code` is the gRPC status name, e.g. 'UNAVAILABLE'. */
+/**
+ * A failed call to ratelimitd, or one failed item of a batch (then `index`
+ * is its position); `code` is the gRPC status name, e.g. 'UNAVAILABLE'.
+ */
 class RateLimitError extends Error {
-  constructor(grpcError) {
+  constructor(grpcError, { method = 'CheckLimit', index, cause = grpcError } = {}) {
     const code = STATUS_NAMES[grpcError.code] ?? 'UNKNOWN';
-    super(`ratelimitd CheckLimit failed: ${code}: ${grpcError.details || grpcError.message}`, {
-      cause: grpcError,
-    });
+    const what = index === undefined ? `ratelimitd ${method} failed` : `ratelimitd ${method}: requests[${index}] failed`;
+    super(`${what}: ${code}: ${grpcError.details || grpcError.message}`, { cause });
     this.name = 'RateLimitError';
     this.code = code;
     this.grpcCode = grpcError.code;
     this.details = grpcError.details ?? '';
+    if (index !== undefined) this.index = index;
   }
 }
 
@@ -103,23 +123,107 @@ class RateLimitClient {
   }
 
   /**
-   * Asks whether `key` may spend `cost` units now.
+   * Asks whether `key` may spend `cost` units now: under one limit (`type`
+   * and its parameters), several decided together (`limits`), or a policy
+   * of the server's (`policy`).
    * Resolves with the decision (a denial is a decision, not an error); rejects
    * with a RateLimitError when ratelimitd fails or does not answer within the
    * deadline, or with a TypeError / RangeError for invalid options.
    */
   check(key, options) {
     let request;
+    let multi;
     let deadlineMs;
     try {
-      ({ request, deadlineMs } = this._request(key, options));
+      ({ request, multi, deadlineMs = this.deadlineMs } = toRequest(key, options, 'RateLimitClient.check'));
     } catch (err) {
       return Promise.reject(err);
     }
     return new Promise((resolvePromise, reject) => {
       this._stub.CheckLimit(request, { deadline: Date.now() + deadlineMs }, (err, response) => {
         if (err) reject(new RateLimitError(err));
-        else resolvePromise(decision(response));
+        else resolvePromise(decision(response, multi));
+      });
+    });
+  }
+
+  /**
+   * Decides many independent requests, `{ key, ...options of check }` each,
+   * in one call (CheckLimits). Resolves with one result per request, in
+   * order: `{ decision, error: null }`, or `{ decision: null, error }` for an
+   * item that failed on its own (a RateLimitError with ratelimitd's code, or
+   * the TypeError / RangeError of invalid options, that item then not sent).
+   * Rejects only when the call as a whole fails: a RateLimitError (ratelimitd
+   * unreachable, the deadline, more requests than its --max-batch-size), or
+   * a TypeError when `requests` is not a non-empty array.
+   */
+  checkMany(requests, options = {}) {
+    const where = 'RateLimitClient.checkMany';
+    let deadlineMs;
+    try {
+      if (!Array.isArray(requests) || requests.length === 0) {
+        throw new TypeError(
+          `${where}: \`requests\` must be a non-empty array of { key, ...check options }, got ${
+            Array.isArray(requests) ? 'an empty array' : show(requests)
+          }`,
+        );
+      }
+      if (options === null || typeof options !== 'object') {
+        throw new TypeError(`${where}: options must be an object, got ${show(options)}`);
+      }
+      for (const name of Object.keys(options)) {
+        if (name !== 'deadlineMs') throw new TypeError(`${where}: unknown option \`${name}\` (known: deadlineMs)`);
+      }
+      deadlineMs = options.deadlineMs ?? this.deadlineMs;
+      checkDeadline(deadlineMs, where);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const results = new Array(requests.length);
+    // What is sent: the position of each item in `requests`, its request, its form.
+    const sent = [];
+    requests.forEach((item, index) => {
+      const at = `${where}: requests[${index}]`;
+      try {
+        if (item === null || typeof item !== 'object') {
+          throw new TypeError(`${at}: must be an object { key, ...check options }, got ${show(item)}`);
+        }
+        const { key, ...itemOptions } = item;
+        if (itemOptions.deadlineMs !== undefined) {
+          throw new TypeError(`${at}: \`deadlineMs\` is the whole call's: pass it as checkMany(requests, { deadlineMs })`);
+        }
+        sent.push({ index, ...toRequest(key, itemOptions, at) });
+      } catch (err) {
+        results[index] = { decision: null, error: err };
+      }
+    });
+    if (sent.length === 0) return Promise.resolve(results);
+    return new Promise((resolvePromise, reject) => {
+      const request = { requests: sent.map((s) => s.request) };
+      this._stub.CheckLimits(request, { deadline: Date.now() + deadlineMs }, (err, response) => {
+        if (err) {
+          reject(new RateLimitError(err, { method: 'CheckLimits' }));
+          return;
+        }
+        if (response.results.length !== sent.length) {
+          reject(new Error(`${where}: ratelimitd answered ${response.results.length} results to ${sent.length} requests`));
+          return;
+        }
+        response.results.forEach((result, i) => {
+          const { index, multi } = sent[i];
+          if (result.result === 'response') {
+            results[index] = { decision: decision(result.response, multi), error: null };
+          } else {
+            // A google.rpc.Status: the code and message CheckLimit would have failed with.
+            const status = result.error ?? { code: grpc.status.UNKNOWN, message: 'no result' };
+            const error = new RateLimitError(
+              { code: status.code, details: status.message },
+              { method: 'CheckLimits', index, cause: status },
+            );
+            results[index] = { decision: null, error };
+          }
+        });
+        resolvePromise(results);
       });
     });
   }
@@ -128,44 +232,130 @@ class RateLimitClient {
   close() {
     this._stub.close();
   }
-
-  _request(key, options) {
-    const where = 'RateLimitClient.check';
-    if (typeof key !== 'string' || key === '') {
-      throw new TypeError(`${where}: \`key\` must be a non-empty string, got ${show(key)}`);
-    }
-    if (options === null || typeof options !== 'object') {
-      throw new TypeError(`${where}: options must be an object with a \`type\`, got ${show(options)}`);
-    }
-    for (const name of Object.keys(options)) {
-      if (!CHECK_OPTIONS.has(name)) {
-        throw new TypeError(`${where}: unknown option \`${name}\` (known: ${[...CHECK_OPTIONS].join(', ')})`);
-      }
-    }
-    const algorithm = resolve(options, where);
-    const request = { key, [algorithm.field]: algorithm.toProto(options) };
-    const { cost, failurePolicy, deadlineMs = this.deadlineMs } = options;
-    if (cost !== undefined) {
-      checkCost(cost, where);
-      request.cost = cost;
-    }
-    if (failurePolicy !== undefined) {
-      if (!Object.prototype.hasOwnProperty.call(FAILURE_POLICIES, failurePolicy)) {
-        throw new TypeError(
-          `${where}: \`failurePolicy\` must be one of ${Object.keys(FAILURE_POLICIES)
-            .map((p) => `'${p}'`)
-            .join(', ')}, got ${show(failurePolicy)}`,
-        );
-      }
-      request.failure_policy = FAILURE_POLICIES[failurePolicy];
-    }
-    checkDeadline(deadlineMs, where);
-    return { request, deadlineMs };
-  }
 }
 
-function decision(response) {
-  return {
+/**
+ * The CheckLimitRequest for `check(key, options)`, checked, and the call's
+ * own `deadlineMs` if it has one; `multi` when it asks several limits or a
+ * policy (its decision then has `limits`).
+ * Throws a TypeError or RangeError whose message starts with `where`.
+ */
+function toRequest(key, options, where) {
+  if (typeof key !== 'string' || key === '') {
+    throw new TypeError(`${where}: \`key\` must be a non-empty string, got ${show(key)}`);
+  }
+  if (options === null || typeof options !== 'object') {
+    throw new TypeError(`${where}: options must be an object with a \`type\`, \`limits\` or \`policy\`, got ${show(options)}`);
+  }
+  for (const name of Object.keys(options)) {
+    if (!CHECK_OPTIONS.has(name)) {
+      throw new TypeError(`${where}: unknown option \`${name}\` (known: ${[...CHECK_OPTIONS].join(', ')})`);
+    }
+  }
+  const form = checkForm(options, where);
+  const request = { key };
+  if (form === 'limits') {
+    checkLimits(options.limits, where);
+    request.limits = options.limits.map(limitToProto);
+  } else if (form === 'policy') {
+    request.policy = options.policy;
+  } else {
+    const algorithm = resolve(options, where);
+    request[algorithm.field] = algorithm.toProto(options);
+  }
+  const { cost, failurePolicy, deadlineMs } = options;
+  if (cost !== undefined) {
+    checkCost(cost, where);
+    request.cost = cost;
+  }
+  if (failurePolicy !== undefined) {
+    checkFailurePolicy(failurePolicy, where);
+    request.failure_policy = FAILURE_POLICIES[failurePolicy];
+  }
+  if (deadlineMs !== undefined) checkDeadline(deadlineMs, where);
+  return { request, multi: form !== 'type', deadlineMs };
+}
+
+/**
+ * Which of the three forms `options` takes: 'type' (one limit, also when
+ * none is given: `type` is then reported missing), 'limits' or 'policy'.
+ * Checks `policy` and that the other forms' options are absent.
+ */
+function checkForm(options, where) {
+  const given = FORMS.filter((name) => options[name] !== undefined);
+  if (given.length > 1) {
+    throw new TypeError(
+      `${where}: pass one of \`type\` (one limit), \`limits\` (several) and \`policy\` (one of ratelimitd's policies), not ${given
+        .map((name) => `\`${name}\``)
+        .join(' and ')}`,
+    );
+  }
+  const form = given[0] ?? 'type';
+  if (form === 'type') return form;
+  for (const name of ALGORITHM_OPTIONS) {
+    if (options[name] !== undefined) {
+      throw new TypeError(
+        form === 'limits'
+          ? `${where}: \`${name}\` is not an option with \`limits\`: each limit takes its own`
+          : `${where}: \`${name}\` is not an option with \`policy\`: the policy's limits are in ratelimitd's policies file`,
+      );
+    }
+  }
+  if (form === 'policy') checkName(options.policy, 'policy', where);
+  return form;
+}
+
+/**
+ * Checks the `limits` option: a non-empty array of limits, each `type` with
+ * its parameters and optionally `name`, `key` and `cost`. Returns each one's
+ * algorithm (the table entry). A limit's `key` is a non-empty string, or
+ * also a function when `keyFunctions` (the middleware's, of the request).
+ */
+function checkLimits(limits, where, { keyFunctions = false } = {}) {
+  if (!Array.isArray(limits) || limits.length === 0) {
+    throw new TypeError(
+      `${where}: \`limits\` must be a non-empty array of limits, got ${Array.isArray(limits) ? 'an empty array' : show(limits)}`,
+    );
+  }
+  const names = new Set();
+  return limits.map((limit, i) => {
+    const at = `${where}: limits[${i}]`;
+    if (limit === null || typeof limit !== 'object') {
+      throw new TypeError(`${at}: must be an object with a \`type\`, got ${show(limit)}`);
+    }
+    for (const name of Object.keys(limit)) {
+      if (!LIMIT_OPTIONS.has(name)) {
+        throw new TypeError(`${at}: unknown option \`${name}\` (known: ${[...LIMIT_OPTIONS].join(', ')})`);
+      }
+    }
+    const { name, key, cost } = limit;
+    if (name !== undefined) {
+      checkName(name, 'name', at);
+      if (names.has(name)) throw new TypeError(`${at}: \`name\` ${show(name)} is taken by an earlier limit: names must be unique`);
+      names.add(name);
+    }
+    if (key !== undefined && !(keyFunctions && typeof key === 'function') && (typeof key !== 'string' || key === '')) {
+      throw new TypeError(
+        `${at}: \`key\` must be a non-empty string${keyFunctions ? ' or a function (req) => string' : ''}, got ${show(key)}`,
+      );
+    }
+    if (cost !== undefined) checkCost(cost, at);
+    return resolve(limit, at);
+  });
+}
+
+/** One checked entry of `limits` as a Limit message. */
+function limitToProto(limit) {
+  const algorithm = ALGORITHMS[limit.type];
+  const proto = { [algorithm.field]: algorithm.toProto(limit) };
+  if (limit.name !== undefined) proto.name = limit.name;
+  if (limit.key !== undefined) proto.key = limit.key;
+  if (limit.cost !== undefined) proto.cost = limit.cost;
+  return proto;
+}
+
+function decision(response, multi) {
+  const result = {
     allowed: response.allowed,
     limit: response.limit,
     remaining: response.remaining,
@@ -175,6 +365,23 @@ function decision(response) {
     costExceedsLimit: response.cost_exceeds_limit,
     degraded: response.degraded,
   };
+  if (multi) {
+    // The fields above are then the request's as a whole: `allowed` only if
+    // every limit allows, `limit` / `remaining` / `resetAfterMs` those of
+    // limits[mostRestrictive].
+    result.limits = response.limits.map((status) => ({
+      name: status.name,
+      allowed: status.allowed,
+      limit: status.limit,
+      remaining: status.remaining,
+      resetAfterMs: status.reset_after ? durationToMs(status.reset_after) : 0,
+      retryAfterMs: status.retry_after ? durationToMs(status.retry_after) : null,
+      costExceedsLimit: status.cost_exceeds_limit,
+      shadow: status.shadow,
+    }));
+    result.mostRestrictive = response.most_restrictive;
+  }
+  return result;
 }
 
 // Rounded up to the millisecond: retrying after retryAfterMs still succeeds.
@@ -186,6 +393,24 @@ function checkCost(cost, where) {
   if (!Number.isSafeInteger(cost) || cost < 0 || cost > MAX_COUNT) {
     throw new (typeof cost === 'number' ? RangeError : TypeError)(
       `${where}: \`cost\` must be a whole number from 0 to ${MAX_COUNT}, got ${show(cost)}`,
+    );
+  }
+}
+
+function checkName(name, what, where) {
+  if (typeof name !== 'string' || !NAME.test(name)) {
+    throw new TypeError(
+      `${where}: \`${what}\` must be 1 to 64 letters, digits, '_', '-' or '.', got ${show(name)}`,
+    );
+  }
+}
+
+function checkFailurePolicy(failurePolicy, where) {
+  if (!Object.prototype.hasOwnProperty.call(FAILURE_POLICIES, failurePolicy)) {
+    throw new TypeError(
+      `${where}: \`failurePolicy\` must be one of ${Object.keys(FAILURE_POLICIES)
+        .map((p) => `'${p}'`)
+        .join(', ')}, got ${show(failurePolicy)}`,
     );
   }
 }
@@ -204,4 +429,7 @@ module.exports = {
   FAILURE_POLICIES,
   checkCost,
   checkDeadline,
+  checkFailurePolicy,
+  checkForm,
+  checkLimits,
 };

@@ -2,7 +2,14 @@
 
 const crypto = require('node:crypto');
 const { ALGORITHM_OPTIONS, resolve, show } = require('./algorithms');
-const { RateLimitClient, FAILURE_POLICIES, checkCost, checkDeadline } = require('./client');
+const {
+  RateLimitClient,
+  checkCost,
+  checkDeadline,
+  checkFailurePolicy,
+  checkForm,
+  checkLimits,
+} = require('./client');
 
 const WHERE = 'rateLimiter';
 const OPTIONS = new Set([
@@ -11,7 +18,12 @@ const OPTIONS = new Set([
   'deadlineMs',
   'type',
   ...ALGORITHM_OPTIONS,
+  'limits',
+  'policy',
   'keyGenerator',
+  // express-rate-limit's users know `keyGenerator`; issue examples and
+  // other limiters say `key`: either names the same option.
+  'key',
   'cost',
   'prefix',
   'onServiceError',
@@ -23,11 +35,14 @@ const OPTIONS = new Set([
 const MAX_KEY_BYTES = 1024;
 // At most one warning per this period while ratelimitd keeps failing.
 const WARN_INTERVAL_MS = 10000;
-const POLICY_ID = '"default"';
+// The RateLimit-Policy id of a limit without a name.
+const DEFAULT_POLICY_ID = 'default';
 
 /**
  * Express middleware: the seed's `rateLimiter({ redis, type, limit, windowSize })`
- * with `client` or `address` in place of `redis`.
+ * with `client` or `address` in place of `redis`; or, in place of `type` and
+ * its parameters, several limits decided together (`limits`) or a policy of
+ * ratelimitd's policies file (`policy`).
  */
 function rateLimiter(options) {
   if (options === null || typeof options !== 'object') {
@@ -48,7 +63,8 @@ function rateLimiter(options) {
     address,
     deadlineMs,
     type,
-    keyGenerator = defaultKey,
+    limits,
+    policy,
     cost,
     prefix = '',
     onServiceError = 'allow',
@@ -57,7 +73,16 @@ function rateLimiter(options) {
     logger = console,
   } = options;
 
-  const algorithm = resolve(options, WHERE);
+  if (options.key !== undefined && options.keyGenerator !== undefined) {
+    throw new TypeError(`${WHERE}: pass one of \`key\` and \`keyGenerator\` (the same option), not both`);
+  }
+  const keyGenerator = options.key ?? options.keyGenerator ?? defaultKey;
+
+  // One limit (`type`), several (`limits`) or a policy: the algorithm, or
+  // each limit's.
+  const form = checkForm(options, WHERE);
+  const algorithm = form === 'type' ? resolve(options, WHERE) : null;
+  const algorithms = form === 'limits' ? checkLimits(limits, WHERE, { keyFunctions: true }) : null;
   if ((givenClient === undefined) === (address === undefined)) {
     throw new TypeError(
       `${WHERE}: pass exactly one of \`address\` (e.g. '127.0.0.1:50051') and \`client\` (a RateLimitClient)`,
@@ -68,7 +93,7 @@ function rateLimiter(options) {
   }
   if (deadlineMs !== undefined) checkDeadline(deadlineMs, WHERE);
   if (typeof keyGenerator !== 'function') {
-    throw new TypeError(`${WHERE}: \`keyGenerator\` must be a function (req) => string, got ${show(keyGenerator)}`);
+    throw new TypeError(`${WHERE}: \`keyGenerator\` (or \`key\`) must be a function (req) => string, got ${show(keyGenerator)}`);
   }
   if (cost !== undefined && typeof cost !== 'function') checkCost(cost, WHERE);
   if (typeof prefix !== 'string') {
@@ -77,13 +102,7 @@ function rateLimiter(options) {
   if (onServiceError !== 'allow' && onServiceError !== 'deny') {
     throw new TypeError(`${WHERE}: \`onServiceError\` must be 'allow' or 'deny', got ${show(onServiceError)}`);
   }
-  if (failurePolicy !== undefined && !Object.prototype.hasOwnProperty.call(FAILURE_POLICIES, failurePolicy)) {
-    throw new TypeError(
-      `${WHERE}: \`failurePolicy\` must be one of ${Object.keys(FAILURE_POLICIES)
-        .map((p) => `'${p}'`)
-        .join(', ')}, got ${show(failurePolicy)}`,
-    );
-  }
+  if (failurePolicy !== undefined) checkFailurePolicy(failurePolicy, WHERE);
   if (typeof headers !== 'boolean') {
     throw new TypeError(`${WHERE}: \`headers\` must be true or false, got ${show(headers)}`);
   }
@@ -92,28 +111,56 @@ function rateLimiter(options) {
   }
 
   const client = givenClient ?? new RateLimitClient({ address, ...(deadlineMs !== undefined && { deadlineMs }) });
-  const checkOptions = { type };
-  for (const name of algorithm.options) checkOptions[name] = options[name];
+  const checkOptions = {};
+  if (form === 'type') {
+    checkOptions.type = type;
+    for (const name of algorithm.options) checkOptions[name] = options[name];
+  } else if (form === 'policy') {
+    checkOptions.policy = policy;
+  }
   if (failurePolicy !== undefined) checkOptions.failurePolicy = failurePolicy;
   if (deadlineMs !== undefined) checkOptions.deadlineMs = deadlineMs;
-  const windowSeconds = algorithm.windowSeconds(options);
+  // The `w` of RateLimit-Policy, in seconds: the limit's window, or each
+  // limit's. A policy's windows are ratelimitd's: its items go without `w`.
+  const windowSeconds = algorithm?.windowSeconds(options);
+  const limitWindows = algorithms?.map((a, i) => a.windowSeconds(limits[i]));
   const warn = throttledWarning(logger);
+
+  // A key as ratelimitd takes it: prefixed, hashed when too long.
+  function limitedKey(value, what) {
+    if (typeof value === 'number') value = String(value);
+    if (typeof value !== 'string' || value === '') {
+      throw new TypeError(`${WHERE}: ${what} must return a non-empty string, got ${show(value)}`);
+    }
+    const key = prefix + value;
+    if (Buffer.byteLength(key) > MAX_KEY_BYTES) {
+      return `sha256:${crypto.createHash('sha256').update(key).digest('hex')}`;
+    }
+    return key;
+  }
+
+  // The `limits` of one request: each limit's own key, if it has one,
+  // derived and prefixed as the request's.
+  async function limitsFor(req) {
+    return Promise.all(
+      limits.map(async (limit, i) => {
+        const { key: own, ...rest } = limit;
+        if (own === undefined) return rest;
+        const value = typeof own === 'function' ? await own(req) : own;
+        return { ...rest, key: limitedKey(value, `limits[${i}].key(req)`) };
+      }),
+    );
+  }
 
   async function rateLimitMiddleware(req, res, next) {
     let key;
-    let spend;
+    let requestOptions = checkOptions;
     try {
-      key = await keyGenerator(req);
-      if (typeof key === 'number') key = String(key);
-      if (typeof key !== 'string' || key === '') {
-        throw new TypeError(`${WHERE}: keyGenerator(req) must return a non-empty string, got ${show(key)}`);
-      }
-      key = prefix + key;
-      if (Buffer.byteLength(key) > MAX_KEY_BYTES) {
-        key = `sha256:${crypto.createHash('sha256').update(key).digest('hex')}`;
-      }
-      spend = typeof cost === 'function' ? await cost(req) : cost;
+      key = limitedKey(await keyGenerator(req), 'keyGenerator(req)');
+      const spend = typeof cost === 'function' ? await cost(req) : cost;
       if (spend !== undefined) checkCost(spend, `${WHERE}: cost(req)`);
+      if (form === 'limits') requestOptions = { ...requestOptions, limits: await limitsFor(req) };
+      if (spend !== undefined) requestOptions = { ...requestOptions, cost: spend };
     } catch (err) {
       next(err);
       return;
@@ -121,10 +168,11 @@ function rateLimiter(options) {
 
     let result;
     try {
-      result = await client.check(key, spend === undefined ? checkOptions : { ...checkOptions, cost: spend });
+      result = await client.check(key, requestOptions);
     } catch (err) {
       // By name rather than instanceof: the client may come from another
-      // copy of this package.
+      // copy of this package. An unknown policy (NOT_FOUND) is ratelimitd's
+      // configuration, not the request's: handled as an outage.
       if (err?.name !== 'RateLimitError' || err.code === 'INVALID_ARGUMENT') {
         next(err); // a bug in the options or the key, not an outage
         return;
@@ -142,11 +190,17 @@ function rateLimiter(options) {
     }
 
     if (headers && !res.headersSent) {
-      res.setHeader('RateLimit-Policy', `${POLICY_ID};q=${result.limit};w=${windowSeconds}`);
-      res.setHeader(
-        'RateLimit',
-        `${POLICY_ID};r=${result.remaining};t=${Math.ceil(result.resetAfterMs / 1000)}`,
-      );
+      // With several limits, the top-level fields are the most restrictive
+      // one's: it is the item sent, under its name.
+      let id = DEFAULT_POLICY_ID;
+      let window = windowSeconds;
+      if (form !== 'type') {
+        const i = result.mostRestrictive ?? 0;
+        id = result.limits?.[i]?.name || DEFAULT_POLICY_ID;
+        window = limitWindows?.[i];
+      }
+      res.setHeader('RateLimit-Policy', `"${id}";q=${result.limit}${window === undefined ? '' : `;w=${window}`}`);
+      res.setHeader('RateLimit', `"${id}";r=${result.remaining};t=${Math.ceil(result.resetAfterMs / 1000)}`);
     }
     if (result.allowed) {
       next();

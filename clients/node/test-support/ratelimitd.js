@@ -2,11 +2,13 @@
 
 // Starts a real ratelimitd process for the tests: the binary from
 // $RATELIMITD_BIN, else the repository's target/debug/ratelimitd, on the
-// embedded store, on a free loopback port.
+// embedded store, on a free loopback port; optionally with a --config
+// directory of files (a policies file), polled every 50 ms.
 
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const net = require('node:net');
+const os = require('node:os');
 const path = require('node:path');
 const { once } = require('node:events');
 const { RateLimitClient } = require('..');
@@ -56,16 +58,28 @@ async function waitFor(condition, { timeoutMs = 5000, intervalMs = 20, what = 'c
 
 /**
  * Starts ratelimitd and waits until it answers CheckLimit.
- * Returns { address, port, process, logs(), stop(), kill() }.
+ * `config`: files for a --config directory, name → text (e.g.
+ * `{ 'policies.yaml': 'policies: ...' }`), made in a temporary directory
+ * (removed when the server stops) that ratelimitd polls every 50 ms;
+ * `writeConfig(name, text)` changes one of them (hot reload). `args`: more
+ * flags.
+ * Returns { address, port, process, configDir, writeConfig(), logs(), stop(), kill() }.
  */
-async function startRatelimitd({ port } = {}) {
+async function startRatelimitd({ port, config, args = [] } = {}) {
   const bin = binary();
   port ??= await freePort();
   const address = `127.0.0.1:${port}`;
   // The server reads RATELIMITD_* settings from its environment: drop any
   // (a RATELIMITD_REDIS_URL would take it off the embedded store).
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('RATELIMITD_')));
-  const child = spawn(bin, ['--listen', address, '--log-format', 'json'], {
+  let configDir = null;
+  const flags = ['--listen', address, '--log-format', 'json'];
+  if (config !== undefined) {
+    configDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ratelimitd-node-test-'));
+    for (const [name, text] of Object.entries(config)) writeFile(configDir, name, text);
+    flags.push('--config', configDir, '--config-poll-interval', '50ms');
+  }
+  const child = spawn(bin, [...flags, ...args], {
     env,
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -92,30 +106,51 @@ async function startRatelimitd({ port } = {}) {
     );
   } catch (err) {
     child.kill('SIGKILL');
+    removeConfig();
     throw new Error(`${err.message}\nratelimitd output:\n${output}`);
   } finally {
     probe.close();
   }
 
+  function removeConfig() {
+    if (configDir) fs.rmSync(configDir, { recursive: true, force: true });
+  }
+
   async function stopWith(signal) {
-    if (exited) return;
-    const done = once(child, 'exit');
-    child.kill(signal);
-    const timer = setTimeout(() => child.kill('SIGKILL'), 3000);
-    await done;
-    clearTimeout(timer);
+    if (!exited) {
+      const done = once(child, 'exit');
+      child.kill(signal);
+      const timer = setTimeout(() => child.kill('SIGKILL'), 3000);
+      await done;
+      clearTimeout(timer);
+    }
+    removeConfig();
   }
 
   return {
     address,
     port,
     process: child,
+    configDir,
+    /** Replaces (or adds) one file of the --config directory. */
+    writeConfig: (name, text) => {
+      if (!configDir) throw new Error('ratelimitd was started without `config`');
+      writeFile(configDir, name, text);
+    },
     logs: () => output,
     /** SIGTERM (SIGKILL after 3 s), resolves when it has exited. */
     stop: () => stopWith('SIGTERM'),
     /** SIGKILL: the service disappears at once. */
     kill: () => stopWith('SIGKILL'),
   };
+}
+
+// Whole or not at all: written beside, then renamed, so that ratelimitd's
+// poll never reads half a file.
+function writeFile(dir, name, text) {
+  const temporary = path.join(dir, `.${name}.tmp`);
+  fs.writeFileSync(temporary, text);
+  fs.renameSync(temporary, path.join(dir, name));
 }
 
 module.exports = { startRatelimitd, freePort, waitFor, binary };

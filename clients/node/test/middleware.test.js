@@ -222,7 +222,7 @@ test('options are checked when the middleware is created, with clear errors', ()
     [{ ...base, type: 'token' }, /`limit` is not an option of type 'token', which takes `capacity` and `refillRate`/],
     [{ address: '127.0.0.1:1', type: 'token', capacity: 5 }, /`refillRate` \(tokens per second\) must be a finite number above 0, got undefined/],
     [{ address: '127.0.0.1:1', type: 'token', capacity: 0.5, refillRate: 1 }, /`capacity` must be a whole number/],
-    [{ ...base, keyGenerator: 'ip' }, /`keyGenerator` must be a function/],
+    [{ ...base, keyGenerator: 'ip' }, /`keyGenerator` \(or `key`\) must be a function/],
     [{ ...base, cost: -2 }, /`cost` must be a whole number from 0/],
     [{ ...base, onServiceError: 'open' }, /`onServiceError` must be 'allow' or 'deny', got "open"/],
     [{ ...base, failurePolicy: 'closed' }, /`failurePolicy` must be one of 'fail-closed', 'fail-open', 'local'/],
