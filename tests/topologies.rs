@@ -2,7 +2,8 @@
 //! and on a Sentinel-managed primary: three ratelimitd processes and 300
 //! concurrent callers on one key with limit 100 admit exactly 100, for every
 //! algorithm; keys spread over every primary; and ratelimitd follows a
-//! failover without a restart.
+//! failover without a restart. Several limits of one `CheckLimit` whose
+//! counters live on several primaries are still all or nothing.
 
 mod common;
 
@@ -61,6 +62,67 @@ async fn a_cluster_shares_one_limit_across_instances_and_spreads_keys() {
     assert!(
         spread.iter().all(|(_, keys)| *keys > 30),
         "keys per primary: {spread:?}"
+    );
+
+    several_limits_across_nodes_are_all_or_nothing(&cluster, &clients).await;
+}
+
+/// Six named limits on one key, whose counters live on several primaries:
+/// 300 requests at once through three instances pass exactly 5 (the
+/// tightest limit), and the 295 denied ones spend nothing on the other five.
+async fn several_limits_across_nodes_are_all_or_nothing(
+    cluster: &RedisCluster,
+    clients: &[RateLimiterClient<Channel>],
+) {
+    use ratelimitd::pb::ratelimitd::v1 as pb;
+    let limit = |name: &str, limit: u64| pb::Limit {
+        name: name.into(),
+        algorithm: Some(pb::limit::Algorithm::FixedWindow(pb::FixedWindow {
+            limit,
+            window: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 0,
+            }),
+        })),
+        ..Default::default()
+    };
+    let ask = move |cost: u64| pb::CheckLimitRequest {
+        key: "multi".into(),
+        limits: ["tight", "b", "c", "d", "e", "f"]
+            .iter()
+            .map(|name| limit(name, if *name == "tight" { 5 } else { 100 }))
+            .collect(),
+        cost: Some(cost),
+        ..Default::default()
+    };
+    let before = cluster.keys_per_primary().await;
+    let calls = (0..300).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        tokio::spawn(async move { client.check_limit(ask(1)).await })
+    });
+    let mut passed = 0;
+    for call in join_all(calls).await {
+        let answer = call.expect("task").expect("answered").into_inner();
+        passed += usize::from(answer.allowed);
+    }
+    assert_eq!(passed, 5);
+    let look = clients[0]
+        .clone()
+        .check_limit(ask(0))
+        .await
+        .expect("look")
+        .into_inner();
+    let remaining: Vec<u64> = look.limits.iter().map(|status| status.remaining).collect();
+    assert_eq!(remaining, [0, 95, 95, 95, 95, 95]);
+    let after = cluster.keys_per_primary().await;
+    let gained = before
+        .iter()
+        .zip(&after)
+        .filter(|((_, was), (_, now))| now > was)
+        .count();
+    assert!(
+        gained >= 2,
+        "the six counters on one primary: {before:?} → {after:?}"
     );
 }
 
