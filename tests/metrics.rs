@@ -1,5 +1,5 @@
 //! The Prometheus endpoint: scraped and parsed, it counts decisions by API,
-//! algorithm and outcome, local-cache hits, Redis command latency, shadow
+//! algorithm and outcome, policy decisions, local-cache hits, Redis command latency, shadow
 //! decisions, config reloads, pool connections and calls in flight; and it
 //! never names a caller's key.
 
@@ -22,7 +22,8 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
     let dir = tempfile::tempdir().expect("config directory");
     let limits = dir.path().join("limits.yaml");
     let shadowed = "domain: metered\ndescriptors:\n  - key: k\n    shadow_mode: true\n    \
-                    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+                    rate_limit: {unit: hour, requests_per_unit: 1}\npolicies:\n  \
+                    metered-plan:\n    - {per: 1h, limit: 1, algorithm: gcra}\n";
     std::fs::write(&limits, shadowed).expect("write");
     let limits_path = limits.to_string_lossy().into_owned();
     let server = ServerProcess::start(&[
@@ -46,6 +47,15 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
         check(&mut client, "secret-caller-key", &limit, None).await;
     }
     check(&mut client, "another-caller", &token_bucket(5, 1.0), None).await;
+    // A policy: one allowed, one denied.
+    for _ in 0..2 {
+        let ask = ratelimitd::pb::ratelimitd::v1::CheckLimitRequest {
+            key: "a-planned-caller".into(),
+            policy: "metered-plan".into(),
+            ..Default::default()
+        };
+        client.check_limit(ask).await.expect("a policy decision");
+    }
     let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
     let over = with_hits(descriptor(&[("k", "v")]), 2);
     envoy
@@ -127,9 +137,16 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
         ),
         1.0
     );
+    for outcome in ["allowed", "denied"] {
+        let labels = [("policy", "metered-plan"), ("outcome", outcome)];
+        let policy = value(&series, "ratelimitd_policy_decisions_total", &labels);
+        assert_eq!(policy, 1.0, "{outcome}");
+        let labels = [check_limit, ("algorithm", "gcra"), ("outcome", outcome)];
+        assert_eq!(value(&series, decisions, &labels), 1.0, "{outcome}");
+    }
     assert_eq!(
         value(&series, "ratelimitd_redis_command_seconds_count", &[]),
-        5.0,
+        7.0,
         "one script per decision: {text}"
     );
     assert!(
