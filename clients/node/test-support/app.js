@@ -4,6 +4,7 @@
 
 const express = require('express');
 const { once } = require('node:events');
+const { rateLimiter } = require('..');
 
 /**
  * Serves `GET /` behind `middleware` on 127.0.0.1, on a port of the system's
@@ -28,4 +29,22 @@ async function startApp(...middleware) {
   };
 }
 
-module.exports = { startApp };
+/** Starts an app behind one limiter made of `options`, runs fn(app, limiter), closes both. */
+async function withApp(options, fn) {
+  const limiter = rateLimiter(options);
+  const app = await startApp(limiter);
+  try {
+    return await fn(app, limiter);
+  } finally {
+    await app.close();
+    if (!options.client) limiter.client.close();
+  }
+}
+
+/** A logger that keeps its warnings, for tests to read. */
+function recorder() {
+  const warnings = [];
+  return { warnings, logger: { warn: (message) => warnings.push(message) } };
+}
+
+module.exports = { startApp, withApp, recorder };

@@ -7,7 +7,7 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { rateLimiter, RateLimitClient } = require('..');
 const { startRatelimitd } = require('../test-support/ratelimitd');
-const { startApp } = require('../test-support/app');
+const { startApp, withApp, recorder } = require('../test-support/app');
 
 const POLICIES = `
 policies:
@@ -32,22 +32,6 @@ after(async () => {
   await server?.stop();
 });
 
-/** Starts an app behind one limiter, runs fn(app), closes it. */
-async function withApp(options, fn) {
-  const limiter = rateLimiter(options);
-  const app = await startApp(limiter);
-  try {
-    return await fn(app, limiter);
-  } finally {
-    await app.close();
-    if (!options.client) limiter.client.close();
-  }
-}
-
-function recorder() {
-  const warnings = [];
-  return { warnings, logger: { warn: (message) => warnings.push(message) } };
-}
 
 test('a policy: the 11th request in a second on a 10/s policy is 429, with Retry-After and RateLimit headers', async () => {
   const p = prefix('policy');

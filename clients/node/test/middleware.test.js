@@ -6,7 +6,7 @@ const net = require('node:net');
 const { once } = require('node:events');
 const { rateLimiter, RateLimitClient } = require('..');
 const { startRatelimitd, freePort, waitFor } = require('../test-support/ratelimitd');
-const { startApp } = require('../test-support/app');
+const { startApp, withApp, recorder } = require('../test-support/app');
 
 let server;
 let client;
@@ -24,22 +24,6 @@ after(async () => {
   await server?.stop();
 });
 
-/** Starts an app behind one limiter, runs fn(app), closes it. */
-async function withApp(options, fn) {
-  const limiter = rateLimiter(options);
-  const app = await startApp(limiter);
-  try {
-    return await fn(app, limiter);
-  } finally {
-    await app.close();
-    if (!options.client) limiter.client.close();
-  }
-}
-
-function recorder() {
-  const warnings = [];
-  return { warnings, logger: { warn: (message) => warnings.push(message) } };
-}
 
 test("the seed's scenario: 5 requests per 10 s, five 200s then 429", async () => {
   // As in the seed, with `redis` replaced by `address`.
