@@ -7,16 +7,28 @@ through the build hook in `setup.py`, so installing the package is enough;
 run it by hand (`python generate_stubs.py`, with grpcio-tools installed, as
 the `test` extra does) after changing the proto in an editable install.
 
-Two things the plain `protoc` output needs:
-- `google/protobuf/duration.proto`, which the proto imports: grpcio-tools
-  ships it in its `_proto` directory, added to the include path;
-- package-relative imports: `ratelimit_pb2_grpc.py` imports its messages as
-  `from ratelimitd.v1 import ratelimit_pb2`, a top-level package this
-  distribution does not (and should not) own. That one line is rewritten to
-  `from . import ratelimit_pb2`, and the rewrite fails loudly if a future
-  grpcio-tools words it differently. The proto's own file name stays
-  `ratelimitd/v1/ratelimit.proto` in the descriptor pool, as in every other
-  language, so it cannot collide with another package's `ratelimit.proto`.
+Three things the plain `protoc` output needs:
+- `google/protobuf/duration.proto` and `google/protobuf/any.proto`, which
+  the protos import: grpcio-tools ships them in its `_proto` directory,
+  added to the include path (protobuf ships their Python modules);
+- `google/rpc/status.proto` (a CheckLimits item's error), vendored in
+  proto/google/rpc/: generated too, as `_pb/status_pb2.py`;
+- package-relative imports: protoc writes `from ratelimitd.v1 import
+  ratelimit_pb2` (in `ratelimit_pb2_grpc.py`) and `from google.rpc import
+  status_pb2` (in `ratelimit_pb2.py` and `.pyi`), top-level packages this
+  distribution does not (and should not) own. Each is rewritten to import
+  from `.`, and a rewrite fails loudly if a future grpcio-tools words its
+  line differently. The protos' own file names stay as they are in the
+  descriptor pool (`ratelimitd/v1/ratelimit.proto`), as in every other
+  language, so ours cannot collide with another package's `ratelimit.proto`.
+
+`google.rpc.Status` is the exception: its file name and message name are
+googleapis', and googleapis-common-protos (which grpcio-status, the Google
+Cloud libraries and OpenTelemetry's exporters bring) registers the same
+names with other options, so the two copies cannot both be loaded (protobuf
+refuses a second `google/rpc/status.proto`). `ratelimit_pb2.py` therefore
+imports googleapis' `google.rpc.status_pb2` when it is installed (the same
+message on the wire) and the packaged copy only when it is not.
 """
 
 from __future__ import annotations
@@ -31,12 +43,30 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # The proto, as a path under the include root (its name in the descriptor pool).
 PROTO = "ratelimitd/v1/ratelimit.proto"
+# What it imports from the same root (vendored, not in grpcio-tools' _proto).
+STATUS_PROTO = "google/rpc/status.proto"
 # The repository's proto/ directory; RATELIMITD_PROTO_DIR points elsewhere.
 DEFAULT_PROTO_ROOT = HERE.parent.parent / "proto"
 OUT_DIR = HERE / "src" / "ratelimitd_client" / "_pb"
-GENERATED = ("ratelimit_pb2.py", "ratelimit_pb2.pyi", "ratelimit_pb2_grpc.py")
+GENERATED = (
+    "ratelimit_pb2.py",
+    "ratelimit_pb2.pyi",
+    "ratelimit_pb2_grpc.py",
+    "status_pb2.py",
+    "status_pb2.pyi",
+)
 
 _ABSOLUTE_IMPORT = re.compile(r"^from ratelimitd\.v1 import ratelimit_pb2 ", re.MULTILINE)
+_STATUS_IMPORT = re.compile(r"^from google\.rpc import status_pb2 as (\w+)\n", re.MULTILINE)
+# googleapis' copy when installed, else ours (see the module's docstring).
+_STATUS_IMPORT_WITH_FALLBACK = """\
+try:  # googleapis-common-protos' copy, if installed: protobuf loads one google/rpc/status.proto
+    from google.rpc import status_pb2 as \\1
+except ModuleNotFoundError as err:
+    if err.name not in ("google.rpc", "google.rpc.status_pb2"):
+        raise
+    from . import status_pb2 as \\1
+"""
 
 
 def proto_root() -> Path:
@@ -48,13 +78,13 @@ def stubs_present(out_dir: Path = OUT_DIR) -> bool:
 
 
 def generate(out_dir: Path = OUT_DIR, root: Path | None = None) -> None:
-    """Runs protoc (from grpcio-tools) and writes the three stub files."""
+    """Runs protoc (from grpcio-tools) and writes the stub files (GENERATED)."""
     root = root or proto_root()
-    if not (root / PROTO).is_file():
+    if not all((root / proto).is_file() for proto in (PROTO, STATUS_PROTO)):
         raise SystemExit(
-            f"generate_stubs: {root / PROTO} not found. Run from the ratelimitd "
-            "repository (clients/python sits two levels under proto/'s parent), "
-            "or set RATELIMITD_PROTO_DIR to the directory that holds ratelimitd/v1/."
+            f"generate_stubs: {root / PROTO} or {root / STATUS_PROTO} not found. Run from the "
+            "ratelimitd repository (clients/python sits two levels under proto/'s parent), "
+            "or set RATELIMITD_PROTO_DIR to the directory that holds ratelimitd/v1/ and google/rpc/."
         )
     try:
         import grpc_tools
@@ -76,23 +106,34 @@ def generate(out_dir: Path = OUT_DIR, root: Path | None = None) -> None:
                 f"--pyi_out={tmp}",
                 f"--grpc_python_out={tmp}",
                 str(root / PROTO),
+                str(root / STATUS_PROTO),
             ]
         )
         if status != 0:
             raise SystemExit(f"generate_stubs: protoc failed (exit {status})")
         produced = Path(tmp) / Path(PROTO).parent
-        grpc_file = produced / "ratelimit_pb2_grpc.py"
-        text, count = _ABSOLUTE_IMPORT.subn("from . import ratelimit_pb2 ", grpc_file.read_text())
-        if count != 1:
-            raise SystemExit(
-                f"generate_stubs: expected one 'from ratelimitd.v1 import ratelimit_pb2' "
-                f"in {grpc_file.name}, found {count}: grpcio-tools changed its output"
-            )
-        grpc_file.write_text(text)
+        _rewrite(produced / "ratelimit_pb2_grpc.py", _ABSOLUTE_IMPORT, "from . import ratelimit_pb2 ")
+        _rewrite(produced / "ratelimit_pb2.py", _STATUS_IMPORT, _STATUS_IMPORT_WITH_FALLBACK)
+        # Type checkers read the packaged copy: the same message either way.
+        _rewrite(produced / "ratelimit_pb2.pyi", _STATUS_IMPORT, "from . import status_pb2 as \\1\n")
+        for name in ("status_pb2.py", "status_pb2.pyi"):
+            shutil.move(Path(tmp) / Path(STATUS_PROTO).parent / name, produced / name)
 
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in GENERATED:
             _replace_if_changed(produced / name, out_dir / name)
+
+
+def _rewrite(file: Path, absolute: re.Pattern[str], relative: str) -> None:
+    """Rewrites the one line `absolute` matches in `file`, loudly if there
+    is not exactly one."""
+    text, count = absolute.subn(relative, file.read_text())
+    if count != 1:
+        raise SystemExit(
+            f"generate_stubs: expected one line matching {absolute.pattern!r} in {file.name}, "
+            f"found {count}: grpcio-tools changed its output"
+        )
+    file.write_text(text)
 
 
 def _replace_if_changed(source: Path, target: Path) -> None:

@@ -1,9 +1,14 @@
 """Rate-limit any ASGI app (Starlette, FastAPI, Quart, ...) with ratelimitd.
 
     app.add_middleware(RateLimitMiddleware, type="fixed", limit=5, window_ms=10_000)
+    app.add_middleware(RateLimitMiddleware, policy="free-tier")   # the server's policies file
+    app.add_middleware(RateLimitMiddleware, limits=[Limit(limit=10, window_ms=1000, name="1s"),
+                                                    Limit(limit=1000, window_ms=3_600_000, name="1h")])
 
 Every HTTP request spends `cost` units (1 by default) of its key, the
-client's IP unless `key_func(scope)` says otherwise:
+client's IP unless `key_func(scope)` says otherwise (under several limits or
+a policy, all of them or none; the headers then describe the most
+restrictive, and Retry-After is the wait until every limit allows):
 - allowed: the app answers, with the IETF `RateLimit-Policy` and `RateLimit`
   headers added (as ratelimitd's Envoy face writes them);
 - denied: 429 `{"error": "Rate limit exceeded"}` with `Retry-After` (seconds,
@@ -12,8 +17,10 @@ client's IP unless `key_func(scope)` says otherwise:
 - ratelimitd unreachable, too slow or failing: `on_service_error="allow"`
   (the default) lets the request through, `"deny"` answers 503
   `{"error": "Rate limiter unavailable"}`. Either way a warning is logged,
-  at most one per 10 s. An INVALID_ARGUMENT is a bug, not an outage: it is
-  raised.
+  at most one per 10 s. A `policy` the server does not know (NOT_FOUND) is
+  a misconfiguration of the server's policies file, not of the app: it is
+  handled the same way (logged, then allowed or 503). An INVALID_ARGUMENT
+  is a bug in the app's arguments, not an outage: it is raised.
 
 Pure ASGI: it needs nothing but ratelimitd_client, and only HTTP requests are
 limited (websocket and lifespan events pass through). Behind a proxy, the
@@ -28,7 +35,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import grpc
@@ -39,6 +46,7 @@ from ratelimitd_client import (
     DEFAULT_DEADLINE,
     AsyncClient,
     Decision,
+    Limit,
     RatelimitdError,
     build_request,
 )
@@ -68,12 +76,16 @@ class RateLimitMiddleware:
 
     - `type`, `limit`, `window_ms`, `capacity`, `refill_rate`,
       `failure_policy`: as `Client.check`, checked here, at start-up;
+    - or, instead of `type` and its parameters, `limits` (several, as
+      `Client.check`'s) or `policy` (a policy name of the server's policies
+      file; whether the server knows it shows at the first request);
     - `cost`: units per request, or a function `(scope) -> int`;
     - `key_func`: `(scope) -> str`, default `client_ip`; `prefix` is put
       before every key (to keep several limits on the same callers apart);
-    - `on_service_error`: `"allow"` or `"deny"` (503);
+    - `on_service_error`: `"allow"` or `"deny"` (503), also for an unknown
+      `policy`;
     - `headers`: add `RateLimit-Policy` / `RateLimit` (default True), whose
-      policy id is `policy_id`;
+      policy id is `policy_id` (default: `policy`, else "default");
     - `client`: an `AsyncClient` to share; else one is made from `address`
       and `deadline`.
     """
@@ -89,12 +101,14 @@ class RateLimitMiddleware:
         refill_rate: float | None = None,
         burst: int | None = None,
         failure_policy: str | None = None,
+        limits: Sequence[Limit | Mapping[str, Any]] | None = None,
+        policy: str | None = None,
         cost: int | Callable[[Scope], int] = 1,
         key_func: Callable[[Scope], str] = client_ip,
         prefix: str = "",
         on_service_error: str = "allow",
         headers: bool = True,
-        policy_id: str = "default",
+        policy_id: str | None = None,
         client: AsyncClient | None = None,
         address: str = DEFAULT_ADDRESS,
         deadline: float = DEFAULT_DEADLINE,
@@ -110,9 +124,16 @@ class RateLimitMiddleware:
             "refill_rate": refill_rate,
             "burst": burst,
             "failure_policy": failure_policy,
+            "limits": limits,
+            "policy": policy,
         }
-        # A mistake in the limit is a ValueError now, not on every request.
+        # A mistake in the limits is a ValueError now, not on every request.
         build_request("start-up check", **self._params, cost=0 if callable(cost) else cost)
+        # Checked: as Limits, so dicts are not checked again on every request.
+        checked = None
+        if limits is not None:
+            checked = [one if isinstance(one, Limit) else Limit(**one) for one in limits]
+        self._params["limits"] = checked
         self._cost = cost
         self._key_func = key_func
         self._prefix = prefix
@@ -120,12 +141,17 @@ class RateLimitMiddleware:
         self._client = client or AsyncClient(address, deadline)
 
         self._headers_on = headers
-        self._policy_id = sf_string(policy_id)
-        # The header's window `w`: the window, or the time an empty bucket takes to fill.
-        algorithm = ALGORITHMS[type]
-        self._window_seconds = math.ceil(
-            algorithm.span_seconds(**{name: self._params[name] for name in algorithm.params})
-        )
+        self._policy_id = sf_string(policy_id if policy_id is not None else policy or "default")
+        # The header's window `w`, per limit (limits[most_restrictive] is the
+        # one reported): the window, or the time an empty bucket takes to
+        # fill. A policy's limits are the server's: no `w`.
+        self._window_seconds: list[int] = []
+        if checked is not None:
+            self._window_seconds = [math.ceil(one.span_seconds()) for one in checked]
+        elif policy is None:
+            algorithm = ALGORITHMS[type]
+            span = algorithm.span_seconds(**{name: self._params[name] for name in algorithm.params})
+            self._window_seconds = [math.ceil(span)]
         self._last_warning = -math.inf
         self._suppressed = 0
 
@@ -138,6 +164,9 @@ class RateLimitMiddleware:
         try:
             decision = await self._client.check(key, **self._params, cost=cost)
         except RatelimitdError as err:
+            # A bug in these arguments, not an outage. (NOT_FOUND, a policy
+            # missing from the server's file, is the server's configuration:
+            # handled as an outage, below.)
             if err.code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             self._warn(err)
@@ -167,7 +196,9 @@ class RateLimitMiddleware:
     def _headers(self, decision: Decision) -> list[tuple[bytes, bytes]]:
         if not self._headers_on:
             return []
-        policy = f"{self._policy_id};q={decision.limit};w={self._window_seconds}"
+        policy = f"{self._policy_id};q={decision.limit}"
+        if self._window_seconds:
+            policy += f";w={self._window_seconds[decision.most_restrictive]}"
         reset = math.ceil(decision.reset_after_ms / 1000)
         return [
             (b"ratelimit-policy", policy.encode()),
@@ -184,6 +215,8 @@ class RateLimitMiddleware:
         more = f" (and {self._suppressed} more failures since the last warning)" if self._suppressed else ""
         self._last_warning, self._suppressed = now, 0
         action = "allowing" if self._on_service_error == "allow" else "refusing with 503"
+        if err.code == grpc.StatusCode.NOT_FOUND:
+            action += " until the server's policies file defines it"
         logger.warning("ratelimitd could not decide (%s); %s%s", err, action, more)
 
 

@@ -1,5 +1,7 @@
 """Starts a real ratelimitd for the tests: on the embedded store (no Redis),
-on a free loopback port, with JSON logs kept in a file for failures.
+on a free loopback port, with JSON logs kept in a file for failures; with a
+--config directory holding a policies file when a test needs named policies
+(`policy_server`, or `start_ratelimitd(..., policies=...)`).
 
 The binary is $RATELIMITD_BIN, else <repo>/target/debug/ratelimitd. Without
 one the tests fail (never skip): build it with `cargo build --bin ratelimitd`.
@@ -13,7 +15,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,25 @@ from ratelimitd_client import Client, RatelimitdError
 
 REPO = Path(__file__).resolve().parents[3]
 START_TIMEOUT = 20.0
+# How often the server looks at its --config directory: a rewritten
+# policies file is in force within this (and a request's time).
+CONFIG_POLL_INTERVAL = "50ms"
+
+# The policies of `policy_server`, as an operator writes them. Counters are
+# per key (tests keep apart by their keys) unless a limit says
+# `scope: policy`: none here does.
+POLICIES = """\
+policies:
+  # The README's example, with fixed windows: 10 a second (decided the same
+  # however fast the machine), 1000 an hour.
+  free-tier:
+    - {per: 1s, limit: 10}
+    - {per: 1h, limit: 1000}
+  # A limit in shadow mode is reported, never denies.
+  watched:
+    - {per: 1h, limit: 5, name: enforced}
+    - {per: 1h, limit: 1, name: trial, shadow_mode: true}
+"""
 
 
 def binary() -> Path:
@@ -49,6 +70,8 @@ class Server:
     address: str
     process: subprocess.Popen
     log: Path
+    #: Its --config directory (see `write_policies`), if it has one.
+    config_dir: Path | None = None
 
     def stop(self) -> int:
         """SIGTERM (ratelimitd shuts down gracefully), then its exit code."""
@@ -62,11 +85,35 @@ class Server:
         return self.process.returncode
 
 
-def start_ratelimitd(log_dir: Path, port: int | None = None) -> Server:
+def write_policies(config_dir: Path, text: str) -> Path:
+    """Writes `text` as the policies file of `config_dir` (a server's
+    --config), whole: to a temporary file beside it, then renamed, so a
+    running server never reads half of it."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    path = config_dir / "policies.yaml"
+    partial = config_dir / ".policies.yaml.partial"  # a dotfile: the server skips it
+    partial.write_text(text)
+    partial.replace(path)
+    return path
+
+
+def start_ratelimitd(
+    log_dir: Path, port: int | None = None, *, policies: str | None = None, args: Sequence[str] = ()
+) -> Server:
     """Starts ratelimitd and returns once it answers a CheckLimit.
 
     Without `port`, picks a free one, and picks again if another process
-    took it in between (ratelimitd then exits at once)."""
+    took it in between (ratelimitd then exits at once). With `policies`
+    (a policies file's text), the server's --config is a directory of
+    `log_dir` holding it as policies.yaml, looked at every
+    CONFIG_POLL_INTERVAL (rewrite it with `write_policies`). `args`: more
+    flags."""
+    flags = list(args)
+    config_dir = None
+    if policies is not None:
+        config_dir = log_dir / f"config-{uuid.uuid4().hex[:6]}"
+        write_policies(config_dir, policies)
+        flags += ["--config", str(config_dir), "--config-poll-interval", CONFIG_POLL_INTERVAL]
     for _ in range(3):
         listen = f"127.0.0.1:{port or free_port()}"
         log = log_dir / f"ratelimitd-{listen.replace(':', '-')}-{uuid.uuid4().hex[:6]}.log"
@@ -75,13 +122,13 @@ def start_ratelimitd(log_dir: Path, port: int | None = None) -> Server:
         env = {name: value for name, value in os.environ.items() if not name.startswith("RATELIMITD_")}
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [str(binary()), "--listen", listen, "--log-format", "json"],
+                [str(binary()), "--listen", listen, "--log-format", "json", *flags],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
-        server = Server(listen, process, log)
+        server = Server(listen, process, log, config_dir)
         if _wait_until_answering(server):
             return server
         server.stop()
@@ -120,6 +167,16 @@ def _wait_until_answering(server: Server) -> bool:
 def ratelimitd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One ratelimitd for the whole session: tests keep apart by their keys."""
     server = start_ratelimitd(tmp_path_factory.mktemp("ratelimitd"))
+    yield server
+    code = server.stop()
+    assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"
+
+
+@pytest.fixture(scope="session")
+def policy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A ratelimitd whose --config directory holds POLICIES, for the whole
+    session: tests keep apart by their keys."""
+    server = start_ratelimitd(tmp_path_factory.mktemp("ratelimitd-policies"), policies=POLICIES)
     yield server
     code = server.stop()
     assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"

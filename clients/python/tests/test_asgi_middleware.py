@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ratelimitd_client import AsyncClient
+from ratelimitd_client import AsyncClient, Limit
 
 from app import create_app
 from asgi_middleware import RateLimitMiddleware, sf_string
@@ -110,6 +110,79 @@ async def test_headers_can_be_left_out(ratelimitd, peer):
     assert "RateLimit" not in denied.headers
 
 
+async def test_a_policy_the_eleventh_request_in_a_second_gets_429(policy_server, peer):
+    # "free-tier" in the server's policies file: 10 per second, 1000 per hour.
+    app = limited_app(address=policy_server.address, policy="free-tier")
+    async with http(app, peer) as client:
+        responses = [await client.get("/") for _ in range(11)]
+
+    assert [r.status_code for r in responses] == [200] * 10 + [429]
+    for remaining, response in zip(range(9, -1, -1), responses[:10], strict=True):
+        assert response.text == "ok"
+        # The most restrictive limit, the second's; the window is the server's (no `w`).
+        assert response.headers["RateLimit-Policy"] == '"free-tier";q=10'
+        assert response.headers["RateLimit"] == f'"free-tier";r={remaining};t=1'
+        assert "Retry-After" not in response.headers
+
+    denied = responses[10]
+    assert denied.json() == {"error": "Rate limit exceeded"}
+    assert denied.headers["Retry-After"] == "1"
+    assert denied.headers["RateLimit-Policy"] == '"free-tier";q=10'
+    assert denied.headers["RateLimit"] == '"free-tier";r=0;t=1'
+
+
+async def test_a_policy_with_its_own_policy_id_and_a_key_function(policy_server, peer, key):
+    app = limited_app(
+        address=policy_server.address,
+        policy="free-tier",
+        policy_id="plan",
+        key_func=lambda scope: dict(scope["headers"])[b"x-api-key"].decode(),
+        prefix=key,
+        cost=lambda scope: 6,
+    )
+    async with http(app, peer) as client:
+        alice = [await client.get("/", headers={"X-Api-Key": "alice"}) for _ in range(2)]
+        bob = await client.get("/", headers={"X-Api-Key": "bob"})
+    assert [r.status_code for r in alice] == [200, 429] and bob.status_code == 200
+    assert alice[1].headers["RateLimit"] == '"plan";r=4;t=1'
+
+
+async def test_several_limits_report_the_most_restrictive(ratelimitd, peer):
+    app = limited_app(
+        address=ratelimitd.address,
+        limits=[
+            {"name": "per-10s", "limit": 5, "window_ms": 10_000},
+            Limit(name="per-hour", type="token", capacity=2, refill_rate=2 / 3600),
+        ],
+    )
+    async with http(app, peer) as client:
+        responses = [await client.get("/") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    # The hour's bucket has the fewest left, then denies: its q and w.
+    assert {r.headers["RateLimit-Policy"] for r in responses} == {'"default";q=2;w=3600'}
+    assert re.fullmatch(r'"default";r=1;t=(1800|1799)', responses[0].headers["RateLimit"])
+    assert 1790 <= int(responses[2].headers["Retry-After"]) <= 1800
+
+
+async def test_an_unknown_policy_is_the_servers_misconfiguration(policy_server, peer, caplog):
+    # NOT_FOUND: handled as an outage of the limiter (logged, then on_service_error), not raised.
+    allowing = limited_app(address=policy_server.address, policy="no-such-tier")
+    denying = limited_app(address=policy_server.address, policy="no-such-tier", on_service_error="deny")
+    with caplog.at_level(logging.WARNING, logger="ratelimitd_client.asgi"):
+        async with http(allowing, peer) as client:
+            allowed = [await client.get("/") for _ in range(2)]
+        async with http(denying, peer) as client:
+            refused = await client.get("/")
+    assert [(r.status_code, r.text) for r in allowed] == [(200, "ok")] * 2
+    assert "RateLimit" not in allowed[0].headers
+    assert refused.status_code == 503 and refused.json() == {"error": "Rate limiter unavailable"}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2  # one per middleware, not one per request
+    assert "NOT_FOUND" in warnings[0] and "'no-such-tier'" in warnings[0]
+    assert "allowing until the server's policies file defines it" in warnings[0]
+    assert "refusing with 503" in warnings[1]
+
+
 async def test_on_service_error_allow_lets_requests_through(dead_address, peer, caplog):
     app = limited_app(address=dead_address, limit=1, window_ms=10_000, on_service_error="allow")
     with caplog.at_level(logging.WARNING, logger="ratelimitd_client.asgi"):
@@ -138,6 +211,12 @@ def test_a_bad_limit_fails_at_start_up():
         RateLimitMiddleware(app, type="token")
     with pytest.raises(ValueError, match="on_service_error must be 'allow' or 'deny'"):
         RateLimitMiddleware(app, limit=1, window_ms=1000, on_service_error="maybe")
+    with pytest.raises(ValueError, match="limit and window_ms do not apply with policy="):
+        RateLimitMiddleware(app, policy="free-tier", limit=1, window_ms=1000)
+    with pytest.raises(ValueError, match="policy must be 1 to 64 ASCII"):
+        RateLimitMiddleware(app, policy="free tier")
+    with pytest.raises(ValueError, match=r"limits\[1\]: counts on the same counter as limits\[0\]"):
+        RateLimitMiddleware(app, limits=[{"limit": 1, "window_ms": 1000}, {"limit": 9, "window_ms": 60_000}])
 
 
 async def test_non_http_events_pass_through(dead_address):

@@ -8,6 +8,8 @@
             ...  # d.retry_after_ms until it would pass
 
 `AsyncClient` is the same for asyncio (`await limiter.check(...)`).
+Several limits at once: `check(key, limits=[Limit(...), ...])`; a policy of
+the server's: `check(key, policy="free-tier")`; a batch: `check_many([...])`.
 
 Map: `_request.py` checks arguments and holds the algorithm table and the
 protobuf conversions; `_client.py` the two clients; `_pb/` the stubs,
@@ -15,7 +17,15 @@ generated from the repository's proto/ at build time.
 """
 
 from ._client import DEFAULT_ADDRESS, DEFAULT_DEADLINE, AsyncClient, Client
-from ._request import ALGORITHMS, FAILURE_POLICIES, Decision, RatelimitdError, build_request
+from ._request import (
+    ALGORITHMS,
+    FAILURE_POLICIES,
+    Decision,
+    Limit,
+    LimitStatus,
+    RatelimitdError,
+    build_request,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -25,6 +35,8 @@ __all__ = [
     "AsyncClient",
     "Client",
     "Decision",
+    "Limit",
+    "LimitStatus",
     "RatelimitdError",
     "build_request",
 ]

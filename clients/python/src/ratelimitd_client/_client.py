@@ -1,21 +1,32 @@
 """The two clients, `Client` (blocking) and `AsyncClient` (asyncio): one
-gRPC channel each, one `check()` that asks ratelimitd's CheckLimit.
+gRPC channel each, `check()` that asks ratelimitd's CheckLimit (one limit,
+several, or a named policy) and `check_many()` its CheckLimits (a batch).
 
 Both check their arguments before any I/O (`ValueError`), give over-limit as
 a `Decision` with `allowed=False`, and turn every failed call into a
-`RatelimitdError` carrying the gRPC status code.
+`RatelimitdError` carrying the gRPC status code (a batch item's failure too,
+in that item's place).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
 
 from ._pb import ratelimit_pb2_grpc
-from ._request import Decision, RatelimitdError, build_request, check_deadline, decision
+from ._request import (
+    Decision,
+    Limit,
+    RatelimitdError,
+    batch_results,
+    build_batch,
+    build_request,
+    check_deadline,
+    decision,
+)
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 #: Seconds a check() may take before it fails with DEADLINE_EXCEEDED. A
@@ -60,7 +71,9 @@ class Client:
             self._channel = grpc.insecure_channel(address, options)
         else:
             self._channel = grpc.secure_channel(address, credentials, options)
-        self._check_limit = ratelimit_pb2_grpc.RateLimiterStub(self._channel).CheckLimit
+        stub = ratelimit_pb2_grpc.RateLimiterStub(self._channel)
+        self._check_limit = stub.CheckLimit
+        self._check_limits = stub.CheckLimits
 
     def check(
         self,
@@ -75,6 +88,8 @@ class Client:
         cost: int = 1,
         failure_policy: str | None = None,
         deadline: float | None = None,
+        limits: Sequence[Limit | Mapping[str, Any]] | None = None,
+        policy: str | None = None,
     ) -> Decision:
         """May `key` spend `cost` units now?
 
@@ -85,6 +100,12 @@ class Client:
         `window_ms`. `cost=0` looks without spending. `failure_policy`
         ("fail_closed", "fail_open", "local") overrides the server's for
         when Redis cannot answer. `deadline` (seconds) overrides the client's.
+
+        Instead of `type` and its parameters: `limits`, several limits
+        (`Limit`s, or dicts of their arguments) decided together, all or
+        nothing; or `policy`, the name of a policy in the server's policies
+        file (one it does not know: RatelimitdError NOT_FOUND). The Decision
+        then answers for them all, and its `limits` holds each one's part.
         """
         request = build_request(
             key,
@@ -96,6 +117,8 @@ class Client:
             burst=burst,
             cost=cost,
             failure_policy=failure_policy,
+            limits=limits,
+            policy=policy,
         )
         timeout = self.deadline if deadline is None else check_deadline(deadline)
         try:
@@ -103,6 +126,26 @@ class Client:
         except grpc.RpcError as err:
             raise RatelimitdError.from_rpc_error(err) from None
         return decision(response)
+
+    def check_many(
+        self, items: Sequence[Mapping[str, Any]], *, deadline: float | None = None
+    ) -> list[Decision | RatelimitdError]:
+        """Many independent checks in one call: `items` are dicts of
+        `check()`'s arguments, `key` included (`deadline` is the call's).
+
+        One result per item, in order: its Decision, or the RatelimitdError
+        the server answered for it (e.g. NOT_FOUND for an unknown policy),
+        returned in its place, not raised. A bad item raises ValueError
+        before anything is sent; a call that fails as a whole (ratelimitd
+        down, more items than its --max-batch-size) raises RatelimitdError.
+        """
+        request = build_batch(items)
+        timeout = self.deadline if deadline is None else check_deadline(deadline)
+        try:
+            response = self._check_limits(request, timeout=timeout)
+        except grpc.RpcError as err:
+            raise RatelimitdError.from_rpc_error(err) from None
+        return batch_results(response, len(request.requests))
 
     def close(self) -> None:
         self._channel.close()
@@ -138,18 +181,18 @@ class AsyncClient:
         self._options = _channel_options(options)
         self._channel: grpc.aio.Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._check_limit = None
+        self._stub: ratelimit_pb2_grpc.RateLimiterStub | None = None
 
-    def _stub_call(self):
+    def _stub_for_loop(self) -> ratelimit_pb2_grpc.RateLimiterStub:
         loop = asyncio.get_running_loop()
-        if self._channel is None or self._loop is not loop:
+        if self._stub is None or self._loop is not loop:
             if self._credentials is None:
                 self._channel = grpc.aio.insecure_channel(self.address, self._options)
             else:
                 self._channel = grpc.aio.secure_channel(self.address, self._credentials, self._options)
             self._loop = loop
-            self._check_limit = ratelimit_pb2_grpc.RateLimiterStub(self._channel).CheckLimit
-        return self._check_limit
+            self._stub = ratelimit_pb2_grpc.RateLimiterStub(self._channel)
+        return self._stub
 
     async def check(
         self,
@@ -164,6 +207,8 @@ class AsyncClient:
         cost: int = 1,
         failure_policy: str | None = None,
         deadline: float | None = None,
+        limits: Sequence[Limit | Mapping[str, Any]] | None = None,
+        policy: str | None = None,
     ) -> Decision:
         """May `key` spend `cost` units now? As `Client.check`."""
         request = build_request(
@@ -176,17 +221,31 @@ class AsyncClient:
             burst=burst,
             cost=cost,
             failure_policy=failure_policy,
+            limits=limits,
+            policy=policy,
         )
         timeout = self.deadline if deadline is None else check_deadline(deadline)
         try:
-            response = await self._stub_call()(request, timeout=timeout)
+            response = await self._stub_for_loop().CheckLimit(request, timeout=timeout)
         except grpc.RpcError as err:
             raise RatelimitdError.from_rpc_error(err) from None
         return decision(response)
 
+    async def check_many(
+        self, items: Sequence[Mapping[str, Any]], *, deadline: float | None = None
+    ) -> list[Decision | RatelimitdError]:
+        """Many independent checks in one call. As `Client.check_many`."""
+        request = build_batch(items)
+        timeout = self.deadline if deadline is None else check_deadline(deadline)
+        try:
+            response = await self._stub_for_loop().CheckLimits(request, timeout=timeout)
+        except grpc.RpcError as err:
+            raise RatelimitdError.from_rpc_error(err) from None
+        return batch_results(response, len(request.requests))
+
     async def close(self) -> None:
         """Closes the channel opened in the running loop (if any)."""
-        channel, self._channel, self._loop = self._channel, None, None
+        channel, self._channel, self._loop, self._stub = self._channel, None, None, None
         if channel is not None:
             await channel.close()
 

@@ -1,7 +1,9 @@
 """Generated gRPC stubs of proto/ratelimitd/v1/ratelimit.proto.
 
 Not committed: `pip install` (through setup.py) or `python generate_stubs.py`
-writes ratelimit_pb2.py, ratelimit_pb2.pyi and ratelimit_pb2_grpc.py here.
+writes ratelimit_pb2.py, ratelimit_pb2.pyi and ratelimit_pb2_grpc.py here, and
+status_pb2.py / .pyi (google.rpc.Status, a CheckLimits item's error; used only
+when googleapis-common-protos does not provide it: see generate_stubs.py).
 """
 
 try:
