@@ -1,7 +1,9 @@
 //! The Envoy face over gRPC, without Envoy: envoyproxy/ratelimit's README
 //! examples (ported as fixtures in tests/fixtures/ratelimit) give the
 //! answers upstream documents, and the protocol details hold (hits, limit
-//! overrides, shadow mode, headers, all-or-nothing across descriptors).
+//! overrides, shadow mode, headers, all-or-nothing across descriptors), and
+//! so do our extensions to the files (algorithms, `unit_multiplier`,
+//! `count_denied_hits`, several limits on one descriptor).
 //!
 //! Per-second and per-minute windows are aligned to the clock, as upstream;
 //! assertions that need several units spent do it in one request (with
@@ -886,4 +888,237 @@ async fn a_rule_may_count_denied_hits_on_its_own() {
         assert_eq!(look.code(), look_after, "{key}");
     }
     server.stop().await;
+}
+
+/// The `rate_limits` extension: several limits on one descriptor.
+const SEVERAL_LIMITS: &str = "domain: several\n\
+     descriptors:\n\
+     \x20 - key: api\n\
+     \x20   rate_limits:\n\
+     \x20     - {unit: second, requests_per_unit: 3, name: per_second}\n\
+     \x20     - {unit: minute, requests_per_unit: 5, name: per_minute}\n\
+     \x20 - key: blocked\n\
+     \x20   rate_limit: {unit: second, requests_per_unit: 0}\n\
+     \x20 - key: mixed\n\
+     \x20   rate_limit: {unit: hour, requests_per_unit: 10, name: hourly}\n\
+     \x20   rate_limits:\n\
+     \x20     - {unit: day, requests_per_unit: 20}\n\
+     \x20     - {unlimited: true}\n\
+     \x20 - key: with_block\n\
+     \x20   rate_limits:\n\
+     \x20     - {unit: hour, requests_per_unit: 10}\n\
+     \x20     - {unit: second, requests_per_unit: 0, name: closed}\n\
+     \x20 - key: all_unlimited\n\
+     \x20   rate_limits: [{unlimited: true}, {unlimited: true}]\n\
+     \x20 - key: replacer\n\
+     \x20   rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: hourly}]}\n";
+
+/// A server on [`SEVERAL_LIMITS`] with both kinds of response headers, on
+/// the embedded store or (given a URL) on Redis.
+async fn start_several(dir: &tempfile::TempDir, redis_url: Option<&str>) -> (TestServer, Client) {
+    std::fs::write(dir.path().join("several.yaml"), SEVERAL_LIMITS).expect("write config");
+    let config = dir.path().to_str().expect("utf-8 path");
+    let mut flags = vec![
+        "--config",
+        config,
+        "--envoy-ratelimit-headers",
+        "--envoy-limit-headers",
+    ];
+    if let Some(url) = redis_url {
+        flags.extend(["--redis-url", url]);
+    }
+    let server = TestServer::start(&flags).await;
+    let client = RateLimitServiceClient::new(common::channel(server.address).await);
+    (server, client)
+}
+
+/// The value of the response header `name`.
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> &'a str {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+        .unwrap_or_else(|| panic!("no {name} in {:?}", response.response_headers_to_add))
+}
+
+/// The `name` of a status's `current_limit`.
+fn limit_name(status: &DescriptorStatus) -> &str {
+    status
+        .current_limit
+        .as_ref()
+        .map_or("(no limit)", |limit| limit.name.as_str())
+}
+
+/// Sleeps to just past the next whole second of the clock, where aligned
+/// one-second windows start (a wall-clock boundary: nothing signals it).
+async fn next_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let left = 1.0 - now.as_secs_f64().fract();
+    tokio::time::sleep(std::time::Duration::from_secs_f64(left + 0.02)).await;
+}
+
+/// Three per second and five per minute on one descriptor: the fourth
+/// request of a second is denied by the per-second limit and spends
+/// nothing on the per-minute one; later the per-minute limit is the one
+/// exhausted. Each status, and both kinds of headers, describe the most
+/// restrictive limit. On the embedded store and on Redis.
+#[tokio::test]
+async fn several_limits_on_one_descriptor_report_the_most_restrictive() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    for redis_url in [None, Some(url.as_str())] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (server, mut client) = start_several(&dir, redis_url).await;
+        let api = || descriptor(&[("api", "x")]);
+        common::fresh_minute().await;
+        next_second().await;
+        for remaining in [2, 1, 0] {
+            let status = one(&mut client, "several", api()).await;
+            assert_eq!(
+                limited(&status),
+                (Code::Ok, 3, Unit::Second, remaining),
+                "{redis_url:?}"
+            );
+            assert_eq!(limit_name(&status), "per_second");
+        }
+        let fourth = ask(&mut client, "several", vec![api()]).await;
+        assert_eq!(fourth.overall_code(), Code::OverLimit, "{redis_url:?}");
+        let status = &fourth.statuses[0];
+        assert_eq!(limited(status), (Code::OverLimit, 3, Unit::Second, 0));
+        assert_eq!(limit_name(status), "per_second");
+        assert_eq!(status.duration_until_reset.map(|d| d.seconds), Some(1));
+        assert_eq!(
+            header(&fourth, "RateLimit-Policy"),
+            r#""per_second";q=3;w=1"#
+        );
+        assert_eq!(header(&fourth, "RateLimit"), r#""per_second";r=0;t=1"#);
+        assert_eq!(header(&fourth, "RateLimit-Limit"), "3");
+        assert_eq!(header(&fourth, "RateLimit-Remaining"), "0");
+        assert_eq!(header(&fourth, "RateLimit-Reset"), "1");
+
+        // A new second: the per-second limit is whole again, and the
+        // per-minute one shows that neither the denied fourth request nor
+        // one denied by another descriptor spent on it (5 - 3 - 1 = 1).
+        next_second().await;
+        let with_blocked = ask(
+            &mut client,
+            "several",
+            vec![api(), descriptor(&[("blocked", "b")])],
+        )
+        .await;
+        assert_eq!(with_blocked.overall_code(), Code::OverLimit);
+        assert_eq!(with_blocked.statuses[0].code(), Code::Ok);
+        let allowed = ask(&mut client, "several", vec![api()]).await;
+        assert_eq!(allowed.overall_code(), Code::Ok, "{redis_url:?}");
+        let status = &allowed.statuses[0];
+        assert_eq!(limited(status), (Code::Ok, 5, Unit::Minute, 1));
+        assert_eq!(limit_name(status), "per_minute");
+        assert_eq!(
+            header(&allowed, "RateLimit-Policy"),
+            r#""per_minute";q=5;w=60"#
+        );
+        assert!(
+            header(&allowed, "RateLimit").starts_with(r#""per_minute";r=1;t="#),
+            "{:?}",
+            allowed.response_headers_to_add
+        );
+        assert_eq!(header(&allowed, "RateLimit-Limit"), "5");
+        assert_eq!(header(&allowed, "RateLimit-Remaining"), "1");
+
+        let last = one(&mut client, "several", api()).await;
+        assert_eq!(limited(&last), (Code::Ok, 5, Unit::Minute, 0));
+        let denied = ask(&mut client, "several", vec![api()]).await;
+        assert_eq!(denied.overall_code(), Code::OverLimit, "{redis_url:?}");
+        let status = &denied.statuses[0];
+        assert_eq!(limited(status), (Code::OverLimit, 5, Unit::Minute, 0));
+        assert_eq!(limit_name(status), "per_minute");
+        let reset = status.duration_until_reset.map_or(0, |d| d.seconds);
+        assert!((1..=60).contains(&reset), "reset in {reset} s");
+        assert_eq!(
+            header(&denied, "RateLimit-Policy"),
+            r#""per_minute";q=5;w=60"#
+        );
+        assert_eq!(
+            header(&denied, "RateLimit"),
+            format!(r#""per_minute";r=0;t={reset}"#)
+        );
+        assert_eq!(header(&denied, "RateLimit-Limit"), "5");
+        assert_eq!(header(&denied, "RateLimit-Remaining"), "0");
+        server.stop().await;
+    }
+    redis.assert_every_key_expires().await;
+}
+
+/// In a list, an unlimited entry limits nothing, a blocked one blocks the
+/// descriptor, and `replaces` drops the entry it names while the
+/// descriptor keeps the others.
+#[tokio::test]
+async fn unlimited_blocked_and_replaced_limits_in_a_list() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server, mut client) = start_several(&dir, None).await;
+    let mixed = || descriptor(&[("mixed", "m")]);
+
+    let status = one(&mut client, "several", mixed()).await;
+    assert_eq!(limited(&status), (Code::Ok, 10, Unit::Hour, 9));
+    assert_eq!(limit_name(&status), "hourly");
+    // The hourly limit replaced: the daily one speaks, counted as before.
+    let response = ask(
+        &mut client,
+        "several",
+        vec![mixed(), descriptor(&[("replacer", "r")])],
+    )
+    .await;
+    assert_eq!(response.overall_code(), Code::Ok);
+    assert_eq!(
+        limited(&response.statuses[0]),
+        (Code::Ok, 20, Unit::Day, 18)
+    );
+    assert_eq!(limit_name(&response.statuses[0]), "");
+    assert_eq!(
+        header(&response, "RateLimit-Policy"),
+        r#""mixed#2";q=20;w=86400"#,
+        "an unnamed limit of several is told apart by its position"
+    );
+
+    let with_block = || descriptor(&[("with_block", "w")]);
+    let blocked = one(&mut client, "several", with_block()).await;
+    assert_eq!(limited(&blocked), (Code::OverLimit, 0, Unit::Second, 0));
+    assert_eq!(limit_name(&blocked), "closed");
+    let look = one(&mut client, "several", with_hits(with_block(), 0)).await;
+    assert_eq!(look.code(), Code::Ok, "a look spends nothing, so passes");
+    assert_eq!(
+        limited(&look),
+        (Code::Ok, 0, Unit::Second, 0),
+        "the blocked limit has the fewest left"
+    );
+
+    let free = one(
+        &mut client,
+        "several",
+        descriptor(&[("all_unlimited", "u")]),
+    )
+    .await;
+    assert!(unlimited(&free));
+    assert_eq!(free.limit_remaining, u32::MAX);
+    server.stop().await;
+}
+
+/// Upstream files name their counters as before the `rate_limits`
+/// extension: a single `rate_limit` keeps its storage key.
+#[tokio::test]
+async fn a_single_rate_limit_keeps_its_storage_key() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let (server, mut client) = start(&["--redis-url", &url]).await;
+    // A day's window: the key outlives the test.
+    let status = one(&mut client, "messaging", descriptor(&[("to_number", "1")])).await;
+    assert_eq!(limited(&status), (Code::Ok, 100, Unit::Day, 99));
+    server.stop().await;
+    assert_eq!(
+        redis.keys().await,
+        ["ratelimitd:{rls:fa:9:messaging|9:to_number|1:1|w86400000}"]
+    );
 }

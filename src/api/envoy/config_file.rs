@@ -12,6 +12,26 @@
 //! with windows aligned to the unit as upstream; `sliding_window`;
 //! `token_bucket`; `gcra`; `sliding_window_counter`) and `unit_multiplier` (the window is `unit` × this).
 //!
+//! An extension on descriptors: `rate_limits`, a list of entries each with
+//! exactly the fields of `rate_limit`, beside or instead of it (`rate_limit`
+//! then counts as the list's first entry): several limits on one
+//! descriptor, all decided together with the request's other descriptors.
+//! `shadow_mode`, `quota_mode`, `metadata` and `share_threshold` are the
+//! descriptor's and hold for every entry. Two counted entries with the same
+//! algorithm and the same window (`unit` × `unit_multiplier`) would name one
+//! counter, and are refused. An `unlimited: true` entry limits nothing (a
+//! descriptor whose entries all are is unlimited); a `requests_per_unit: 0`
+//! entry blocks the descriptor, as a single blocked rule does. Each entry's
+//! `name` is its own: reported in `current_limit` when that entry is the
+//! most restrictive, and the `replaces` of any rule matched in the same
+//! request drops every entry so named, the descriptor keeping its other
+//! entries (with none left it has no limit, as a replaced upstream rule).
+//! An entry's `replaces` may not name an entry of its own descriptor (it
+//! could only ever drop it). An unnamed entry of a descriptor with several
+//! has the policy id `<descriptor path>#<position>` (1-based, `rate_limit`
+//! first) in the IETF headers. `rate_limits: []` is no limit, as no
+//! `rate_limit`.
+//!
 //! Also an extension: the Envoy quota service's policies of the domain,
 //! `quota_buckets` (a `bucket_id` pattern and a `rate_limit` each) and
 //! `quota_default` (see [`super::quota_policies`]).
@@ -288,6 +308,10 @@ struct DescriptorSpec {
     key: Option<Text>,
     value: Option<Text>,
     rate_limit: Option<Spanned<RateLimitSpec>>,
+    /// Extension: more limits on the same descriptor, each as
+    /// `rate_limit`, all decided together (after `rate_limit`, if given).
+    #[serde(default)]
+    rate_limits: Vec<Spanned<RateLimitSpec>>,
     #[serde(default)]
     descriptors: Vec<Spanned<DescriptorSpec>>,
     #[serde(default)]
@@ -573,15 +597,11 @@ impl Context<'_> {
                 quota: spec.quota_mode,
                 metadata,
             };
-            let rule = spec
-                .rate_limit
-                .as_ref()
-                .map(|rate_limit| self.rule(rate_limit, &settings))
-                .transpose()?;
+            let rules = self.rules(spec, &settings)?;
             let children = self.level(&spec.descriptors)?;
             self.path.pop();
             let node = Node {
-                rule: rule.map(Arc::new),
+                rules: rules.into_iter().map(Arc::new).collect(),
                 shared_pattern: spec.share_threshold.then(|| value.clone()).flatten(),
                 children,
             };
@@ -761,6 +781,62 @@ impl Context<'_> {
         Ok((QuotaLimit::Rate(rate), name))
     }
 
+    /// A descriptor's limits: its `rate_limit` first, then each entry of
+    /// its `rate_limits`.
+    fn rules(
+        &self,
+        spec: &DescriptorSpec,
+        settings: &DescriptorSettings,
+    ) -> Result<Vec<Rule>, ConfigError> {
+        let entries: Vec<&Spanned<RateLimitSpec>> =
+            spec.rate_limit.iter().chain(&spec.rate_limits).collect();
+        let several = entries.len() > 1;
+        let mut rules: Vec<Rule> = Vec::with_capacity(entries.len());
+        for (position, entry) in entries.into_iter().enumerate() {
+            let mut rule = self.rule(entry, settings)?;
+            let line = rule.source.line;
+            // The headers name one limit of several: the path alone would
+            // not say which.
+            if several && rule.name.is_none() {
+                rule.policy_id = format!("{}#{}", rule.policy_id, position + 1);
+            }
+            for earlier in &rules {
+                if let Some((tag, algorithm, window)) = counter(&rule)
+                    && counter(earlier).is_some_and(|(t, _, w)| (t, w) == (tag, window))
+                {
+                    return Err(self.error(
+                        line,
+                        format!(
+                            "this limit and the one at line {} would share one counter \
+                             (both {algorithm} over {} s): change the unit, \
+                             unit_multiplier or algorithm of one of them",
+                            earlier.source.line,
+                            window.as_secs()
+                        ),
+                    ));
+                }
+                // Both decide every request of the descriptor: replacing
+                // one by the other could only ever drop it.
+                for (replacing, replaced) in [(&rule, earlier), (earlier, &rule)] {
+                    if let Some(name) = &replaced.name
+                        && replacing.replaces.contains(name)
+                    {
+                        return Err(self.error(
+                            line,
+                            format!(
+                                "replaces should not name a limit of the same descriptor \
+                                 ('{name}', line {})",
+                                replaced.source.line
+                            ),
+                        ));
+                    }
+                }
+            }
+            rules.push(rule);
+        }
+        Ok(rules)
+    }
+
     fn rule(
         &self,
         spanned: &Spanned<RateLimitSpec>,
@@ -885,6 +961,20 @@ impl Context<'_> {
     }
 }
 
+/// What names a counted rule's counter beside its descriptor's entries:
+/// its window, and its algorithm (storage keys carry the algorithm's tag).
+/// Unlimited and blocked rules keep none.
+fn counter(rule: &Rule) -> Option<(&'static str, &'static str, std::time::Duration)> {
+    match &rule.limit {
+        Limit::Counted(algorithm) => Some((
+            crate::algorithm::key_tag(algorithm),
+            algorithm.name(),
+            rule.window(),
+        )),
+        Limit::Unlimited | Limit::Blocked => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -999,7 +1089,108 @@ mod tests {
         .unwrap();
         let entries = [("code".to_owned(), "429".to_owned())];
         let found = rules.find("d", &entries).unwrap();
-        assert_eq!(found.rule.unit, Unit::Minute);
+        assert_eq!(found.rules[0].unit, Unit::Minute);
+    }
+
+    #[test]
+    fn a_descriptor_may_carry_several_limits() {
+        let rules = compile(
+            "domain: d\ndescriptors:\n  - key: api\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, name: burst}\n      - unit: minute\n        requests_per_unit: 5\n",
+        )
+        .unwrap();
+        let entries = [("api".to_owned(), "x".to_owned())];
+        let found = rules.find("d", &entries).unwrap();
+        let limits: Vec<(u32, Unit, u64)> = found
+            .rules
+            .iter()
+            .map(|rule| (rule.requests_per_unit, rule.unit, rule.source.line))
+            .collect();
+        assert_eq!(limits, [(3, Unit::Second, 5), (5, Unit::Minute, 6)]);
+        assert_eq!(found.rules[0].policy_id, "burst");
+        assert_eq!(found.rules[1].policy_id, "api#2", "unnamed, one of several");
+    }
+
+    #[test]
+    fn rate_limit_comes_first_before_rate_limits() {
+        let rules = compile(
+            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n    rate_limits:\n      - {unit: second, requests_per_unit: 2}\n      - {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n      - {unlimited: true}\n",
+        )
+        .unwrap();
+        let entries = [("k".to_owned(), "v".to_owned())];
+        let found = rules.find("d", &entries).unwrap();
+        let units: Vec<Unit> = found.rules.iter().map(|rule| rule.unit).collect();
+        assert_eq!(
+            units,
+            [Unit::Hour, Unit::Second, Unit::Second, Unit::Second]
+        );
+        assert_eq!(found.rules[0].policy_id, "k#1");
+        assert!(
+            found.rules.iter().all(|rule| rule.shadow),
+            "the descriptor's"
+        );
+        assert_eq!(found.rules[3].limit, Limit::Unlimited);
+        // One rate_limit alone keeps upstream's id; so does a list of one.
+        let rules = compile(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limits: [{unit: hour, requests_per_unit: 1}]\n  - key: c\n    rate_limits: []\n",
+        )
+        .unwrap();
+        for key in ["a", "b"] {
+            let entries = [(key.to_owned(), "v".to_owned())];
+            let found = rules.find("d", &entries).unwrap();
+            assert_eq!(found.rules.len(), 1);
+            assert_eq!(found.rules[0].policy_id, key);
+        }
+        let entries = [("c".to_owned(), "v".to_owned())];
+        assert!(
+            rules.find("d", &entries).is_none(),
+            "an empty list: no limit"
+        );
+    }
+
+    #[test]
+    fn several_limits_errors_name_the_entry() {
+        let cases = [
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: minute, requests_per_unit: 3}\n      - {unit: second, unit_multiplier: 60, requests_per_unit: 5}\n",
+                6,
+                "this limit and the one at line 5 would share one counter (both fixed_window over 60 s): change the unit, unit_multiplier or algorithm of one of them",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, algorithm: gcra}\n    rate_limits:\n      - {unit: second, requests_per_unit: 5, algorithm: gcra}\n",
+                6,
+                "would share one counter (both gcra over 1 s)",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - unit: fortnight\n        requests_per_unit: 5\n",
+                6,
+                "invalid rate limit unit 'fortnight'",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: minute, requests_per_unit: 5, burst: 2}\n",
+                6,
+                "unknown field `burst`",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, name: a}\n      - {unit: minute, requests_per_unit: 5, replaces: [{name: a}]}\n",
+                6,
+                "replaces should not name a limit of the same descriptor ('a', line 5)",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, replaces: [{name: b}]}\n      - {unit: minute, requests_per_unit: 5, name: b}\n",
+                6,
+                "replaces should not name a limit of the same descriptor ('b', line 6)",
+            ),
+        ];
+        for (text, line, reason) in cases {
+            let err = compile(text).expect_err(text);
+            assert_eq!(err.line, line, "{text:?}: {err}");
+            assert!(err.reason.contains(reason), "{text:?}: {err}");
+        }
+        // Without a counter, or with another window or algorithm, no clash.
+        compile(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: second, requests_per_unit: 3, algorithm: sliding_window}\n      - {unit: second, unit_multiplier: 2, requests_per_unit: 5}\n      - {unit: second, requests_per_unit: 0}\n      - {unlimited: true}\n      - {unlimited: true}\n",
+        )
+        .unwrap();
     }
 
     #[test]

@@ -4,6 +4,15 @@
 //! (envoyproxy/ratelimit's format and matching), and all the descriptors of
 //! one request are decided together, so a request denied by one descriptor
 //! spends nothing on the others.
+//!
+//! A descriptor may carry several limits (the `rate_limits` extension, see
+//! [`config_file`]): each is one more limit in that same all-or-nothing
+//! decision, and the descriptor's one `DescriptorStatus` reports the most
+//! restrictive of them (the one that denies, the latest back when several
+//! do; else the one with the fewest units left, ties to the latest back),
+//! `OVER_LIMIT` if any of them is over. The response headers and upstream's
+//! per-rule statistics read each descriptor through that same limit, so a
+//! descriptor's hits are counted once, as upstream counts them.
 
 pub mod config_file;
 pub mod headers;
@@ -14,6 +23,7 @@ pub mod source;
 pub mod upstream_stats;
 pub mod xds;
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -215,8 +225,9 @@ impl EnvoyService {
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
-        plan.record_upstream_stats(&decisions, plan.count_denied_hits);
-        let response = plan.response(request, &decisions, &self.settings);
+        let answers = plan.answers(&decisions);
+        plan.record_upstream_stats(&answers, &decisions, plan.count_denied_hits);
+        let response = plan.response(request, answers, &decisions, &self.settings);
         debug!(
             domain = %request.domain,
             overall = ?response.overall_code(),
@@ -226,7 +237,7 @@ impl EnvoyService {
     }
 }
 
-/// What governs one descriptor.
+/// What governs one limit of a descriptor.
 enum Governed {
     /// No rule: OK, not counted.
     Nothing,
@@ -251,8 +262,20 @@ struct Plan {
     /// Counted as upstream counts: by `--envoy-count-denied-hits`, or
     /// because a rule it matched says `count_denied_hits`.
     count_denied_hits: bool,
-    governed: Vec<Governed>,
+    /// Every limit of every descriptor, descriptor after descriptor.
+    parts: Vec<Governed>,
+    /// Per request descriptor, in order: its limits in `parts`, at least
+    /// one (a `Nothing` for a descriptor no rule governs).
+    descriptors: Vec<Range<usize>>,
     requests: Vec<LimitRequest>,
+}
+
+/// One descriptor's answer: its status, and which of its limits speaks for
+/// it (the most restrictive; see [`most_restrictive`]).
+struct Answer {
+    /// An index into [`Plan::parts`].
+    part: usize,
+    status: DescriptorStatus,
 }
 
 impl Plan {
@@ -280,64 +303,66 @@ impl Plan {
                 None => u64::from(request.hits_addend.max(1)),
             }))
             .map_err(|err| limit::InvalidArgument::new(field("hits_addend"), err.rule))?;
-            matched.push(
-                match_descriptor(rules, &request.domain, descriptor, &field)?
-                    .map(|(rule, counter_key)| (rule, counter_key, cost)),
-            );
+            let limits = match_descriptor(rules, &request.domain, descriptor, &field)?;
+            matched.push((limits, cost));
         }
         // A rule named in another matched rule's `replaces` is dropped.
         let replaced: Vec<&str> = matched
             .iter()
-            .flatten()
-            .flat_map(|(rule, _, _)| rule.replaces.iter().map(String::as_str))
+            .flat_map(|(limits, _)| limits)
+            .flat_map(|(rule, _)| rule.replaces.iter().map(String::as_str))
             .collect();
-        let mut governed = Vec::with_capacity(matched.len());
+        let mut parts = Vec::with_capacity(matched.len());
+        let mut descriptors = Vec::with_capacity(matched.len());
         let mut requests = Vec::new();
-        for found in &matched {
-            let Some((rule, counter_key, cost)) = found else {
-                governed.push(Governed::Nothing);
-                continue;
-            };
-            if rule
-                .name
-                .as_deref()
-                .is_some_and(|name| replaced.contains(&name))
-            {
-                governed.push(Governed::Nothing);
-                continue;
+        for (limits, cost) in &matched {
+            let first = parts.len();
+            if limits.is_empty() {
+                parts.push(Governed::Nothing);
             }
-            governed.push(match &rule.limit {
-                Limit::Unlimited => Governed::Unlimited,
-                Limit::Blocked => Governed::Blocked {
-                    rule: rule.clone(),
-                    cost: *cost,
-                },
-                Limit::Counted(algorithm) => {
-                    // A quota descriptor does not deny the others' spending
-                    // on its own: the response decides (see `response`).
-                    let quota = settings.in_quota_mode(rule);
-                    requests.push(LimitRequest {
-                        key: CallerKey::envoy(counter_key.clone()),
-                        algorithm: *algorithm,
-                        cost: *cost,
-                        shadow: rule.shadow || global_shadow || quota,
-                    });
-                    Governed::Counted {
-                        rule: rule.clone(),
-                        index: requests.len() - 1,
-                        hits: *cost,
-                    }
+            for (rule, counter_key) in limits {
+                if rule
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| replaced.contains(&name))
+                {
+                    parts.push(Governed::Nothing);
+                    continue;
                 }
-            });
+                parts.push(match &rule.limit {
+                    Limit::Unlimited => Governed::Unlimited,
+                    Limit::Blocked => Governed::Blocked {
+                        rule: rule.clone(),
+                        cost: *cost,
+                    },
+                    Limit::Counted(algorithm) => {
+                        // A quota descriptor does not deny the others' spending
+                        // on its own: the response decides (see `response`).
+                        let quota = settings.in_quota_mode(rule);
+                        requests.push(LimitRequest {
+                            key: CallerKey::envoy(counter_key.clone()),
+                            algorithm: *algorithm,
+                            cost: *cost,
+                            shadow: rule.shadow || global_shadow || quota,
+                        });
+                        Governed::Counted {
+                            rule: rule.clone(),
+                            index: requests.len() - 1,
+                            hits: *cost,
+                        }
+                    }
+                });
+            }
+            descriptors.push(first..parts.len());
         }
         let count_denied_hits = settings.count_denied_hits
-            || governed
+            || parts
                 .iter()
                 .any(|g| rule_of(g).is_some_and(|rule| rule.count_denied_hits));
-        // A blocked descriptor that denies the request: the others only look,
+        // A blocked limit that denies the request: the others only look,
         // so they spend nothing (unless each is counted on its own).
         let blocked = !count_denied_hits
-            && governed.iter().any(|g| {
+            && parts.iter().any(|g| {
                 matches!(g, Governed::Blocked { rule, cost }
                 if *cost > 0 && !rule.shadow && !global_shadow && !settings.in_quota_mode(rule))
             });
@@ -349,9 +374,33 @@ impl Plan {
         Ok(Self {
             domain: request.domain.clone(),
             count_denied_hits,
-            governed,
+            parts,
+            descriptors,
             requests,
         })
+    }
+
+    /// Each descriptor's answer, in order: the status of its most
+    /// restrictive limit, OVER_LIMIT if any of its limits is.
+    fn answers(&self, decisions: &[Decision]) -> Vec<Answer> {
+        self.descriptors
+            .iter()
+            .map(|range| {
+                let parts = &self.parts[range.clone()];
+                let statuses: Vec<DescriptorStatus> =
+                    parts.iter().map(|part| status(part, decisions)).collect();
+                let over = statuses.iter().any(|s| s.code() == Code::OverLimit);
+                let chosen = most_restrictive(parts, &statuses, decisions);
+                let mut status = statuses.into_iter().nth(chosen).unwrap_or_default();
+                if over {
+                    status.code = Code::OverLimit as i32;
+                }
+                Answer {
+                    part: range.start + chosen,
+                    status,
+                }
+            })
+            .collect()
     }
 
     /// The answer: OVER_LIMIT when a descriptor not in quota mode is over,
@@ -360,19 +409,23 @@ impl Plan {
     fn response(
         &self,
         request: &rls::RateLimitRequest,
+        answers: Vec<Answer>,
         decisions: &[Decision],
         settings: &EnvoySettings,
     ) -> rls::RateLimitResponse {
-        let statuses: Vec<DescriptorStatus> = self
-            .governed
+        // The limit that speaks for each descriptor.
+        let speakers: Vec<&Governed> = answers
             .iter()
-            .map(|governed| status(governed, decisions))
+            .map(|answer| &self.parts[answer.part])
             .collect();
+        let statuses: Vec<DescriptorStatus> =
+            answers.into_iter().map(|answer| answer.status).collect();
+        // Quota mode is a descriptor's setting: every limit of it shares it.
         let is_quota = |governed: &Governed| {
             rule_of(governed).is_some_and(|rule| settings.in_quota_mode(rule))
         };
         let (mut limits_over, mut quotas, mut quotas_over) = (0, 0, 0);
-        for (governed, status) in self.governed.iter().zip(&statuses) {
+        for (governed, status) in speakers.iter().zip(&statuses) {
             let over = status.code() == Code::OverLimit;
             if is_quota(governed) {
                 quotas += 1;
@@ -382,7 +435,7 @@ impl Plan {
             }
         }
         let over = limits_over > 0 || (quotas > 0 && quotas == quotas_over);
-        for governed in &self.governed {
+        for governed in &self.parts {
             if let Some(rule) = rule_of(governed)
                 && denied(governed, decisions)
                 && (rule.shadow || settings.shadow_mode)
@@ -402,16 +455,18 @@ impl Plan {
             ..Default::default()
         };
         if settings.ratelimit_headers {
-            response.response_headers_to_add = self.ietf_headers(&response.statuses);
+            response.response_headers_to_add = ietf_headers(&speakers, &response.statuses);
         }
         if let Some(names) = &settings.limit_headers {
-            response
-                .response_headers_to_add
-                .extend(self.upstream_headers(&response.statuses, names, &is_quota));
+            response.response_headers_to_add.extend(upstream_headers(
+                &speakers,
+                &response.statuses,
+                names,
+                &is_quota,
+            ));
         }
         if settings.dynamic_metadata {
-            let passed = self
-                .governed
+            let passed = speakers
                 .iter()
                 .zip(&response.statuses)
                 .filter(|(_, status)| status.code() != Code::OverLimit)
@@ -421,52 +476,17 @@ impl Plan {
         response
     }
 
-    /// Upstream's headers: limit, remaining and seconds to the end of the
-    /// unit, of the last descriptor over its limit (quota ones aside), else
-    /// of the first with the fewest left.
-    fn upstream_headers(
+    /// Each matched descriptor's hits, under upstream's statistics names,
+    /// as its most restrictive limit saw them: every limit of a descriptor
+    /// shares its statistics names, and upstream counts a descriptor's
+    /// hits once.
+    fn record_upstream_stats(
         &self,
-        statuses: &[DescriptorStatus],
-        names: &LimitHeaderNames,
-        is_quota: &dyn Fn(&Governed) -> bool,
-    ) -> Vec<HeaderValue> {
-        let limited = self
-            .governed
-            .iter()
-            .zip(statuses)
-            .filter(|(_, status)| status.current_limit.is_some());
-        let chosen = limited
-            .clone()
-            .filter(|(governed, status)| status.code() == Code::OverLimit && !is_quota(governed))
-            .last()
-            .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
-        let Some((Some(rule), status)) =
-            chosen.map(|(governed, status)| (rule_of(governed), status))
-        else {
-            return Vec::new();
-        };
-        let unit_seconds = rule.unit.seconds();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        let header = |key: &str, value: String| HeaderValue {
-            key: key.to_owned(),
-            value,
-            ..Default::default()
-        };
-        vec![
-            header(&names.limit, rule.requests_per_unit.to_string()),
-            header(&names.remaining, status.limit_remaining.to_string()),
-            header(
-                &names.reset,
-                (unit_seconds - now % unit_seconds).to_string(),
-            ),
-        ]
-    }
-
-    /// Each matched rule's hits, under upstream's statistics names.
-    fn record_upstream_stats(&self, decisions: &[Decision], counted_denied: bool) {
-        for governed in &self.governed {
+        answers: &[Answer],
+        decisions: &[Decision],
+        counted_denied: bool,
+    ) {
+        for governed in answers.iter().map(|answer| &self.parts[answer.part]) {
             let Some(rule) = rule_of(governed) else {
                 continue;
             };
@@ -501,42 +521,115 @@ impl Plan {
             counters.record(&hits);
         }
     }
+}
 
-    /// `RateLimit-Policy` and `RateLimit` from the most restrictive
-    /// descriptor: the last one over its limit, else the first with the
-    /// fewest units left.
-    fn ietf_headers(&self, statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
-        let limited = self
-            .governed
-            .iter()
-            .zip(statuses)
-            .filter_map(|(governed, status)| Some((rule_of(governed)?, status)))
-            .filter(|(_, status)| status.current_limit.is_some());
-        let chosen = limited
-            .clone()
-            .rfind(|(_, status)| status.code() == Code::OverLimit)
-            .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
-        let Some((rule, status)) = chosen else {
-            return Vec::new();
-        };
-        let quota = headers::Quota {
-            policy_id: &rule.policy_id,
-            quota: u64::from(rule.requests_per_unit),
-            window_seconds: rule.window().as_secs(),
-            remaining: u64::from(status.limit_remaining),
-            reset_seconds: status
-                .duration_until_reset
-                .map_or(0, |reset| reset.seconds.max(0) as u64),
-        };
-        headers::header_fields(&quota)
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                ..Default::default()
-            })
-            .collect()
-    }
+/// Which of one descriptor's limits (`parts`, with their `statuses`) is the
+/// most restrictive, as an index into `parts`: of those that would deny,
+/// the one back the latest; else the one with the fewest units left, ties
+/// to the one back the latest; ties to the first. Without a limit, the
+/// first unlimited part, else the first.
+fn most_restrictive(
+    parts: &[Governed],
+    statuses: &[DescriptorStatus],
+    decisions: &[Decision],
+) -> usize {
+    let reset =
+        |status: &DescriptorStatus| status.duration_until_reset.map_or(0, |reset| reset.seconds);
+    parts
+        .iter()
+        .zip(statuses)
+        .enumerate()
+        .filter(|(_, (_, status))| status.current_limit.is_some())
+        .min_by_key(|(_, (part, status))| {
+            let denies = denied(part, decisions);
+            let remaining = if denies { 0 } else { status.limit_remaining };
+            (!denies, remaining, std::cmp::Reverse(reset(status)))
+        })
+        .map(|(i, _)| i)
+        .or_else(|| {
+            parts
+                .iter()
+                .position(|part| matches!(part, Governed::Unlimited))
+        })
+        .unwrap_or(0)
+}
+
+/// Upstream's headers: limit, remaining and seconds to the end of the
+/// unit, of the last descriptor over its limit (quota ones aside), else
+/// of the first with the fewest left; each descriptor speaking through its
+/// most restrictive limit.
+fn upstream_headers(
+    speakers: &[&Governed],
+    statuses: &[DescriptorStatus],
+    names: &LimitHeaderNames,
+    is_quota: &dyn Fn(&Governed) -> bool,
+) -> Vec<HeaderValue> {
+    let limited = speakers
+        .iter()
+        .zip(statuses)
+        .filter(|(_, status)| status.current_limit.is_some());
+    let chosen = limited
+        .clone()
+        .filter(|(governed, status)| status.code() == Code::OverLimit && !is_quota(governed))
+        .last()
+        .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
+    let Some((Some(rule), status)) = chosen.map(|(governed, status)| (rule_of(governed), status))
+    else {
+        return Vec::new();
+    };
+    let unit_seconds = rule.unit.seconds();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let header = |key: &str, value: String| HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    };
+    vec![
+        header(&names.limit, rule.requests_per_unit.to_string()),
+        header(&names.remaining, status.limit_remaining.to_string()),
+        header(
+            &names.reset,
+            (unit_seconds - now % unit_seconds).to_string(),
+        ),
+    ]
+}
+
+/// `RateLimit-Policy` and `RateLimit` from the most restrictive
+/// descriptor: the last one over its limit, else the first with the
+/// fewest units left; each descriptor speaking through its most
+/// restrictive limit.
+fn ietf_headers(speakers: &[&Governed], statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    let limited = speakers
+        .iter()
+        .zip(statuses)
+        .filter_map(|(governed, status)| Some((rule_of(governed)?, status)))
+        .filter(|(_, status)| status.current_limit.is_some());
+    let chosen = limited
+        .clone()
+        .rfind(|(_, status)| status.code() == Code::OverLimit)
+        .or_else(|| limited.min_by_key(|(_, status)| status.limit_remaining));
+    let Some((rule, status)) = chosen else {
+        return Vec::new();
+    };
+    let quota = headers::Quota {
+        policy_id: &rule.policy_id,
+        quota: u64::from(rule.requests_per_unit),
+        window_seconds: rule.window().as_secs(),
+        remaining: u64::from(status.limit_remaining),
+        reset_seconds: status
+            .duration_until_reset
+            .map_or(0, |reset| reset.seconds.max(0) as u64),
+    };
+    headers::header_fields(&quota)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..Default::default()
+        })
+        .collect()
 }
 
 fn rule_of(governed: &Governed) -> Option<&Arc<Rule>> {
@@ -546,7 +639,7 @@ fn rule_of(governed: &Governed) -> Option<&Arc<Rule>> {
     }
 }
 
-/// Would this descriptor deny the request, shadow mode aside?
+/// Would this limit deny the request, shadow mode aside?
 fn denied(governed: &Governed, decisions: &[Decision]) -> bool {
     match governed {
         Governed::Blocked { cost, .. } => *cost > 0,
@@ -555,17 +648,18 @@ fn denied(governed: &Governed, decisions: &[Decision]) -> bool {
     }
 }
 
-/// The rule for one descriptor and the name of its counter: the request's
-/// own limit override if it has one (only for a configured domain, as
-/// upstream), else the configured rule.
+/// The rules for one descriptor, each with the name of its counter: the
+/// request's own limit override if it has one (only for a configured
+/// domain, as upstream; it stands for all the configured limits), else the
+/// configured rules. Empty when nothing governs it.
 fn match_descriptor(
     rules: &Rules,
     domain: &str,
     descriptor: &RateLimitDescriptor,
     field: &dyn Fn(&str) -> String,
-) -> Result<Option<(Arc<Rule>, String)>, limit::InvalidArgument> {
+) -> Result<Vec<(Arc<Rule>, String)>, limit::InvalidArgument> {
     if !rules.has_domain(domain) {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let entries: Vec<(String, String)> = descriptor
         .entries
@@ -581,12 +675,21 @@ fn match_descriptor(
         })?;
         let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
         let key = counter_key(domain, &entries, &values, &rule);
-        return Ok(Some((Arc::new(rule), key)));
+        return Ok(vec![(Arc::new(rule), key)]);
     }
-    Ok(rules.find(domain, &entries).map(|found| {
-        let key = counter_key(domain, &entries, &found.counter_values, found.rule);
-        (found.rule.clone(), key)
-    }))
+    let Some(found) = rules.find(domain, &entries) else {
+        return Ok(Vec::new());
+    };
+    // Two limits of one descriptor differ in window or algorithm (checked
+    // at load), so their storage keys differ though these names may not.
+    Ok(found
+        .rules
+        .iter()
+        .map(|rule| {
+            let key = counter_key(domain, &entries, &found.counter_values, rule);
+            (rule.clone(), key)
+        })
+        .collect())
 }
 
 /// The rule for a limit Envoy sent with the descriptor: an aligned fixed
@@ -651,7 +754,7 @@ fn counter_key(domain: &str, entries: &[(String, String)], values: &[&str], rule
     key
 }
 
-/// A descriptor's status from its decision.
+/// One limit's status from its decision.
 fn status(governed: &Governed, decisions: &[Decision]) -> DescriptorStatus {
     match governed {
         Governed::Nothing => DescriptorStatus {

@@ -1,6 +1,7 @@
 //! The limits configured for Envoy, compiled for lookup, and the matching
-//! rules of envoyproxy/ratelimit: which rule, if any, governs a request's
-//! descriptor. Pure: no I/O, no store.
+//! rules of envoyproxy/ratelimit: which rules, if any, govern a request's
+//! descriptor (one per `rate_limit`, several with the `rate_limits`
+//! extension). Pure: no I/O, no store.
 //!
 //! Matching walks the descriptor's entries down the domain's tree. At each
 //! level an entry matches, in this order: a rule with the same key and
@@ -8,7 +9,7 @@
 //! value, less its trailing `*`, starts the entry's value; a rule with the
 //! same key and no value. A rule applies only at the depth of the request's
 //! last entry: a longer descriptor than the tree is deep, or one ending on a
-//! node without a `rate_limit`, has no limit.
+//! node without a `rate_limit` (nor `rate_limits`), has no limit.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -92,7 +93,8 @@ pub enum Limit {
     Counted(Algorithm),
 }
 
-/// One `rate_limit`, with the settings of the descriptor that holds it.
+/// One limit of a descriptor (its `rate_limit`, or an entry of its
+/// `rate_limits`), with the settings of the descriptor that holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rule {
     /// `name`, reported in `current_limit` and targeted by `replaces`.
@@ -127,7 +129,8 @@ pub struct Rule {
     /// hits too, so a report Envoy sends after the response always counts.
     pub count_denied_hits: bool,
     /// An id for the IETF `RateLimit-Policy` header: the name, else the
-    /// descriptor path in the configuration.
+    /// descriptor path in the configuration (with `#<position>` when the
+    /// descriptor has several limits).
     pub policy_id: String,
     /// Where it was written.
     pub source: Source,
@@ -168,8 +171,9 @@ impl std::fmt::Debug for UpstreamCountersSlot {
 /// A node of a domain's descriptor tree.
 #[derive(Debug, Default)]
 pub struct Node {
-    /// The rule at this node, if the descriptor ends here.
-    pub rule: Option<Arc<Rule>>,
+    /// The limits of a descriptor ending here, all decided together: one
+    /// for upstream's `rate_limit`, none for a node without one.
+    pub rules: Vec<Arc<Rule>>,
     /// `share_threshold`: all values matching this wildcard share one
     /// counter, named by the pattern instead of the value.
     pub shared_pattern: Option<String>,
@@ -269,11 +273,12 @@ pub struct Rules {
     pub policies: crate::policy::Policies,
 }
 
-/// The rule governing a descriptor, and the values its counter is named by.
+/// The rules governing a descriptor, and the values their counters are
+/// named by.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Found<'a> {
-    /// The governing rule.
-    pub rule: &'a Arc<Rule>,
+    /// The governing rules: at least one, in file order.
+    pub rules: &'a [Arc<Rule>],
     /// Per entry: the request's value, or the wildcard pattern where the
     /// level shares one counter (`share_threshold`).
     pub counter_values: Vec<&'a str>,
@@ -285,7 +290,7 @@ impl Rules {
         self.domains.contains_key(domain)
     }
 
-    /// The rule for a descriptor of `(key, value)` entries in `domain`.
+    /// The rules for a descriptor of `(key, value)` entries in `domain`.
     pub fn find<'a>(&'a self, domain: &str, entries: &'a [(String, String)]) -> Option<Found<'a>> {
         let mut level = self.domains.get(domain)?;
         let mut counter_values = Vec::with_capacity(entries.len());
@@ -293,8 +298,8 @@ impl Rules {
             let node = level.find(key, value)?;
             counter_values.push(node.shared_pattern.as_deref().unwrap_or(value));
             if depth + 1 == entries.len() {
-                return node.rule.as_ref().map(|rule| Found {
-                    rule,
+                return (!node.rules.is_empty()).then_some(Found {
+                    rules: &node.rules,
                     counter_values,
                 });
             }
