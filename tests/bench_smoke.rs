@@ -1,7 +1,8 @@
 //! A short run of `ratelimitd-bench` against each target it drives (Redis
-//! directly, `CheckLimit`, `ShouldRateLimit` with the rules it prints):
-//! every request is counted once, as allowed, denied or an error, and no
-//! more are allowed than the limit permits.
+//! directly, `CheckLimit` with one limit or several, `CheckLimits` batches,
+//! `ShouldRateLimit` with the rules it prints): every request is counted
+//! once, as allowed, denied or an error, and no more are allowed than the
+//! limit permits.
 
 mod common;
 
@@ -162,6 +163,75 @@ async fn a_timed_run_over_many_keys_and_an_open_loop_add_up() {
     assert_eq!(count(&report, "errors"), 0, "{report}");
 }
 
+#[tokio::test]
+async fn several_limits_and_batches_count_every_decision() {
+    let redis = RedisServer::start().await;
+    let server = TestServer::on_redis(&redis).await;
+    let address = format!("http://{}", server.address);
+
+    // 300 requests on one key, each with four limits of 50 an hour, all or
+    // nothing: the same 50 allowed as with one limit.
+    let mut args = HOT_FIFTY.to_vec();
+    args.extend(["--address", &address, "--limits", "4"]);
+    args.extend(["--key-prefix", "several:"]);
+    let report = bench(&args).await;
+    assert_fifty_of_three_hundred(&report);
+    assert_eq!(count(&report, "calls"), 300, "{report}");
+    assert_eq!(count(&report, "decisions"), 300, "{report}");
+    let limit = report["setup"]["limit"].as_str().unwrap_or_default();
+    assert!(limit.starts_with("4 limits (l0..l3)"), "{report}");
+    // They really were four limits: four counters on the one key, one per
+    // name.
+    let counters: Vec<String> = redis
+        .keys()
+        .await
+        .into_iter()
+        .filter(|key| key.contains("several:0"))
+        .collect();
+    assert_eq!(counters.len(), 4, "{counters:?}");
+    for name in ["l0", "l1", "l2", "l3"] {
+        let named = format!(":{name}:several:0");
+        assert!(
+            counters.iter().any(|key| key.contains(&named)),
+            "no counter for {name}: {counters:?}"
+        );
+    }
+
+    // 30 calls of 16 requests on one key: 480 decisions, 50 allowed, one
+    // latency per call.
+    let report = bench(&[
+        "--address",
+        &address,
+        "--batch",
+        "16",
+        "--requests",
+        "30",
+        "--warm-up",
+        "0s",
+        "--keys",
+        "hot",
+        "--limit",
+        "50",
+        "--window",
+        "1h",
+        "--concurrency",
+        "4",
+        "--key-prefix",
+        "batch:",
+    ])
+    .await;
+    assert_eq!(count(&report, "calls"), 30, "{report}");
+    assert_eq!(count(&report, "decisions"), 480, "{report}");
+    assert_eq!(count(&report, "requests"), 480, "{report}");
+    assert_eq!(count(&report, "allowed"), 50, "{report}");
+    assert_eq!(count(&report, "denied"), 430, "{report}");
+    assert_eq!(count(&report, "errors"), 0, "{report}");
+    let per_second = |field: &str| report[field].as_f64().unwrap_or_default();
+    let ratio = per_second("decisions_per_second") / per_second("calls_per_second");
+    assert!((ratio - 16.0).abs() < 1e-6, "{report}");
+    assert!(report["latency_us"]["max"].as_u64() > Some(0), "{report}");
+}
+
 #[test]
 fn bad_options_are_refused_with_the_rule() {
     let output = Command::new(BENCH)
@@ -172,6 +242,16 @@ fn bad_options_are_refused_with_the_rule() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("--rate must be a positive number"),
+        "{stderr}"
+    );
+    let output = Command::new(BENCH)
+        .args(["--batch", "16", "--target", "should-rate-limit"])
+        .output()
+        .expect("run ratelimitd-bench");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--batch applies to --target check-limit only"),
         "{stderr}"
     );
 }

@@ -1,7 +1,8 @@
-//! `ratelimitd-bench`: the load generator. Drives ratelimitd's `CheckLimit`,
-//! any Envoy RLS server's `ShouldRateLimit`, or Redis running ratelimitd's
-//! decision script directly (the baseline), with one load, and reports
-//! throughput, outcomes and an HDR histogram of latency.
+//! `ratelimitd-bench`: the load generator. Drives ratelimitd's `CheckLimit`
+//! (one limit or several per request) or `CheckLimits` (batches), any Envoy
+//! RLS server's `ShouldRateLimit`, or Redis running ratelimitd's decision
+//! script directly (the baseline), with one load, and reports decisions
+//! per second, outcomes and an HDR histogram of latency.
 
 mod keys;
 mod options;
@@ -74,6 +75,7 @@ async fn bench(options: &Options) -> Result<Summary, String> {
     let target = Target::connect(options).await?;
     let plan = Plan {
         concurrency: options.concurrency,
+        batch: options.batch as usize,
         warm_up: options.warm_up,
         measure: match options.requests {
             Some(count) => Measure::Requests(count),
@@ -92,6 +94,10 @@ async fn bench(options: &Options) -> Result<Summary, String> {
         report::clear_progress();
     }
     let target = match options.target {
+        TargetKind::CheckLimit if options.batch > 1 => format!(
+            "check-limit at {}, batches of {} requests (CheckLimits)",
+            options.address, options.batch
+        ),
         TargetKind::CheckLimit => format!("check-limit at {}", options.address),
         TargetKind::ShouldRateLimit => format!(
             "should-rate-limit at {} (domain {})",
@@ -99,12 +105,14 @@ async fn bench(options: &Options) -> Result<Summary, String> {
         ),
         TargetKind::RedisDirect => format!("redis-direct at {}", options.redis_url),
     };
+    // With batches, what is in flight is calls, each of --batch requests.
+    let calls = if options.batch > 1 { " calls" } else { "" };
     let load = match options.rate {
         Some(rate) => format!(
-            "open loop at {rate}/s, at most {} in flight",
+            "open loop at {rate} calls/s, at most {}{calls} in flight",
             options.concurrency
         ),
-        None => format!("closed loop, {} in flight", options.concurrency),
+        None => format!("closed loop, {}{calls} in flight", options.concurrency),
     };
     Ok(Summary {
         setup: vec![
@@ -112,7 +120,8 @@ async fn bench(options: &Options) -> Result<Summary, String> {
             (
                 "limit",
                 format!(
-                    "{} {} per {}, cost {}",
+                    "{}{} {} per {}, cost {}",
+                    several_limits(options),
                     algorithm.name(),
                     options.limit,
                     humantime::format_duration(options.window),
@@ -127,4 +136,18 @@ async fn bench(options: &Options) -> Result<Summary, String> {
         measured,
         tally,
     })
+}
+
+/// How the report names `--limits` copies of the limit: "4 limits (l0..l3)
+/// of ", or nothing for the one-limit form.
+fn several_limits(options: &Options) -> String {
+    if options.limits <= 1 {
+        return String::new();
+    }
+    format!(
+        "{} limits ({}..{}), all or nothing, each ",
+        options.limits,
+        target::limit_name(0),
+        target::limit_name(options.limits - 1)
+    )
 }

@@ -28,7 +28,7 @@ pub(crate) struct Options {
     #[arg(long, default_value = ratelimitd::limiter::DEFAULT_KEY_PREFIX)]
     pub redis_key_prefix: String,
 
-    /// Requests in flight at once (workers).
+    /// Calls in flight at once (workers).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: u32,
 
@@ -41,7 +41,8 @@ pub(crate) struct Options {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
 
-    /// Measure this many requests instead of a duration.
+    /// Measure this many calls instead of a duration (with `--batch`, each
+    /// call decides `--batch` requests).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: Option<u64>,
 
@@ -49,10 +50,10 @@ pub(crate) struct Options {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub warm_up: Duration,
 
-    /// Open loop: start requests at this many per second, whatever the
-    /// answers' latency (latency counts from each request's scheduled
-    /// start). Unset: closed loop, each worker sends its next request when
-    /// the last is answered.
+    /// Open loop: start calls at this many per second, whatever the
+    /// answers' latency (latency counts from each call's scheduled start).
+    /// Unset: closed loop, each worker sends its next call when the last is
+    /// answered.
     #[arg(long)]
     pub rate: Option<f64>,
 
@@ -70,6 +71,21 @@ pub(crate) struct Options {
     /// Units each request spends.
     #[arg(long, default_value_t = 1)]
     pub cost: u64,
+
+    /// For `check-limit`: limits per request. 1 asks the one-limit form
+    /// (an algorithm on the request); N > 1 sends N limits in `limits`,
+    /// named `l0` to `l{N-1}`, each the limit of `--algorithm`, `--limit`
+    /// and `--window` on the request's key and each its own counter,
+    /// decided together. The server takes at most its
+    /// --max-limits-per-request (default 64).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limits: u32,
+
+    /// For `check-limit`: requests per call. 1 calls `CheckLimit`; N > 1
+    /// calls `CheckLimits` with N requests, each drawing its own key. The
+    /// server takes at most its --max-batch-size (default 1000).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
 
     /// Which keys the requests name.
     #[arg(long, value_enum, default_value_t = KeyPattern::Uniform)]
@@ -163,6 +179,66 @@ impl Options {
         if self.requests.is_none() && self.duration.is_zero() {
             return Err("--duration must be positive (or give --requests)".into());
         }
+        // Only ratelimitd's own API has several limits and batches: the
+        // other targets would silently measure something else.
+        for (flag, value) in [("--limits", self.limits), ("--batch", self.batch)] {
+            if value == 1 {
+                continue;
+            }
+            if self.print_envoy_config {
+                return Err(format!(
+                    "{flag} applies to --target check-limit; --print-envoy-config writes rules \
+                     for one limit"
+                ));
+            }
+            if self.target != TargetKind::CheckLimit {
+                return Err(format!(
+                    "{flag} applies to --target check-limit only (got --target {})",
+                    self.target_name()
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The target as given on the command line.
+    pub(crate) fn target_name(&self) -> String {
+        self.target
+            .to_possible_value()
+            .map_or_else(String::new, |value| value.get_name().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(args: &[&str]) -> Result<(), String> {
+        Options::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .map_err(|err| err.to_string())?
+            .validate()
+    }
+
+    #[test]
+    fn limits_and_batches_are_for_check_limit_only() {
+        assert_eq!(validate(&["--limits", "4", "--batch", "16"]), Ok(()));
+        let err = validate(&["--batch", "16", "--target", "should-rate-limit"]).unwrap_err();
+        assert_eq!(
+            err,
+            "--batch applies to --target check-limit only (got --target should-rate-limit)"
+        );
+        let err = validate(&["--limits", "2", "--target", "redis-direct"]).unwrap_err();
+        assert!(
+            err.starts_with("--limits applies to --target check-limit"),
+            "{err}"
+        );
+        let err = validate(&["--limits", "2", "--print-envoy-config"]).unwrap_err();
+        assert!(err.contains("--print-envoy-config"), "{err}");
+        // One is the default, whatever the target.
+        assert_eq!(
+            validate(&["--batch", "1", "--target", "redis-direct"]),
+            Ok(())
+        );
+        assert!(validate(&["--batch", "0"]).is_err());
     }
 }

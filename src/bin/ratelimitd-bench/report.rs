@@ -1,6 +1,6 @@
-//! What a run saw: per-worker tallies (outcomes and an HDR latency
-//! histogram) merged into one summary, printed as text or JSON, and the live
-//! progress line.
+//! What a run saw: per-worker tallies (each request's outcome, and an HDR
+//! histogram of each call's latency) merged into one summary, printed as
+//! text or JSON, and the live progress line.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,15 +10,18 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::target::Outcome;
+use crate::target::Outcomes;
 
 /// Highest latency the histogram tells apart (longer calls count as this):
 /// a minute, in microseconds.
 const HIGHEST_LATENCY_US: u64 = 60_000_000;
 
-/// One worker's (or the whole run's) measured requests.
+/// One worker's (or the whole run's) measured calls, and the requests they
+/// carried (one each, or a batch's).
 pub(crate) struct Tally {
+    /// One entry per call: a batch is answered as a whole.
     latency_us: Histogram<u64>,
+    pub calls: u64,
     pub allowed: u64,
     pub denied: u64,
     pub errors: BTreeMap<String, u64>,
@@ -30,25 +33,28 @@ impl Tally {
             // Three significant digits from 1 µs to a minute: about 180 KiB.
             latency_us: Histogram::new_with_bounds(1, HIGHEST_LATENCY_US, 3)
                 .expect("constant histogram bounds are valid"),
+            calls: 0,
             allowed: 0,
             denied: 0,
             errors: BTreeMap::new(),
         }
     }
 
-    pub(crate) fn record(&mut self, outcome: Outcome, latency: Duration) {
+    pub(crate) fn record(&mut self, outcomes: Outcomes, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.latency_us.saturating_record(micros.max(1));
-        match outcome {
-            Outcome::Allowed => self.allowed += 1,
-            Outcome::Denied => self.denied += 1,
-            Outcome::Error(kind) => *self.errors.entry(kind).or_default() += 1,
+        self.calls += 1;
+        self.allowed += outcomes.allowed;
+        self.denied += outcomes.denied;
+        for (kind, count) in outcomes.errors {
+            *self.errors.entry(kind).or_default() += count;
         }
     }
 
     pub(crate) fn merge(&mut self, other: Tally) {
         // Same bounds on both sides, so adding cannot fail.
         let _ = self.latency_us.add(&other.latency_us);
+        self.calls += other.calls;
         self.allowed += other.allowed;
         self.denied += other.denied;
         for (kind, count) in other.errors {
@@ -60,6 +66,9 @@ impl Tally {
         self.errors.values().sum()
     }
 
+    /// Requests decided (or failed): one per unary call, a batch's worth
+    /// per `CheckLimits`. Each is one decision, however many limits it
+    /// holds.
     pub(crate) fn requests(&self) -> u64 {
         self.allowed + self.denied + self.error_count()
     }
@@ -76,13 +85,28 @@ pub(crate) struct Summary {
 }
 
 impl Summary {
+    /// Decisions (requests decided, or failed) per second: what compares
+    /// across unary calls and batches.
     pub(crate) fn throughput(&self) -> f64 {
+        self.per_second(self.tally.requests())
+    }
+
+    pub(crate) fn calls_per_second(&self) -> f64 {
+        self.per_second(self.tally.calls)
+    }
+
+    fn per_second(&self, count: u64) -> f64 {
         let seconds = self.measured.as_secs_f64();
         if seconds > 0.0 {
-            self.tally.requests() as f64 / seconds
+            count as f64 / seconds
         } else {
             0.0
         }
+    }
+
+    /// Whether calls carried several requests each.
+    fn batched(&self) -> bool {
+        self.tally.calls != self.tally.requests()
     }
 
     fn percentile(&self, quantile: f64) -> u64 {
@@ -104,10 +128,18 @@ impl Summary {
         ));
         lines.push(format!(
             "{:<12} {} ({:.0}/s)",
-            "requests",
+            "decisions",
             tally.requests(),
             self.throughput()
         ));
+        if self.batched() {
+            lines.push(format!(
+                "{:<12} {} ({:.0}/s), latency below is per call",
+                "calls",
+                tally.calls,
+                self.calls_per_second()
+            ));
+        }
         lines.push(format!("{:<12} {}", "allowed", tally.allowed));
         lines.push(format!("{:<12} {}", "denied", tally.denied));
         let errors: Vec<String> = tally
@@ -147,12 +179,19 @@ impl Summary {
             .iter()
             .map(|(label, value)| ((*label).to_owned(), json!(value)))
             .collect();
+        // `requests` and `throughput_per_second` are the decisions, as
+        // before batches (benches/load.sh reads them); `decisions` names
+        // them plainly, beside the calls that carried them.
         json!({
             "setup": setup,
             "warm_up_seconds": self.warm_up.as_secs_f64(),
             "measured_seconds": self.measured.as_secs_f64(),
             "requests": tally.requests(),
             "throughput_per_second": self.throughput(),
+            "decisions": tally.requests(),
+            "decisions_per_second": self.throughput(),
+            "calls": tally.calls,
+            "calls_per_second": self.calls_per_second(),
             "allowed": tally.allowed,
             "denied": tally.denied,
             "errors": tally.error_count(),
@@ -169,7 +208,7 @@ impl Summary {
     }
 }
 
-/// Every answer so far, warm-up included, for the progress line.
+/// Every request's answer so far, warm-up included, for the progress line.
 #[derive(Default)]
 pub(crate) struct Progress {
     pub allowed: AtomicU64,
@@ -178,13 +217,16 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    pub(crate) fn count(&self, outcome: &Outcome) {
-        let counter = match outcome {
-            Outcome::Allowed => &self.allowed,
-            Outcome::Denied => &self.denied,
-            Outcome::Error(_) => &self.errors,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count(&self, outcomes: &Outcomes) {
+        for (counter, count) in [
+            (&self.allowed, outcomes.allowed),
+            (&self.denied, outcomes.denied),
+            (&self.errors, outcomes.error_count()),
+        ] {
+            if count > 0 {
+                counter.fetch_add(count, Ordering::Relaxed);
+            }
+        }
     }
 
     fn snapshot(&self) -> [u64; 3] {

@@ -1,7 +1,7 @@
-//! The load itself: workers sending requests closed loop (next request when
-//! the last is answered) or open loop (requests start on a schedule,
-//! latency counted from the scheduled start), through a warm-up and then a
-//! measured duration or request count.
+//! The load itself: workers sending calls (one request each, or a batch)
+//! closed loop (next call when the last is answered) or open loop (calls
+//! start on a schedule, latency counted from the scheduled start), through
+//! a warm-up and then a measured duration or call count.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +18,8 @@ use crate::target::Target;
 /// How much load, for how long.
 pub(crate) struct Plan {
     pub concurrency: u32,
+    /// Requests per call, each with a key of its own.
+    pub batch: usize,
     pub warm_up: Duration,
     pub measure: Measure,
     /// Requests started per second (open loop), or `None` (closed loop).
@@ -26,6 +28,7 @@ pub(crate) struct Plan {
 
 pub(crate) enum Measure {
     For(Duration),
+    /// This many calls.
     Requests(u64),
 }
 
@@ -34,11 +37,12 @@ struct Shared {
     target: Target,
     keys: Keys,
     progress: Arc<Progress>,
+    batch: usize,
     started: Instant,
     measure_from: Instant,
-    /// Requests starting at or after this are not sent.
+    /// Calls starting at or after this are not sent.
     deadline: Option<Instant>,
-    /// With `Measure::Requests`: how many measured requests may start.
+    /// With `Measure::Requests`: how many measured calls may start.
     budget: Option<u64>,
     claimed: AtomicU64,
     /// Open loop: one start instant every `period`, numbered.
@@ -63,6 +67,7 @@ pub(crate) async fn run(
         target,
         keys,
         progress,
+        batch: plan.batch.max(1),
         started,
         measure_from,
         deadline,
@@ -92,6 +97,8 @@ async fn work(shared: Arc<Shared>, worker: usize) -> (Tally, Instant) {
     let mut rng = SmallRng::seed_from_u64(worker as u64);
     let mut tally = Tally::new();
     let mut last_answer = shared.measure_from;
+    // Reused from call to call: the keys borrow from `shared`.
+    let mut keys: Vec<&str> = Vec::with_capacity(shared.batch);
     loop {
         let scheduled = match shared.period {
             Some(period) => {
@@ -118,12 +125,13 @@ async fn work(shared: Arc<Shared>, worker: usize) -> (Tally, Instant) {
         {
             break;
         }
-        let key = shared.keys.draw(&mut rng);
-        let outcome = shared.target.call(worker, key).await;
+        keys.clear();
+        keys.extend((0..shared.batch).map(|_| shared.keys.draw(&mut rng)));
+        let outcomes = shared.target.call(worker, &keys).await;
         let answered = Instant::now();
-        shared.progress.count(&outcome);
+        shared.progress.count(&outcomes);
         if measured {
-            tally.record(outcome, answered - scheduled);
+            tally.record(outcomes, answered - scheduled);
             last_answer = answered;
         }
     }

@@ -1,7 +1,8 @@
-//! What a run drives: ratelimitd's `CheckLimit`, an Envoy RLS server's
-//! `ShouldRateLimit`, or Redis itself running ratelimitd's decision script
-//! (the baseline), each reduced to "send one request for this key, get
-//! allowed, denied or an error".
+//! What a run drives: ratelimitd's `CheckLimit` (one limit or several per
+//! request) or `CheckLimits` (a batch of requests per call), an Envoy RLS
+//! server's `ShouldRateLimit`, or Redis itself running ratelimitd's decision
+//! script (the baseline), each reduced to "send one call for these keys, get
+//! each request's allowed, denied or error".
 
 use std::time::Duration;
 
@@ -17,7 +18,8 @@ use ratelimitd::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
 };
 use ratelimitd::pb::ratelimitd::v1::{
-    self as pb, CheckLimitRequest, check_limit_request, rate_limiter_client::RateLimiterClient,
+    self as pb, CheckLimitRequest, CheckLimitsRequest, check_limit_request, check_limit_result,
+    rate_limiter_client::RateLimiterClient,
 };
 use redis::aio::MultiplexedConnection;
 use tonic::transport::{Channel, Endpoint};
@@ -33,13 +35,48 @@ pub(crate) enum Outcome {
     Error(String),
 }
 
+/// The answers to one call: one outcome per request it carried (one, or a
+/// batch's).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Outcomes {
+    pub allowed: u64,
+    pub denied: u64,
+    /// Failed requests by kind; empty (and not allocated) when none failed,
+    /// which is the common case.
+    pub errors: Vec<(String, u64)>,
+}
+
+impl Outcomes {
+    fn one(outcome: Outcome) -> Self {
+        let mut outcomes = Self::default();
+        outcomes.add(outcome, 1);
+        outcomes
+    }
+
+    fn add(&mut self, outcome: Outcome, count: u64) {
+        match outcome {
+            Outcome::Allowed => self.allowed += count,
+            Outcome::Denied => self.denied += count,
+            Outcome::Error(kind) => match self.errors.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += count,
+                None => self.errors.push((kind, count)),
+            },
+        }
+    }
+
+    pub(crate) fn error_count(&self) -> u64 {
+        self.errors.iter().map(|(_, n)| n).sum()
+    }
+}
+
 /// A connected target; workers share it, each using connection
 /// `worker % connections`.
 pub(crate) enum Target {
     CheckLimit {
         clients: Vec<RateLimiterClient<Channel>>,
-        algorithm: check_limit_request::Algorithm,
-        cost: u64,
+        /// Every request, but for its key: one limit, or `--limits` named
+        /// ones.
+        template: CheckLimitRequest,
     },
     ShouldRateLimit {
         clients: Vec<RateLimitServiceClient<Channel>>,
@@ -65,8 +102,7 @@ impl Target {
                 let channels = channels(options, connections).await?;
                 Ok(Self::CheckLimit {
                     clients: channels.into_iter().map(RateLimiterClient::new).collect(),
-                    algorithm: pb_algorithm(options, &algorithm),
-                    cost: options.cost,
+                    template: check_limit_template(options, &algorithm),
                 })
             }
             TargetKind::ShouldRateLimit => {
@@ -107,33 +143,78 @@ impl Target {
         }
     }
 
-    /// Sends one request for `key` on the worker's connection.
-    pub(crate) async fn call(&self, worker: usize, key: &str) -> Outcome {
+    /// Sends one call, one request per key of `keys`, on the worker's
+    /// connection: a batch (`CheckLimits`) if there are several keys, which
+    /// only `check-limit` is given.
+    pub(crate) async fn call(&self, worker: usize, keys: &[&str]) -> Outcomes {
         match self {
-            Self::CheckLimit {
-                clients,
-                algorithm,
-                cost,
-            } => {
+            Self::CheckLimit { clients, template } => {
                 // Clients are cheap handles onto the shared channel.
                 let mut client = clients[worker % clients.len()].clone();
-                let request = CheckLimitRequest {
+                let request = |key: &str| CheckLimitRequest {
                     key: key.to_owned(),
-                    algorithm: Some(*algorithm),
-                    cost: Some(*cost),
-                    ..Default::default()
+                    ..template.clone()
                 };
-                match client.check_limit(request).await {
-                    Ok(response) if response.get_ref().allowed => Outcome::Allowed,
-                    Ok(_) => Outcome::Denied,
-                    Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+                if let [key] = keys {
+                    return Outcomes::one(match client.check_limit(request(key)).await {
+                        Ok(response) if response.get_ref().allowed => Outcome::Allowed,
+                        Ok(_) => Outcome::Denied,
+                        Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+                    });
                 }
+                let batch = CheckLimitsRequest {
+                    requests: keys.iter().map(|key| request(key)).collect(),
+                };
+                let mut outcomes = Outcomes::default();
+                match client.check_limits(batch).await {
+                    Ok(response) => {
+                        let results = response.into_inner().results;
+                        // Each item counts as a unary call's answer would,
+                        // its error under the same name.
+                        let answered = results.len() as u64;
+                        for result in results {
+                            outcomes.add(
+                                match result.result {
+                                    Some(check_limit_result::Result::Response(response)) => {
+                                        if response.allowed {
+                                            Outcome::Allowed
+                                        } else {
+                                            Outcome::Denied
+                                        }
+                                    }
+                                    Some(check_limit_result::Result::Error(status)) => {
+                                        Outcome::Error(format!(
+                                            "grpc {:?}",
+                                            tonic::Code::from_i32(status.code)
+                                        ))
+                                    }
+                                    None => Outcome::Error("empty result".into()),
+                                },
+                                1,
+                            );
+                        }
+                        // A server that answers fewer items than asked has
+                        // failed the rest; more would be counted above.
+                        let missing = (keys.len() as u64).saturating_sub(answered);
+                        if missing > 0 {
+                            outcomes.add(Outcome::Error("missing result".into()), missing);
+                        }
+                    }
+                    // The whole call failed: so did every request in it.
+                    Err(status) => outcomes.add(
+                        Outcome::Error(format!("grpc {:?}", status.code())),
+                        keys.len() as u64,
+                    ),
+                }
+                outcomes
             }
             Self::ShouldRateLimit {
                 clients,
                 domain,
                 cost,
             } => {
+                // Options allow batches for check-limit only.
+                let key = keys.first().copied().unwrap_or_default();
                 let mut client = clients[worker % clients.len()].clone();
                 let request = RateLimitRequest {
                     domain: domain.clone(),
@@ -146,14 +227,14 @@ impl Target {
                     }],
                     hits_addend: *cost,
                 };
-                match client.should_rate_limit(request).await {
+                Outcomes::one(match client.should_rate_limit(request).await {
                     Ok(response) => match response.get_ref().overall_code() {
                         Code::Ok => Outcome::Allowed,
                         Code::OverLimit => Outcome::Denied,
                         Code::Unknown => Outcome::Error("overall_code UNKNOWN".into()),
                     },
                     Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
-                }
+                })
             }
             Self::RedisDirect {
                 connections,
@@ -162,10 +243,11 @@ impl Target {
                 cost,
                 timeout,
             } => {
+                let key = keys.first().copied().unwrap_or_default();
                 let mut connection = connections[worker % connections.len()].clone();
                 let caller = match CallerKey::new(key.to_owned()) {
                     Ok(caller) => caller,
-                    Err(err) => return Outcome::Error(format!("key: {err}")),
+                    Err(err) => return Outcomes::one(Outcome::Error(format!("key: {err}"))),
                 };
                 // Exactly what ratelimitd sends for one CheckLimit call.
                 let key = storage_key(key_prefix, algorithm, &caller);
@@ -181,7 +263,7 @@ impl Target {
                     invocation.invoke_async::<Vec<i64>>(&mut connection),
                 )
                 .await;
-                match reply {
+                Outcomes::one(match reply {
                     Ok(Ok(reply)) => match reply.first() {
                         Some(1) => Outcome::Allowed,
                         Some(0) => Outcome::Denied,
@@ -189,7 +271,7 @@ impl Target {
                     },
                     Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),
                     Err(_) => Outcome::Error("timeout".into()),
-                }
+                })
             }
         }
     }
@@ -223,6 +305,55 @@ pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
         AlgorithmKind::Gcra => Gcra::new(options.limit, options.window, options.limit)
             .map(Algorithm::Gcra)
             .map_err(invalid),
+    }
+}
+
+/// A `CheckLimit` request without its key: the run's limit in the
+/// one-limit form, or `--limits` copies of it named `l0`, `l1`... (each a
+/// counter of its own on the request's key), and `--cost` on the request.
+fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitRequest {
+    let algorithm = pb_algorithm(options, algorithm);
+    let cost = Some(options.cost);
+    if options.limits <= 1 {
+        return CheckLimitRequest {
+            algorithm: Some(algorithm),
+            cost,
+            ..Default::default()
+        };
+    }
+    let limits = (0..options.limits)
+        .map(|i| pb::Limit {
+            name: limit_name(i),
+            // Empty: the request's key, so every limit counts the key drawn.
+            key: String::new(),
+            algorithm: Some(limit_algorithm(algorithm)),
+            // Unset: the request's cost.
+            cost: None,
+        })
+        .collect();
+    CheckLimitRequest {
+        limits,
+        cost,
+        ..Default::default()
+    }
+}
+
+/// The name of limit `i` of a request with several.
+pub(crate) fn limit_name(i: u32) -> String {
+    format!("l{i}")
+}
+
+/// The one-limit form's algorithm, as a `Limit` of several states it (the
+/// same messages under another oneof).
+fn limit_algorithm(algorithm: check_limit_request::Algorithm) -> pb::limit::Algorithm {
+    use check_limit_request::Algorithm as One;
+    use pb::limit::Algorithm as Several;
+    match algorithm {
+        One::FixedWindow(p) => Several::FixedWindow(p),
+        One::SlidingWindow(p) => Several::SlidingWindow(p),
+        One::TokenBucket(p) => Several::TokenBucket(p),
+        One::Gcra(p) => Several::Gcra(p),
+        One::SlidingWindowCounter(p) => Several::SlidingWindowCounter(p),
     }
 }
 
@@ -310,4 +441,56 @@ pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
         seconds = window.as_secs(),
         domain = options.domain,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn template(args: &[&str]) -> CheckLimitRequest {
+        let options = Options::parse_from(std::iter::once("bench").chain(args.iter().copied()));
+        check_limit_template(&options, &algorithm(&options).unwrap())
+    }
+
+    #[test]
+    fn one_limit_keeps_the_one_limit_form() {
+        let request = template(&["--limit", "7", "--cost", "2"]);
+        assert!(request.limits.is_empty());
+        assert_eq!(request.cost, Some(2));
+        let Some(check_limit_request::Algorithm::FixedWindow(window)) = request.algorithm else {
+            panic!("{request:?}");
+        };
+        assert_eq!(window.limit, 7);
+    }
+
+    #[test]
+    fn several_limits_are_named_copies_of_the_limit_on_the_request_key() {
+        let request = template(&["--limits", "3", "--algorithm", "gcra", "--limit", "9"]);
+        assert_eq!(request.algorithm, None);
+        assert_eq!(request.cost, Some(1));
+        let names: Vec<&str> = request.limits.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["l0", "l1", "l2"]);
+        for limit in &request.limits {
+            assert_eq!(limit.key, "");
+            assert_eq!(limit.cost, None);
+            let Some(pb::limit::Algorithm::Gcra(gcra)) = limit.algorithm else {
+                panic!("{limit:?}");
+            };
+            assert_eq!((gcra.rate, gcra.burst), (9, 9));
+        }
+    }
+
+    #[test]
+    fn a_batch_item_failure_counts_under_its_kind() {
+        let mut outcomes = Outcomes::default();
+        outcomes.add(Outcome::Allowed, 1);
+        outcomes.add(Outcome::Error("grpc Unavailable".into()), 2);
+        outcomes.add(Outcome::Error("grpc Unavailable".into()), 1);
+        outcomes.add(Outcome::Denied, 3);
+        assert_eq!((outcomes.allowed, outcomes.denied), (1, 3));
+        assert_eq!(outcomes.errors, [("grpc Unavailable".to_owned(), 3)]);
+        assert_eq!(outcomes.error_count(), 3);
+    }
 }
