@@ -680,4 +680,93 @@ mod tests {
         assert_eq!(response.retry_after, None);
         assert_eq!(response.reset_after, secs(1, 500_000_000));
     }
+
+    fn decided(allowed: bool, remaining: u64, reset: Micros, retry: RetryAfter) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after: reset,
+            retry_after: retry,
+            degraded: false,
+        }
+    }
+
+    fn labels(shadows: &[bool]) -> Vec<Label> {
+        shadows
+            .iter()
+            .enumerate()
+            .map(|(i, &shadow)| Label {
+                name: format!("l{i}"),
+                shadow,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn allowed_the_fewest_left_speaks_ties_to_the_longest_reset() {
+        let ok = RetryAfter::After(0);
+        let answer = several_response(
+            &labels(&[false, false, false]),
+            &[
+                decided(true, 3, 1_000_000, ok),
+                decided(true, 2, 1_000_000, ok),
+                decided(true, 2, 5_000_000, ok),
+            ],
+        );
+        assert!(answer.allowed);
+        assert_eq!(answer.most_restrictive, 2);
+        assert_eq!((answer.remaining, answer.reset_after), (2, secs(5, 0)));
+        assert_eq!(answer.retry_after, secs(0, 0));
+    }
+
+    #[test]
+    fn denied_the_longest_wait_speaks_and_never_is_longest() {
+        let wait = |seconds: u64| RetryAfter::After(seconds * 1_000_000);
+        let answer = several_response(
+            &labels(&[false, false, false]),
+            &[
+                decided(false, 0, 9_000_000, wait(2)),
+                decided(true, 0, 1_000_000, wait(0)),
+                decided(false, 0, 1_000_000, wait(7)),
+            ],
+        );
+        assert!(!answer.allowed);
+        assert_eq!(answer.most_restrictive, 2, "an allowing limit never speaks");
+        assert_eq!(answer.retry_after, secs(7, 0));
+        let never = several_response(
+            &labels(&[false, false]),
+            &[
+                decided(false, 0, 1, wait(3)),
+                decided(false, 5, 1, RetryAfter::Never),
+            ],
+        );
+        assert_eq!(never.most_restrictive, 1);
+        assert!(never.cost_exceeds_limit);
+        assert_eq!(never.retry_after, None);
+    }
+
+    #[test]
+    fn a_shadow_limit_neither_denies_nor_speaks() {
+        let answer = several_response(
+            &labels(&[true, false]),
+            &[
+                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+                decided(true, 4, 1, RetryAfter::After(0)),
+            ],
+        );
+        assert!(answer.allowed);
+        assert_eq!(answer.most_restrictive, 1);
+        assert!(answer.limits[0].shadow && !answer.limits[0].allowed);
+        // All in shadow: the statuses still name the most restrictive.
+        let all = several_response(
+            &labels(&[true, true]),
+            &[
+                decided(true, 4, 1, RetryAfter::After(0)),
+                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+            ],
+        );
+        assert!(all.allowed, "shadow limits never deny");
+        assert_eq!(all.most_restrictive, 1);
+    }
 }
