@@ -3,7 +3,9 @@
 //! and Express middleware (`clients/node`, node's test runner, after
 //! `npm ci`), and the Python client and ASGI middleware (`clients/python`,
 //! pytest in a virtualenv, through its `ci.sh`). Each needs its toolchain:
-//! a missing one fails the test and says what to install.
+//! a missing one fails the test and says what to install. Each package is
+//! also installed as its README says, from its packed artifact, into a
+//! fresh app outside the checkout.
 
 use std::path::Path;
 use std::process::Command;
@@ -40,6 +42,20 @@ fn node_client_and_express_middleware() {
         hint,
     );
     run("clients/node", "npm", &["test"], hint);
+}
+
+/// The Node package as its README installs it: packed by `npm pack`,
+/// installed from the tarball into a fresh app outside the checkout, the
+/// seed's scenario on every algorithm, and a stopped server under each
+/// failure option (`clients/node/ci-install.sh`).
+#[test]
+fn node_package_installs_from_its_tarball_into_a_fresh_app() {
+    run(
+        "clients/node",
+        "bash",
+        &["ci-install.sh"],
+        "install Node.js 20 or newer with npm",
+    );
 }
 
 #[test]

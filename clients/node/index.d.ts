@@ -3,65 +3,68 @@
 
 import type { ChannelCredentials, ChannelOptions } from '@grpc/grpc-js';
 
-/** The algorithms, as the `type` option names them. */
-export type RateLimitType = 'fixed' | 'sliding' | 'token' | 'gcra' | 'slidingCounter';
+/**
+ * The algorithms, under the server's names (the proto's oneof fields, the
+ * policies file's `algorithm:`), the same in the Python client.
+ */
+export type RateLimitType = 'fixed_window' | 'sliding_window' | 'token_bucket' | 'gcra' | 'sliding_window_counter';
 
-/** Every `type`, in the order the package knows them. */
+/** The seed's short names, accepted for migration: fixed = fixed_window, sliding = sliding_window, token = token_bucket. */
+export type RateLimitTypeAlias = 'fixed' | 'sliding' | 'token';
+
+/** Every `type` by the server's names, in the order the package knows them. */
 export declare const TYPES: readonly RateLimitType[];
 
+/** The window in whole milliseconds, 1 ms to 366 days: `windowMs` (express-rate-limit's name) or `windowSize` (the seed's). */
+export type Window =
+  | { windowMs: number; windowSize?: never }
+  | { windowSize: number; windowMs?: never };
+
 /** At most `limit` units per window; the window starts with the key's first spending request. */
-export interface FixedWindowLimit {
-  type: 'fixed';
+export type FixedWindowLimit = {
+  type: 'fixed_window' | 'fixed';
   /** Units per window, 1 to 1e15. */
   limit: number;
-  /** The window in whole milliseconds, 1 ms to 366 days. */
-  windowSize: number;
-}
+} & Window;
 
-/** At most `limit` units in any span of `windowSize` milliseconds. */
-export interface SlidingWindowLimit {
-  type: 'sliding';
+/** At most `limit` units in any span of the window. */
+export type SlidingWindowLimit = {
+  type: 'sliding_window' | 'sliding';
   /** Units per window, 1 to 100000 (the log holds one entry per unit). */
   limit: number;
-  /** The window in whole milliseconds, 1 ms to 366 days. */
-  windowSize: number;
-}
+} & Window;
 
 /** A bucket of `capacity` tokens, starting full, refilled at `refillRate` tokens per second. */
 export interface TokenBucketLimit {
-  type: 'token';
+  type: 'token_bucket' | 'token';
   /** 1 to 1e15. */
   capacity: number;
   /** Tokens per second, finite and above 0 (fractions such as 0.5 work). */
   refillRate: number;
 }
 
-/** GCRA: `limit` per `windowSize` sustained (evenly spaced), up to `burst` at once. */
-export interface GcraLimit {
+/** GCRA: `limit` per window sustained (evenly spaced), up to `burst` at once. */
+export type GcraLimit = {
   type: 'gcra';
   /** Requests per window, 1 to 1e15. */
   limit: number;
-  /** The window in whole milliseconds, 1 ms to 366 days. */
-  windowSize: number;
   /** Requests allowed at once, 1 to 1e15; default `limit`. */
   burst?: number;
-}
+} & Window;
 
-/** About `limit` units in any span of `windowSize` ms, estimated from two counts (O(1) memory). */
-export interface SlidingCounterLimit {
-  type: 'slidingCounter';
+/** About `limit` units in any span of the window, estimated from two counts (O(1) memory). */
+export type SlidingWindowCounterLimit = {
+  type: 'sliding_window_counter';
   /** Units per window, 1 to 1e15. */
   limit: number;
-  /** The window in whole milliseconds, 1 ms to 366 days. */
-  windowSize: number;
-}
+} & Window;
 
 export type Limit =
   | FixedWindowLimit
   | SlidingWindowLimit
   | TokenBucketLimit
   | GcraLimit
-  | SlidingCounterLimit;
+  | SlidingWindowCounterLimit;
 
 /**
  * What ratelimitd answers when Redis cannot decide: `fail-closed` (an
@@ -219,11 +222,16 @@ export declare class RateLimitError extends Error {
 }
 
 export interface RateLimitClientOptions {
-  /** host:port of ratelimitd; default '127.0.0.1:50051'. */
+  /** host:port of ratelimitd; default $RATELIMITD_ADDRESS, else '127.0.0.1:50051'. */
   address?: string;
-  /** Deadline of each call in milliseconds; default 150. */
+  /** Deadline of each call in milliseconds; default 300. */
   deadlineMs?: number;
-  /** Default plaintext (`grpc.credentials.createInsecure()`); `grpc.credentials.createSsl(...)` for TLS. */
+  /**
+   * Default from the environment: TLS when RATELIMITD_TLS is 1 / true (the
+   * system's roots) or RATELIMITD_TLS_CA names a PEM file of the CA, with the
+   * client certificate RATELIMITD_TLS_CERT and key RATELIMITD_TLS_KEY for
+   * mutual TLS; else plaintext. Or `grpc.credentials.createSsl(...)`.
+   */
   credentials?: ChannelCredentials;
   /** grpc-js channel options, over this package's reconnect backoff (100 ms to 2 s). */
   channelOptions?: ChannelOptions;
@@ -277,15 +285,85 @@ interface MiddlewareOptions<Req> {
    */
   onServiceError?: 'allow' | 'deny';
   failurePolicy?: FailurePolicy;
-  /** Deadline of each check in milliseconds; default the client's (150). */
+  /** Deadline of each check in milliseconds; default the client's (300). */
   deadlineMs?: number;
-  /** Send the IETF `RateLimit-Policy` and `RateLimit` headers; default true. */
-  headers?: boolean;
+  /**
+   * Called on each request let through without a decision of ratelimitd's
+   * (reason 'timeout', 'unavailable' or 'error', with the RateLimitError),
+   * and on each decision ratelimitd made in its degraded mode (reason
+   * 'store', with the decision). The same reason is sent in the
+   * `RateLimit-Degraded` response header.
+   */
+  onDegraded?: (req: Req, info: DegradedInfo) => void;
+  /**
+   * This limiter's namespace: limiters with the same `name` share their
+   * counters. Default: derived from what the limiter limits, so that two
+   * limiters with different limits never share a counter. 1 to 64 letters,
+   * digits, '_', '-' or '.'.
+   */
+  name?: string;
+  /**
+   * The IETF headers: 'draft-8' (the default: `RateLimit-Policy: "default";q=5;w=10`,
+   * `RateLimit: "default";r=4;t=10`), 'draft-7' (`RateLimit-Policy: 5;w=10`,
+   * `RateLimit: limit=5, remaining=4, reset=10`), 'draft-6' or true
+   * (`RateLimit-Policy`, `RateLimit-Limit`, `RateLimit-Remaining`,
+   * `RateLimit-Reset`), or false (none). `Retry-After` goes with every 429.
+   */
+  standardHeaders?: boolean | 'draft-6' | 'draft-7' | 'draft-8';
+  /** `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (Unix seconds); default false. */
+  legacyHeaders?: boolean;
+  /** The body of a denial: a value for Express's `res.send`, or a function of the request (may be async); default `{ error: 'Rate limit exceeded' }`. */
+  message?: unknown | ((req: Req, res: any) => unknown);
+  /** The status of a denial; default 429. */
+  statusCode?: number;
+  /** Answers a denial in place of `message` and `statusCode` (`Retry-After` and the headers are already set). */
+  handler?: (req: Req, res: any, next: (err?: unknown) => void, options: Readonly<Record<string, unknown>>) => unknown;
+  /** Requests for which it returns true (may be async) are neither checked nor counted. */
+  skip?: (req: Req, res: any) => boolean | Promise<boolean>;
+  /** Whether a response counts as successful, for the two options below; default `res.statusCode < 400`. */
+  requestWasSuccessful?: (req: Req, res: any) => boolean | Promise<boolean>;
+  /** Count only successful responses: looks (cost 0) before the handler, spends after the response. Not atomic: see the README. */
+  skipFailedRequests?: boolean;
+  /** Count only failed responses: looks (cost 0) before the handler, spends after the response. Not atomic: see the README. */
+  skipSuccessfulRequests?: boolean;
+  /** Where the request's RateLimitInfo goes; default 'rateLimit' (`req.rateLimit`). */
+  requestPropertyName?: string;
   /** Where warnings go; default `console`. */
   logger?: { warn(message: string): void };
 }
 
-type Service = { client: Checker; address?: never } | { address: string; client?: never };
+/** Why a request went on without a full decision of ratelimitd's. */
+export type DegradedInfo =
+  | { reason: 'timeout' | 'unavailable' | 'error'; error: RateLimitError }
+  | { reason: 'store'; decision: Decision | LimitsDecision };
+
+/** What the middleware puts on `req.rateLimit`, as express-rate-limit does. */
+export interface RateLimitInfo {
+  /** The limit or capacity in force (the most restrictive limit's). */
+  limit: number;
+  /** limit - remaining. */
+  used: number;
+  remaining: number;
+  /** When the key is back to its full quota. */
+  resetTime: Date;
+  /** The key ratelimitd counted on: prefix, namespace, then keyGenerator's. */
+  key: string;
+}
+
+/** The middleware's counters, for your metrics. */
+export interface RateLimiterStats {
+  /** Requests ratelimitd decided (allowed or denied). */
+  decided: number;
+  /** Requests denied (429, or `statusCode`). */
+  denied: number;
+  /** Requests let through because ratelimitd could not decide (onServiceError 'allow'). */
+  failOpen: number;
+  /** Requests refused with 503 because ratelimitd could not decide (onServiceError 'deny'). */
+  failClosed: number;
+}
+
+/** Exactly one of `address` and `client`, or neither: a client for $RATELIMITD_ADDRESS (default 127.0.0.1:50051). */
+type Service = { client: Checker; address?: never } | { address: string; client?: never } | { address?: undefined; client?: undefined };
 
 /** One of the middleware's `limits`: as the client's, but `key` may also be a function of the request. */
 export type MiddlewareLimitsEntry<Req = any> = Limit &
@@ -303,8 +381,17 @@ export type MiddlewareLimitsEntry<Req = any> = Limit &
  * together, all or nothing (`limits`), or a policy of ratelimitd's policies
  * file (`policy`). With several, the headers describe the most restrictive.
  */
-type Limits<Req> =
+/** A limit whose `limit` (or `max`, its other name) may be a function of the request (may be async), for per-user tiers. */
+type RequestLimit<Req> = number | ((req: Req, res: any) => number | Promise<number>);
+type MiddlewareLimit<Req> =
   | Limit
+  | (Omit<FixedWindowLimit | SlidingWindowLimit | GcraLimit | SlidingWindowCounterLimit, 'limit'> & { limit: RequestLimit<Req>; max?: never })
+  | (Omit<FixedWindowLimit | SlidingWindowLimit | GcraLimit | SlidingWindowCounterLimit, 'limit'> & { max: RequestLimit<Req>; limit?: never })
+  /** express-rate-limit's usage: no `type` is a fixed window, `limit` (or `max`) 5 and `windowMs` 60000 by default. */
+  | ({ type?: undefined; limit?: RequestLimit<Req>; max?: RequestLimit<Req> } & Partial<Window>);
+
+type Limits<Req> =
+  | MiddlewareLimit<Req>
   | { limits: MiddlewareLimitsEntry<Req>[] }
   | {
       /** A policy of ratelimitd's policies file. One it does not know (NOT_FOUND) is handled as `onServiceError`. */
@@ -318,10 +405,14 @@ export interface RateLimitMiddleware<Req = any, Res = any> {
   (req: Req, res: Res, next: (err?: unknown) => void): Promise<void>;
   /** The client the middleware asks: the one given, or the one it made for `address`. */
   readonly client: Checker & Partial<Pick<RateLimitClient, 'close'>>;
+  /** Counters: decided, denied, failOpen, failClosed. */
+  readonly stats: Readonly<RateLimiterStats>;
+  /** The namespace put between `prefix` and each key: `name:` or the derived `rl-xxxxxxxx:`. */
+  readonly namespace: string;
 }
 
 /**
- * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowSize })`,
+ * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowMs })`,
  * or `rateLimiter({ address, policy: 'free-tier', keyGenerator })`, or
  * `rateLimiter({ address, limits: [...] })`.
  * Options are checked here; an invalid one throws a TypeError or RangeError.

@@ -1,9 +1,12 @@
 'use strict';
 
-// The `type` option, one entry per algorithm: the options it takes, how they
-// are checked, the CheckLimitRequest oneof field they become, and the window
-// reported in the RateLimit-Policy header. Adding an algorithm to the proto
-// means adding one entry here (and its types in index.d.ts).
+// The `type` option, one entry per algorithm, under the server's own names
+// (the proto's oneof fields, the policies file's `algorithm:`): the options
+// it takes, how they are checked, the CheckLimitRequest oneof field they
+// become, the window reported in the RateLimit-Policy header, and its
+// parameters in the proto's field order (the limiter's namespace). Adding an
+// algorithm to the proto means adding one entry here (and its types in
+// index.d.ts).
 
 // Bounds from proto/ratelimitd/v1/ratelimit.proto and the README's input rules.
 const MAX_COUNT = 1e15;
@@ -11,7 +14,7 @@ const MAX_SLIDING_LIMIT = 100000;
 const MAX_WINDOW_MS = 366 * 24 * 60 * 60 * 1000;
 
 const ALGORITHMS = {
-  fixed: {
+  fixed_window: {
     field: 'fixed_window',
     options: ['limit', 'windowSize'],
     validate(o, where) {
@@ -20,8 +23,9 @@ const ALGORITHMS = {
     },
     toProto: (o) => ({ limit: o.limit, window: durationFromMs(o.windowSize) }),
     windowSeconds: (o) => Math.ceil(o.windowSize / 1000),
+    params: (o) => [o.limit, o.windowSize],
   },
-  sliding: {
+  sliding_window: {
     field: 'sliding_window',
     options: ['limit', 'windowSize'],
     validate(o, where) {
@@ -30,8 +34,9 @@ const ALGORITHMS = {
     },
     toProto: (o) => ({ limit: o.limit, window: durationFromMs(o.windowSize) }),
     windowSeconds: (o) => Math.ceil(o.windowSize / 1000),
+    params: (o) => [o.limit, o.windowSize],
   },
-  token: {
+  token_bucket: {
     field: 'token_bucket',
     options: ['capacity', 'refillRate'],
     validate(o, where) {
@@ -51,6 +56,7 @@ const ALGORITHMS = {
     toProto: (o) => ({ capacity: o.capacity, refill_per_second: o.refillRate }),
     // The time an empty bucket takes to fill: the window of `capacity` units.
     windowSeconds: (o) => Math.ceil(o.capacity / o.refillRate),
+    params: (o) => [o.capacity, o.refillRate],
   },
   gcra: {
     field: 'gcra',
@@ -67,8 +73,9 @@ const ALGORITHMS = {
       burst: o.burst ?? o.limit,
     }),
     windowSeconds: (o) => Math.ceil(o.windowSize / 1000),
+    params: (o) => [o.limit, o.windowSize, o.burst ?? o.limit],
   },
-  slidingCounter: {
+  sliding_window_counter: {
     field: 'sliding_window_counter',
     options: ['limit', 'windowSize'],
     validate(o, where) {
@@ -77,13 +84,49 @@ const ALGORITHMS = {
     },
     toProto: (o) => ({ limit: o.limit, window: durationFromMs(o.windowSize) }),
     windowSeconds: (o) => Math.ceil(o.windowSize / 1000),
+    params: (o) => [o.limit, o.windowSize],
   },
 };
 
+/** Every `type`, by the server's names. */
 const TYPES = Object.keys(ALGORITHMS);
 
-/** Every option name any algorithm takes. */
-const ALGORITHM_OPTIONS = [...new Set(TYPES.flatMap((t) => ALGORITHMS[t].options))];
+/** The seed's short names, kept for migration. */
+const ALIASES = { fixed: 'fixed_window', sliding: 'sliding_window', token: 'token_bucket' };
+
+/** Spellings this package no longer takes (it is unpublished 0.x), and the name to use. */
+const REMOVED = { slidingCounter: 'sliding_window_counter' };
+
+/** Every option name any algorithm takes, and `windowMs` (express-rate-limit's name of `windowSize`). */
+const ALGORITHM_OPTIONS = [...new Set(TYPES.flatMap((t) => ALGORITHMS[t].options)), 'windowMs'];
+
+/**
+ * `options` with `type` under its server name and `windowMs` as
+ * `windowSize`, not yet checked otherwise. Throws a TypeError whose message
+ * starts with `where` for a removed spelling, or both `windowMs` and
+ * `windowSize`.
+ */
+function normalize(options, where) {
+  const out = { ...options };
+  const type = options.type;
+  if (typeof type === 'string' && Object.prototype.hasOwnProperty.call(ALIASES, type)) out.type = ALIASES[type];
+  if (typeof type === 'string' && Object.prototype.hasOwnProperty.call(REMOVED, type)) {
+    throw new TypeError(`${where}: \`type\` ${show(type)} is now spelled '${REMOVED[type]}' (the server's name)`);
+  }
+  if (options.windowMs !== undefined) {
+    if (options.windowSize !== undefined) {
+      throw new TypeError(`${where}: pass one of \`windowMs\` and \`windowSize\` (the same option), not both`);
+    }
+    out.windowSize = options.windowMs;
+  }
+  delete out.windowMs;
+  return out;
+}
+
+/** The canonical text of one limit, `<algorithm>:<parameters>`, for the limiter's namespace. */
+function canonical(options) {
+  return [options.type, ...ALGORITHMS[options.type].params(options).map((v) => (typeof v === 'function' ? '*' : String(v)))].join(':');
+}
 
 /**
  * Checks `type` and its options (those of `options` named in
@@ -94,7 +137,9 @@ function resolve(options, where) {
   const type = options.type;
   if (!Object.prototype.hasOwnProperty.call(ALGORITHMS, type)) {
     throw new TypeError(
-      `${where}: \`type\` must be one of ${TYPES.map((t) => `'${t}'`).join(', ')}, got ${show(type)}`,
+      `${where}: \`type\` must be one of ${TYPES.map((t) => `'${t}'`).join(', ')} (or the seed's ${Object.keys(ALIASES)
+        .map((a) => `'${a}'`)
+        .join(', ')}), got ${show(type)}`,
     );
   }
   const algorithm = ALGORITHMS[type];
@@ -139,4 +184,4 @@ function show(value) {
   return String(value);
 }
 
-module.exports = { ALGORITHMS, TYPES, ALGORITHM_OPTIONS, MAX_COUNT, resolve, show };
+module.exports = { ALGORITHMS, TYPES, ALIASES, ALGORITHM_OPTIONS, MAX_COUNT, normalize, canonical, resolve, count, show };

@@ -1,21 +1,24 @@
 'use strict';
 
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
-const { ALGORITHMS, ALGORITHM_OPTIONS, MAX_COUNT, resolve, show } = require('./algorithms');
+const { ALGORITHMS, ALGORITHM_OPTIONS, MAX_COUNT, normalize, resolve, show } = require('./algorithms');
 
-// The repository's proto/ folder: this package lives in clients/node/.
-// google/rpc/status.proto (a CheckLimits item's error) is vendored there too;
-// google/protobuf/duration.proto and any.proto come from protobufjs's bundled
-// common types.
-const PROTO_ROOT = path.join(__dirname, '..', '..', '..', 'proto');
+// The package's own copy of the two .proto files it needs (the repository's
+// proto/ratelimitd/v1/ratelimit.proto and proto/google/rpc/status.proto;
+// test/proto.test.js fails when they differ), so that a packed tarball
+// works on its own. google/protobuf/duration.proto and any.proto come from
+// protobufjs's bundled common types.
+const PROTO_ROOT = path.join(__dirname, '..', 'proto');
 const PROTO_FILE = 'ratelimitd/v1/ratelimit.proto';
 
 const DEFAULT_ADDRESS = '127.0.0.1:50051';
-// Above ratelimitd's default --redis-command-timeout (100 ms), so that when
-// Redis hangs the server's failure policy still gets to answer in time.
-const DEFAULT_DEADLINE_MS = 150;
+// 3x ratelimitd's default --redis-command-timeout (100 ms): when Redis is
+// slow, the server's own failure policy answers first (marked `degraded`),
+// and the client's onServiceError is the last resort, not the usual path.
+const DEFAULT_DEADLINE_MS = 300;
 const DEFAULT_CHANNEL_OPTIONS = {
   // grpc-js backs off up to 120 s between reconnects by default: after an
   // outage of the service, calls would keep failing long after it is back.
@@ -87,9 +90,9 @@ class RateLimitError extends Error {
 class RateLimitClient {
   /**
    * @param {object} [options]
-   * @param {string} [options.address] host:port of ratelimitd, default 127.0.0.1:50051
-   * @param {number} [options.deadlineMs] default deadline of each call, default 150
-   * @param {grpc.ChannelCredentials} [options.credentials] default insecure (plaintext)
+   * @param {string} [options.address] host:port of ratelimitd, default $RATELIMITD_ADDRESS, else 127.0.0.1:50051
+   * @param {number} [options.deadlineMs] default deadline of each call, default 300
+   * @param {grpc.ChannelCredentials} [options.credentials] default from RATELIMITD_TLS* (see credentialsFromEnv), else plaintext
    * @param {object} [options.channelOptions] grpc-js channel options
    */
   constructor(options = {}) {
@@ -105,9 +108,9 @@ class RateLimitClient {
       }
     }
     const {
-      address = DEFAULT_ADDRESS,
+      address = addressFromEnv(),
       deadlineMs = DEFAULT_DEADLINE_MS,
-      credentials = grpc.credentials.createInsecure(),
+      credentials = credentialsFromEnv(where),
       channelOptions = {},
     } = options;
     if (typeof address !== 'string' || address === '') {
@@ -234,6 +237,45 @@ class RateLimitClient {
   }
 }
 
+/** RATELIMITD_ADDRESS, else ratelimitd's own default --listen. */
+function addressFromEnv(env = process.env) {
+  return env.RATELIMITD_ADDRESS || DEFAULT_ADDRESS;
+}
+
+/**
+ * Plaintext, unless the environment asks for TLS: RATELIMITD_TLS (1 / true:
+ * TLS with the system's roots), RATELIMITD_TLS_CA (a PEM file of the CA),
+ * RATELIMITD_TLS_CERT and RATELIMITD_TLS_KEY (the client's certificate and
+ * key, mutual TLS). Any of the files implies TLS.
+ */
+function credentialsFromEnv(where, env = process.env) {
+  const flag = (env.RATELIMITD_TLS ?? '').trim().toLowerCase();
+  if (!['', '0', '1', 'true', 'false'].includes(flag)) {
+    throw new TypeError(`${where}: RATELIMITD_TLS must be 1, true, 0 or false, got ${show(env.RATELIMITD_TLS)}`);
+  }
+  const ca = env.RATELIMITD_TLS_CA || undefined;
+  const cert = env.RATELIMITD_TLS_CERT || undefined;
+  const key = env.RATELIMITD_TLS_KEY || undefined;
+  if ((cert === undefined) !== (key === undefined)) {
+    throw new TypeError(`${where}: set both RATELIMITD_TLS_CERT and RATELIMITD_TLS_KEY (mutual TLS), or neither`);
+  }
+  if (!(flag === '1' || flag === 'true') && ca === undefined && cert === undefined) {
+    return grpc.credentials.createInsecure();
+  }
+  const read = (name, file) => {
+    try {
+      return fs.readFileSync(file);
+    } catch (err) {
+      throw new TypeError(`${where}: cannot read ${name} ${show(file)}: ${err.message}`);
+    }
+  };
+  return grpc.credentials.createSsl(
+    ca === undefined ? null : read('RATELIMITD_TLS_CA', ca),
+    key === undefined ? null : read('RATELIMITD_TLS_KEY', key),
+    cert === undefined ? null : read('RATELIMITD_TLS_CERT', cert),
+  );
+}
+
 /**
  * The CheckLimitRequest for `check(key, options)`, checked, and the call's
  * own `deadlineMs` if it has one; `multi` when it asks several limits or a
@@ -255,13 +297,13 @@ function toRequest(key, options, where) {
   const form = checkForm(options, where);
   const request = { key };
   if (form === 'limits') {
-    checkLimits(options.limits, where);
-    request.limits = options.limits.map(limitToProto);
+    request.limits = checkLimits(options.limits, where).map(limitToProto);
   } else if (form === 'policy') {
     request.policy = options.policy;
   } else {
-    const algorithm = resolve(options, where);
-    request[algorithm.field] = algorithm.toProto(options);
+    const params = normalize(options, where);
+    const algorithm = resolve(params, where);
+    request[algorithm.field] = algorithm.toProto(params);
   }
   const { cost, failurePolicy, deadlineMs } = options;
   if (cost !== undefined) {
@@ -307,8 +349,8 @@ function checkForm(options, where) {
 
 /**
  * Checks the `limits` option: a non-empty array of limits, each `type` with
- * its parameters and optionally `name`, `key` and `cost`. Returns each one's
- * algorithm (the table entry). A limit's `key` is a non-empty string, or
+ * its parameters and optionally `name`, `key` and `cost`. Returns the
+ * limits, normalized (`type` under the server's name, `windowSize`). A limit's `key` is a non-empty string, or
  * also a function when `keyFunctions` (the middleware's, of the request).
  */
 function checkLimits(limits, where, { keyFunctions = false } = {}) {
@@ -340,7 +382,9 @@ function checkLimits(limits, where, { keyFunctions = false } = {}) {
       );
     }
     if (cost !== undefined) checkCost(cost, at);
-    return resolve(limit, at);
+    const normalized = normalize(limit, at);
+    resolve(normalized, at);
+    return normalized;
   });
 }
 
@@ -426,6 +470,8 @@ module.exports = {
   RateLimitError,
   DEFAULT_ADDRESS,
   DEFAULT_DEADLINE_MS,
+  addressFromEnv,
+  credentialsFromEnv,
   FAILURE_POLICIES,
   checkCost,
   checkDeadline,

@@ -8,11 +8,16 @@ const { rateLimiter } = require('..');
 
 /**
  * Serves `GET /` behind `middleware` on 127.0.0.1, on a port of the system's
- * choosing. Returns { url, get(path, headers), close() }.
+ * choosing: `{ ok: true }`, with the status of an `x-status` header if any,
+ * and `req.rateLimit` as `rateLimit` if an `x-echo` header is sent.
+ * Returns { url, get(path, headers), close() }.
  */
 async function startApp(...middleware) {
   const app = express();
-  app.get('/', ...middleware, (req, res) => res.json({ ok: true }));
+  app.get('/', ...middleware, (req, res) => {
+    res.status(Number(req.get('x-status') ?? 200));
+    res.json(req.get('x-echo') ? { ok: true, rateLimit: req.rateLimit } : { ok: true });
+  });
   // Errors passed to next(err) come back as 500 with their message.
   app.use((err, req, res, _next) => res.status(500).json({ error: err.message }));
   const server = app.listen(0, '127.0.0.1');

@@ -11,9 +11,17 @@ const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { once } = require('node:events');
+const grpc = require('@grpc/grpc-js');
 const { RateLimitClient } = require('..');
 
 const DEFAULT_BIN = path.resolve(__dirname, '..', '..', '..', 'target', 'debug', 'ratelimitd');
+
+// The clients read ratelimitd's address and TLS from the environment when
+// not given them: the caller's must not reach the tests (those that test
+// the environment set it themselves).
+for (const name of ['RATELIMITD_ADDRESS', 'RATELIMITD_TLS', 'RATELIMITD_TLS_CA', 'RATELIMITD_TLS_CERT', 'RATELIMITD_TLS_KEY']) {
+  delete process.env[name];
+}
 
 function binary() {
   const bin = process.env.RATELIMITD_BIN || DEFAULT_BIN;
@@ -62,10 +70,11 @@ async function waitFor(condition, { timeoutMs = 5000, intervalMs = 20, what = 'c
  * `{ 'policies.yaml': 'policies: ...' }`), made in a temporary directory
  * (removed when the server stops) that ratelimitd polls every 50 ms;
  * `writeConfig(name, text)` changes one of them (hot reload). `args`: more
- * flags.
+ * flags. `tlsCa`: a PEM file, for a server started with --tls-cert: the
+ * readiness probe then speaks TLS to localhost:port.
  * Returns { address, port, process, configDir, writeConfig(), logs(), stop(), kill() }.
  */
-async function startRatelimitd({ port, config, args = [] } = {}) {
+async function startRatelimitd({ port, config, args = [], tlsCa } = {}) {
   const bin = binary();
   port ??= await freePort();
   const address = `127.0.0.1:${port}`;
@@ -89,7 +98,11 @@ async function startRatelimitd({ port, config, args = [] } = {}) {
   let exited = null;
   child.on('exit', (code, signal) => (exited = { code, signal }));
 
-  const probe = new RateLimitClient({ address, deadlineMs: 200 });
+  const probe = new RateLimitClient(
+    tlsCa === undefined
+      ? { address, deadlineMs: 200 }
+      : { address: `localhost:${port}`, deadlineMs: 200, credentials: grpc.credentials.createSsl(fs.readFileSync(tlsCa)) },
+  );
   try {
     await waitFor(
       async () => {
@@ -99,7 +112,7 @@ async function startRatelimitd({ port, config, args = [] } = {}) {
           });
         }
         // Cost 0 looks without spending and creates no state.
-        await probe.check('__ratelimitd_test_probe__', { type: 'fixed', limit: 1, windowSize: 1, cost: 0 });
+        await probe.check('__ratelimitd_test_probe__', { type: 'fixed_window', limit: 1, windowMs: 1, cost: 0 });
         return true;
       },
       { timeoutMs: 15000, intervalMs: 25, what: `ratelimitd to serve on ${address}` },

@@ -80,10 +80,10 @@ test('gcra: a burst, then one request per interval', async () => {
   await waitFor(async () => (await client.check(key, opts)).allowed, { what: 'the next interval' });
 });
 
-test('slidingCounter: the limit within a window, then denied', async () => {
-  const key = uniqueKey('slidingCounter');
+test('sliding_window_counter: the limit within a window, then denied', async () => {
+  const key = uniqueKey('sliding_window_counter');
   // An hour-long window: the checks never straddle two, so the estimate is exact.
-  const opts = { type: 'slidingCounter', limit: 3, windowSize: 3600000 };
+  const opts = { type: 'sliding_window_counter', limit: 3, windowSize: 3600000 };
   const checks = await Promise.all([1, 2, 3, 4].map(() => client.check(key, opts)));
   assert.deepEqual(checks.map((d) => d.allowed).sort(), [false, true, true, true]);
   assert.ok(checks.find((d) => !d.allowed).retryAfterMs > 0);
@@ -146,14 +146,14 @@ test('a request ratelimitd rejects becomes a RateLimitError with code INVALID_AR
 
 test('invalid options are refused before anything is sent', async () => {
   const cases = [
-    [{ type: 'leaky', limit: 1, windowSize: 1 }, TypeError, /`type` must be one of 'fixed', 'sliding', 'token', 'gcra', 'slidingCounter', got "leaky"/],
+    [{ type: 'leaky', limit: 1, windowSize: 1 }, TypeError, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the seed's 'fixed', 'sliding', 'token'\), got "leaky"/],
     [{ type: 'fixed', limit: 0, windowSize: 1000 }, RangeError, /`limit` must be a whole number from 1/],
     [{ type: 'fixed', limit: 1, windowSize: 1.5 }, RangeError, /`windowSize` must be a whole number of milliseconds/],
     [{ type: 'fixed', limit: 1 }, TypeError, /`windowSize` must be .* got undefined/],
     [{ type: 'sliding', limit: 100001, windowSize: 1000 }, RangeError, /`limit` must be a whole number from 1 to 100000/],
     [{ type: 'token', capacity: 1, refillRate: 0 }, TypeError, /`refillRate` .* above 0/],
     [{ type: 'token', capacity: 1e9, refillRate: 1e-3 }, RangeError, /at most 366 days/],
-    [{ type: 'fixed', limit: 1, windowSize: 1000, capacity: 5 }, TypeError, /`capacity` is not an option of type 'fixed'/],
+    [{ type: 'fixed', limit: 1, windowSize: 1000, capacity: 5 }, TypeError, /`capacity` is not an option of type 'fixed_window'/],
     [{ type: 'fixed', limit: 1, windowSize: 1000, cost: -1 }, RangeError, /`cost` must be a whole number from 0/],
     [{ type: 'fixed', limit: 1, windowSize: 1000, failurePolicy: 'open' }, TypeError, /`failurePolicy` must be one of/],
     [{ type: 'fixed', limit: 1, windowSize: 1000, windowsize: 5 }, TypeError, /unknown option `windowsize`/],
@@ -171,11 +171,11 @@ test('invalid options are refused before anything is sent', async () => {
   assert.throws(() => new RateLimitClient({ deadlineMs: 0 }), /`deadlineMs` must be a number of milliseconds above 0/);
 });
 
-test('defaults: 127.0.0.1:50051 and a 150 ms deadline', () => {
+test('defaults: 127.0.0.1:50051 and a 300 ms deadline', () => {
   const c = new RateLimitClient();
   try {
     assert.equal(c.address, '127.0.0.1:50051');
-    assert.equal(c.deadlineMs, 150);
+    assert.equal(c.deadlineMs, 300);
   } finally {
     c.close();
   }

@@ -61,7 +61,7 @@ test('a policy: the 11th request in a second on a 10/s policy is 429, with Retry
     },
   );
   // All or nothing: the denied request spent nothing on the hour.
-  const look = await client.check(`${p}alice`, { policy: 'free-tier', cost: 0 });
+  const look = await client.check(`${p}rl-db734f2a:alice`, { policy: 'free-tier', cost: 0 });
   assert.deepEqual(
     look.limits.map((l) => [l.name, l.remaining]),
     [
@@ -155,7 +155,8 @@ test('policy and limits options are checked when the middleware is created', () 
     [{ client, limits: [{ ...fixed, prefix: 'x' }] }, /limits\[0\]: unknown option `prefix`/],
     [{ client, policy: 'free-tier', key: (req) => req.ip, keyGenerator: (req) => req.ip }, /pass one of `key` and `keyGenerator` \(the same option\), not both/],
     [{ client, policy: 'free-tier', key: 'ip' }, /`keyGenerator` \(or `key`\) must be a function/],
-    [{ policy: 'free-tier' }, /pass exactly one of `address`.*and `client`/],
+    [{ policy: 'free-tier', client, address: '127.0.0.1:1' }, /pass one of `address`.*and `client`.*not both/],
+    [{ policy: 'free-tier', max: 5 }, /`max` is not an option with `policy`/],
   ];
   for (const [options, message] of cases) {
     assert.throws(() => rateLimiter(options), (err) => {

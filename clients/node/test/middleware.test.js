@@ -72,7 +72,7 @@ test('IETF RateLimit-Policy and RateLimit headers, on allowed and denied respons
     assert.equal(res.headers.get('ratelimit'), '"default";r=9;t=1');
   });
   await withApp(
-    { client, type: 'fixed', limit: 1, windowSize: 10000, headers: false, prefix: prefix('headers') },
+    { client, type: 'fixed', limit: 1, windowSize: 10000, standardHeaders: false, prefix: prefix('headers') },
     async (app) => {
       let res = await app.get();
       assert.equal(res.headers.get('ratelimit-policy'), null);
@@ -160,7 +160,8 @@ test('the default key is req.ip', async () => {
     assert.equal((await app.get()).status, 200);
     assert.equal((await app.get()).status, 429);
   });
-  assert.match(seen[0], new RegExp(`^${p}(::ffff:)?127\\.0\\.0\\.1$`));
+  // prefix, then the limiter's namespace, then the key.
+  assert.match(seen[0], new RegExp(`^${p}rl-[0-9a-f]{8}:(::ffff:)?127\\.0\\.0\\.1$`));
 });
 
 test('cost(req): requests spend what cost says; a cost above the limit is 429 without Retry-After', async () => {
@@ -196,14 +197,14 @@ test('options are checked when the middleware is created, with clear errors', ()
   const base = { address: '127.0.0.1:1', type: 'fixed', limit: 5, windowSize: 10000 };
   const cases = [
     [{ ...base, address: undefined, redis: {} }, /`redis` is not used: counters live in ratelimitd; pass `address`/],
-    [{ type: 'fixed', limit: 5, windowSize: 10000 }, /pass exactly one of `address`.*and `client`/],
-    [{ ...base, client }, /pass exactly one of/],
+    [{ ...base, client }, /pass one of `address`.*and `client`.*not both/],
     [{ ...base, client: {}, address: undefined }, /`client` must be a RateLimitClient/],
-    [{ ...base, type: undefined }, /`type` must be one of 'fixed', 'sliding', 'token', 'gcra', 'slidingCounter', got undefined/],
+    [{ ...base, type: 'leaky' }, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the seed's 'fixed', 'sliding', 'token'\), got "leaky"/],
+    [{ ...base, type: 'slidingCounter' }, /`type` "slidingCounter" is now spelled 'sliding_window_counter'/],
     [{ ...base, limit: -1 }, /`limit` must be a whole number from 1 to 1000000000000000, got -1/],
     [{ ...base, limit: '5' }, /`limit` must be a whole number .* got "5"/],
     [{ ...base, windowSize: 0 }, /`windowSize` must be a whole number of milliseconds/],
-    [{ ...base, type: 'token' }, /`limit` is not an option of type 'token', which takes `capacity` and `refillRate`/],
+    [{ ...base, type: 'token' }, /`limit` is not an option of type 'token_bucket', which takes `capacity` and `refillRate`/],
     [{ address: '127.0.0.1:1', type: 'token', capacity: 5 }, /`refillRate` \(tokens per second\) must be a finite number above 0, got undefined/],
     [{ address: '127.0.0.1:1', type: 'token', capacity: 0.5, refillRate: 1 }, /`capacity` must be a whole number/],
     [{ ...base, keyGenerator: 'ip' }, /`keyGenerator` \(or `key`\) must be a function/],
@@ -211,7 +212,15 @@ test('options are checked when the middleware is created, with clear errors', ()
     [{ ...base, onServiceError: 'open' }, /`onServiceError` must be 'allow' or 'deny', got "open"/],
     [{ ...base, failurePolicy: 'closed' }, /`failurePolicy` must be one of 'fail-closed', 'fail-open', 'local'/],
     [{ ...base, deadlineMs: -5 }, /`deadlineMs` must be a number of milliseconds above 0/],
-    [{ ...base, headers: 'yes' }, /`headers` must be true or false/],
+    [{ ...base, headers: false }, /`headers` is not used: it is now `standardHeaders`/],
+    [{ ...base, standardHeaders: 'draft-9' }, /`standardHeaders` must be 'draft-6', 'draft-7', 'draft-8', true \('draft-6'\) or false, got "draft-9"/],
+    [{ ...base, legacyHeaders: 'yes' }, /`legacyHeaders` must be true or false/],
+    [{ ...base, store: {} }, /`store` is not used: counters live in ratelimitd/],
+    [{ ...base, limit: 5, max: 5 }, /pass one of `limit` and `max`/],
+    [{ ...base, windowMs: 1000 }, /pass one of `windowMs` and `windowSize`/],
+    [{ ...base, statusCode: 'x' }, /`statusCode` must be an HTTP status code/],
+    [{ ...base, skip: true }, /`skip` must be a function/],
+    [{ ...base, name: 'a b' }, /`name` must be 1 to 64 letters/],
     [{ ...base, logger: {} }, /`logger` must have a warn\(message\) method/],
     [{ ...base, windowsize: 10000 }, /unknown option `windowsize`/],
   ];
