@@ -67,3 +67,18 @@ fn python_client_and_asgi_middleware() {
         "install Python 3.11 or newer with venv and pip",
     );
 }
+
+/// The Python package as its README installs it: a wheel built from its
+/// sdist, installed with its `asgi` extra into a fresh venv outside the
+/// checkout, the README's apps run as written, the seed's scenario on every
+/// algorithm, and a stopped server under each failure option
+/// (`clients/python/ci-install.sh`).
+#[test]
+fn python_package_installs_from_its_wheel_into_a_fresh_venv() {
+    run(
+        "clients/python",
+        "bash",
+        &["ci-install.sh"],
+        "install Python 3.11 or newer with venv and pip",
+    );
+}

@@ -1,6 +1,13 @@
 #!/usr/bin/env python3
-"""Generates the Python gRPC stubs of ratelimitd's API from the repository's
-`proto/` directory, into `src/ratelimitd_client/_pb/`.
+"""Generates the Python gRPC stubs of ratelimitd's API from this package's
+copy of the protos (`proto/`, beside this file), into
+`src/ratelimitd_client/_pb/`.
+
+The copy is committed, so the package builds on its own: from the checkout,
+from an sdist, or from a wheel built from that sdist, without the
+repository's `proto/` two folders up. `tests/test_proto_copy.py` fails when
+the copy differs from the repository's (refresh it with `python
+generate_stubs.py --sync`, which copies them over, then regenerates).
 
 The stubs are build output and never committed. `pip install` runs this
 through the build hook in `setup.py`, so installing the package is enough;
@@ -45,8 +52,10 @@ HERE = Path(__file__).resolve().parent
 PROTO = "ratelimitd/v1/ratelimit.proto"
 # What it imports from the same root (vendored, not in grpcio-tools' _proto).
 STATUS_PROTO = "google/rpc/status.proto"
-# The repository's proto/ directory; RATELIMITD_PROTO_DIR points elsewhere.
-DEFAULT_PROTO_ROOT = HERE.parent.parent / "proto"
+# The package's own copy of the protos it needs; RATELIMITD_PROTO_DIR points elsewhere.
+DEFAULT_PROTO_ROOT = HERE / "proto"
+# The repository's proto/ directory, the source of that copy (absent in an sdist).
+REPOSITORY_PROTO_ROOT = HERE.parent.parent / "proto"
 OUT_DIR = HERE / "src" / "ratelimitd_client" / "_pb"
 GENERATED = (
     "ratelimit_pb2.py",
@@ -82,9 +91,9 @@ def generate(out_dir: Path = OUT_DIR, root: Path | None = None) -> None:
     root = root or proto_root()
     if not all((root / proto).is_file() for proto in (PROTO, STATUS_PROTO)):
         raise SystemExit(
-            f"generate_stubs: {root / PROTO} or {root / STATUS_PROTO} not found. Run from the "
-            "ratelimitd repository (clients/python sits two levels under proto/'s parent), "
-            "or set RATELIMITD_PROTO_DIR to the directory that holds ratelimitd/v1/ and google/rpc/."
+            f"generate_stubs: {root / PROTO} or {root / STATUS_PROTO} not found: the package's "
+            "proto/ copy is missing (an sdist without it?), or RATELIMITD_PROTO_DIR points at a "
+            "directory that does not hold ratelimitd/v1/ and google/rpc/."
         )
     try:
         import grpc_tools
@@ -150,6 +159,17 @@ def generate_for_build() -> None:
         generate()
 
 
+def sync_from_repository() -> None:
+    """Copies the repository's protos over the package's copy."""
+    for proto in (PROTO, STATUS_PROTO):
+        target = DEFAULT_PROTO_ROOT / proto
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _replace_if_changed(REPOSITORY_PROTO_ROOT / proto, target)
+
+
 if __name__ == "__main__":
+    if "--sync" in sys.argv[1:]:
+        sync_from_repository()
+        print(f"copied {PROTO} and {STATUS_PROTO} from {REPOSITORY_PROTO_ROOT}", file=sys.stderr)
     generate()
     print(f"generated {', '.join(GENERATED)} in {OUT_DIR}", file=sys.stderr)

@@ -5,19 +5,31 @@ from ratelimitd_client import Decision
 
 # Each allows 5 units, then denies until `retry_max_ms` at the latest.
 LIMITS = {
-    "fixed": {"params": {"type": "fixed", "limit": 5, "window_ms": 10_000}, "retry_max_ms": 10_000},
-    "sliding": {"params": {"type": "sliding", "limit": 5, "window_ms": 10_000}, "retry_max_ms": 10_000},
+    "fixed_window": {
+        "params": {"type": "fixed_window", "limit": 5, "window_ms": 10_000},
+        "retry_max_ms": 10_000,
+    },
+    "sliding_window": {
+        "params": {"type": "sliding_window", "limit": 5, "window_ms": 10_000},
+        "retry_max_ms": 10_000,
+    },
     # 0.5 tokens/s: one token is back 2 s after the bucket runs dry.
-    "token": {"params": {"type": "token", "capacity": 5, "refill_rate": 0.5}, "retry_max_ms": 2_000},
+    "token_bucket": {
+        "params": {"type": "token_bucket", "capacity": 5, "refill_rate": 0.5},
+        "retry_max_ms": 2_000,
+    },
+    # The seed's short names are aliases of the server's.
+    "fixed (alias)": {"params": {"type": "fixed", "limit": 5, "window_ms": 10_000}, "retry_max_ms": 10_000},
+    "token (alias)": {"params": {"type": "token", "capacity": 5, "refill_rate": 0.5}, "retry_max_ms": 2_000},
     # 5 per 10 s, bursts of 5: one more every 2 s.
     "gcra": {"params": {"type": "gcra", "limit": 5, "window_ms": 10_000}, "retry_max_ms": 2_000},
 }
 
 # Short spans (2 units per 150 ms), for the tests that wait out a retry_after.
 SHORT = {
-    "fixed": {"type": "fixed", "limit": 2, "window_ms": 150},
-    "sliding": {"type": "sliding", "limit": 2, "window_ms": 150},
-    "token": {"type": "token", "capacity": 2, "refill_rate": 2 / 0.150},
+    "fixed_window": {"type": "fixed_window", "limit": 2, "window_ms": 150},
+    "sliding_window": {"type": "sliding_window", "limit": 2, "window_ms": 150},
+    "token_bucket": {"type": "token_bucket", "capacity": 2, "refill_rate": 2 / 0.150},
     "gcra": {"type": "gcra", "limit": 2, "window_ms": 150},
 }
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from ratelimitd_client import Client, RatelimitdError
@@ -98,7 +99,13 @@ def write_policies(config_dir: Path, text: str) -> Path:
 
 
 def start_ratelimitd(
-    log_dir: Path, port: int | None = None, *, policies: str | None = None, args: Sequence[str] = ()
+    log_dir: Path,
+    port: int | None = None,
+    *,
+    policies: str | None = None,
+    args: Sequence[str] = (),
+    tls_ca: Path | None = None,
+    tls_client: tuple[Path, Path] | None = None,
 ) -> Server:
     """Starts ratelimitd and returns once it answers a CheckLimit.
 
@@ -107,7 +114,17 @@ def start_ratelimitd(
     (a policies file's text), the server's --config is a directory of
     `log_dir` holding it as policies.yaml, looked at every
     CONFIG_POLL_INTERVAL (rewrite it with `write_policies`). `args`: more
-    flags."""
+    flags; for a server serving TLS (--tls-cert), `tls_ca` is the CA to
+    trust while waiting for it, and `tls_client` (certificate, key) the
+    client's for mutual TLS."""
+    credentials = None
+    if tls_ca is not None:
+        cert, key = tls_client or (None, None)
+        credentials = grpc.ssl_channel_credentials(
+            tls_ca.read_bytes(),
+            key.read_bytes() if key else None,
+            cert.read_bytes() if cert else None,
+        )
     flags = list(args)
     config_dir = None
     if policies is not None:
@@ -129,7 +146,7 @@ def start_ratelimitd(
                 env=env,
             )
         server = Server(listen, process, log, config_dir)
-        if _wait_until_answering(server):
+        if _wait_until_answering(server, credentials):
             return server
         server.stop()
         if port is not None:
@@ -137,7 +154,7 @@ def start_ratelimitd(
     pytest.fail(f"ratelimitd did not start on {listen}; its log:\n{log.read_text()}", pytrace=False)
 
 
-def _wait_until_answering(server: Server) -> bool:
+def _wait_until_answering(server: Server, credentials: grpc.ChannelCredentials | None = None) -> bool:
     """Polls until the port takes connections, then until a CheckLimit is
     answered; False if the process exits first."""
     host, port = server.address.rsplit(":", 1)
@@ -152,7 +169,7 @@ def _wait_until_answering(server: Server) -> bool:
             break
         except OSError:
             time.sleep(0.01)
-    with Client(server.address, deadline=0.5) as client:
+    with Client(server.address, deadline=0.5, credentials=credentials) as client:
         while True:
             try:
                 client.check("ratelimitd-client-tests:ready", limit=1, window_ms=1, cost=0)

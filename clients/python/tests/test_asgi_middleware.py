@@ -1,5 +1,6 @@
-"""examples/asgi_middleware.py end to end: a Starlette app behind it, driven
-through httpx's ASGI transport, deciding with a real ratelimitd."""
+"""ratelimitd_client.asgi's RateLimitMiddleware with one limit for the whole
+app, end to end: a Starlette app behind it, driven through httpx's ASGI
+transport, deciding with a real ratelimitd."""
 
 import logging
 import re
@@ -11,9 +12,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from ratelimitd_client import AsyncClient, Limit
+from ratelimitd_client.asgi import RateLimitMiddleware, sf_string
 
 from app import create_app
-from asgi_middleware import RateLimitMiddleware, sf_string
 
 
 async def ok(request):
@@ -39,7 +40,7 @@ def http(app, peer):
 
 
 async def test_the_seed_scenario_five_per_ten_seconds_then_429(ratelimitd, peer):
-    # examples/app.py: fixed window, 5 requests per 10 s per client IP.
+    # examples/app.py: fixed window, 5 requests per 10 s per client IP on /.
     async with http(create_app(ratelimitd.address, deadline=DEADLINE), peer) as client:
         responses = [await client.get("/") for _ in range(6)]
 
@@ -56,6 +57,13 @@ async def test_the_seed_scenario_five_per_ten_seconds_then_429(ratelimitd, peer)
     assert 9 <= int(denied.headers["Retry-After"]) <= 10
     assert denied.headers["RateLimit-Policy"] == '"default";q=5;w=10'
     assert re.fullmatch(r'"default";r=0;t=(10|9)', denied.headers["RateLimit"])
+    assert "RateLimit-Degraded" not in denied.headers
+
+
+async def test_the_example_health_probe_is_never_limited(ratelimitd, peer):
+    async with http(create_app(ratelimitd.address, deadline=DEADLINE), peer) as client:
+        probes = [await client.get("/healthz") for _ in range(8)]
+    assert {(r.status_code, "RateLimit" in r.headers) for r in probes} == {(200, False)}
 
 
 async def test_clients_are_apart_by_ip(ratelimitd, peer):
@@ -71,7 +79,7 @@ async def test_a_key_function_and_a_prefix(ratelimitd, peer, key):
         address=ratelimitd.address,
         limit=2,
         window_ms=10_000,
-        key_func=lambda scope: dict(scope["headers"]).get(b"x-api-key", b"anonymous").decode(),
+        key_func=lambda request: request.headers.get("x-api-key", "anonymous"),
         prefix=key,
     )
     async with http(app, peer) as client:
@@ -93,7 +101,7 @@ async def test_a_token_bucket_and_a_shared_client(ratelimitd, peer):
 
 
 async def test_a_cost_above_the_limit_has_no_retry_after(ratelimitd, peer):
-    app = limited_app(address=ratelimitd.address, limit=5, window_ms=10_000, cost=lambda scope: 6)
+    app = limited_app(address=ratelimitd.address, limit=5, window_ms=10_000, cost=lambda request: 6)
     async with http(app, peer) as client:
         response = await client.get("/")
     assert response.status_code == 429
@@ -136,9 +144,9 @@ async def test_a_policy_with_its_own_policy_id_and_a_key_function(policy_server,
         address=policy_server.address,
         policy="free-tier",
         policy_id="plan",
-        key_func=lambda scope: dict(scope["headers"])[b"x-api-key"].decode(),
+        key_func=lambda request: request.headers["x-api-key"],
         prefix=key,
-        cost=lambda scope: 6,
+        cost=lambda request: 6,
     )
     async with http(app, peer) as client:
         alice = [await client.get("/", headers={"X-Api-Key": "alice"}) for _ in range(2)]
@@ -175,6 +183,7 @@ async def test_an_unknown_policy_is_the_servers_misconfiguration(policy_server, 
             refused = await client.get("/")
     assert [(r.status_code, r.text) for r in allowed] == [(200, "ok")] * 2
     assert "RateLimit" not in allowed[0].headers
+    assert allowed[0].headers["RateLimit-Degraded"] == "error"
     assert refused.status_code == 503 and refused.json() == {"error": "Rate limiter unavailable"}
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 2  # one per middleware, not one per request
@@ -190,6 +199,7 @@ async def test_on_service_error_allow_lets_requests_through(dead_address, peer, 
             responses = [await client.get("/") for _ in range(3)]
     assert [(r.status_code, r.text) for r in responses] == [(200, "ok")] * 3
     assert "RateLimit" not in responses[0].headers
+    assert {r.headers["RateLimit-Degraded"] for r in responses} == {"unavailable"}
     # One warning for the outage, not one per request.
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "UNAVAILABLE" in warnings[0] and "allowing" in warnings[0]

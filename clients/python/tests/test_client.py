@@ -37,17 +37,19 @@ def test_one_key_under_two_algorithms_is_two_limits(client, key):
     client.check(key, type="fixed", limit=1, window_ms=10_000)
     assert client.check(key, type="sliding", limit=1, window_ms=10_000).allowed
     assert client.check(key, type="token", capacity=1, refill_rate=1).allowed
+    # An alias is its algorithm: the same counter.
+    assert not client.check(key, type="fixed_window", limit=1, window_ms=10_000).allowed
 
 
 def test_a_failure_policy_is_accepted(client, key):
     # The embedded store never fails, so the policy never answers: not degraded.
-    decision = client.check(key, limit=1, window_ms=1000, failure_policy="fail_open")
+    decision = client.check(key, limit=1, window_ms=1000, failure_policy="fail-open")
     assert decision.allowed and not decision.degraded
 
 
 def test_the_default_deadline_suffices_on_loopback(ratelimitd, key):
     with Client(ratelimitd.address) as client:
-        assert client.deadline == DEFAULT_DEADLINE == 0.15
+        assert client.deadline == DEFAULT_DEADLINE == 0.3
         client.check(key, limit=100, window_ms=10_000, deadline=2.0)  # connects
         assert all(client.check(key, limit=100, window_ms=10_000).allowed for _ in range(20))
 
@@ -69,7 +71,7 @@ def test_gcra_burst_is_apart_from_the_rate(client, key):
 
 def test_sliding_counter_allows_the_limit_within_a_window(client, key):
     # An hour-long window: the checks never straddle two, so the estimate is exact.
-    params = {"type": "sliding_counter", "limit": 3, "window_ms": 3_600_000}
+    params = {"type": "sliding_window_counter", "limit": 3, "window_ms": 3_600_000}
     decisions = [client.check(key, **params) for _ in range(4)]
     assert [d.allowed for d in decisions] == [True, True, True, False]
     assert [d.remaining for d in decisions] == [2, 1, 0, 0]

@@ -188,7 +188,7 @@ def test_a_shadow_limit_is_reported_but_never_denies(policy_client, key):
 
 
 def test_a_policy_takes_the_failure_policy_and_cost(policy_client, key):
-    decision = policy_client.check(key, policy="free-tier", cost=4, failure_policy="fail_open")
+    decision = policy_client.check(key, policy="free-tier", cost=4, failure_policy="fail-open")
     assert decision.allowed and [s.remaining for s in decision.limits] == [6, 996]
 
 

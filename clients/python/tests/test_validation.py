@@ -18,7 +18,22 @@ BAD = [
     ({"key": b"user", **FIXED}, "key must be a str"),
     (
         {"key": "k", "type": "leaky", "limit": 1, "window_ms": 1},
-        "type must be one of 'fixed', 'sliding', 'token', 'gcra', 'sliding_counter'",
+        "type must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', "
+        "'sliding_window_counter', or the aliases 'fixed' \\(fixed_window\\), 'sliding' "
+        "\\(sliding_window\\), 'token' \\(token_bucket\\) \\(got 'leaky'\\)",
+    ),
+    # Removed spellings name the right one.
+    (
+        {"key": "k", "type": "sliding_counter", "limit": 1, "window_ms": 1},
+        "type 'sliding_counter' is not an algorithm name: use 'sliding_window_counter'",
+    ),
+    (
+        {"key": "k", "type": "slidingCounter", "limit": 1, "window_ms": 1},
+        "use 'sliding_window_counter'",
+    ),
+    (
+        {"key": "k", "limits": [{"type": "tokenBucket", "capacity": 1, "refill_rate": 1}]},
+        r"limits\[0\]: type 'tokenBucket' is not an algorithm name: use 'token_bucket'",
     ),
     ({"key": "k", "type": "fixed", "limit": 5}, "type='fixed' needs window_ms"),
     ({"key": "k", "type": "token"}, "type='token' needs capacity and refill_rate"),
@@ -63,7 +78,15 @@ BAD = [
     ({"key": "k", **FIXED, "cost": 10**15 + 1}, "cost must be 0 to"),
     (
         {"key": "k", **FIXED, "failure_policy": "FAIL_OPEN"},
-        "failure_policy must be one of 'fail_closed', 'fail_open', 'local'",
+        "failure_policy must be one of 'fail-closed', 'fail-open', 'local' or None",
+    ),
+    (
+        {"key": "k", **FIXED, "failure_policy": "fail_open"},
+        "failure_policy 'fail_open' is not a failure policy: use 'fail-open'",
+    ),
+    (
+        {"key": "k", **FIXED, "failure_policy": "fail_closed"},
+        "failure_policy 'fail_closed' is not a failure policy: use 'fail-closed'",
     ),
     # One form: an algorithm, or limits, or a policy.
     (
@@ -159,7 +182,7 @@ async def test_the_async_client_checks_the_same(dead_address):
 def test_a_limit_is_checked_when_made():
     with pytest.raises(ValueError, match="limit must be 1 to"):
         Limit(limit=0, window_ms=1000)
-    with pytest.raises(ValueError, match="refill_rate does not apply to type='fixed'"):
+    with pytest.raises(ValueError, match="refill_rate does not apply to type='fixed_window'"):
         Limit(limit=1, window_ms=1000, refill_rate=1)
     with pytest.raises(ValueError, match="name must be 1 to 64"):
         Limit(limit=1, window_ms=1000, name="a:b")

@@ -11,13 +11,28 @@
 Several limits at once: `check(key, limits=[Limit(...), ...])`; a policy of
 the server's: `check(key, policy="free-tier")`; a batch: `check_many([...])`.
 
+Without an address, the clients connect to $RATELIMITD_ADDRESS, else
+127.0.0.1:50051 (TLS: RATELIMITD_TLS, RATELIMITD_TLS_CA, RATELIMITD_TLS_CERT,
+RATELIMITD_TLS_KEY). Rate-limiting a Starlette or FastAPI app:
+`ratelimitd_client.asgi` (`pip install 'ratelimitd-client[asgi]'`).
+
 Map: `_request.py` checks arguments and holds the algorithm table and the
-protobuf conversions; `_client.py` the two clients; `_pb/` the stubs,
-generated from the repository's proto/ at build time.
+protobuf conversions; `_client.py` the two clients, their address and TLS;
+`_namespace.py` the middleware's key namespaces; `asgi.py` the middleware and
+the per-route Limiter; `_pb/` the stubs, generated at build time from the
+package's copy of the protos (proto/).
 """
 
-from ._client import DEFAULT_ADDRESS, DEFAULT_DEADLINE, AsyncClient, Client
+from ._client import (
+    DEFAULT_ADDRESS,
+    DEFAULT_DEADLINE,
+    AsyncClient,
+    Client,
+    credentials_from_env,
+    resolve_address,
+)
 from ._request import (
+    ALGORITHM_ALIASES,
     ALGORITHMS,
     FAILURE_POLICIES,
     Decision,
@@ -25,9 +40,11 @@ from ._request import (
     LimitStatus,
     RatelimitdError,
     build_request,
+    canonical_algorithm,
 )
 
 __all__ = [
+    "ALGORITHM_ALIASES",
     "ALGORITHMS",
     "DEFAULT_ADDRESS",
     "DEFAULT_DEADLINE",
@@ -39,4 +56,7 @@ __all__ = [
     "LimitStatus",
     "RatelimitdError",
     "build_request",
+    "canonical_algorithm",
+    "credentials_from_env",
+    "resolve_address",
 ]

@@ -11,7 +11,9 @@ in that item's place).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,14 +30,23 @@ from ._request import (
     decision,
 )
 
+#: Where ratelimitd is when neither `address` nor RATELIMITD_ADDRESS says.
 DEFAULT_ADDRESS = "127.0.0.1:50051"
-#: Seconds a check() may take before it fails with DEADLINE_EXCEEDED. A
-#: decision on loopback takes well under a millisecond; the budget is short
-#: so a stuck limiter cannot stall the caller, but above ratelimitd's default
-#: --redis-command-timeout (100 ms), so that when Redis hangs the server's
-#: failure policy (fail_open, local) answers before the client gives up.
-#: The Node client has the same default.
-DEFAULT_DEADLINE = 0.15
+#: Seconds a check() may take before it fails with DEADLINE_EXCEEDED: 3x
+#: ratelimitd's default --redis-command-timeout (100 ms), so that when Redis
+#: is slow the server's own failure policy answers first (a decision marked
+#: `degraded`), and the caller's fail-open (the middleware's
+#: on_service_error="allow") is the last resort, not the usual path. A
+#: decision on loopback takes well under a millisecond. The Node client has
+#: the same default.
+DEFAULT_DEADLINE = 0.3
+#: The environment the clients read when not told otherwise (the Node
+#: client reads the same).
+ADDRESS_ENV = "RATELIMITD_ADDRESS"
+TLS_ENV = "RATELIMITD_TLS"
+TLS_CA_ENV = "RATELIMITD_TLS_CA"
+TLS_CERT_ENV = "RATELIMITD_TLS_CERT"
+TLS_KEY_ENV = "RATELIMITD_TLS_KEY"
 #: gRPC backs off up to 120 s between reconnects by default: after an outage
 #: of ratelimitd, calls would keep failing long after it is back.
 DEFAULT_CHANNEL_OPTIONS = (
@@ -48,24 +59,75 @@ def _channel_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]
     return list({**dict(DEFAULT_CHANNEL_OPTIONS), **dict(options)}.items())
 
 
+def resolve_address(address: str | None) -> str:
+    """`address`, else $RATELIMITD_ADDRESS, else DEFAULT_ADDRESS."""
+    if address is None:
+        address = os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+    if not isinstance(address, str) or not address:
+        raise ValueError(f"address must be a non-empty str such as '127.0.0.1:50051' (got {address!r})")
+    return address
+
+
+def credentials_from_env() -> grpc.ChannelCredentials | None:
+    """TLS as the environment asks, or None (plaintext):
+
+    - RATELIMITD_TLS=1 (or true): TLS, trusting the system's roots;
+    - RATELIMITD_TLS_CA: a PEM file of the CA to trust instead (implies TLS);
+    - RATELIMITD_TLS_CERT and RATELIMITD_TLS_KEY: the client's certificate
+      and key, for a server with --tls-client-ca (mutual TLS; implies TLS).
+
+    RATELIMITD_TLS=0 (or false, or unset) without the others: plaintext."""
+    flag = os.environ.get(TLS_ENV, "").strip().lower()
+    if flag not in ("", "0", "false", "1", "true"):
+        raise ValueError(f"{TLS_ENV} must be 1, true, 0 or false (got {os.environ[TLS_ENV]!r})")
+    ca, cert, key = (os.environ.get(name) or None for name in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV))
+    if (cert is None) != (key is None):
+        raise ValueError(f"{TLS_CERT_ENV} and {TLS_KEY_ENV} go together (mutual TLS): set both or neither")
+    if flag in ("0", "false"):
+        if ca or cert:
+            raise ValueError(f"{TLS_ENV}={os.environ[TLS_ENV]} but {TLS_CA_ENV} or {TLS_CERT_ENV} is set")
+        return None
+    if flag == "" and not (ca or cert):
+        return None
+
+    def read(name: str, path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError as err:
+            raise ValueError(f"{name}={path}: cannot read it: {err.strerror}") from None
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(TLS_CA_ENV, ca),
+        private_key=read(TLS_KEY_ENV, key),
+        certificate_chain=read(TLS_CERT_ENV, cert),
+    )
+
+
 class Client:
     """Blocking client; thread-safe (one channel shared by all threads).
 
+    `address`: default $RATELIMITD_ADDRESS, else 127.0.0.1:50051.
     `credentials` (e.g. `grpc.ssl_channel_credentials(...)`) for a server
-    started with --tls-cert; plaintext without. `options`: gRPC channel
-    arguments, over DEFAULT_CHANNEL_OPTIONS.
+    started with --tls-cert; without, TLS as RATELIMITD_TLS, RATELIMITD_TLS_CA,
+    RATELIMITD_TLS_CERT and RATELIMITD_TLS_KEY say (`credentials_from_env`),
+    else plaintext. `options`: gRPC channel arguments, over
+    DEFAULT_CHANNEL_OPTIONS.
     """
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         deadline: float = DEFAULT_DEADLINE,
         *,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self.address = address
+        self.address = address = resolve_address(address)
         self.deadline = check_deadline(deadline)
+        if credentials is None:
+            credentials = credentials_from_env()
         options = _channel_options(options)
         if credentials is None:
             self._channel = grpc.insecure_channel(address, options)
@@ -79,7 +141,7 @@ class Client:
         self,
         key: str,
         *,
-        type: str = "fixed",
+        type: str = "fixed_window",
         limit: int | None = None,
         window_ms: int | None = None,
         capacity: int | None = None,
@@ -93,13 +155,20 @@ class Client:
     ) -> Decision:
         """May `key` spend `cost` units now?
 
-        `type="fixed"` or `"sliding"` take `limit` and `window_ms`;
-        `type="token"` takes `capacity` and `refill_rate` (tokens per
-        second). `type="gcra"` takes `limit` and `window_ms`, and `burst`
-        (default: limit); `type="sliding_counter"` takes `limit` and
-        `window_ms`. `cost=0` looks without spending. `failure_policy`
-        ("fail_closed", "fail_open", "local") overrides the server's for
-        when Redis cannot answer. `deadline` (seconds) overrides the client's.
+        `type`, by the server's names (the seed's aliases in brackets):
+        - `"fixed_window"` (`"fixed"`, the default): `limit` per `window_ms`;
+        - `"sliding_window"` (`"sliding"`): at most `limit` in any `window_ms`;
+        - `"token_bucket"` (`"token"`): `capacity` tokens, refilled at
+          `refill_rate` per second;
+        - `"gcra"`: `limit` per `window_ms` sustained, `burst` at once
+          (default: limit);
+        - `"sliding_window_counter"`: about `limit` per `window_ms`, from two
+          counts.
+
+        `cost=0` looks without spending. `failure_policy` ("fail-closed",
+        "fail-open", "local", as the server's --failure-policy) overrides the
+        server's for when Redis cannot answer. `deadline` (seconds)
+        overrides the client's.
 
         Instead of `type` and its parameters: `limits`, several limits
         (`Limit`s, or dicts of their arguments) decided together, all or
@@ -169,15 +238,15 @@ class AsyncClient:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         deadline: float = DEFAULT_DEADLINE,
         *,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        self.address = address
+        self.address = resolve_address(address)
         self.deadline = check_deadline(deadline)
-        self._credentials = credentials
+        self._credentials = credentials if credentials is not None else credentials_from_env()
         self._options = _channel_options(options)
         self._channel: grpc.aio.Channel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -198,7 +267,7 @@ class AsyncClient:
         self,
         key: str,
         *,
-        type: str = "fixed",
+        type: str = "fixed_window",
         limit: int | None = None,
         window_ms: int | None = None,
         capacity: int | None = None,

@@ -165,26 +165,26 @@ def _gcra(limit: int, window_ms: int, burst: int | None = None) -> pb.Gcra:
 
 
 def _sliding_window_counter(limit: int, window_ms: int) -> pb.SlidingWindowCounter:
-    return pb.SlidingWindowCounter(
-        limit=_quantity("limit", limit, MAX_QUANTITY), window=_window(window_ms)
-    )
+    return pb.SlidingWindowCounter(limit=_quantity("limit", limit, MAX_QUANTITY), window=_window(window_ms))
 
 
-#: `type=` → algorithm. Adding one is a proto field, a builder and a row.
+#: `type=` → algorithm, by the server's own names (the proto's oneof fields,
+#: the policies file's and the Envoy YAML's `algorithm:`). Adding one is a
+#: proto field, a builder and a row.
 ALGORITHMS: dict[str, Algorithm] = {
-    "fixed": Algorithm(
+    "fixed_window": Algorithm(
         "fixed_window",
         ("limit", "window_ms"),
         _fixed_window,
         lambda limit, window_ms: window_ms / 1000,
     ),
-    "sliding": Algorithm(
+    "sliding_window": Algorithm(
         "sliding_window",
         ("limit", "window_ms"),
         _sliding_window,
         lambda limit, window_ms: window_ms / 1000,
     ),
-    "token": Algorithm(
+    "token_bucket": Algorithm(
         "token_bucket",
         ("capacity", "refill_rate"),
         _token_bucket,
@@ -198,7 +198,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         lambda limit, window_ms, burst=None: window_ms / 1000,
         optional=("burst",),
     ),
-    "sliding_counter": Algorithm(
+    "sliding_window_counter": Algorithm(
         "sliding_window_counter",
         ("limit", "window_ms"),
         _sliding_window_counter,
@@ -206,12 +206,70 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
 }
 
-#: `failure_policy=` → the proto's FailurePolicy (None: the server's own).
+#: The seed's short names, kept as aliases (the Node client takes the same).
+ALGORITHM_ALIASES = {
+    "fixed": "fixed_window",
+    "sliding": "sliding_window",
+    "token": "token_bucket",
+}
+
+#: Spellings that were removed (0.x, unpublished): an error names the right one.
+_REMOVED_ALGORITHMS = {
+    "sliding_counter": "sliding_window_counter",
+    "slidingCounter": "sliding_window_counter",
+    "slidingWindowCounter": "sliding_window_counter",
+    "fixedWindow": "fixed_window",
+    "slidingWindow": "sliding_window",
+    "tokenBucket": "token_bucket",
+}
+
+#: `failure_policy=` → the proto's FailurePolicy (None: the server's own),
+#: spelt as the server's --failure-policy values.
 FAILURE_POLICIES = {
-    "fail_closed": pb.FAIL_CLOSED,
-    "fail_open": pb.FAIL_OPEN,
+    "fail-closed": pb.FAIL_CLOSED,
+    "fail-open": pb.FAIL_OPEN,
     "local": pb.LOCAL,
 }
+
+_REMOVED_FAILURE_POLICIES = {
+    "fail_closed": "fail-closed",
+    "fail_open": "fail-open",
+    "failClosed": "fail-closed",
+    "failOpen": "fail-open",
+}
+
+
+def canonical_algorithm(type: Any) -> str:
+    """The server's name of algorithm `type` (an alias resolved), or a
+    ValueError that lists them (and names the right one for a removed
+    spelling)."""
+    if isinstance(type, str):
+        if type in ALGORITHMS:
+            return type
+        if type in ALGORITHM_ALIASES:
+            return ALGORITHM_ALIASES[type]
+        if type in _REMOVED_ALGORITHMS:
+            raise ValueError(f"type {type!r} is not an algorithm name: use {_REMOVED_ALGORITHMS[type]!r}")
+    aliases = ", ".join(f"{alias!r} ({name})" for alias, name in ALGORITHM_ALIASES.items())
+    raise ValueError(
+        f"type must be one of {', '.join(map(repr, ALGORITHMS))}, or the aliases {aliases} (got {type!r})"
+    )
+
+
+def failure_policy_value(failure_policy: Any) -> int:
+    """The proto's FailurePolicy for `failure_policy`, or a ValueError."""
+    if isinstance(failure_policy, str):
+        if failure_policy in FAILURE_POLICIES:
+            return FAILURE_POLICIES[failure_policy]
+        if failure_policy in _REMOVED_FAILURE_POLICIES:
+            raise ValueError(
+                f"failure_policy {failure_policy!r} is not a failure policy: use "
+                f"{_REMOVED_FAILURE_POLICIES[failure_policy]!r} (the server's --failure-policy names)"
+            )
+    raise ValueError(
+        f"failure_policy must be one of {', '.join(map(repr, FAILURE_POLICIES))} or None "
+        f"(got {failure_policy!r})"
+    )
 
 
 # --- building a request ---------------------------------------------------
@@ -232,7 +290,7 @@ class Limit:
     keyword arguments may stand for a Limit wherever one is taken.
     """
 
-    type: str = "fixed"
+    type: str = "fixed_window"
     limit: int | None = None
     window_ms: int | None = None
     capacity: int | None = None
@@ -249,6 +307,8 @@ class Limit:
         algorithm_field, algorithm = _algorithm(
             self.type, {name: getattr(self, name) for name in _ALGORITHM_ARGUMENTS}
         )
+        # Kept by the server's name: `Limit(type="fixed")` is `Limit(type="fixed_window")`.
+        object.__setattr__(self, "type", canonical_algorithm(self.type))
         getattr(message, algorithm_field).CopyFrom(algorithm)
         if self.name is not None:
             message.name = _name("name", self.name)
@@ -270,7 +330,7 @@ _LIMIT_ARGUMENTS = tuple(f.name for f in fields(Limit) if f.init)
 def build_request(
     key: str,
     *,
-    type: str = "fixed",
+    type: str = "fixed_window",
     limit: int | None = None,
     window_ms: int | None = None,
     capacity: int | None = None,
@@ -304,12 +364,7 @@ def build_request(
 
     request.cost = _quantity("cost", cost, MAX_QUANTITY, lowest=0)
     if failure_policy is not None:
-        if failure_policy not in FAILURE_POLICIES:
-            raise ValueError(
-                f"failure_policy must be one of {', '.join(map(repr, FAILURE_POLICIES))} or None "
-                f"(got {failure_policy!r})"
-            )
-        request.failure_policy = FAILURE_POLICIES[failure_policy]
+        request.failure_policy = failure_policy_value(failure_policy)
     return request
 
 
@@ -335,9 +390,7 @@ def _name(argument: str, name: Any) -> str:
 
 def _algorithm(type: Any, given: dict[str, Any]) -> tuple[str, Any]:
     """The oneof field and message of `type` with the arguments `given`."""
-    algorithm = ALGORITHMS.get(type) if isinstance(type, str) else None
-    if algorithm is None:
-        raise ValueError(f"type must be one of {', '.join(map(repr, ALGORITHMS))} (got {type!r})")
+    algorithm = ALGORITHMS[canonical_algorithm(type)]
     missing = [name for name in algorithm.params if given[name] is None]
     if missing:
         raise ValueError(f"type={type!r} needs {' and '.join(missing)}")
@@ -361,7 +414,7 @@ def _check_one_form(type: Any, given: dict[str, Any], limits: Any, policy: Any) 
             "limits and policy cannot be combined: a request sets one algorithm, or limits, or a policy"
         )
     stray = [name for name, value in given.items() if value is not None]
-    if type != "fixed":  # the default: the one-limit form's type
+    if type not in ("fixed_window", "fixed"):  # the default: the one-limit form's type
         stray.insert(0, "type")
     if stray:
         form, whose = (
