@@ -398,7 +398,8 @@ pub struct EnvoyConfig {
 pub struct QuotaConfig {
     /// How long an assignment holds at an Envoy unless renewed, in whole
     /// seconds (Envoy ignores fractions). Renewed at the Envoy's reports
-    /// (every 5 s in Envoy 1.40) once half of it has passed; when the
+    /// (every 5 s in Envoy 1.40) or the rebalance tick, by half-way through
+    /// it; when the
     /// service is gone, the Envoy falls back to its
     /// expired_assignment_behavior this long after the last one.
     #[arg(long, env = "RATELIMITD_QUOTA_ASSIGNMENT_TTL", default_value = "15s",

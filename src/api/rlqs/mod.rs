@@ -34,7 +34,8 @@ use crate::quota::QuotaLedger;
 #[derive(Debug, Clone)]
 pub struct QuotaSettings {
     /// How long an assignment holds at an Envoy unless renewed (renewed
-    /// at the Envoy's reports once half of it has passed).
+    /// at the Envoy's reports or the rebalance tick, by half-way through
+    /// it: see `Shared::renew_after`).
     pub assignment_ttl: Duration,
     /// A bucket not reported for this long is dropped from its stream:
     /// its share freed, the Envoy told to abandon it.
@@ -79,6 +80,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// How old an assignment may be before it is sent again: half its time
+    /// to live, less one rebalance interval. The rebalance tick is what
+    /// renews, so an assignment that is not yet due at one tick must still
+    /// be sent by half its life at the next; with a time to live of only two
+    /// intervals, that is every tick.
+    fn renew_after(&self) -> Duration {
+        (self.settings.assignment_ttl / 2).saturating_sub(self.settings.rebalance_interval)
+    }
+
     /// Takes one of the instance's subscriptions, if any is left.
     fn take_subscription(&self) -> bool {
         self.subscriptions

@@ -181,9 +181,9 @@ impl QuotaStream {
         let mut actions = self.drop_buckets(silent, true).await;
         // A reload reaches every bucket here, not only at its next report.
         let reloaded = self.follow_reload();
-        // And every assignment half-way through its time to live, should
+        // And every assignment by half-way through its time to live, should
         // the Envoy's reports come less often than that.
-        let renew_after = self.shared.settings.assignment_ttl / 2;
+        let renew_after = self.shared.renew_after();
         let now = Instant::now();
         let plans: Vec<(String, Plan)> = self
             .buckets
@@ -494,7 +494,7 @@ impl QuotaStream {
             );
             subscription.counted_rate = counted;
             let told = if shadow { Assigned::AllowAll } else { assigned };
-            let renew_after = self.shared.settings.assignment_ttl / 2;
+            let renew_after = self.shared.renew_after();
             let changed = subscription.sent.is_none_or(|(sent, _)| sent != told);
             if !changed && !subscription.renewal_due(now, renew_after) {
                 continue;
