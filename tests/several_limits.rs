@@ -14,19 +14,10 @@ use ratelimitd::pb::ratelimitd::v1 as pb;
 use tonic::Code;
 
 fn limit(name: &str, key: &str, algorithm: pb::check_limit_request::Algorithm) -> pb::Limit {
-    use pb::check_limit_request::Algorithm as One;
-    use pb::limit::Algorithm as Of;
-    let algorithm = match algorithm {
-        One::FixedWindow(p) => Of::FixedWindow(p),
-        One::SlidingWindow(p) => Of::SlidingWindow(p),
-        One::TokenBucket(p) => Of::TokenBucket(p),
-        One::Gcra(p) => Of::Gcra(p),
-        One::SlidingWindowCounter(p) => Of::SlidingWindowCounter(p),
-    };
     pb::Limit {
         name: name.into(),
         key: key.into(),
-        algorithm: Some(algorithm),
+        algorithm: Some(algorithm.into()),
         cost: None,
     }
 }

@@ -326,7 +326,7 @@ fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitR
             name: limit_name(i),
             // Empty: the request's key, so every limit counts the key drawn.
             key: String::new(),
-            algorithm: Some(limit_algorithm(algorithm)),
+            algorithm: Some(algorithm.into()),
             // Unset: the request's cost.
             cost: None,
         })
@@ -341,20 +341,6 @@ fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitR
 /// The name of limit `i` of a request with several.
 pub(crate) fn limit_name(i: u32) -> String {
     format!("l{i}")
-}
-
-/// The one-limit form's algorithm, as a `Limit` of several states it (the
-/// same messages under another oneof).
-fn limit_algorithm(algorithm: check_limit_request::Algorithm) -> pb::limit::Algorithm {
-    use check_limit_request::Algorithm as One;
-    use pb::limit::Algorithm as Several;
-    match algorithm {
-        One::FixedWindow(p) => Several::FixedWindow(p),
-        One::SlidingWindow(p) => Several::SlidingWindow(p),
-        One::TokenBucket(p) => Several::TokenBucket(p),
-        One::Gcra(p) => Several::Gcra(p),
-        One::SlidingWindowCounter(p) => Several::SlidingWindowCounter(p),
-    }
 }
 
 /// The same limit as `CheckLimit` states it.
