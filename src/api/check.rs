@@ -3,6 +3,7 @@
 //! decisions back to protobuf; and batches of such questions. Nothing else
 //! happens here.
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,11 +76,13 @@ impl CheckService {
         pb::rate_limiter_server::RateLimiterServer::new(self)
     }
 
-    /// Validates and decides one request, against the policies of `rules`.
+    /// Validates and decides one request, against the policies of `rules`
+    /// (taken only for requests that name a policy: the other forms need
+    /// no look at the configuration).
     async fn answer(
         &self,
         request: pb::CheckLimitRequest,
-        rules: &Rules,
+        rules: Option<&Rules>,
     ) -> Result<pb::CheckLimitResponse, Error> {
         let question = question(request, rules, self.bounds.max_limits)?;
         match question.form {
@@ -126,8 +129,9 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
         let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
-        let rules = self.rules.current();
-        let response = self.answer(request.into_inner(), &rules).await?;
+        let request = request.into_inner();
+        let rules = (!request.policy.is_empty()).then(|| self.rules.current());
+        let response = self.answer(request, rules.as_deref()).await?;
         Ok(Response::new(response))
     }
 
@@ -155,8 +159,11 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
             ))
             .into());
         }
-        let rules = self.rules.current();
-        let rules = &*rules;
+        let rules = items
+            .iter()
+            .any(|item| !item.policy.is_empty())
+            .then(|| self.rules.current());
+        let rules = rules.as_deref();
         let results = futures::stream::iter(items)
             .map(|item| async move {
                 let result = match self.answer(item, rules).await {
@@ -205,10 +212,11 @@ struct Label {
 }
 
 /// Validates a request once, into the types the core trusts: its form,
-/// then that form's fields.
+/// then that form's fields. `rules` is the configuration in force when the
+/// request names a policy (`None` for the other forms).
 fn question(
     request: pb::CheckLimitRequest,
-    rules: &Rules,
+    rules: Option<&Rules>,
     max_limits: usize,
 ) -> Result<Question, Error> {
     let failure_policy = failure_policy(request.failure_policy)?;
@@ -239,7 +247,8 @@ fn question(
     }
     if !request.policy.is_empty() {
         limit::check_name("policy", &request.policy)?;
-        let Some(policy) = rules.policies.get(&request.policy).cloned() else {
+        let known = rules.and_then(|rules| rules.policies.get(&request.policy));
+        let Some(policy) = known.cloned() else {
             return Err(Error::NotFound(format!(
                 "policy: '{}' is not defined in the server's policies",
                 request.policy
@@ -322,7 +331,7 @@ fn several(
             CallerKey::new(limit.key)
         }
         .map_err(within)?;
-        let algorithm = algorithm(limit.algorithm.map(one_limit_algorithm)).map_err(within)?;
+        let algorithm = algorithm(limit.algorithm.map(PbAlgorithm::from)).map_err(within)?;
         let limit_cost = match limit.cost {
             Some(cost) => limit::cost(Some(cost)).map_err(within)?,
             None => cost,
@@ -366,18 +375,6 @@ fn several(
         });
     }
     Ok((requests, labels))
-}
-
-/// A `Limit`'s algorithm, as the one-limit form's (the same messages).
-fn one_limit_algorithm(algorithm: pb::limit::Algorithm) -> PbAlgorithm {
-    use pb::limit::Algorithm as Of;
-    match algorithm {
-        Of::FixedWindow(p) => PbAlgorithm::FixedWindow(p),
-        Of::SlidingWindow(p) => PbAlgorithm::SlidingWindow(p),
-        Of::TokenBucket(p) => PbAlgorithm::TokenBucket(p),
-        Of::Gcra(p) => PbAlgorithm::Gcra(p),
-        Of::SlidingWindowCounter(p) => PbAlgorithm::SlidingWindowCounter(p),
-    }
 }
 
 /// Validates a one-limit request into the request the core decides.
@@ -491,48 +488,35 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
 /// The answer to several limits decided together: one status each, and
 /// the request's overall decision (see the proto's `CheckLimitResponse`).
 fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitResponse {
-    let enforcing = || {
-        labels
-            .iter()
-            .zip(decisions)
-            .enumerate()
-            .filter(|(_, (label, _))| !label.shadow)
-            .map(|(i, (_, decision))| (i, decision))
-    };
-    let allowed = enforcing().all(|(_, decision)| decision.allowed);
-    let wait = |decision: &Decision| match decision.retry_after {
-        RetryAfter::After(micros) => Some(micros),
-        RetryAfter::Never => None,
-    };
-    // Never waits longest; among equals the first is kept.
-    let longer_wait = |a: &Decision, b: &Decision| match (wait(a), wait(b)) {
-        (Some(a), Some(b)) => b > a,
-        (Some(_), None) => true,
-        (None, _) => false,
-    };
-    let mut chosen: Option<(usize, &Decision)> = None;
-    // All shadow: the statuses still name the most restrictive.
-    let candidates: Vec<(usize, &Decision)> = if enforcing().next().is_some() {
-        enforcing().collect()
-    } else {
-        decisions.iter().enumerate().collect()
-    };
-    for (i, decision) in candidates {
-        let better = match chosen {
-            None => true,
-            Some((_, best)) if !allowed => {
-                !decision.allowed && (best.allowed || longer_wait(best, decision))
-            }
-            Some((_, best)) => {
-                decision.remaining < best.remaining
-                    || (decision.remaining == best.remaining
-                        && decision.reset_after > best.reset_after)
-            }
-        };
-        if better {
-            chosen = Some((i, decision));
+    let enforcing: Vec<usize> = (0..decisions.len())
+        .filter(|&i| !labels[i].shadow)
+        .collect();
+    let allowed = enforcing.iter().all(|&i| decisions[i].allowed);
+    // Denied: the denying limit with the longest wait (never is longest).
+    // Allowed: the fewest units left, then the longest reset. Ties go to
+    // the first, as `min_by_key` keeps it. (The Envoy face orders one
+    // descriptor's limits the same way.)
+    let restrictiveness = |decision: &Decision| {
+        if allowed || decision.allowed {
+            (1, decision.remaining, Reverse(decision.reset_after))
+        } else {
+            let wait = match decision.retry_after {
+                RetryAfter::After(micros) => micros,
+                RetryAfter::Never => Micros::MAX,
+            };
+            (0, 0, Reverse(wait))
         }
-    }
+    };
+    // All shadow: the statuses still name the most restrictive.
+    let candidates = if enforcing.is_empty() {
+        (0..decisions.len()).collect()
+    } else {
+        enforcing
+    };
+    let chosen = candidates
+        .into_iter()
+        .min_by_key(|&i| restrictiveness(&decisions[i]))
+        .map(|i| (i, &decisions[i]));
     let degraded = decisions.iter().any(|decision| decision.degraded);
     let Some((most_restrictive, top)) = chosen else {
         // No limits: `question` never builds such a request.
