@@ -27,6 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = RedisStore::new(&RedisSettings {
         urls: vec![url.clone()],
         topology: Topology::Standalone,
+        sentinel: Default::default(),
         pool_size: 1,
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),

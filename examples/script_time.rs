@@ -37,6 +37,7 @@ async fn main() -> Result<(), Error> {
     let store = RedisStore::new(&RedisSettings {
         urls: vec![url.clone()],
         topology: Topology::Standalone,
+        sentinel: Default::default(),
         pool_size: 8,
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),

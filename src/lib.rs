@@ -23,8 +23,11 @@
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
 //!   an embedded map with expiry.
 //!
-//! [`config`] (command line and environment) and [`error`] are leaves that
-//! every layer may use.
+//! [`config`] gathers the command line and environment (and
+//! envoyproxy/ratelimit's variables) into each subsystem's group of
+//! options, which the subsystem turns into its settings; [`options`] holds
+//! what the groups share. [`error`] and [`options`] are leaves that every
+//! layer may use.
 
 pub mod algorithm;
 pub mod api;
@@ -38,6 +41,7 @@ pub mod limit;
 pub mod limiter;
 pub mod load_shed;
 pub mod metrics;
+pub mod options;
 pub mod pb;
 pub mod policy;
 pub mod quota;

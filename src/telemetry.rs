@@ -1,10 +1,35 @@
 //! Logging: tracing-subscriber writing text or JSON lines to stderr, at the
-//! configured level unless `RUST_LOG` sets a filter.
+//! configured level unless `RUST_LOG` sets a filter; and the options of
+//! logs and metrics.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
+
+/// Logs and metrics.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryOptions {
+    /// Serve Prometheus metrics at http://<this address>/metrics. Unset:
+    /// no metrics endpoint.
+    #[arg(long, env = "RATELIMITD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Least severe log level written; RUST_LOG, when set, wins.
+    #[arg(long, env = "RATELIMITD_LOG_LEVEL", value_enum, default_value = "info")]
+    pub log_level: LogLevel,
+
+    /// Log line format.
+    #[arg(
+        long,
+        env = "RATELIMITD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

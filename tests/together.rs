@@ -26,6 +26,7 @@ fn redis_limiter(redis: &RedisServer) -> Limiter {
     let store = RedisStore::new(&RedisSettings {
         urls: vec![redis.url()],
         topology: Topology::Standalone,
+        sentinel: Default::default(),
         pool_size: 8,
         connect_timeout: Duration::from_secs(5),
         command_timeout: Duration::from_secs(10),

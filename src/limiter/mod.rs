@@ -8,6 +8,7 @@ mod failure;
 mod in_memory;
 mod keys;
 mod on_redis;
+mod options;
 pub mod script;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::store::{MemoryStore, RedisStore};
 pub use denial_cache::DenialCache;
 pub use keys::storage_key;
 use keys::{Group, GroupDecisions, Groups};
+pub use options::LimiterOptions;
 
 /// The configured store: Redis, shared by every ratelimitd instance, or the
 /// embedded one holding the algorithms' state in this process.

@@ -5,8 +5,10 @@
 pub mod breaker;
 mod managers;
 pub mod memory;
+pub mod options;
 mod pinned_tls;
 pub mod redis;
 
 pub use self::memory::{Clock, ManualClock, MemoryChange, MemoryStore, SystemClock};
-pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Topology};
+pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
+pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Sentinel, Topology};

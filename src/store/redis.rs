@@ -23,23 +23,39 @@ use super::pinned_tls::PinnedTls;
 use crate::error::StoreError;
 use crate::metrics;
 
-/// Which kind of Redis deployment the URLs name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which kind of Redis deployment the URLs name (`--redis-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Topology {
     /// One server (the first URL).
     Standalone,
     /// A Redis Cluster; the URLs are seed nodes, the rest is discovered and
     /// followed through resharding and failover.
     Cluster,
-    /// Sentinels (the URLs) watching the primary named `master`; the pool
-    /// follows failovers. The URLs' credentials are the primary's, and the
-    /// sentinels' too unless `sentinel_credentials` says otherwise.
-    Sentinel {
-        /// The primary's name at the sentinels.
-        master: String,
-        /// The sentinels' own credentials, when not the primary's.
-        sentinel_credentials: Option<Credentials>,
-    },
+    /// Sentinels (the URLs) watching a primary (see [`Sentinel`]); the pool
+    /// follows failovers.
+    Sentinel,
+}
+
+/// With [`Topology::Sentinel`]: which primary the sentinels are asked for,
+/// and how to log in to them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sentinel {
+    /// The primary's name at the sentinels.
+    pub master: String,
+    /// The sentinels' own credentials, when not the primary's (those in
+    /// the URLs).
+    pub credentials: Option<Credentials>,
+}
+
+impl Default for Sentinel {
+    /// `mymaster`, the name Redis's own sentinel.conf uses, and the URLs'
+    /// credentials.
+    fn default() -> Self {
+        Self {
+            master: "mymaster".into(),
+            credentials: None,
+        }
+    }
 }
 
 /// A user (or the default one) and a password (or none).
@@ -85,6 +101,8 @@ pub struct RedisSettings {
     pub urls: Vec<String>,
     /// What `urls` name.
     pub topology: Topology,
+    /// With [`Topology::Sentinel`], the primary and the sentinels' login.
+    pub sentinel: Sentinel,
     /// Connections per pool.
     pub pool_size: usize,
     /// The longest a new connection may take.
@@ -221,14 +239,11 @@ impl RedisStore {
                 .map_err(misconfigured)?;
                 Pools::Cluster(bounded_pool(Pool::builder(manager), settings)?)
             }
-            Topology::Sentinel {
-                master,
-                sentinel_credentials,
-            } => {
+            Topology::Sentinel => {
                 let manager = SentinelManager::new(
                     plain_connection_infos(settings).map_err(misconfigured)?,
-                    master,
-                    sentinel_credentials.as_ref(),
+                    &settings.sentinel.master,
+                    settings.sentinel.credentials.as_ref(),
                     certificates(settings),
                 )
                 .map_err(misconfigured)?;

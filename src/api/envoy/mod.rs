@@ -17,6 +17,7 @@
 pub mod config_file;
 pub mod headers;
 pub mod metadata;
+pub mod options;
 pub mod quota_policies;
 pub mod rules;
 pub mod source;

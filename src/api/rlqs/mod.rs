@@ -9,6 +9,7 @@
 
 mod assignment;
 mod nudges;
+mod options;
 mod stream;
 
 use std::pin::Pin;
@@ -23,6 +24,7 @@ use tracing::debug;
 
 pub use self::assignment::Assigned;
 use self::nudges::Nudges;
+pub use self::options::QuotaOptions;
 use self::stream::QuotaStream;
 use crate::api::envoy::source::RulesHandle;
 use crate::limit::FailurePolicy;

@@ -5,6 +5,8 @@
 //! certificate that CA signed, naming `--tls-client-san` when that is set
 //! (envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN).
 
+mod options;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -21,6 +23,8 @@ use rustls::{
 };
 use tokio_rustls::TlsAcceptor;
 use tracing::{error, info};
+
+pub use self::options::TlsOptions;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,86 @@
+//! The quota service's options: how assignments are made and kept. Its
+//! policies are the configuration's `quota_buckets`; the Envoy face's
+//! shadow mode and the failure policy apply to it too.
+
+use clap::builder::TypedValueParser as _;
+use std::time::Duration;
+
+use super::QuotaSettings;
+use crate::api::envoy::RequestBounds;
+use crate::limit::FailurePolicy;
+use crate::options::{positive_duration, whole_seconds};
+
+/// The Envoy quota service (RLQS): how assignments are made and kept.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+#[command(next_help_heading = "Envoy quota service (RLQS)")]
+pub struct QuotaOptions {
+    /// How long an assignment holds at an Envoy unless renewed, in whole
+    /// seconds (Envoy ignores fractions). Renewed at the Envoy's reports
+    /// (every 5 s in Envoy 1.40) or the rebalance tick, by half-way through
+    /// it; when the service is gone, the Envoy falls back to its
+    /// expired_assignment_behavior this long after the last one.
+    #[arg(long, env = "RATELIMITD_QUOTA_ASSIGNMENT_TTL", default_value = "15s",
+          value_parser = whole_seconds)]
+    pub quota_assignment_ttl: Duration,
+
+    /// A bucket an Envoy has not reported for this long is dropped: its
+    /// share is freed and the Envoy told to abandon it.
+    #[arg(long, env = "RATELIMITD_QUOTA_SUBSCRIBER_TIMEOUT", default_value = "15s",
+          value_parser = positive_duration)]
+    pub quota_subscriber_timeout: Duration,
+
+    /// How often each stream settles its contended buckets again (those
+    /// with subscribers elsewhere, or short of their fair share), so that
+    /// shares move between the Envoys of different instances within this
+    /// rather than at each Envoy's next report: one store call per
+    /// contended bucket and stream each time.
+    #[arg(long, env = "RATELIMITD_QUOTA_REBALANCE_INTERVAL", default_value = "1s",
+          value_parser = positive_duration)]
+    pub quota_rebalance_interval: Duration,
+
+    /// What each Envoy is given beyond its reported demand, in percent of
+    /// it, so it can grow before its next report.
+    #[arg(long, env = "RATELIMITD_QUOTA_HEADROOM", default_value_t = 20,
+          value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub quota_headroom: u16,
+
+    /// Most buckets one Envoy stream may subscribe to; reports of more are
+    /// ignored (and counted).
+    #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub quota_max_buckets_per_stream: usize,
+
+    /// Most buckets all Envoy streams of this instance may subscribe to
+    /// together (about 1.4 KiB each on the embedded store); reports of more
+    /// are ignored (and counted).
+    #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub quota_max_buckets: usize,
+}
+
+impl QuotaOptions {
+    /// The quota service's settings: these options, with the bucket ids
+    /// bounded as the Envoy face bounds descriptors, and the Envoy face's
+    /// shadow mode, the failure policy and the key prefix in force.
+    pub fn settings(
+        &self,
+        bounds: &RequestBounds,
+        shadow_mode: bool,
+        failure_policy: FailurePolicy,
+        key_prefix: &str,
+    ) -> QuotaSettings {
+        QuotaSettings {
+            assignment_ttl: self.quota_assignment_ttl,
+            subscriber_timeout: self.quota_subscriber_timeout,
+            rebalance_interval: self.quota_rebalance_interval,
+            headroom_permille: u64::from(self.quota_headroom) * 10,
+            max_buckets_per_stream: self.quota_max_buckets_per_stream,
+            max_buckets: self.quota_max_buckets,
+            max_entries: bounds.max_entries,
+            max_entry_bytes: bounds.max_entry_bytes,
+            shadow_mode,
+            failure_policy,
+            key_prefix: key_prefix.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! The configuration as a deployment gives it: our flags, upstream's
+//! variables, both together, and what the logs may show of it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::upstream::{Effect, Environment, Report, TABLE, switches_upstream_on};
+use super::{Config, InvalidConfig};
+use crate::api::envoy::options::ConfigFiles;
+use crate::options::Secret;
+use crate::store::{StoreSettings, Topology};
+use crate::telemetry::LogLevel;
+
+fn load(args: &[&str], variables: &[(&str, &str)]) -> Result<(Config, Report), String> {
+    let environment: Environment = variables
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    let args: Vec<&str> = std::iter::once("ratelimitd")
+        .chain(args.iter().copied())
+        .collect();
+    Config::load_from(&args, &environment).map_err(|err| err.to_string())
+}
+
+#[test]
+fn passwords_never_reach_the_logs() {
+    let config = Config::parse_from([
+        "ratelimitd",
+        "--redis-url",
+        "redis://u:pw1@h:1/0,redis://u:pw2@h:2/0",
+        "--redis-sentinel-auth",
+        "sentinel:pw3",
+        "--xds-headers",
+        "authorization:Bearer pw4",
+    ]);
+    let logged = format!("{config:?}");
+    for secret in ["pw1", "pw2", "pw3", "pw4"] {
+        assert!(!logged.contains(secret), "{secret} in {logged}");
+    }
+    assert!(logged.contains("redis://u:***@h:1/0") && logged.contains("authorization"));
+}
+
+#[test]
+fn defaults_are_sensible_and_zero_timeouts_are_refused() {
+    let config = Config::parse_from(["ratelimitd"]);
+    assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+    assert_eq!(config.limiter.key_prefix, "ratelimitd:");
+    assert!(matches!(
+        config.store.settings().unwrap(),
+        StoreSettings::Embedded(_)
+    ));
+    assert!(Config::try_parse_from(["ratelimitd", "--redis-command-timeout", "0s"]).is_err());
+    assert!(Config::try_parse_from(["ratelimitd", "--redis-pool-size", "0"]).is_err());
+    let two = Config::parse_from(["ratelimitd", "--redis-url", "redis://a:1,redis://b:2"]);
+    let err = two.invalid(two.store.settings().err().expect("two standalone URLs"));
+    assert!(
+        err.to_string()
+            .starts_with("--redis-url: a standalone Redis takes one URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn switches_take_an_explicit_value_too() {
+    let config = Config::parse_from(["ratelimitd", "--shadow-mode", "--config-dotfiles=false"]);
+    assert!(config.envoy.shadow_mode);
+    assert!(!config.envoy.config_dotfiles);
+    let config = Config::parse_from(["ratelimitd", "--shadow-mode=false"]);
+    assert!(!config.envoy.shadow_mode);
+}
+
+#[test]
+fn without_upstream_variables_ours_stay() {
+    let (config, report) = load(&[], &[("PORT", "8080"), ("REDIS_URL", "x")]).unwrap();
+    assert!(!report.active, "shared names alone do not switch");
+    assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+    assert!(config.store.redis_url.is_empty());
+    assert_eq!(config.limiter.key_prefix, "ratelimitd:");
+    assert!(!config.envoy.envoy_count_denied_hits);
+}
+
+#[test]
+fn upstream_deployment_gets_upstream_defaults() {
+    let (config, report) = load(
+        &[],
+        &[
+            ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:6380"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+        ],
+    )
+    .unwrap();
+    assert!(report.active);
+    assert_eq!(config.listener.listen.to_string(), "0.0.0.0:8081");
+    assert_eq!(config.store.redis_url, ["redis://127.0.0.1:6380"]);
+    assert_eq!(config.store.redis_mode, Topology::Standalone);
+    assert_eq!(config.store.redis_pool_size, 10);
+    assert_eq!(config.limiter.key_prefix, "");
+    assert_eq!(config.limiter.local_cache_max_bytes, 0);
+    assert!(config.envoy.envoy_count_denied_hits);
+    assert_eq!(config.telemetry.log_level, LogLevel::Warn);
+    assert_eq!(
+        config.envoy.config,
+        Some(PathBuf::from("/data/ratelimit/config"))
+    );
+    assert_eq!(config.envoy.config_files, ConfigFiles::All);
+    assert!(!config.envoy.config_dotfiles);
+    assert_eq!(config.origins.of("redis_url"), Some("REDIS_URL"));
+    assert_eq!(config.origins.of("key_prefix"), Some("CACHE_KEY_PREFIX"));
+}
+
+#[test]
+fn defaults_without_redis_url_are_twemproxys_socket() {
+    let (config, _) = load(&[], &[("USE_STATSD", "false")]).unwrap();
+    assert_eq!(
+        config.store.redis_url,
+        ["redis+unix:///var/run/nutcracker/ratelimit.sock"]
+    );
+    assert!(
+        config.envoy.config_dotfiles,
+        "upstream reads dotfiles by default"
+    );
+    assert_eq!(
+        config.envoy.config,
+        Some(PathBuf::from("/srv/runtime_data/current/config"))
+    );
+}
+
+#[test]
+fn our_flag_wins_when_equal_and_conflicts_are_errors() {
+    let (config, _) = load(
+        &["--listen", "127.0.0.1:9000", "--key-prefix", "mine:"],
+        &[
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "9000"),
+            ("USE_STATSD", "false"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.listener.listen.to_string(), "127.0.0.1:9000");
+    assert_eq!(
+        config.limiter.key_prefix, "mine:",
+        "our flag beats upstream's default"
+    );
+    let err = load(&["--listen", "127.0.0.1:9001"], &[("GRPC_PORT", "9000")]).unwrap_err();
+    assert!(
+        err.contains("GRPC_HOST/GRPC_PORT") && err.contains("--listen"),
+        "{err}"
+    );
+    let err = load(&["--key-prefix", "a"], &[("CACHE_KEY_PREFIX", "b")]).unwrap_err();
+    assert!(
+        err.contains("CACHE_KEY_PREFIX") && err.contains("--key-prefix"),
+        "{err}"
+    );
+    // Equal in meaning, written otherwise: no conflict.
+    load(
+        &[
+            "--redis-command-timeout",
+            "1000ms",
+            "--redis-connect-timeout",
+            "1s",
+        ],
+        &[("REDIS_TIMEOUT", "1s")],
+    )
+    .unwrap();
+    let err = load(
+        &["--redis-sentinel-auth", "a"],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "m,h:1"),
+            ("REDIS_SENTINEL_AUTH", "s3cret"),
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("REDIS_SENTINEL_AUTH") && !err.contains("s3cret"),
+        "{err}"
+    );
+}
+
+#[test]
+fn redis_forms_become_urls() {
+    let (config, _) = load(
+        &[],
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,127.0.0.1:26379,127.0.0.1:26380"),
+            ("REDIS_AUTH", "app:p@ss:w/rd"),
+            ("REDIS_SENTINEL_AUTH", ""),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.store.redis_mode, Topology::Sentinel);
+    assert_eq!(config.store.redis_sentinel_master, "mymaster");
+    assert_eq!(
+        config.store.redis_url,
+        [
+            "redis://app:p%40ss%3Aw%2Frd@127.0.0.1:26379",
+            "redis://app:p%40ss%3Aw%2Frd@127.0.0.1:26380"
+        ]
+    );
+    assert_eq!(
+        config
+            .store
+            .redis_sentinel_auth
+            .as_ref()
+            .map(Secret::expose),
+        Some("")
+    );
+    let (config, _) = load(
+        &[],
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "a:1,b:2"),
+            ("REDIS_TLS", "true"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.store.redis_mode, Topology::Cluster);
+    assert_eq!(config.store.redis_url, ["rediss://a:1", "rediss://b:2"]);
+    let (config, _) = load(
+        &[],
+        &[
+            ("USE_STATSD", "false"),
+            ("REDIS_URL", "/tmp/r.sock"),
+            ("REDIS_AUTH", "pw"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.store.redis_url, ["redis+unix:///tmp/r.sock?pass=pw"]);
+    let err = load(
+        &[],
+        &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "nocolon")],
+    )
+    .unwrap_err();
+    assert!(err.contains("host:port"), "{err}");
+}
+
+#[test]
+fn what_cannot_be_honoured_stops_the_start_by_name() {
+    for (name, value) in [
+        ("USE_STATSD", "true"),
+        ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
+        ("BACKEND_TYPE", "memcache"),
+        ("REDIS_PERSECOND", "true"),
+        ("MERGE_DOMAIN_CONFIG", "true"),
+        ("GRPC_CLIENT_TLS_SAN", "client.example"),
+    ] {
+        let err = load(&[], &[(name, value)]).unwrap_err();
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    let err = load(&[], &[("USE_STATSD", "false"), ("PORT", "8080")]).unwrap_err();
+    assert!(err.contains("PORT"), "{err}");
+    let err = load(&[], &[("SHADOW_MODE", "yes")]).unwrap_err();
+    assert!(err.contains("SHADOW_MODE=yes"), "{err}");
+    let err = load(&[], &[("REDIS_POOL_SIZE", "0")]).unwrap_err();
+    assert!(
+        err.contains("REDIS_POOL_SIZE") && err.contains("--redis-pool-size"),
+        "{err}"
+    );
+    let err = load(&[], &[("GRPC_SERVER_USE_TLS", "true")]).unwrap_err();
+    assert!(
+        err.contains("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT"),
+        "{err}"
+    );
+    let err = load(
+        &[],
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "h:1"),
+            ("REDIS_TLS_CLIENT_CERT", "/c.pem"),
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("REDIS_TLS_CLIENT_CERT") && err.contains("--redis-tls-key"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tuning_knobs_are_accepted_with_a_warning() {
+    let (_, report) = load(
+        &[],
+        &[("USE_STATSD", "false"), ("REDIS_PIPELINE_WINDOW", "150us")],
+    )
+    .unwrap();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("REDIS_PIPELINE_WINDOW")),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn never_reads_nothing_and_prometheus_maps_to_metrics() {
+    let (config, report) = load(
+        &["--envoyproxy-env", "never"],
+        &[("USE_STATSD", "true"), ("GRPC_PORT", "1")],
+    )
+    .unwrap();
+    assert!(!report.active);
+    assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+    let (config, _) = load(&[], &[("USE_STATSD", "false"), ("USE_PROMETHEUS", "true")]).unwrap();
+    assert_eq!(
+        config
+            .telemetry
+            .metrics_listen
+            .map(|a| a.to_string())
+            .as_deref(),
+        Some("0.0.0.0:9090")
+    );
+    let err = load(
+        &["--metrics-listen", "127.0.0.1:1"],
+        &[("DISABLE_STATS", "true")],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("DISABLE_STATS") && err.contains("--metrics-listen"),
+        "{err}"
+    );
+}
+
+#[test]
+fn xds_config_type_takes_the_rules_from_the_server() {
+    let (config, _) = load(
+        &[],
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit-0"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,pod=x"),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                "authorization:Bearer t",
+            ),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "500ms"),
+        ],
+    )
+    .unwrap();
+    let xds = &config.envoy.xds;
+    assert_eq!(xds.xds_server.as_deref(), Some("localhost:18000"));
+    assert_eq!(config.envoy.config, None, "no runtime directory with xDS");
+    assert_eq!(xds.xds_node_id, "ratelimit-0");
+    assert_eq!(xds.xds_node_metadata.0.len(), 2);
+    assert_eq!(
+        xds.xds_headers.0.0,
+        [("authorization".to_owned(), "Bearer t".to_owned())]
+    );
+    assert_eq!(xds.xds_retry_interval, Duration::from_millis(500));
+}
+
+#[test]
+fn files_and_xds_together_are_an_error() {
+    let (config, _) = load(&["--xds-server", "127.0.0.1:1"], &[("USE_STATSD", "false")]).unwrap();
+    assert_eq!(
+        config.envoy.config, None,
+        "our --xds-server: no runtime directory"
+    );
+    let err = load(
+        &["--xds-server", "127.0.0.1:1"],
+        &[("RUNTIME_ROOT", "/data")],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("RUNTIME_ROOT") && err.contains("--xds-server"),
+        "{err}"
+    );
+    let err = load(&["--config", "/etc/x"], &[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).unwrap_err();
+    assert!(
+        err.contains("CONFIG_GRPC_XDS_SERVER_URL") && err.contains("--config"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_error_about_a_flag_upstream_set_names_the_variable() {
+    let (config, _) = load(
+        &[],
+        &[
+            ("REDIS_TLS", "true"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "h:1"),
+            ("REDIS_TLS_CACERT", "/nonexistent/ca.pem"),
+        ],
+    )
+    .unwrap();
+    let err = config.store.settings().err().expect("no such file");
+    let err = config.invalid(err).to_string();
+    assert!(
+        err.contains("--redis-tls-ca") && err.contains("REDIS_TLS_CACERT"),
+        "{err}"
+    );
+    assert!(matches!(
+        Config::load_from(&["ratelimitd", "--listen"], &Environment::new()),
+        Err(InvalidConfig::CommandLine(_))
+    ));
+}
+
+#[test]
+fn the_table_names_only_flags_we_have_and_help_names_the_variables() {
+    let command = Config::annotated_command();
+    for row in TABLE {
+        if let Effect::Sets { flags, .. } = row.effect {
+            for flag in flags {
+                assert!(
+                    command.get_arguments().any(|arg| arg.get_id() == flag),
+                    "{flag} is not a flag"
+                );
+            }
+        }
+    }
+    let help = command.clone().render_long_help().to_string();
+    assert!(
+        help.contains("[envoyproxy/ratelimit: GRPC_HOST, GRPC_PORT]"),
+        "{help}"
+    );
+    assert!(help.contains("REDIS_TIMEOUT"), "{help}");
+}
+
+/// Every variable upstream's settings.go reads (at envoyproxy/ratelimit's
+/// main of 2026-07), and so every one a deployment may set.
+const UPSTREAM_SETTINGS: &[&str] = &[
+    "HOST",
+    "PORT",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_UDS",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "CONFIG_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "EXTRA_TAGS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "CACHE_KEY_PREFIX",
+    "BACKEND_TYPE",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "REDIS_POOL_SIZE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_TIMEOUT",
+    "REDIS_PERSECOND_TIMEOUT",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
+    "MERGE_DOMAIN_CONFIG",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+#[test]
+fn every_upstream_variable_has_one_row_and_switches_upstream_on() {
+    for name in UPSTREAM_SETTINGS {
+        let exact = TABLE
+            .iter()
+            .filter(|row| row.variables.iter().any(|variable| variable.name == *name))
+            .count();
+        let by_prefix = TABLE.iter().any(|row| {
+            row.variables.iter().any(|variable| {
+                variable
+                    .name
+                    .strip_suffix('*')
+                    .is_some_and(|prefix| name.starts_with(prefix))
+            })
+        });
+        assert!(
+            exact == 1 || (exact == 0 && by_prefix),
+            "{name}: {exact} rows"
+        );
+        let shared = super::upstream::SHARED_NAMES.contains(name);
+        assert_eq!(switches_upstream_on(name), !shared, "{name}");
+    }
+}

@@ -1,0 +1,36 @@
+//! The gRPC listener's options: where to serve, how long shutdown waits,
+//! and whether reflection is on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::options::positive_duration;
+
+/// Where and how gRPC is served.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+#[command(next_help_heading = "Listener and TLS")]
+pub struct ListenerOptions {
+    /// Address to serve gRPC on.
+    #[arg(long, env = "RATELIMITD_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Once the gRPC listener is bound, write its address (`host:port`) to
+    /// this file: with `--listen 127.0.0.1:0`, how a supervisor or a test
+    /// learns the port the system chose. Written whole (to a temporary file
+    /// beside it, then renamed), so a reader never sees half of it.
+    #[arg(long, env = "RATELIMITD_ADDRESS_FILE")]
+    pub address_file: Option<PathBuf>,
+
+    /// After SIGTERM, longest wait for calls in flight before exiting anyway.
+    #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = positive_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Serve gRPC server reflection (grpcurl, grpcui and alike list and call
+    /// the services without the .proto files). `--reflection=false` removes
+    /// it.
+    #[arg(long, env = "RATELIMITD_REFLECTION", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub reflection: bool,
+}

@@ -1,0 +1,284 @@
+//! The store's options (`--redis-*`, `--memory-*`) and what they become at
+//! start: Redis settings, with the TLS files read, or the embedded store
+//! alone when no Redis URL is given. URLs are logged with their
+//! credentials hidden.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
+use crate::options::{OptionsError, Secret, memory_budget, positive_duration, read_pem};
+
+/// Where counters live: Redis (standalone, Cluster or Sentinel) or, without
+/// --redis-url, the embedded store.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+#[command(next_help_heading = "Store")]
+pub struct StoreOptions {
+    /// Redis to keep counters in, e.g. redis://127.0.0.1:6379/0 (user and
+    /// password go in the URL; rediss:// for TLS). With --redis-mode cluster,
+    /// seed nodes; with sentinel, the sentinels: repeat the flag or separate
+    /// URLs with commas. Unset: the embedded in-memory store.
+    #[arg(long, env = "RATELIMITD_REDIS_URL", value_delimiter = ',')]
+    pub redis_url: Vec<RedisUrl>,
+
+    /// What --redis-url names: one standalone server, a Redis Cluster, or
+    /// Sentinels watching a primary (see --redis-sentinel-master).
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_MODE",
+        value_enum,
+        default_value = "standalone"
+    )]
+    pub redis_mode: Topology,
+
+    /// With --redis-mode sentinel: the name the sentinels monitor the
+    /// primary under. Its password and database come from the first URL.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_SENTINEL_MASTER",
+        default_value = "mymaster"
+    )]
+    pub redis_sentinel_master: String,
+
+    /// With --redis-mode sentinel, when the sentinels' credentials differ
+    /// from the primary's (those in the URLs): `password`, `user:password`,
+    /// or empty for sentinels without a password.
+    #[arg(long, env = "RATELIMITD_REDIS_SENTINEL_AUTH")]
+    pub redis_sentinel_auth: Option<Secret>,
+
+    /// For rediss:// URLs: PEM CA certificates to trust instead of the
+    /// system's.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_CA")]
+    pub redis_tls_ca: Option<PathBuf>,
+
+    /// For rediss:// URLs: a PEM client certificate (with
+    /// --redis-tls-key), for a Redis with tls-auth-clients.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_CERT", requires = "redis_tls_key")]
+    pub redis_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --redis-tls-cert.
+    #[arg(long, env = "RATELIMITD_REDIS_TLS_KEY", requires = "redis_tls_cert")]
+    pub redis_tls_key: Option<PathBuf>,
+
+    /// Most Redis connections held open at once.
+    #[arg(long, env = "RATELIMITD_REDIS_POOL_SIZE", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub redis_pool_size: u16,
+
+    /// Longest wait to open a Redis connection.
+    #[arg(long, env = "RATELIMITD_REDIS_CONNECT_TIMEOUT", default_value = "1s",
+          value_parser = positive_duration)]
+    pub redis_connect_timeout: Duration,
+
+    /// Longest one decision may wait on Redis (pool, command and reply)
+    /// before the call fails with UNAVAILABLE.
+    #[arg(long, env = "RATELIMITD_REDIS_COMMAND_TIMEOUT", default_value = "100ms",
+          value_parser = positive_duration)]
+    pub redis_command_timeout: Duration,
+
+    /// Redis failures in a row after which calls stop waiting on Redis (and
+    /// the failure policy answers at once) until a health probe succeeds.
+    #[arg(long, env = "RATELIMITD_REDIS_BREAKER_THRESHOLD", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..),
+          help_heading = "Failure policy")]
+    pub redis_breaker_threshold: u32,
+
+    /// How often health checks that the store answers.
+    #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
+          value_parser = positive_duration, help_heading = "Failure policy")]
+    pub health_interval: Duration,
+
+    /// How often the embedded store evicts expired keys.
+    #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
+          value_parser = positive_duration)]
+    pub memory_sweep_interval: Duration,
+
+    /// Most memory the embedded store's keys may take (its estimate: keys,
+    /// state, tables), e.g. `256MiB`. A write past it evicts what expired,
+    /// then the keys closest to expiry.
+    #[arg(long, env = "RATELIMITD_MEMORY_MAX_BYTES", default_value = "256MiB",
+          value_parser = memory_budget)]
+    pub memory_max_bytes: usize,
+}
+
+/// The store the options name. (No `Debug`: the Redis URLs in it carry
+/// passwords; log them through [`redacted_url`].)
+pub enum StoreSettings {
+    /// The embedded store alone: state in this process.
+    Embedded(EmbeddedSettings),
+    /// Redis, with this instance's own embedded store for the `local`
+    /// failure policy.
+    Redis {
+        /// The Redis deployment and its TLS (boxed: the variants' sizes
+        /// differ by hundreds of bytes).
+        redis: Box<RedisSettings>,
+        /// The instance's own store, for `--failure-policy local`.
+        local: EmbeddedSettings,
+    },
+}
+
+/// The embedded store's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddedSettings {
+    /// Its memory budget.
+    pub max_bytes: usize,
+    /// How often expired state is swept out.
+    pub sweep_interval: Duration,
+}
+
+impl StoreOptions {
+    /// The store these options name, with its TLS files read (the error
+    /// names the flag).
+    pub fn settings(&self) -> Result<StoreSettings, OptionsError> {
+        let embedded = EmbeddedSettings {
+            max_bytes: self.memory_max_bytes,
+            sweep_interval: self.memory_sweep_interval,
+        };
+        Ok(match self.redis_settings()? {
+            Some(redis) => StoreSettings::Redis {
+                redis: Box::new(redis),
+                local: embedded,
+            },
+            None => StoreSettings::Embedded(embedded),
+        })
+    }
+
+    /// The Redis settings, when a Redis URL is given.
+    fn redis_settings(&self) -> Result<Option<RedisSettings>, OptionsError> {
+        if self.redis_url.is_empty() {
+            return Ok(None);
+        }
+        if self.redis_mode == Topology::Standalone && self.redis_url.len() > 1 {
+            return Err(OptionsError::invalid(
+                "redis_url",
+                "a standalone Redis takes one URL (several are for --redis-mode cluster or \
+                 sentinel)",
+            ));
+        }
+        let tls = RedisTls {
+            ca: self
+                .redis_tls_ca
+                .as_deref()
+                .map(|path| read_pem("redis_tls_ca", path))
+                .transpose()?,
+            client: match (&self.redis_tls_cert, &self.redis_tls_key) {
+                (Some(cert), Some(key)) => Some((
+                    read_pem("redis_tls_cert", cert)?,
+                    read_pem("redis_tls_key", key)?,
+                )),
+                _ => None,
+            },
+        };
+        Ok(Some(RedisSettings {
+            urls: self
+                .redis_url
+                .iter()
+                .map(|url| url.as_str().to_owned())
+                .collect(),
+            topology: self.redis_mode,
+            sentinel: Sentinel {
+                master: self.redis_sentinel_master.clone(),
+                credentials: self
+                    .redis_sentinel_auth
+                    .as_ref()
+                    .map(|auth| Credentials::parse(auth.expose())),
+            },
+            pool_size: usize::from(self.redis_pool_size),
+            connect_timeout: self.redis_connect_timeout,
+            command_timeout: self.redis_command_timeout,
+            breaker_threshold: self.redis_breaker_threshold,
+            tls,
+        }))
+    }
+}
+
+/// A Redis URL as given. Its `Debug` hides every credential in it (see
+/// [`redacted_url`]), so the whole configuration can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL, credentials and all, for connecting.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<&str> for RedisUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl std::str::FromStr for RedisUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        Ok(Self(url.to_owned()))
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redacted_url(&self.0))
+    }
+}
+
+/// `text` (a Redis URL) with every secret in it replaced by `***`: the
+/// password, a user name standing alone (redis-rs takes
+/// `redis://secret@host` as a password), and `pass` / `password` query
+/// values (`redis+unix:///path?pass=...`). A URL that does not parse is not
+/// shown at all.
+pub fn redacted_url(text: &str) -> String {
+    let Ok(mut url) = url::Url::parse(text) else {
+        return "<a URL that does not parse>".into();
+    };
+    // Both setters fail only for URLs without a host, which hold no
+    // credentials to hide.
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    } else if !url.username().is_empty() {
+        let _ = url.set_username("***");
+    }
+    let secret = |name: &str| name == "pass" || name == "password";
+    if url.query_pairs().any(|(name, _)| secret(&name)) {
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if secret(&name) {
+                    "***".into()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(
+            redacted_url("redis://app:s3cret@127.0.0.1:6379/0"),
+            "redis://app:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redacted_url("redis://:s3cret@h/0"), "redis://:***@h/0");
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(redacted_url("rediss://s3cret@h:1"), "rediss://***@h:1");
+        assert_eq!(
+            redacted_url("redis+unix:///run/redis.sock?db=2&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=2&pass=***"
+        );
+        assert!(!redacted_url("redis://u:s3cret@[::1").contains("s3cret"));
+    }
+}
