@@ -30,7 +30,7 @@ use crate::error::StoreError;
 use crate::health;
 use crate::incoming::{self, IncomingSettings};
 use crate::limit::FailurePolicy;
-use crate::limiter::Store;
+use crate::limiter::{Limiter, Store};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::quota::{MemoryLedger, QuotaLedger};
@@ -99,36 +99,8 @@ pub async fn run(
     }
     let (rules, rules_task) = follow_rules(rules_source)?;
     let limiter = config.limiter.build(&store)?;
-    let slots = DecisionSlots::new(
-        config.bounds.max_concurrent_requests as usize,
-        config.bounds.max_concurrent_requests_per_peer(),
-    );
     let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
-    let (quota_ledger, local_quota_ledger) = quota_ledgers(limiter.store());
-    let quota = QuotaService::new(
-        quota_ledger,
-        local_quota_ledger,
-        rules.clone(),
-        config.quota.settings(
-            &config.bounds.envoy_request(),
-            config.envoy.shadow_mode,
-            config.limiter.failure_policy,
-            &config.limiter.key_prefix,
-        ),
-        quota_shutdown_watch,
-    );
-    let check = CheckService::new(
-        limiter.clone(),
-        slots.clone(),
-        rules.clone(),
-        config.bounds.check_request(),
-    );
-    let envoy = EnvoyService::new(
-        limiter.clone(),
-        rules,
-        config.envoy.settings(config.bounds.envoy_request()),
-        slots,
-    );
+    let apis = Apis::new(&config, &limiter, rules, quota_shutdown_watch);
     let (reporter, health_service) = tonic_health::server::health_reporter();
     health::report(&reporter, ServingStatus::NotServing).await;
     // With a policy that answers without Redis, the instance can serve
@@ -158,23 +130,14 @@ pub async fn run(
         tls.as_ref().map(ServerTls::acceptor),
     );
     let draining = Arc::new(Notify::new());
-    let stop = {
-        let draining = draining.clone();
-        let tasks = [Some(health_task), rules_task, tls_task];
-        async move {
-            shutdown.await;
-            // Before tonic sends GOAWAY: from now on a connection closes as
-            // soon as it has no call in flight.
-            let _ = shutting_down.set(Instant::now());
-            info!("shutting down: health NOT_SERVING, finishing calls in flight");
-            tasks.into_iter().flatten().for_each(|task| task.abort());
-            health::report(&reporter, ServingStatus::NotServing).await;
-            // Quota streams never finish by themselves: end them, so the
-            // Envoys reconnect to another instance.
-            let _ = quota_shutdown.send(true);
-            draining.notify_one();
-        }
-    };
+    let stop = Stopping {
+        shutting_down,
+        tasks: [Some(health_task), rules_task, tls_task],
+        reporter,
+        quota_shutdown,
+        draining: draining.clone(),
+    }
+    .after(shutdown);
     let max_request = config.bounds.max_request_bytes as usize;
     let serve = Server::builder()
         .timeout(config.bounds.request_timeout)
@@ -185,21 +148,117 @@ pub async fn run(
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(check.into_server().max_decoding_message_size(max_request))
-        .add_service(envoy.into_server().max_decoding_message_size(max_request))
-        .add_service(quota.into_server().max_decoding_message_size(max_request))
+        .add_service(
+            apis.check
+                .into_server()
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(
+            apis.envoy
+                .into_server()
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(
+            apis.quota
+                .into_server()
+                .max_decoding_message_size(max_request),
+        )
         .serve_with_incoming_shutdown(incoming, stop);
     let grace = config.listener.shutdown_grace;
-    let grace_expired = async move {
-        draining.notified().await;
-        tokio::time::sleep(grace).await;
-    };
     tokio::select! {
         result = serve => result?,
-        () = grace_expired => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
+        () = grace_after(draining, grace) => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
     }
     info!("stopped");
     Ok(())
+}
+
+/// The three APIs on one limiter and one set of rules.
+struct Apis {
+    check: CheckService,
+    envoy: EnvoyService,
+    quota: QuotaService,
+}
+
+impl Apis {
+    fn new(
+        config: &Config,
+        limiter: &Limiter,
+        rules: RulesHandle,
+        quota_shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let slots = DecisionSlots::new(
+            config.bounds.max_concurrent_requests as usize,
+            config.bounds.max_concurrent_requests_per_peer(),
+        );
+        let (quota_ledger, local_quota_ledger) = quota_ledgers(limiter.store());
+        let quota = QuotaService::new(
+            quota_ledger,
+            local_quota_ledger,
+            rules.clone(),
+            config.quota.settings(
+                &config.bounds.envoy_request(),
+                config.envoy.shadow_mode,
+                config.limiter.failure_policy,
+                &config.limiter.key_prefix,
+            ),
+            quota_shutdown,
+        );
+        let check = CheckService::new(
+            limiter.clone(),
+            slots.clone(),
+            rules.clone(),
+            config.bounds.check_request(),
+        );
+        let envoy = EnvoyService::new(
+            limiter.clone(),
+            rules,
+            config.envoy.settings(config.bounds.envoy_request()),
+            slots,
+        );
+        Self {
+            check,
+            envoy,
+            quota,
+        }
+    }
+}
+
+/// What a shutdown stops, in order.
+struct Stopping {
+    shutting_down: incoming::ShutdownStarted,
+    /// Background tasks (health, rules, certificates), aborted.
+    tasks: [Option<JoinHandle<()>>; 3],
+    reporter: tonic_health::server::HealthReporter,
+    quota_shutdown: tokio::sync::watch::Sender<bool>,
+    /// Told when calls in flight start draining.
+    draining: Arc<Notify>,
+}
+
+impl Stopping {
+    /// Waits for `shutdown`, then stops: the future tonic serves until.
+    async fn after(self, shutdown: impl Future<Output = ()>) {
+        shutdown.await;
+        // Before tonic sends GOAWAY: from now on a connection closes as
+        // soon as it has no call in flight.
+        let _ = self.shutting_down.set(Instant::now());
+        info!("shutting down: health NOT_SERVING, finishing calls in flight");
+        self.tasks
+            .into_iter()
+            .flatten()
+            .for_each(|task| task.abort());
+        health::report(&self.reporter, ServingStatus::NotServing).await;
+        // Quota streams never finish by themselves: end them, so the
+        // Envoys reconnect to another instance.
+        let _ = self.quota_shutdown.send(true);
+        self.draining.notify_one();
+    }
+}
+
+/// Resolves `grace` after calls started draining.
+async fn grace_after(draining: Arc<Notify>, grace: std::time::Duration) {
+    draining.notified().await;
+    tokio::time::sleep(grace).await;
 }
 
 /// The rules from `source`, and the task that follows its changes: a
