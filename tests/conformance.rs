@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{RedisCluster, RedisSentinel, SecureRedis, Secured};
+use common::redis::{RedisCluster, RedisSentinel, Secured};
 use common::{
     RedisServer, TestServer, check, duration, eventually, every_algorithm, fixed_window, gcra,
     sliding_window, sliding_window_counter, token_bucket,
@@ -67,7 +67,7 @@ macro_rules! on_every_store {
 
             #[tokio::test]
             async fn every_case_with_an_acl_user() {
-                let redis = super::SecureRedis::with_acl_user("limiter", "s3cret").await;
+                let redis = super::RedisServer::with_acl_user("limiter", "s3cret").await;
                 let url = redis.url();
                 $(
                     let prefix = concat!(stringify!($case), ":");
@@ -80,7 +80,7 @@ macro_rules! on_every_store {
 
             #[tokio::test]
             async fn every_case_over_tls() {
-                let redis = super::SecureRedis::with_tls_client_auth().await;
+                let redis = super::RedisServer::with_tls_client_auth().await;
                 let url = redis.url();
                 let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
                 let (ca, cert, key) = (

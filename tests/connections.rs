@@ -188,7 +188,7 @@ async fn out_of_file_descriptors_it_backs_off_warns_and_recovers() {
             flood.push(stream);
         }
     }
-    let pid = server.child.id();
+    let pid = server.pid();
     let cpu_before = cpu_seconds(pid);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu = cpu_seconds(pid) - cpu_before;
@@ -221,7 +221,7 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit() {
             && log.contains("after=4096"),
         "{log}"
     );
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id()))
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.pid()))
         .expect("/proc/<pid>/limits");
     let open_files = limits
         .lines()

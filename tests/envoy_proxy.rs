@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::envoy::{Envoy, EnvoyPorts, HttpResponse, start_upstream};
+use common::envoy::{Envoy, EnvoyPorts};
+use common::http::{HttpResponse, start_upstream};
 use common::{RedisServer, TestServer};
 
 const LIMITS: &str = include_str!("../examples/envoy/limits.yaml");

@@ -12,7 +12,8 @@ mod common;
 
 use std::path::Path;
 
-use common::envoy::{Envoy, EnvoyPorts, Tally, drive, start_upstream};
+use common::envoy::{Envoy, EnvoyPorts, Tally, drive};
+use common::http::start_upstream;
 use common::{RedisServer, ServerProcess, TestServer};
 
 /// 100 requests a second for the bucket every request of the example

@@ -14,7 +14,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::envoy::{Envoy, EnvoyPorts, drive, start_upstream};
+use common::envoy::{Envoy, EnvoyPorts, drive};
+use common::http::start_upstream;
 use futures::Stream;
 use ratelimitd::pb::envoy::r#type::v3::rate_limit_strategy::{
     BlanketRule, RequestsPerTimeUnit, Strategy,

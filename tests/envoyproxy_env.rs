@@ -26,7 +26,7 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
     // its name; dotfiles are skipped with RUNTIME_IGNOREDOTFILES.
     std::fs::write(config.join("nested").join("messaging"), MESSAGING).expect("config");
     std::fs::write(config.join(".broken.yaml"), "domain: [").expect("dotfile");
-    let redis_url = format!("127.0.0.1:{}", redis.port);
+    let redis_url = format!("127.0.0.1:{}", redis.port());
     let root = runtime.path().to_str().expect("utf-8 path");
     let server = ServerProcess::start_upstream_way(&[
         ("USE_STATSD", "false"),

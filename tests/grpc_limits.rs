@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::topology::{CLIENT_SAN, TlsFiles, write_certificates};
+use common::tls::{CLIENT_SAN, TlsFiles, write_certificates};
 use common::{RedisServer, TestServer, fixed_window, request};
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::envoy::get;
+use common::http::get;
 use common::{ServerProcess, check, fixed_window, free_port};
 use futures::StreamExt;
 use ratelimitd::pb::ratelimitd::v1::check_limit_request::Algorithm;
@@ -68,7 +68,7 @@ async fn a_flood_of_keys_stays_within_the_cap_and_long_lived_keys_stay_exact() {
         &metrics_listen,
     ])
     .await;
-    let pid = server.child.id();
+    let pid = server.pid();
     let client = server.client().await;
 
     // The key that must survive: a day's window, half spent.
@@ -137,7 +137,7 @@ async fn memory_is_given_back_once_keys_expire() {
         &metrics_listen,
     ])
     .await;
-    let pid = server.child.id();
+    let pid = server.pid();
     let client = server.client().await;
     let at_start = rss_bytes(pid);
 

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::topology::{PinnedRedis, SecureRedis, Secured, self_signed_ca_certificate};
+use common::redis::{ClientCertificates, RedisServer, Secured};
+use common::tls::self_signed_ca_certificate;
 use common::{TestServer, fixed_window};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -49,7 +50,7 @@ fn path(file: &std::path::Path) -> String {
 
 #[tokio::test]
 async fn a_password() {
-    let redis = SecureRedis::with_password("s3cret p@ss").await;
+    let redis = RedisServer::with_password("s3cret p@ss").await;
     let url = redis.url();
     let server = TestServer::start(&["--redis-url", &url]).await;
     serving(&server).await;
@@ -68,7 +69,7 @@ async fn a_password() {
 
 #[tokio::test]
 async fn an_acl_user() {
-    let redis = SecureRedis::with_acl_user("limiter", "s3cret").await;
+    let redis = RedisServer::with_acl_user("limiter", "s3cret").await;
     let url = redis.url();
     let server = TestServer::start(&["--redis-url", &url]).await;
     serving(&server).await;
@@ -78,7 +79,7 @@ async fn an_acl_user() {
 
 #[tokio::test]
 async fn tls_with_a_private_ca() {
-    let redis = SecureRedis::with_tls().await;
+    let redis = RedisServer::with_tls().await;
     let url = redis.url();
     let ca = path(redis.ca_cert_path());
     let server = TestServer::start(&["--redis-url", &url, "--redis-tls-ca", &ca]).await;
@@ -89,7 +90,7 @@ async fn tls_with_a_private_ca() {
 
 #[tokio::test]
 async fn tls_with_a_client_certificate() {
-    let redis = SecureRedis::with_tls_client_auth().await;
+    let redis = RedisServer::with_tls_client_auth().await;
     let url = redis.url();
     let (ca, cert, key) = (
         path(redis.ca_cert_path()),
@@ -127,9 +128,13 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
     std::fs::write(dir.path().join("other.pem"), &other).expect("other cert");
     let pem = |name: &str| path(&dir.path().join(name));
     for client_auth in [false, true] {
-        let redis =
-            PinnedRedis::start(dir.path(), if client_auth { "yes" } else { "no" }, None).await;
-        let url = format!("rediss://localhost:{}", redis.port);
+        let clients = if client_auth {
+            ClientCertificates::Required
+        } else {
+            ClientCertificates::NotAsked
+        };
+        let redis = RedisServer::pinned(dir.path(), clients, None).await;
+        let url = format!("rediss://localhost:{}", redis.port());
         let mut flags = vec!["--redis-url", &url, "--redis-tls-ca"];
         let ca = pem("cert.pem");
         flags.push(&ca);
@@ -147,7 +152,7 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
         decides_exactly(&server).await;
         server.stop().await;
     }
-    let redis = PinnedRedis::start(dir.path(), "no", None).await;
+    let redis = RedisServer::pinned(dir.path(), ClientCertificates::NotAsked, None).await;
     let refused = |url: String, ca: String| async move {
         let server = TestServer::start(&[
             "--redis-url",
@@ -163,13 +168,13 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
     };
     // Not the pinned certificate: refused.
     refused(
-        format!("rediss://localhost:{}", redis.port),
+        format!("rediss://localhost:{}", redis.port()),
         pem("other.pem"),
     )
     .await;
     // The pinned certificate, but not for this name: refused.
     refused(
-        format!("rediss://127.0.0.1:{}", redis.port),
+        format!("rediss://127.0.0.1:{}", redis.port()),
         pem("cert.pem"),
     )
     .await;

@@ -176,7 +176,7 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
     })
     .await;
 
-    common::send_signal(server.child.id(), "-TERM");
+    common::send_signal(server.pid(), "-TERM");
 
     let next = watch.next().await.expect("a status").expect("no error");
     assert_eq!(next.status, ServingStatus::NotServing as i32);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::topology::{RedisCluster, RedisSentinel};
+use common::redis::{RedisCluster, RedisSentinel};
 use common::{ServerProcess, assert_exactly_100_of_300_for_every_algorithm, fixed_window, request};
 use futures::future::join_all;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;

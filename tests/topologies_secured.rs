@@ -6,7 +6,7 @@
 mod common;
 
 use common::ServerProcess;
-use common::topology::{RedisCluster, RedisSentinel, Secured, Security, SentinelPassword};
+use common::redis::{RedisCluster, RedisSentinel, Secured, Security, SentinelPassword};
 
 const PASSWORD: &str = "s3cret p@ss";
 
@@ -114,7 +114,7 @@ async fn sentinel_with_an_acl_user() {
 
 fn tls() -> Security {
     Security {
-        tls: Some(common::topology::ClientCertificates::Optional),
+        tls: Some(common::redis::ClientCertificates::Optional),
         ..Security::default()
     }
 }

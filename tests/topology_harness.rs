@@ -1,4 +1,4 @@
-//! The Redis topologies of `tests/common/topology.rs` do what the tests
+//! The Redis topologies of `tests/common/redis/` do what the tests
 //! built on them assume: the cluster spreads keys over its three primaries
 //! and survives losing one, the sentinels replace a killed primary, and the
 //! password, ACL and TLS servers let in only who they should. Each test
@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Instant;
 
-use common::topology::{RedisCluster, RedisSentinel, Role, SecureRedis, Secured};
+use common::redis::{RedisCluster, RedisSentinel, RedisServer, Role, Secured};
 use common::{PATIENCE, eventually};
 
 /// The answer to `PING` on a plain connection to `url`, or the error.
@@ -40,7 +40,7 @@ async fn the_cluster_spreads_keys_over_every_primary() {
             .iter()
             .map(|node| node.slot_count())
             .sum::<usize>(),
-        common::topology::CLUSTER_SLOTS
+        common::redis::CLUSTER_SLOTS
     );
     let replicas = cluster.replicas().await;
     assert_eq!(replicas.len(), 3, "{replicas:?}");
@@ -242,7 +242,7 @@ async fn a_frozen_cluster_primary_is_replaced_and_rejoins_as_a_replica() {
 
 #[tokio::test]
 async fn dropping_a_harness_kills_even_a_frozen_server() {
-    let redis = SecureRedis::with_password("pw").await;
+    let redis = RedisServer::with_password("pw").await;
     let pid = redis.pid().expect("running");
     let dir = redis.dir().to_owned();
     redis.freeze();
@@ -301,7 +301,7 @@ async fn the_sentinels_promote_the_replica_of_a_killed_primary() {
 #[tokio::test]
 async fn a_password_redis_refuses_anonymous_clients() {
     let started = Instant::now();
-    let redis = SecureRedis::with_password("s3cret pass/word").await;
+    let redis = RedisServer::with_password("s3cret pass/word").await;
     eprintln!("password: started in {:?}", started.elapsed());
     let refused = ping(&redis.url_without_credentials())
         .await
@@ -323,7 +323,7 @@ async fn a_password_redis_refuses_anonymous_clients() {
 
 #[tokio::test]
 async fn an_acl_redis_lets_in_only_its_user() {
-    let redis = SecureRedis::with_acl_user("ratelimitd", "limits").await;
+    let redis = RedisServer::with_acl_user("ratelimitd", "limits").await;
     let refused = ping(&redis.url_without_credentials())
         .await
         .expect_err("PING without logging in");
@@ -355,7 +355,7 @@ async fn an_acl_redis_lets_in_only_its_user() {
 #[tokio::test]
 async fn a_tls_redis_answers_over_tls_only() {
     let started = Instant::now();
-    let redis = SecureRedis::with_tls().await;
+    let redis = RedisServer::with_tls().await;
     eprintln!("tls: started in {:?}", started.elapsed());
     assert!(redis.url().starts_with("rediss://127.0.0.1:"));
     for path in [
@@ -387,7 +387,7 @@ async fn a_tls_redis_answers_over_tls_only() {
 
 #[tokio::test]
 async fn a_tls_redis_can_require_a_client_certificate() {
-    let redis = SecureRedis::with_tls_client_auth().await;
+    let redis = RedisServer::with_tls_client_auth().await;
     assert_eq!(
         redis
             .cli(&["PING"])

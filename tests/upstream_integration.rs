@@ -16,10 +16,9 @@ mod common;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::prometheus;
+use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security};
 use common::rls::descriptor;
-use common::topology::{
-    PinnedRedis, RedisCluster, RedisSentinel, SecureRedis, Security, self_signed_ca_certificate,
-};
+use common::tls::self_signed_ca_certificate;
 use common::{RedisServer, ServerProcess, free_port};
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
@@ -259,7 +258,7 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
 }
 
 fn standalone(redis: &RedisServer) -> Vec<(&'static str, String)> {
-    vec![("REDIS_URL", format!("127.0.0.1:{}", redis.port))]
+    vec![("REDIS_URL", format!("127.0.0.1:{}", redis.port()))]
 }
 
 #[tokio::test]
@@ -315,7 +314,7 @@ const PASSWORD: &str = "password123";
 
 #[tokio::test]
 async fn basic_config_with_auth() {
-    let redis = SecureRedis::with_password(PASSWORD).await;
+    let redis = RedisServer::with_password(PASSWORD).await;
     let settings = vec![
         ("REDIS_URL", address(&redis.url())),
         ("REDIS_AUTH", PASSWORD.to_owned()),
@@ -376,8 +375,9 @@ async fn basic_config_with_auth_over_tls() {
     let path = |file: &std::path::Path| file.to_string_lossy().into_owned();
     for client_cert in [false, true] {
         // A Redis each: upstream's keys repeat between runs.
-        let redis = PinnedRedis::start(dir.path(), "optional", Some(PASSWORD)).await;
-        let port = redis.port;
+        let redis =
+            RedisServer::pinned(dir.path(), ClientCertificates::Optional, Some(PASSWORD)).await;
+        let port = redis.port();
         let mut settings = vec![
             ("REDIS_URL", format!("localhost:{port}")),
             ("REDIS_AUTH", PASSWORD.to_owned()),
@@ -460,7 +460,7 @@ async fn config_reload_with_and_without_watch_root() {
         }
         let metrics = free_port();
         let prometheus = format!("127.0.0.1:{metrics}");
-        let redis_url = format!("127.0.0.1:{}", redis.port);
+        let redis_url = format!("127.0.0.1:{}", redis.port());
         let root = runtime.path().to_string_lossy().into_owned();
         let server = ServerProcess::start_upstream_way(&[
             ("USE_STATSD", "false"),

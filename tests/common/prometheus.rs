@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::envoy::get;
+use super::http::get_body;
 
 /// The exposition text as `series → value`, a series being the metric name
 /// with its labels as written (`name{a="x",b="y"}`).
@@ -19,12 +19,9 @@ pub fn parse(text: &str) -> HashMap<String, f64> {
 
 /// `GET /metrics` on `port`: the text and its series.
 pub async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
-    let response = get(port, "/metrics", &[])
-        .await
-        .expect("the endpoint answers");
-    assert_eq!(response.status, 200);
-    let series = parse(&response.body);
-    (response.body, series)
+    let body = get_body(port, "/metrics").await;
+    let series = parse(&body);
+    (body, series)
 }
 
 /// The sum of the series whose name is `name` and whose labels include

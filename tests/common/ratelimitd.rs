@@ -1,0 +1,290 @@
+//! ratelimitd as the tests start it: in this test process on port 0
+//! ([`TestServer`], stopped through its shutdown channel), or as the built
+//! binary in a child process ([`ServerProcess`], found through its address
+//! file, killed when dropped).
+
+use std::net::SocketAddr;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ratelimitd::config::Config;
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::grpc::{await_health, channel, health_status};
+use super::process::{ChildProcess, send_signal};
+use super::redis::RedisServer;
+use super::wait::PATIENCE;
+
+/// A ratelimitd server running in this test process, on port 0.
+pub struct TestServer {
+    pub address: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts with these command-line flags (as after `ratelimitd`).
+    pub async fn start(flags: &[&str]) -> Self {
+        let config =
+            Config::try_parse_from(std::iter::once("ratelimitd").chain(flags.iter().copied()))
+                .expect("test flags parse");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let address = listener.local_addr().expect("local address");
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let stop = async {
+                let _ = stopped.await;
+            };
+            ratelimitd::server::run(config, listener, stop)
+                .await
+                .expect("server runs");
+        });
+        Self {
+            address,
+            shutdown: Some(shutdown),
+            task: Some(task),
+        }
+    }
+
+    /// A server on the embedded store.
+    pub async fn memory() -> Self {
+        Self::start(&[]).await
+    }
+
+    /// A server on `redis`.
+    pub async fn on_redis(redis: &RedisServer) -> Self {
+        Self::start(&["--redis-url", &redis.url()]).await
+    }
+
+    pub async fn client(&self) -> RateLimiterClient<Channel> {
+        RateLimiterClient::new(channel(self.address).await)
+    }
+
+    pub async fn health(&self) -> HealthClient<Channel> {
+        HealthClient::new(channel(self.address).await)
+    }
+
+    /// Asks the server to stop and waits until it has.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// A ratelimitd server as a separate process, killed when dropped.
+pub struct ServerProcess {
+    pub address: SocketAddr,
+    process: ChildProcess,
+    /// Where its log goes, when the test reads it.
+    log: Option<(tempfile::TempDir, std::path::PathBuf)>,
+}
+
+impl ServerProcess {
+    /// Starts the `ratelimitd` binary with these flags plus `--listen`, and
+    /// waits until its health says SERVING.
+    pub async fn start(flags: &[&str]) -> Self {
+        Self::spawn(None, flags, false).await
+    }
+
+    /// As [`ServerProcess::start`], listening on `address` (the address of
+    /// a process that is gone, to start it again where its clients are).
+    pub async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command.args(flags).args(["--listen", &address.to_string()]);
+        Self::launch(command, false, "the ratelimitd process").await
+    }
+
+    /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
+    pub async fn start_logged(flags: &[&str]) -> Self {
+        Self::spawn(None, flags, true).await
+    }
+
+    /// As [`ServerProcess::start_logged`], started by `prlimit` with this
+    /// soft and hard limit on open files.
+    pub async fn start_with_open_file_limit(soft: u64, hard: u64, flags: &[&str]) -> Self {
+        Self::spawn(Some((soft, hard)), flags, true).await
+    }
+
+    /// Starts the binary as upstream's deployments do: no flags but
+    /// `--address-file`, only envoyproxy/ratelimit's variables
+    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback), and
+    /// waits until SERVING.
+    pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", "0")
+            .envs(environment.iter().copied());
+        Self::launch(command, true, "ratelimitd (started the upstream way)").await
+    }
+
+    /// Everything the process has logged so far.
+    pub fn log(&self) -> String {
+        let (_, path) = self.log.as_ref().expect("started with start_logged");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    async fn spawn(open_files: Option<(u64, u64)>, flags: &[&str], logged: bool) -> Self {
+        let binary = env!("CARGO_BIN_EXE_ratelimitd");
+        let mut command = match open_files {
+            Some((soft, hard)) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        command.args(flags).args(["--listen", "127.0.0.1:0"]);
+        Self::launch(command, logged, "the ratelimitd process").await
+    }
+
+    /// Runs `command` with `--address-file`, learns the port it bound from
+    /// that file, and waits until it serves; panics, with its log when
+    /// kept, if it exits first or does neither in time.
+    async fn launch(mut command: Command, logged: bool, what: &str) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the process's files");
+        let address_file = dir.path().join("address");
+        let log_path = dir.path().join("ratelimitd.log");
+        let stderr = if logged {
+            Stdio::from(std::fs::File::create(&log_path).expect("log file"))
+        } else {
+            Stdio::inherit()
+        };
+        let mut process: ChildProcess = command
+            .arg("--address-file")
+            .arg(&address_file)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the ratelimitd binary (prlimit, for an open-file limit, is util-linux)")
+            .into();
+        let log_of = |path: &std::path::Path| {
+            if logged {
+                std::fs::read_to_string(path).unwrap_or_default()
+            } else {
+                String::new()
+            }
+        };
+        let deadline = Instant::now() + PATIENCE;
+        let address: SocketAddr = loop {
+            if let Ok(text) = std::fs::read_to_string(&address_file) {
+                break text
+                    .trim()
+                    .parse()
+                    .expect("the address file holds host:port");
+            }
+            if let Some(status) = process.exited() {
+                panic!(
+                    "{what} exited ({status}) before binding; its log: {}",
+                    log_of(&log_path)
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} to bind; its log: {}",
+                log_of(&log_path)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let mut server = Self {
+            address,
+            process,
+            log: logged.then_some((dir, log_path)),
+        };
+        if !server.serving_or_exited(what).await {
+            let log = server
+                .log
+                .as_ref()
+                .map(|_| server.log())
+                .unwrap_or_default();
+            panic!("{what} exited before serving; its log: {log}");
+        }
+        server
+    }
+
+    /// Waits until the process serves (`true`) or exits first (`false`);
+    /// panics, with its log when kept, if it does neither in time.
+    async fn serving_or_exited(&mut self, what: &str) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if health_status(self.address, "").await == Some(ServingStatus::Serving) {
+                return true;
+            }
+            if self.process.exited().is_some() {
+                return false;
+            }
+            if Instant::now() >= deadline {
+                let log = self.log.as_ref().map(|_| self.log()).unwrap_or_default();
+                panic!("timed out waiting for {what} to be SERVING; its log: {log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn client(&self) -> RateLimiterClient<Channel> {
+        RateLimiterClient::new(channel(self.address).await)
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(self) -> ExitStatus {
+        send_signal(self.pid(), "-TERM");
+        self.wait().await
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait(self) -> ExitStatus {
+        tokio::task::spawn_blocking(move || {
+            let mut server = self;
+            server.process.wait()
+        })
+        .await
+        .expect("join")
+        .expect("wait for ratelimitd")
+    }
+}
+
+/// A server on `redis` that notices quickly when Redis fails (a 300 ms
+/// command timeout, a health probe every 100 ms), with `extra` flags, once
+/// it is SERVING.
+pub async fn server_quick_to_notice(redis: &RedisServer, extra: &[&str]) -> TestServer {
+    let url = redis.url();
+    let mut flags = vec![
+        "--redis-url",
+        &url,
+        "--redis-command-timeout",
+        "300ms",
+        "--health-interval",
+        "100ms",
+    ];
+    flags.extend_from_slice(extra);
+    let server = TestServer::start(&flags).await;
+    await_health(server.address, ServingStatus::Serving).await;
+    server
+}

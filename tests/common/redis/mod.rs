@@ -1,0 +1,34 @@
+//! Redis as the tests run it, the ways production runs it: a single server
+//! ([`RedisServer`], plain or demanding a password, an ACL user or TLS), a
+//! Redis Cluster ([`RedisCluster`], 3 primaries and 3 replicas) and a
+//! Sentinel group ([`RedisSentinel`], a primary, a replica and 3
+//! sentinels), each secured or not by a [`Security`].
+//!
+//! Every process is `redis-server` from PATH (Redis 7), started one way
+//! ([`process::RedisProcess`]): on a free loopback port, in its own folder
+//! of its topology's temporary directory, where it also logs. A topology
+//! kills all its processes when dropped, frozen ones too, and then removes
+//! its directory. Nothing here touches the machine's own Redis on 6379.
+
+pub mod access;
+pub mod cluster;
+pub mod cluster_node;
+pub mod cluster_state;
+pub mod directives;
+pub mod process;
+pub mod queries;
+pub mod security;
+pub mod sentinel;
+pub mod standalone;
+
+// What the tests name, by short paths; a test binary that uses none of
+// some would otherwise be told so.
+#[allow(unused_imports)]
+pub use self::{
+    access::Secured,
+    cluster::RedisCluster,
+    cluster_node::{CLUSTER_SLOTS, ClusterNode, Role},
+    security::{ClientCertificates, Security, SentinelPassword},
+    sentinel::{MASTER_NAME, RedisSentinel},
+    standalone::RedisServer,
+};

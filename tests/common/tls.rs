@@ -1,0 +1,120 @@
+//! Certificates made for the tests by [`rcgen`]: a CA with a server and a
+//! client certificate ([`write_certificates`]), for any TLS server the tests
+//! start (Redis, ratelimitd, an xDS server), and the single self-signed
+//! certificate of envoyproxy/ratelimit's Redis TLS recipe.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// The PEM files of a TLS server and its clients: a CA, the server's
+/// certificate and a client certificate, each signed by the CA, and their
+/// keys.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    /// envoyproxy/ratelimit's Redis TLS recipe: `dir/cert.pem` (from
+    /// [`self_signed_ca_certificate`]) is the CA, the server's and the
+    /// client's certificate at once, and `dir/key.pem` the key of each.
+    pub fn pinned(dir: &Path) -> Self {
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        Self {
+            ca_cert: cert.clone(),
+            server_cert: cert.clone(),
+            server_key: key.clone(),
+            client_cert: cert,
+            client_key: key,
+        }
+    }
+}
+
+/// The subject alternative name of [`write_certificates`]' client
+/// certificate.
+pub const CLIENT_SAN: &str = "client.ratelimitd.test";
+
+/// Makes a new CA, a server certificate for `127.0.0.1` and `localhost`,
+/// and a client certificate, both signed by that CA, and writes them and
+/// their keys as PEM files into `dir` (created if missing): `ca.pem`,
+/// `server.pem`, `server.key`, `client.pem`, `client.key`. Each call makes
+/// a CA of its own, so two calls give certificates that do not trust each
+/// other. Usable for any TLS server in the tests, not only Redis.
+pub fn write_certificates(dir: &Path) -> TlsFiles {
+    std::fs::create_dir_all(dir).unwrap_or_else(|err| panic!("create {}: {err}", dir.display()));
+    let ca_key = KeyPair::generate().expect("generate the test CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "ratelimitd test CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .expect("self-sign the test CA");
+    let ca = Issuer::new(ca_params, ca_key);
+
+    let leaf = |name: &str, alt_names: &[&str], purpose: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().expect("generate a test certificate key");
+        let alt_names: Vec<String> = alt_names.iter().map(|name| (*name).to_owned()).collect();
+        let mut params = CertificateParams::new(alt_names).expect("certificate parameters");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![purpose];
+        let cert = params
+            .signed_by(&key, &ca)
+            .expect("sign a test certificate with the test CA");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(
+        "127.0.0.1",
+        &["127.0.0.1", "localhost"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = leaf(
+        "ratelimitd test client",
+        &[CLIENT_SAN],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+
+    let write = |name: &str, pem: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, pem).unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
+        path
+    };
+    TlsFiles {
+        ca_cert: write("ca.pem", &ca_cert.pem()),
+        server_cert: write("server.pem", &server_cert),
+        server_key: write("server.key", &server_key),
+        client_cert: write("client.pem", &client_cert),
+        client_key: write("client.key", &client_key),
+    }
+}
+
+/// A self-signed certificate that says CA:TRUE, for `localhost` (what
+/// envoyproxy/ratelimit's `openssl req -x509 ... -subj /CN=localhost
+/// -addext subjectAltName=DNS:localhost` makes): its PEM certificate and
+/// key.
+pub fn self_signed_ca_certificate() -> (String, String) {
+    let key = KeyPair::generate().expect("generate a key");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("parameters");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).expect("self-sign");
+    (cert.pem(), key.serialize_pem())
+}
