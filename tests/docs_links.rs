@@ -150,16 +150,20 @@ fn every_relative_link_and_anchor_in_the_documentation_resolves() {
 
 #[test]
 fn anchors_are_named_as_github_names_them() {
-    assert_eq!(anchor(" Ask it something"), "ask-it-something");
-    assert_eq!(
-        anchor(" Migrating from envoyproxy/ratelimit"),
-        "migrating-from-envoyproxyratelimit"
-    );
-    assert_eq!(anchor(" `ratelimitd --help`"), "ratelimitd---help");
-    assert_eq!(
-        anchor(" What Envoy 1.40's quota filter does"),
-        "what-envoy-140s-quota-filter-does"
-    );
+    for (heading, expected) in [
+        (" Ask it something", "ask-it-something"),
+        (
+            " Migrating from envoyproxy/ratelimit",
+            "migrating-from-envoyproxyratelimit",
+        ),
+        (" `ratelimitd --help`", "ratelimitd---help"),
+        (
+            " What Envoy 1.40's quota filter does",
+            "what-envoy-140s-quota-filter-does",
+        ),
+    ] {
+        assert_eq!(anchor(heading), expected, "{heading}");
+    }
     assert_eq!(
         anchors("# A\n```\n# not a heading\n```\n## Costs, looks and retry_after\n#nope\n"),
         BTreeSet::from(["a".to_owned(), "costs-looks-and-retry_after".to_owned()])
