@@ -181,7 +181,7 @@ async fn the_readmes_node_app_limits_as_it_says() {
 
     let mut responses = Vec::new();
     for _ in 0..6 {
-        let response = common::envoy::get(port, "/", &[])
+        let response = common::http::get(port, "/", &[])
             .await
             .expect("the app answers");
         responses.push(response);
