@@ -252,7 +252,6 @@ fn what_cannot_be_honoured_stops_the_start_by_name() {
         ("BACKEND_TYPE", "memcache"),
         ("REDIS_PERSECOND", "true"),
         ("MERGE_DOMAIN_CONFIG", "true"),
-        ("GRPC_CLIENT_TLS_SAN", "client.example"),
     ] {
         let err = load(&[], &[(name, value)]).unwrap_err();
         assert!(err.contains(name), "{name}: {err}");
@@ -284,6 +283,28 @@ fn what_cannot_be_honoured_stops_the_start_by_name() {
     assert!(
         err.contains("REDIS_TLS_CLIENT_CERT") && err.contains("--redis-tls-key"),
         "{err}"
+    );
+}
+
+#[test]
+fn grpc_tls_takes_the_client_ca_and_san() {
+    let (config, _) = load(
+        &[],
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "client.example"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.tls.tls_client_ca, Some(PathBuf::from("/tls/ca.pem")));
+    assert_eq!(config.tls.tls_client_san.as_deref(), Some("client.example"));
+    let (config, _) = load(&[], &[("GRPC_CLIENT_TLS_SAN", "client.example")]).unwrap();
+    assert_eq!(
+        config.tls.tls_client_san, None,
+        "without GRPC_SERVER_USE_TLS, no TLS"
     );
 }
 
@@ -430,6 +451,7 @@ fn the_table_names_only_flags_we_have_and_help_names_the_variables() {
 
 /// Every variable upstream's settings.go reads (at envoyproxy/ratelimit's
 /// main of 2026-07), and so every one a deployment may set.
+#[rustfmt::skip]
 const UPSTREAM_SETTINGS: &[&str] = &[
     "HOST",
     "PORT",

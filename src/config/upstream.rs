@@ -13,18 +13,84 @@
 
 mod convert;
 mod plan;
+mod table;
+
+use std::collections::BTreeMap;
 
 use clap::Command;
 
 pub use self::convert::Upstream;
-use self::convert::{
-    go_bool, inverted_go_bool, listen, log_level, lowercase, metrics, number, path,
-    positive_go_duration, redis, required_path, runtime_directory, text,
-};
 pub use self::plan::{
-    Environment, EnvoyproxyEnv, Origins, ParseError, Parsed, Report, UpstreamError, parse,
-    switches_upstream_on,
+    EnvoyproxyEnv, Origins, ParseError, Parsed, Report, parse, switches_upstream_on,
 };
+pub use self::table::TABLE;
+
+/// Variable name to value.
+pub type Environment = BTreeMap<String, String>;
+
+/// Upstream's variables cannot start ratelimitd.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// A value that does not parse or cannot work.
+    #[error("{name}={value}: {why}")]
+    Value {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Behaviour ratelimitd does not have.
+    #[error("{name}={value} cannot be honoured: {why}; unset it to start ratelimitd")]
+    Refused {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why, and what to do instead.
+        why: &'static str,
+    },
+    /// A switch is on without what it needs.
+    #[error("{switch} needs {variable}")]
+    Needs {
+        /// The switch, as `NAME=true`.
+        switch: String,
+        /// The variable it needs.
+        variable: &'static str,
+    },
+    /// Our flag says otherwise.
+    #[error("{from} says {theirs} but --{flag} says {ours}: set one of them")]
+    Disagrees {
+        /// The variables.
+        from: String,
+        /// Our flag.
+        flag: String,
+        /// What the variables say.
+        theirs: String,
+        /// What our flag says.
+        ours: String,
+    },
+    /// Clap refused what the variables set, for this reason.
+    #[error("{from}: {reason}")]
+    Rejected {
+        /// The variables, and the flags of ours they set.
+        from: String,
+        /// Clap's reason.
+        reason: String,
+    },
+}
+
+impl UpstreamError {
+    /// Variable `name` = `value` is wrong: `why`.
+    pub fn value(name: &str, value: &str, why: &str) -> Self {
+        Self::Value {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            why: why.to_owned(),
+        }
+    }
+}
 
 /// One of upstream's variables.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +151,12 @@ pub enum Effect {
         /// Why it has no effect.
         why: &'static str,
     },
+    /// A Go boolean that switches on the rows that name it in their
+    /// `when`.
+    Switches {
+        /// What it switches on.
+        what: &'static str,
+    },
     /// Accepted, with no effect and none needed (what it configures is off
     /// upstream too, or here works without it).
     Ignores {
@@ -101,6 +173,7 @@ impl std::fmt::Debug for Effect {
             Self::Sets { flags, how, .. } => write!(f, "Sets({flags:?}: {how})"),
             Self::Refuses { accepts, why } => write!(f, "Refuses({accepts:?}: {why})"),
             Self::Warns { why } => write!(f, "Warns({why})"),
+            Self::Switches { what } => write!(f, "Switches({what})"),
             Self::Ignores { accepts, why } => write!(f, "Ignores({accepts:?}: {why})"),
         }
     }
@@ -164,562 +237,11 @@ pub const SHARED_NAMES: &[&str] = &[
     "REDIS_AUTH",
 ];
 
-const fn var(name: &'static str, default: &'static str) -> Variable {
-    Variable { name, default }
-}
-
-/// A row that sets our `flags` from `variables` by `convert`.
-const fn sets(
-    variables: &'static [Variable],
-    flags: &'static [&'static str],
-    how: &'static str,
-    convert: Convert,
-) -> Row {
-    Row {
-        variables,
-        when: &[],
-        effect: Effect::Sets {
-            flags,
-            how,
-            secret: false,
-            convert,
-        },
-    }
-}
-
-impl Row {
-    /// This row, only when `when` holds.
-    const fn when(self, when: &'static [When]) -> Self {
-        Self { when, ..self }
-    }
-
-    /// This row, its values kept out of messages.
-    const fn secret(self) -> Self {
-        match self.effect {
-            Effect::Sets {
-                flags,
-                how,
-                convert,
-                ..
-            } => Self {
-                effect: Effect::Sets {
-                    flags,
-                    how,
-                    secret: true,
-                    convert,
-                },
-                ..self
-            },
-            _ => self,
-        }
-    }
-}
-
-/// A row that stops the start on what `accepts` does not take.
-const fn refuses(variables: &'static [Variable], accepts: Accepts, why: &'static str) -> Row {
-    Row {
-        variables,
-        when: &[],
-        effect: Effect::Refuses { accepts, why },
-    }
-}
-
-/// A row of variables that change nothing here, with a warning.
-const fn warns(variables: &'static [Variable], why: &'static str) -> Row {
-    Row {
-        variables,
-        when: &[],
-        effect: Effect::Warns { why },
-    }
-}
-
-/// A row of variables that change nothing here, needing no warning.
-const fn ignores(variables: &'static [Variable], accepts: Accepts, why: &'static str) -> Row {
-    Row {
-        variables,
-        when: &[],
-        effect: Effect::Ignores { accepts, why },
-    }
-}
-
-const XDS: When = When::Is("CONFIG_TYPE", "GRPC_XDS_SOTW");
-const FILES: When = When::IsNot("CONFIG_TYPE", "GRPC_XDS_SOTW");
-const SERVER_TLS: When = When::True("GRPC_SERVER_USE_TLS");
-const XDS_TLS: When = When::True("CONFIG_GRPC_XDS_SERVER_USE_TLS");
-const REDIS_TLS: When = When::True("REDIS_TLS");
-const NO_STATSD: &str = "ratelimitd sends no statsd: set USE_STATSD=false and USE_PROMETHEUS=true";
-
-/// Every variable upstream's settings read (src/settings/settings.go), and
-/// what it does here.
-pub const TABLE: &[Row] = &[
-    // The gRPC listener.
-    sets(
-        &[var("GRPC_HOST", "0.0.0.0"), var("GRPC_PORT", "8081")],
-        &["listen"],
-        "host:port, resolved",
-        listen,
-    ),
-    refuses(
-        &[var("GRPC_UDS", "")],
-        Accepts::Nothing,
-        "ratelimitd serves gRPC on TCP only",
-    ),
-    ignores(
-        &[var("GRPC_SERVER_USE_TLS", "false")],
-        Accepts::Bool,
-        "the switch of the three rows that follow",
-    ),
-    sets(
-        &[var("GRPC_SERVER_TLS_CERT", "")],
-        &["tls_cert"],
-        "the path",
-        required_path,
-    )
-    .when(&[SERVER_TLS]),
-    sets(
-        &[var("GRPC_SERVER_TLS_KEY", "")],
-        &["tls_key"],
-        "the path",
-        required_path,
-    )
-    .when(&[SERVER_TLS]),
-    sets(
-        &[var("GRPC_CLIENT_TLS_CACERT", "")],
-        &["tls_client_ca"],
-        "the path",
-        path,
-    )
-    .when(&[SERVER_TLS]),
-    refuses(
-        &[var("GRPC_CLIENT_TLS_SAN", "")],
-        Accepts::Nothing,
-        "client certificates are checked against the CA only, not a SAN",
-    ),
-    warns(
-        &[
-            var("GRPC_MAX_CONNECTION_AGE", "24h"),
-            var("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"),
-        ],
-        "connections are not closed for age (idle ones after --idle-timeout)",
-    ),
-    // The HTTP and debug listeners.
-    refuses(
-        &[var("HOST", "0.0.0.0"), var("PORT", "8080")],
-        Accepts::Nothing,
-        "ratelimitd has no HTTP side (/json, /healthcheck) yet: health is grpc.health.v1 on \
-         the gRPC port",
-    ),
-    refuses(
-        &[var("DEBUG_HOST", "0.0.0.0"), var("DEBUG_PORT", "6070")],
-        Accepts::Nothing,
-        "ratelimitd has no debug endpoint (/rlconfig, /stats): metrics are at --metrics-listen",
-    ),
-    // Logs.
-    sets(
-        &[var("LOG_LEVEL", "WARN")],
-        &["log_level"],
-        "logrus's names in any case (warning is warn; fatal and panic are error)",
-        log_level,
-    ),
-    sets(
-        &[var("LOG_FORMAT", "text")],
-        &["log_format"],
-        "text or json, any case",
-        lowercase,
-    ),
-    // Where the rules come from.
-    refuses(
-        &[var("CONFIG_TYPE", "FILE")],
-        Accepts::OneOf(&["FILE", "GRPC_XDS_SOTW"]),
-        "the rules come from files (FILE) or an xDS server (GRPC_XDS_SOTW)",
-    ),
-    refuses(
-        &[var("FORCE_START_WITHOUT_INITIAL_CONFIG", "false")],
-        Accepts::False,
-        "a configuration that cannot be read stops the start",
-    ),
-    refuses(
-        &[var("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false")],
-        Accepts::False,
-        "health does not wait for a configuration",
-    ),
-    refuses(
-        &[var("MERGE_DOMAIN_CONFIG", "false")],
-        Accepts::False,
-        "a domain must be defined in one file",
-    ),
-    sets(
-        &[
-            var("RUNTIME_ROOT", "/srv/runtime_data/current"),
-            var("RUNTIME_SUBDIRECTORY", ""),
-            var("RUNTIME_APPDIRECTORY", "config"),
-        ],
-        &["config", "config_files"],
-        "ROOT/SUBDIRECTORY/APPDIRECTORY, every file below it (not by default beside our own \
-         --xds-server)",
-        runtime_directory,
-    )
-    .when(&[FILES]),
-    sets(
-        &[var("RUNTIME_IGNOREDOTFILES", "false")],
-        &["config_dotfiles"],
-        "negated",
-        inverted_go_bool,
-    )
-    .when(&[FILES]),
-    ignores(
-        &[var("RUNTIME_WATCH_ROOT", "true")],
-        Accepts::Bool,
-        "the directory's content is polled, which sees a swap of the root and an edit in place \
-         alike",
-    ),
-    sets(
-        &[var("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")],
-        &["xds_server"],
-        "as it is; its default applies with CONFIG_TYPE=GRPC_XDS_SOTW",
-        xds_server,
-    )
-    .when(&[XDS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_NODE_ID", "default")],
-        &["xds_node_id"],
-        "as it is",
-        text,
-    )
-    .when(&[XDS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_NODE_METADATA", "")],
-        &["xds_node_metadata"],
-        "key=value,... as it is",
-        text,
-    )
-    .when(&[XDS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "")],
-        &["xds_headers"],
-        "name:value,... as it is",
-        text,
-    )
-    .when(&[XDS])
-    .secret(),
-    sets(
-        &[var("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false")],
-        &["xds_tls"],
-        "a Go boolean",
-        go_bool,
-    )
-    .when(&[XDS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "")],
-        &["xds_tls_ca"],
-        "the path",
-        path,
-    )
-    .when(&[XDS, XDS_TLS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "")],
-        &["xds_tls_cert"],
-        "the path",
-        path,
-    )
-    .when(&[XDS, XDS_TLS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "")],
-        &["xds_tls_key"],
-        "the path",
-        path,
-    )
-    .when(&[XDS, XDS_TLS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "")],
-        &["xds_tls_san"],
-        "the name",
-        path,
-    )
-    .when(&[XDS, XDS_TLS]),
-    sets(
-        &[var("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s")],
-        &["xds_retry_interval"],
-        "a Go duration, more than zero",
-        positive_go_duration,
-    )
-    .when(&[XDS]),
-    sets(
-        &[var("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s")],
-        &["xds_retry_max"],
-        "a Go duration, more than zero",
-        positive_go_duration,
-    )
-    .when(&[XDS]),
-    warns(
-        &[var("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s")],
-        "reconnecting backs off from --xds-retry-interval (CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL)",
-    ),
-    warns(
-        &[
-            var("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5"),
-            var("XDS_CLIENT_BACKOFF_JITTER", "true"),
-        ],
-        "reconnecting waits ±50% of its backoff, at random",
-    ),
-    warns(
-        &[var("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "")],
-        "xDS responses of up to 64 MiB are read",
-    ),
-    // The store.
-    sets(
-        &[
-            var("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
-            var("REDIS_SOCKET_TYPE", "unix"),
-            var("REDIS_TYPE", "SINGLE"),
-            var("REDIS_AUTH", ""),
-            var("REDIS_TLS", "false"),
-        ],
-        &["redis_url", "redis_mode", "redis_sentinel_master"],
-        "each address a URL (redis://, rediss:// with REDIS_TLS, redis+unix:// with \
-         REDIS_SOCKET_TYPE=unix) with REDIS_AUTH in it; with REDIS_TYPE=sentinel, the first \
-         entry is the master's name",
-        redis,
-    )
-    .secret(),
-    sets(
-        &[var("REDIS_SENTINEL_AUTH", "")],
-        &["redis_sentinel_auth"],
-        "password or user:password; empty: sentinels without a password",
-        text,
-    )
-    .when(&[When::Is("REDIS_TYPE", "sentinel")])
-    .secret(),
-    sets(
-        &[var("REDIS_TLS_CACERT", "")],
-        &["redis_tls_ca"],
-        "the path",
-        path,
-    )
-    .when(&[REDIS_TLS]),
-    sets(
-        &[var("REDIS_TLS_CLIENT_CERT", "")],
-        &["redis_tls_cert"],
-        "the path",
-        path,
-    )
-    .when(&[REDIS_TLS]),
-    sets(
-        &[var("REDIS_TLS_CLIENT_KEY", "")],
-        &["redis_tls_key"],
-        "the path",
-        path,
-    )
-    .when(&[REDIS_TLS]),
-    refuses(
-        &[var("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")],
-        Accepts::False,
-        "TLS always verifies the server's name",
-    ),
-    sets(
-        &[var("REDIS_POOL_SIZE", "10")],
-        &["redis_pool_size"],
-        "as it is",
-        number,
-    ),
-    sets(
-        &[var("REDIS_TIMEOUT", "10s")],
-        &["redis_connect_timeout", "redis_command_timeout"],
-        "a Go duration, more than zero, to both; upstream's 10 s default is not taken: Envoy's \
-         rate limit filter gives up after 20 ms by default, and a decision held longer only \
-         ties up a connection",
-        positive_go_duration,
-    ),
-    refuses(
-        &[var("REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT")],
-        Accepts::OneOf(&["WAIT"]),
-        "a full pool waits, up to --redis-command-timeout",
-    ),
-    refuses(
-        &[var("REDIS_PERSECOND", "false")],
-        Accepts::False,
-        "one Redis holds every limit",
-    ),
-    ignores(
-        &[var("REDIS_PERSECOND_*", "")],
-        Accepts::Any,
-        "per-second Redis is off (REDIS_PERSECOND=true is refused)",
-    ),
-    refuses(
-        &[var("BACKEND_TYPE", "redis")],
-        Accepts::OneOf(&["redis"]),
-        "the only backend is redis",
-    ),
-    ignores(
-        &[var("MEMCACHE_*", "")],
-        Accepts::Any,
-        "the backend is Redis",
-    ),
-    warns(
-        &[
-            var("REDIS_PIPELINE_WINDOW", "0"),
-            var("REDIS_PIPELINE_LIMIT", "0"),
-        ],
-        "each decision is one script call on a multiplexed connection",
-    ),
-    warns(
-        &[var("REDIS_CLUSTER_PIPELINE_PARALLELISM", "1")],
-        "cluster nodes are called in parallel",
-    ),
-    warns(
-        &[var("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false")],
-        "health follows a Redis probe every --health-interval",
-    ),
-    warns(
-        &[
-            var("REDIS_STARTUP_INITIAL_INTERVAL", "1s"),
-            var("REDIS_STARTUP_MAX_INTERVAL", "30s"),
-            var("REDIS_STARTUP_MAX_ELAPSED_TIME", "0"),
-        ],
-        "start-up does not wait for Redis; health says NOT_SERVING until it answers",
-    ),
-    // Keys and counting.
-    sets(
-        &[var("CACHE_KEY_PREFIX", "")],
-        &["key_prefix"],
-        "as it is",
-        text,
-    ),
-    sets(
-        &[var("LOCAL_CACHE_SIZE_IN_BYTES", "0")],
-        &["local_cache_max_bytes"],
-        "bytes",
-        number,
-    ),
-    warns(
-        &[var("EXPIRATION_JITTER_MAX_SECONDS", "300")],
-        "keys expire exactly at their window's end",
-    ),
-    warns(
-        &[var("NEAR_LIMIT_RATIO", "0.8")],
-        "only upstream's near_limit statistic uses it",
-    ),
-    sets(
-        &[var("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")],
-        &["envoy_count_denied_hits"],
-        "negated",
-        inverted_go_bool,
-    ),
-    // Answers.
-    sets(
-        &[var("SHADOW_MODE", "false")],
-        &["shadow_mode"],
-        "a Go boolean",
-        go_bool,
-    ),
-    sets(
-        &[var("QUOTA_MODE", "false")],
-        &["envoy_quota_mode"],
-        "a Go boolean",
-        go_bool,
-    ),
-    sets(
-        &[var("RESPONSE_DYNAMIC_METADATA", "false")],
-        &["envoy_dynamic_metadata"],
-        "a Go boolean",
-        go_bool,
-    ),
-    sets(
-        &[var("LIMIT_RESPONSE_HEADERS_ENABLED", "false")],
-        &["envoy_limit_headers"],
-        "a Go boolean",
-        go_bool,
-    ),
-    sets(
-        &[var("LIMIT_LIMIT_HEADER", "RateLimit-Limit")],
-        &["envoy_limit_header"],
-        "as it is",
-        text,
-    ),
-    sets(
-        &[var("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")],
-        &["envoy_remaining_header"],
-        "as it is",
-        text,
-    ),
-    sets(
-        &[var("LIMIT_RESET_HEADER", "RateLimit-Reset")],
-        &["envoy_reset_header"],
-        "as it is",
-        text,
-    ),
-    // Statistics and tracing.
-    sets(
-        &[
-            var("DISABLE_STATS", "false"),
-            var("USE_PROMETHEUS", "false"),
-            var("PROMETHEUS_ADDR", ":9090"),
-            var("PROMETHEUS_PATH", "/metrics"),
-        ],
-        &["metrics_listen"],
-        "none with DISABLE_STATS; with USE_PROMETHEUS, PROMETHEUS_ADDR (`:port` is every \
-         address), served at /metrics only",
-        metrics,
-    ),
-    refuses(
-        &[var("PROMETHEUS_MAPPER_YAML", "")],
-        Accepts::Nothing,
-        "metrics have fixed names (docs/deployment.md)",
-    ),
-    warns(
-        &[var("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false")],
-        "response times are not exported under upstream's names",
-    ),
-    refuses(&[var("USE_STATSD", "true")], Accepts::False, NO_STATSD),
-    refuses(
-        &[var("USE_DOG_STATSD", "false")],
-        Accepts::False,
-        "ratelimitd sends no statsd: use USE_PROMETHEUS=true",
-    ),
-    ignores(
-        &[
-            var("STATSD_*", ""),
-            var("USE_DOG_STATSD_*", ""),
-            var("DOG_STATSD_MOGRIFIER*", ""),
-        ],
-        Accepts::Any,
-        "statsd is not sent",
-    ),
-    warns(
-        &[var("EXTRA_TAGS", ""), var("STATS_FLUSH_INTERVAL", "10s")],
-        "metrics are served for Prometheus, without extra tags",
-    ),
-    refuses(
-        &[var("TRACING_ENABLED", "false")],
-        Accepts::False,
-        "ratelimitd exports no traces",
-    ),
-    ignores(&[var("TRACING_*", "")], Accepts::Any, "tracing is off"),
-    ignores(
-        &[var("CONFIG_GRPC_XDS_*", ""), var("XDS_CLIENT_*", "")],
-        Accepts::Any,
-        "not a variable this version of upstream reads",
-    ),
-];
-
-/// The xDS server: CONFIG_GRPC_XDS_SERVER_URL or its default, given either
-/// way (CONFIG_TYPE=GRPC_XDS_SOTW asked for it), so that it conflicts with
-/// a --config of ours.
-fn xds_server(upstream: &Upstream<'_>, row: &Row) -> Result<Option<Vec<Setting>>, UpstreamError> {
-    Ok(text(upstream, row)?.map(|settings| {
-        settings
-            .into_iter()
-            .map(|setting| Setting {
-                given: true,
-                ..setting
-            })
-            .collect()
-    }))
-}
-
 /// `command` with each flag's help naming the upstream variables that set
-/// it, so that `--help` speaks both vocabularies.
+/// it, so that `--help` speaks both vocabularies; and without the values of
+/// the `RATELIMITD_*` variables in force, which may hold passwords.
 pub fn annotate(command: Command) -> Command {
+    let command = command.mut_args(|arg| arg.hide_env_values(true));
     let mut by_flag: Vec<(&str, Vec<&str>)> = Vec::new();
     for row in TABLE {
         if let Effect::Sets { flags, .. } = row.effect {

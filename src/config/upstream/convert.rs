@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::plan::{Environment, UpstreamError};
-use super::{Effect, Row, Setting, Value, Variable, When};
+use super::{Effect, Environment, Row, Setting, UpstreamError, Value, Variable, When};
 
 /// Upstream's variables as set, and which of our flags were given.
 pub struct Upstream<'a> {

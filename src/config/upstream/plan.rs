@@ -12,10 +12,9 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command, FromArgMatches};
 
 use super::convert::{Upstream, parse_go_bool};
-use super::{Accepts, Effect, Row, SHARED_NAMES, Setting, TABLE, Value, Variable};
-
-/// Variable name to value.
-pub type Environment = BTreeMap<String, String>;
+use super::{
+    Accepts, Effect, Environment, Row, SHARED_NAMES, Setting, TABLE, UpstreamError, Value, Variable,
+};
 
 /// When envoyproxy/ratelimit's environment variables are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -48,70 +47,6 @@ impl Origins {
     /// The variables that set the flag `id`, if they did.
     pub fn of(&self, id: &str) -> Option<&str> {
         self.0.get(id).map(String::as_str)
-    }
-}
-
-/// Upstream's variables cannot start ratelimitd.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    /// A value that does not parse or cannot work.
-    #[error("{name}={value}: {why}")]
-    Value {
-        /// The variable.
-        name: String,
-        /// Its value.
-        value: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// Behaviour ratelimitd does not have.
-    #[error("{name}={value} cannot be honoured: {why}; unset it to start ratelimitd")]
-    Refused {
-        /// The variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-        /// Why, and what to do instead.
-        why: &'static str,
-    },
-    /// A switch is on without what it needs.
-    #[error("{switch} needs {variable}")]
-    Needs {
-        /// The switch, as `NAME=true`.
-        switch: String,
-        /// The variable it needs.
-        variable: &'static str,
-    },
-    /// Our flag says otherwise.
-    #[error("{from} says {theirs} but --{flag} says {ours}: set one of them")]
-    Disagrees {
-        /// The variables.
-        from: String,
-        /// Our flag.
-        flag: String,
-        /// What the variables say.
-        theirs: String,
-        /// What our flag says.
-        ours: String,
-    },
-    /// Clap refused what the variables set, for this reason.
-    #[error("{from}: {reason}")]
-    Rejected {
-        /// The variables, and the flags of ours they set.
-        from: String,
-        /// Clap's reason.
-        reason: String,
-    },
-}
-
-impl UpstreamError {
-    /// Variable `name` = `value` is wrong: `why`.
-    pub fn value(name: &str, value: &str, why: &str) -> Self {
-        Self::Value {
-            name: name.to_owned(),
-            value: value.to_owned(),
-            why: why.to_owned(),
-        }
     }
 }
 
@@ -294,8 +229,10 @@ fn plan(
 
 /// Stops the start when `name`'s `value` is one its row does not take.
 fn check(row: &Row, name: &str, value: &str) -> Result<(), UpstreamError> {
-    let (Effect::Refuses { accepts, why } | Effect::Ignores { accepts, why }) = row.effect else {
-        return Ok(());
+    let (accepts, why) = match row.effect {
+        Effect::Refuses { accepts, why } | Effect::Ignores { accepts, why } => (accepts, why),
+        Effect::Switches { what } => (Accepts::Bool, what),
+        Effect::Sets { .. } | Effect::Warns { .. } => return Ok(()),
     };
     let taken = match accepts {
         Accepts::Any => true,
