@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::api::check::CheckBounds;
 use crate::api::envoy::RequestBounds;
+use crate::incoming::{IncomingSettings, ShutdownStarted};
 use crate::options::{DurationOrOff, duration_or_off, positive_duration};
 
 /// Bounds per peer, connection and request.
@@ -111,6 +112,16 @@ impl BoundsOptions {
         self.max_concurrent_requests_per_peer
             .unwrap_or(all - all / 10)
             .max(1) as usize
+    }
+
+    /// How many connections are accepted and how long they are kept.
+    pub fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
+        IncomingSettings {
+            max_connections: self.max_connections,
+            tcp_keepalive: self.tcp_keepalive.get(),
+            idle_timeout: self.idle_timeout.get(),
+            shutting_down,
+        }
     }
 
     /// What one ShouldRateLimit may carry.

@@ -28,7 +28,7 @@ use crate::config::{Config, InvalidConfig};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health;
-use crate::incoming::{self, IncomingSettings};
+use crate::incoming;
 use crate::limit::FailurePolicy;
 use crate::limiter::{Limiter, Store};
 use crate::load_shed::DecisionSlots;
@@ -89,29 +89,17 @@ pub async fn run(
     // Everything that can refuse to start comes before any task is spawned.
     let tls = config.tls.settings().map(ServerTls::load).transpose()?;
     let store = config.store.settings().map_err(|err| config.invalid(err))?;
-    let rules_source = config
-        .envoy
-        .rules_source()
-        .map_err(|err| config.invalid(err))?;
+    let rules_source = config.envoy.rules_source();
+    let (rules, rules_task) = follow_rules(rules_source.map_err(|err| config.invalid(err))?)?;
     if let Some(listen) = config.telemetry.metrics_listen {
         metrics::install(listen)?;
         info!(%listen, "serving Prometheus metrics at /metrics");
     }
-    let (rules, rules_task) = follow_rules(rules_source)?;
     let limiter = config.limiter.build(&store)?;
     let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
     let apis = Apis::new(&config, &limiter, rules, quota_shutdown_watch);
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    health::report(&reporter, ServingStatus::NotServing).await;
-    // With a policy that answers without Redis, the instance can serve
-    // while Redis is down.
-    let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
-    let health_task = tokio::spawn(health::watch(
-        limiter.store().clone(),
-        reporter.clone(),
-        config.store.health_interval,
-        serves_without_store,
-    ));
+    let health_task = watch_health(&config, &limiter, &reporter).await;
     let (reflection_v1, reflection_v1alpha) = reflection(config.listener.reflection)?;
     match listener.local_addr() {
         Ok(address) => info!(%address, "serving gRPC"),
@@ -121,12 +109,7 @@ pub async fn run(
     let tls_task = tls.as_ref().map(|tls| tokio::spawn(tls.watch()));
     let incoming = incoming::connections(
         listener,
-        IncomingSettings {
-            max_connections: config.bounds.max_connections,
-            tcp_keepalive: config.bounds.tcp_keepalive.get(),
-            idle_timeout: config.bounds.idle_timeout.get(),
-            shutting_down: shutting_down.clone(),
-        },
+        config.bounds.connections(shutting_down.clone()),
         tls.as_ref().map(ServerTls::acceptor),
     );
     let draining = Arc::new(Notify::new());
@@ -171,6 +154,25 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Reports NOT_SERVING until the store is seen to answer, then follows it
+/// (see [`health::watch`]): the task doing so.
+async fn watch_health(
+    config: &Config,
+    limiter: &Limiter,
+    reporter: &tonic_health::server::HealthReporter,
+) -> JoinHandle<()> {
+    health::report(reporter, ServingStatus::NotServing).await;
+    // With a policy that answers without Redis, the instance can serve
+    // while Redis is down.
+    let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
+    tokio::spawn(health::watch(
+        limiter.store().clone(),
+        reporter.clone(),
+        config.store.health_interval,
+        serves_without_store,
+    ))
 }
 
 /// The three APIs on one limiter and one set of rules.
