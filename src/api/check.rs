@@ -6,24 +6,27 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use crate::algorithm;
+use crate::algorithm::{
+    self,
+    registry::{self, Kind},
+};
 use crate::api::envoy::rules::Rules;
 use crate::api::envoy::source::RulesHandle;
 use crate::error::Error;
 use crate::incoming;
 use crate::limit::{
-    self, Algorithm, CallerKey, Decision, FailurePolicy, FixedWindow, Gcra, InvalidArgument,
-    LimitRequest, Micros, RetryAfter, SlidingWindow, SlidingWindowCounter, TokenBucket,
+    self, Algorithm, CallerKey, Decision, FailurePolicy, InvalidArgument, LimitRequest, Micros,
+    RetryAfter,
 };
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
+use crate::pb::convert::micros_to_duration;
 use crate::pb::google::rpc;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
@@ -392,46 +395,16 @@ pub fn limit_request(request: pb::CheckLimitRequest) -> Result<LimitRequest, Inv
 
 /// An algorithm and its parameters, each checked.
 fn algorithm(algorithm: Option<PbAlgorithm>) -> Result<Algorithm, InvalidArgument> {
-    Ok(match algorithm {
-        None => {
-            return Err(InvalidArgument::new(
-                "algorithm",
-                "is required: set one of fixed_window, sliding_window, token_bucket, gcra, \
-                 sliding_window_counter (or, for the request, limits or a policy)",
-            ));
-        }
-        Some(PbAlgorithm::FixedWindow(p)) => {
-            let window = duration("window", p.window);
-            window
-                .and_then(|window| FixedWindow::new(p.limit, window))
-                .map(Algorithm::FixedWindow)
-                .map_err(|err| err.within("fixed_window"))?
-        }
-        Some(PbAlgorithm::SlidingWindow(p)) => {
-            let window = duration("window", p.window);
-            window
-                .and_then(|window| SlidingWindow::new(p.limit, window))
-                .map(Algorithm::SlidingWindow)
-                .map_err(|err| err.within("sliding_window"))?
-        }
-        Some(PbAlgorithm::TokenBucket(p)) => TokenBucket::new(p.capacity, p.refill_per_second)
-            .map(Algorithm::TokenBucket)
-            .map_err(|err| err.within("token_bucket"))?,
-        Some(PbAlgorithm::SlidingWindowCounter(p)) => {
-            let window = duration("window", p.window);
-            window
-                .and_then(|window| SlidingWindowCounter::new(p.limit, window))
-                .map(Algorithm::SlidingWindowCounter)
-                .map_err(|err| err.within("sliding_window_counter"))?
-        }
-        Some(PbAlgorithm::Gcra(p)) => {
-            let period = duration("period", p.period);
-            period
-                .and_then(|period| Gcra::new(p.rate, period, p.burst))
-                .map(Algorithm::Gcra)
-                .map_err(|err| err.within("gcra"))?
-        }
-    })
+    let Some(algorithm) = algorithm else {
+        return Err(InvalidArgument::new(
+            "algorithm",
+            format!(
+                "is required: set one of {} (or, for the request, limits or a policy)",
+                Kind::names(", ")
+            ),
+        ));
+    };
+    registry::from_proto(algorithm)
 }
 
 /// The call's own failure policy, if it names one.
@@ -448,27 +421,6 @@ fn failure_policy(value: Option<i32>) -> Result<Option<FailurePolicy>, InvalidAr
     }
 }
 
-/// A protobuf duration that must be present and not negative.
-fn duration(
-    field: &str,
-    value: Option<prost_types::Duration>,
-) -> Result<Duration, InvalidArgument> {
-    let value = value.ok_or_else(|| InvalidArgument::new(field, "is required"))?;
-    if value.seconds < 0 || value.nanos < 0 {
-        return Err(InvalidArgument::new(
-            field,
-            "must be positive (got a negative duration)",
-        ));
-    }
-    if value.nanos > 999_999_999 {
-        return Err(InvalidArgument::new(
-            field,
-            "nanos must be at most 999999999",
-        ));
-    }
-    Ok(Duration::new(value.seconds as u64, value.nanos as u32))
-}
-
 /// The protobuf form of a decision.
 pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
     let (retry_after, cost_exceeds_limit) = retry(decision);
@@ -476,7 +428,7 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
         allowed: decision.allowed,
         limit: decision.limit,
         remaining: decision.remaining,
-        reset_after: Some(proto_duration(decision.reset_after)),
+        reset_after: Some(micros_to_duration(decision.reset_after)),
         retry_after,
         cost_exceeds_limit,
         degraded: decision.degraded,
@@ -527,7 +479,7 @@ fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitR
         };
     };
     let (retry_after, cost_exceeds_limit) = if allowed {
-        (Some(proto_duration(0)), false)
+        (Some(micros_to_duration(0)), false)
     } else {
         retry(top)
     };
@@ -541,7 +493,7 @@ fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitR
                 allowed: decision.allowed,
                 limit: decision.limit,
                 remaining: decision.remaining,
-                reset_after: Some(proto_duration(decision.reset_after)),
+                reset_after: Some(micros_to_duration(decision.reset_after)),
                 retry_after,
                 cost_exceeds_limit,
                 shadow: label.shadow,
@@ -552,7 +504,7 @@ fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitR
         allowed,
         limit: top.limit,
         remaining: top.remaining,
-        reset_after: Some(proto_duration(top.reset_after)),
+        reset_after: Some(micros_to_duration(top.reset_after)),
         retry_after,
         cost_exceeds_limit,
         degraded,
@@ -564,15 +516,8 @@ fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitR
 /// A decision's `retry_after` and `cost_exceeds_limit`.
 fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
     match decision.retry_after {
-        RetryAfter::After(micros) => (Some(proto_duration(micros)), false),
+        RetryAfter::After(micros) => (Some(micros_to_duration(micros)), false),
         RetryAfter::Never => (None, true),
-    }
-}
-
-fn proto_duration(micros: Micros) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: (micros / 1_000_000) as i64,
-        nanos: ((micros % 1_000_000) * 1000) as i32,
     }
 }
 

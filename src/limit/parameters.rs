@@ -1,6 +1,8 @@
 //! Each algorithm's parameters, validated once: a window is whole
 //! milliseconds within bounds, a limit is non-zero, a rate is finite and
-//! positive, so the algorithms never re-check.
+//! positive, so the algorithms never re-check. How a face's limit becomes
+//! these parameters, and each algorithm's name, is the algorithm
+//! registry's (`algorithm::registry`), which builds on these.
 
 use std::time::Duration;
 
@@ -288,17 +290,6 @@ impl Algorithm {
             Self::TokenBucket(p) => p.capacity(),
             Self::Gcra(p) => p.burst(),
             Self::SlidingWindowCounter(p) => p.limit(),
-        }
-    }
-
-    /// A short stable name, for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::FixedWindow(_) => "fixed_window",
-            Self::SlidingWindow(_) => "sliding_window",
-            Self::TokenBucket(_) => "token_bucket",
-            Self::Gcra(_) => "gcra",
-            Self::SlidingWindowCounter(_) => "sliding_window_counter",
         }
     }
 }

@@ -55,9 +55,8 @@ use super::quota_policies::{
     render_pattern,
 };
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
-use crate::limit::{
-    self, Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
-};
+use crate::algorithm::registry::{Kind, Rate, WindowStart};
+use crate::limit;
 use crate::policy::{self, Policy, PolicyLimit, Scope};
 
 /// Most limits one policy may hold: what one Redis script decides at once.
@@ -916,36 +915,19 @@ impl Context<'_> {
             policy_id,
             source,
         };
-        let window = rule.window();
-        let algorithm = spec
+        let name = spec
             .algorithm
             .as_ref()
-            .map(|Text(algorithm)| algorithm.as_str())
-            .unwrap_or("fixed_window");
-        let limit = u64::from(requests_per_unit);
-        let counted = match algorithm {
-            "fixed_window" => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
-            "sliding_window" => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
-            "token_bucket" => {
-                // Refills the whole bucket over one window.
-                let rate = limit as f64 / window.as_secs_f64();
-                TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
-            }
-            // The window's worth at once, then one every window / limit.
-            "gcra" => Gcra::new(limit, window, limit).map(Algorithm::Gcra),
-            "sliding_window_counter" => {
-                SlidingWindowCounter::new(limit, window).map(Algorithm::SlidingWindowCounter)
-            }
-            other => {
-                return Err(self.error(
-                    line,
-                    format!(
-                        "unknown algorithm '{other}': use fixed_window, sliding_window, \
-                         token_bucket, gcra or sliding_window_counter"
-                    ),
-                ));
-            }
+            .map_or(Kind::FixedWindow.name(), |Text(name)| name.as_str());
+        let Some(kind) = Kind::from_name(name) else {
+            return Err(self.error(
+                line,
+                format!("unknown algorithm '{name}': use {}", Kind::names(" or ")),
+            ));
         };
+        // Envoy's fixed windows are aligned to the unit, as upstream's.
+        let rate = Rate::new(u64::from(requests_per_unit), rule.window());
+        let counted = kind.build(rate, WindowStart::Epoch);
         if requests_per_unit > 0 {
             let algorithm = counted.map_err(|err| {
                 let field = match err.field.as_str() {

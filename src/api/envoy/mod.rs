@@ -33,12 +33,14 @@ use tracing::{debug, info};
 use self::rules::{Limit, Rule, Rules, Source, Unit};
 use self::source::RulesHandle;
 use crate::algorithm;
+use crate::algorithm::registry::{Kind, Rate, WindowStart};
 use crate::error::Error;
 use crate::incoming;
-use crate::limit::{self, Algorithm, CallerKey, Decision, FixedWindow, LimitRequest, RetryAfter};
+use crate::limit::{self, CallerKey, Decision, LimitRequest, RetryAfter};
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
+use crate::pb::convert;
 use crate::pb::envoy::config::core::v3::HeaderValue;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3 as rls;
@@ -726,10 +728,10 @@ fn override_rule(requests_per_unit: u32, unit: i32) -> Option<Rule> {
         },
     };
     if requests_per_unit > 0 {
-        let window = rule.window();
         // A unit is at most 365 days and the limit fits: always valid.
-        let fixed = FixedWindow::aligned(u64::from(requests_per_unit), window).ok()?;
-        rule.limit = Limit::Counted(Algorithm::FixedWindow(fixed));
+        let rate = Rate::new(u64::from(requests_per_unit), rule.window());
+        let fixed = Kind::FixedWindow.build(rate, WindowStart::Epoch).ok()?;
+        rule.limit = Limit::Counted(fixed);
     }
     Some(rule)
 }
@@ -816,10 +818,7 @@ fn current_limit(rule: &Rule) -> CurrentLimit {
 /// Rounded up to whole seconds: Envoy reads only the seconds, and a client
 /// told "0" would retry too early.
 fn whole_seconds(micros: u64) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: micros.div_ceil(1_000_000) as i64,
-        nanos: 0,
-    }
+    convert::micros_to_duration(micros.div_ceil(1_000_000).saturating_mul(1_000_000))
 }
 
 /// Until the end of the rule's current aligned window, by this machine's

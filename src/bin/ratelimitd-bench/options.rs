@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use ratelimitd::algorithm::registry::{Kind, Rate};
 
 /// Drives a rate-limit service (ratelimitd's `CheckLimit`, any Envoy RLS
 /// server's `ShouldRateLimit`) or Redis itself, running ratelimitd's own
@@ -57,8 +58,8 @@ pub(crate) struct Options {
     #[arg(long)]
     pub rate: Option<f64>,
 
-    #[arg(long, value_enum, default_value_t = AlgorithmKind::FixedWindow)]
-    pub algorithm: AlgorithmKind,
+    #[arg(long, value_enum, default_value_t = Kind::FixedWindow)]
+    pub algorithm: Kind,
 
     /// Requests per window; a token bucket's capacity; GCRA's burst.
     #[arg(long, default_value_t = 1000)]
@@ -140,16 +141,6 @@ pub(crate) enum TargetKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum AlgorithmKind {
-    FixedWindow,
-    SlidingWindow,
-    TokenBucket,
-    /// `--limit` per `--window` sustained, bursts of `--limit`.
-    Gcra,
-    SlidingWindowCounter,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum KeyPattern {
     /// One key for every request: a flood on one limit.
     Hot,
@@ -199,6 +190,12 @@ impl Options {
             }
         }
         Ok(())
+    }
+
+    /// The run's limit: `--limit` per `--window` (a token bucket holds
+    /// `--limit` and refills it once per window; GCRA's burst is `--limit`).
+    pub(crate) fn rate(&self) -> Rate {
+        Rate::new(self.limit, self.window)
     }
 
     /// The target as given on the command line.

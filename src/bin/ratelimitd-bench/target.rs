@@ -6,9 +6,8 @@
 
 use std::time::Duration;
 
-use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
-};
+use ratelimitd::algorithm::registry::WindowStart;
+use ratelimitd::limit::{Algorithm, CallerKey};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{
@@ -18,13 +17,13 @@ use ratelimitd::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
 };
 use ratelimitd::pb::ratelimitd::v1::{
-    self as pb, CheckLimitRequest, CheckLimitsRequest, check_limit_request, check_limit_result,
+    self as pb, CheckLimitRequest, CheckLimitsRequest, check_limit_result,
     rate_limiter_client::RateLimiterClient,
 };
 use redis::aio::MultiplexedConnection;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::options::{AlgorithmKind, Options, TargetKind};
+use crate::options::{Options, TargetKind};
 
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +101,7 @@ impl Target {
                 let channels = channels(options, connections).await?;
                 Ok(Self::CheckLimit {
                     clients: channels.into_iter().map(RateLimiterClient::new).collect(),
-                    template: check_limit_template(options, &algorithm),
+                    template: check_limit_template(options),
                 })
             }
             TargetKind::ShouldRateLimit => {
@@ -277,42 +276,20 @@ impl Target {
     }
 }
 
-/// The limit every target applies: `--limit` per `--window` (a token bucket
-/// holds `--limit` and refills it once per window).
+/// The limit every target applies ([`Options::rate`]), with `CheckLimit`'s
+/// fixed windows, which start at a key's first request.
 pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
-    let invalid = |err: ratelimitd::limit::InvalidArgument| err.to_string();
-    match options.algorithm {
-        AlgorithmKind::FixedWindow => FixedWindow::new(options.limit, options.window)
-            .map(Algorithm::FixedWindow)
-            .map_err(invalid),
-        AlgorithmKind::SlidingWindow => SlidingWindow::new(options.limit, options.window)
-            .map(Algorithm::SlidingWindow)
-            .map_err(invalid),
-        AlgorithmKind::TokenBucket => {
-            if options.window.is_zero() {
-                return Err("--window must be positive".into());
-            }
-            let per_second = options.limit as f64 / options.window.as_secs_f64();
-            TokenBucket::new(options.limit, per_second)
-                .map(Algorithm::TokenBucket)
-                .map_err(invalid)
-        }
-        AlgorithmKind::SlidingWindowCounter => {
-            SlidingWindowCounter::new(options.limit, options.window)
-                .map(Algorithm::SlidingWindowCounter)
-                .map_err(invalid)
-        }
-        AlgorithmKind::Gcra => Gcra::new(options.limit, options.window, options.limit)
-            .map(Algorithm::Gcra)
-            .map_err(invalid),
-    }
+    options
+        .algorithm
+        .build(options.rate(), WindowStart::FirstRequest)
+        .map_err(|err| err.to_string())
 }
 
 /// A `CheckLimit` request without its key: the run's limit in the
 /// one-limit form, or `--limits` copies of it named `l0`, `l1`... (each a
 /// counter of its own on the request's key), and `--cost` on the request.
-fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitRequest {
-    let algorithm = pb_algorithm(options, algorithm);
+fn check_limit_template(options: &Options) -> CheckLimitRequest {
+    let algorithm = options.algorithm.to_proto(options.rate());
     let cost = Some(options.cost);
     if options.limits <= 1 {
         return CheckLimitRequest {
@@ -341,41 +318,6 @@ fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitR
 /// The name of limit `i` of a request with several.
 pub(crate) fn limit_name(i: u32) -> String {
     format!("l{i}")
-}
-
-/// The same limit as `CheckLimit` states it.
-fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request::Algorithm {
-    // `algorithm` was built from `--window`, which validation bounds to
-    // 366 days: the conversion cannot fail.
-    let window = prost_types::Duration::try_from(options.window).ok();
-    match algorithm {
-        Algorithm::FixedWindow(p) => check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
-            limit: p.limit(),
-            window,
-        }),
-        Algorithm::SlidingWindow(p) => {
-            check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
-                limit: p.limit(),
-                window,
-            })
-        }
-        Algorithm::TokenBucket(p) => check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
-            capacity: p.capacity(),
-            refill_per_second: p.refill_per_second(),
-        }),
-        Algorithm::SlidingWindowCounter(p) => {
-            check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
-                limit: p.limit(),
-                window,
-            })
-        }
-        // GCRA keeps only its interval; the request states rate and period.
-        Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
-            rate: options.limit,
-            period: window,
-            burst: p.burst(),
-        }),
-    }
 }
 
 /// `connections` HTTP/2 connections to the server.
@@ -407,13 +349,7 @@ pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
     }
     let limit = u32::try_from(options.limit)
         .map_err(|_| "--limit: Envoy's requests_per_unit is at most 4294967295")?;
-    let algorithm = match options.algorithm {
-        AlgorithmKind::FixedWindow => "fixed_window",
-        AlgorithmKind::SlidingWindow => "sliding_window",
-        AlgorithmKind::TokenBucket => "token_bucket",
-        AlgorithmKind::Gcra => "gcra",
-        AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
-    };
+    let algorithm = options.algorithm.name();
     Ok(format!(
         "# ratelimitd-bench rules: {limit} per {seconds}s ({algorithm}) for every key.\n\
          domain: {domain}\n\
@@ -432,12 +368,13 @@ pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use ratelimitd::pb::ratelimitd::v1::check_limit_request;
 
     use super::*;
 
     fn template(args: &[&str]) -> CheckLimitRequest {
         let options = Options::parse_from(std::iter::once("bench").chain(args.iter().copied()));
-        check_limit_template(&options, &algorithm(&options).unwrap())
+        check_limit_template(&options)
     }
 
     #[test]
