@@ -57,10 +57,8 @@ use super::quota_policies::{
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
 use crate::algorithm::registry::{Kind, Rate, WindowStart};
 use crate::limit;
+use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::policy::{self, Policy, PolicyLimit, Scope};
-
-/// Most limits one policy may hold: what one Redis script decides at once.
-const MAX_POLICY_LIMITS: usize = 64;
 
 /// A configuration that cannot be used, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -431,7 +429,8 @@ fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
     })
 }
 
-/// A file's `policies:`.
+/// A file's `policies:`. A policy holds at most as many limits as one Redis
+/// script decides at once.
 fn compile_policies(
     file: &str,
     specs: &BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>,
@@ -449,10 +448,10 @@ fn compile_policies(
         if spanned.value.is_empty() {
             return Err(error(line, format!("policy '{name}' has no limits")));
         }
-        if spanned.value.len() > MAX_POLICY_LIMITS {
+        if spanned.value.len() > MAX_LIMITS_PER_SCRIPT {
             return Err(error(
                 line,
-                format!("policy '{name}' has more than {MAX_POLICY_LIMITS} limits"),
+                format!("policy '{name}' has more than {MAX_LIMITS_PER_SCRIPT} limits"),
             ));
         }
         let mut limits: Vec<(PolicyLimit, u64)> = Vec::with_capacity(spanned.value.len());

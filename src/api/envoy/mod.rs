@@ -38,6 +38,7 @@ use crate::error::Error;
 use crate::incoming;
 use crate::limit::{self, CallerKey, Decision, LimitRequest, RetryAfter};
 use crate::limiter::Limiter;
+use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
 use crate::pb::convert;
@@ -102,8 +103,9 @@ pub struct RequestBounds {
 }
 
 impl RequestBounds {
-    /// Upstream sends a handful; 64 leaves room and fits one script.
-    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    /// Upstream sends a handful; this leaves room and, one limit each,
+    /// fits one script.
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = MAX_LIMITS_PER_SCRIPT;
     /// Entries per descriptor unless `--max-descriptor-entries` says.
     pub const DEFAULT_MAX_ENTRIES: usize = 16;
     /// Bytes per entry key or value unless `--max-descriptor-entry-bytes` says.

@@ -78,7 +78,7 @@ pub(crate) struct Options {
     /// named `l0` to `l{N-1}`, each the limit of `--algorithm`, `--limit`
     /// and `--window` on the request's key and each its own counter,
     /// decided together. The server takes at most its
-    /// --max-limits-per-request (default 64).
+    /// --max-limits-per-request.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub limits: u32,
 
