@@ -15,7 +15,8 @@
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
 //! - [`policy`] holds the operator's named limit sets that `CheckLimit`
-//!   callers may name instead of parameters.
+//!   callers may name instead of parameters (model and file grammar);
+//!   [`spec`] is what the grammars of the rules files share.
 //! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
 //! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
@@ -42,6 +43,7 @@ pub mod pb;
 pub mod policy;
 pub mod quota;
 pub mod server;
+pub mod spec;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

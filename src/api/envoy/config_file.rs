@@ -42,7 +42,6 @@
 //! optionally `algorithm`, `burst`, `name`, `scope` and `shadow_mode`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -56,32 +55,10 @@ use super::quota_policies::{
 };
 use super::rules::{Level, Limit, Node, Rule, Rules, Source, Unit, Wildcard};
 use crate::algorithm::registry::{Kind, Rate, WindowStart};
-use crate::limit;
-use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
-use crate::policy::{self, Policy, PolicyLimit, Scope};
-
-/// A configuration that cannot be used, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, as named in the configuration directory.
-    pub file: String,
-    /// 1-based; 0 when the error concerns the whole file or directory.
-    pub line: u64,
-    /// What is wrong, with the line where known.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}: {}", self.file, self.reason)
-        } else {
-            write!(f, "{}:{}: {}", self.file, self.line, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+use crate::policy::Policy;
+use crate::policy::file::{self as policy_file, PoliciesSpec};
+pub use crate::spec::ConfigError;
+use crate::spec::{self, Text};
 
 /// The files a `--config` path names, each with its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,36 +184,6 @@ fn collect_files(
     Ok(())
 }
 
-/// A YAML scalar read as text, as upstream's Go struct fields read them:
-/// `value: 123` is the string "123".
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Text(String);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Text;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Text, E> {
-                Ok(Text(text.to_owned()))
-            }
-            fn visit_i64<E: serde::de::Error>(self, number: i64) -> Result<Text, E> {
-                Ok(Text(number.to_string()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, number: u64) -> Result<Text, E> {
-                Ok(Text(number.to_string()))
-            }
-            fn visit_bool<E: serde::de::Error>(self, flag: bool) -> Result<Text, E> {
-                Ok(Text(flag.to_string()))
-            }
-        }
-        deserializer.deserialize_any(Visitor)
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileSpec {
@@ -248,25 +195,7 @@ struct FileSpec {
     /// Extension: the quota service's policy for buckets no other governs.
     quota_default: Option<Spanned<QuotaDefaultSpec>>,
     /// Extension: `CheckLimit`'s named policies, name → limits.
-    policies: Option<BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicyLimitSpec {
-    /// Unique in its policy; default: `per` as written.
-    name: Option<Text>,
-    /// The window or period: `1s`, `500ms`, `1h`, or a unit word.
-    per: Option<Text>,
-    limit: Option<u64>,
-    /// Default `fixed_window`.
-    algorithm: Option<Text>,
-    /// Token bucket capacity or GCRA burst; default `limit`.
-    burst: Option<u64>,
-    /// `key` (default): each key its own counter; `policy`: one counter.
-    scope: Option<Text>,
-    #[serde(default)]
-    shadow_mode: bool,
+    policies: Option<PoliciesSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -373,7 +302,7 @@ fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
     let spec: Option<FileSpec> = serde_saphyr::from_str(text).map_err(|err| ConfigError {
         file: file.to_owned(),
         line: err.location().map_or(0, |at| at.line()),
-        reason: first_line(&err.to_string()),
+        reason: spec::parser_reason(&err.to_string()),
     })?;
     let error = |line: u64, reason: String| ConfigError {
         file: file.to_owned(),
@@ -385,7 +314,7 @@ fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
         return Err(error(1, "config file cannot have empty domain".into()));
     };
     let policies = match &spec.policies {
-        Some(policies) => compile_policies(file, policies)?,
+        Some(policies) => policy_file::compile(file, policies)?,
         None => Vec::new(),
     };
     // A policies file needs no domain, unless it limits Envoy too.
@@ -427,108 +356,6 @@ fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
         domain: Some((domain, line, level, quota)),
         policies,
     })
-}
-
-/// A file's `policies:`. A policy holds at most as many limits as one Redis
-/// script decides at once.
-fn compile_policies(
-    file: &str,
-    specs: &BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>,
-) -> Result<Vec<(Policy, u64)>, ConfigError> {
-    let error = |line: u64, reason: String| ConfigError {
-        file: file.to_owned(),
-        line,
-        reason,
-    };
-    let mut policies = Vec::with_capacity(specs.len());
-    for (Text(name), spanned) in specs {
-        let line = spanned.referenced.line();
-        limit::check_name("policy name", name)
-            .map_err(|err| error(line, format!("policy '{name}': {err}")))?;
-        if spanned.value.is_empty() {
-            return Err(error(line, format!("policy '{name}' has no limits")));
-        }
-        if spanned.value.len() > MAX_LIMITS_PER_SCRIPT {
-            return Err(error(
-                line,
-                format!("policy '{name}' has more than {MAX_LIMITS_PER_SCRIPT} limits"),
-            ));
-        }
-        let mut limits: Vec<(PolicyLimit, u64)> = Vec::with_capacity(spanned.value.len());
-        for limit_spec in &spanned.value {
-            let at = limit_spec.referenced.line();
-            let compiled = policy_limit(&limit_spec.value)
-                .map_err(|reason| error(at, format!("policy '{name}': {reason}")))?;
-            if let Some((_, first)) = limits.iter().find(|(l, _)| l.name == compiled.name) {
-                return Err(error(
-                    at,
-                    format!(
-                        "policy '{name}': duplicate limit name '{}' (first at line {first}): \
-                         give one of them its own `name`",
-                        compiled.name
-                    ),
-                ));
-            }
-            limits.push((compiled, at));
-        }
-        let policy = Policy {
-            name: name.clone(),
-            limits: limits.into_iter().map(|(limit, _)| limit).collect(),
-            source: format!("{file}:{line}"),
-        };
-        policies.push((policy, line));
-    }
-    Ok(policies)
-}
-
-/// One limit of a policy; the error is the reason, naming the field.
-fn policy_limit(spec: &PolicyLimitSpec) -> Result<PolicyLimit, String> {
-    let per_text = match &spec.per {
-        Some(Text(per)) if !per.trim().is_empty() => per.trim(),
-        _ => return Err("a limit needs `per` (e.g. `per: 1s`, `per: 1h`)".into()),
-    };
-    let per = match Unit::parse(per_text) {
-        Some(unit) => std::time::Duration::from_secs(unit.seconds()),
-        None => humantime::parse_duration(per_text).map_err(|err| {
-            format!("per: '{per_text}' is not a duration like 1s, 500ms or 1h ({err})")
-        })?,
-    };
-    let Some(count) = spec.limit else {
-        return Err("a limit needs `limit` (units per `per`)".into());
-    };
-    let algorithm = spec.algorithm.as_ref().map(|Text(name)| name.as_str());
-    let algorithm =
-        policy::algorithm(algorithm, count, per, spec.burst).map_err(|err| err.to_string())?;
-    let name = match &spec.name {
-        Some(Text(name)) => name.clone(),
-        None => per_text.split_whitespace().collect(),
-    };
-    limit::check_name("name", &name).map_err(|err| match &spec.name {
-        Some(_) => err.to_string(),
-        None => format!("the limit's default name (its `per`) {err}: give it a `name`"),
-    })?;
-    let scope = match spec.scope.as_ref().map(|Text(scope)| scope.as_str()) {
-        None | Some("key") => Scope::Key,
-        Some("policy") => Scope::Policy,
-        Some(other) => return Err(format!("scope: unknown '{other}': use key or policy")),
-    };
-    Ok(PolicyLimit {
-        name,
-        algorithm,
-        scope,
-        shadow: spec.shadow_mode,
-    })
-}
-
-/// The reason alone: the YAML parser's message starts with "error: line L
-/// column C: " (the line is reported apart) and ends with a source excerpt.
-fn first_line(message: &str) -> String {
-    let first = message.lines().next().unwrap_or(message).trim();
-    let without_position = first
-        .strip_prefix("error: line ")
-        .and_then(|rest| rest.split_once(": "))
-        .map_or(first, |(_, reason)| reason);
-    without_position.to_owned()
 }
 
 /// What a descriptor gives the rule it holds.

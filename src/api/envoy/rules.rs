@@ -17,55 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limit::Algorithm;
-
-/// A unit of envoyproxy/ratelimit. Windows are this many seconds, aligned to
-/// the Unix epoch (a month is 30 days and a year 365, as upstream counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// 1 s.
-    Second,
-    /// 60 s.
-    Minute,
-    /// 3600 s.
-    Hour,
-    /// 86 400 s.
-    Day,
-    /// 7 days.
-    Week,
-    /// 30 days, as upstream counts a month.
-    Month,
-    /// 365 days.
-    Year,
-}
-
-impl Unit {
-    /// Case-insensitive, as upstream reads it.
-    pub fn parse(text: &str) -> Option<Self> {
-        Some(match text.to_ascii_lowercase().as_str() {
-            "second" => Self::Second,
-            "minute" => Self::Minute,
-            "hour" => Self::Hour,
-            "day" => Self::Day,
-            "week" => Self::Week,
-            "month" => Self::Month,
-            "year" => Self::Year,
-            _ => return None,
-        })
-    }
-
-    /// The unit's length in seconds.
-    pub fn seconds(self) -> u64 {
-        match self {
-            Self::Second => 1,
-            Self::Minute => 60,
-            Self::Hour => 3600,
-            Self::Day => 86_400,
-            Self::Week => 604_800,
-            Self::Month => 30 * 86_400,
-            Self::Year => 365 * 86_400,
-        }
-    }
-}
+pub use crate::spec::Unit;
 
 /// Where a rule was written, for logs.
 #[derive(Debug, Clone, PartialEq, Eq)]

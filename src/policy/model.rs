@@ -1,7 +1,6 @@
-//! Named policies: limit sets the operator defines once, in the policies
-//! file, and `CheckLimit` callers name instead of sending parameters. Pure:
-//! the model, how one limit's `per` / `limit` / `burst` become an
-//! algorithm's parameters, and how a policy becomes limit requests.
+//! The policies' model: a named set of limits, how one limit's `per` /
+//! `limit` / `burst` become an algorithm's parameters, and how a policy
+//! becomes limit requests. Pure.
 
 use std::collections::HashMap;
 use std::sync::Arc;
