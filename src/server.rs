@@ -13,8 +13,6 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::api::check::{CheckBounds, CheckService};
-use crate::api::envoy::config_file::{ConfigError, FileSelection};
-use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, EnvoySettings, LimitHeaderNames, RequestBounds, xds};
 use crate::api::rlqs::{QuotaService, QuotaSettings};
 use crate::config::{
@@ -29,6 +27,7 @@ use crate::limiter::{DenialCache, Limiter, Store};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::quota::{MemoryLedger, QuotaLedger};
+use crate::rules::{ConfigError, ConfigSource, FileSelection, RulesHandle};
 use crate::store::{MemoryStore, RedisStore, SystemClock};
 use crate::tls::{ServerTls, TlsError, TlsSettings};
 

@@ -15,8 +15,6 @@ use crate::algorithm::{
     self,
     registry::{self, Kind},
 };
-use crate::api::envoy::rules::Rules;
-use crate::api::envoy::source::RulesHandle;
 use crate::error::Error;
 use crate::incoming;
 use crate::limit::{
@@ -31,6 +29,7 @@ use crate::pb::google::rpc;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 use crate::policy::Policy;
+use crate::rules::{Rules, RulesHandle};
 
 /// Items of one batch decided at once: enough to keep a Redis pool busy,
 /// few enough that one batch does not take every connection from the
@@ -51,7 +50,7 @@ pub struct CheckBounds {
 pub struct CheckService {
     limiter: Limiter,
     slots: DecisionSlots,
-    /// Where the named policies are (with the Envoy rules, reloaded with
+    /// Where the named policies are (with every other rule, reloaded with
     /// them).
     rules: RulesHandle,
     bounds: CheckBounds,
@@ -250,7 +249,7 @@ fn question(
     }
     if !request.policy.is_empty() {
         limit::check_name("policy", &request.policy)?;
-        let known = rules.and_then(|rules| rules.policies.get(&request.policy));
+        let known = rules.and_then(|rules| rules.policy(&request.policy));
         let Some(policy) = known.cloned() else {
             return Err(Error::NotFound(format!(
                 "policy: '{}' is not defined in the server's policies",

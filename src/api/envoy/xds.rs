@@ -19,16 +19,14 @@ use tokio::sync::mpsc;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tracing::{debug, error, info, warn};
 
-use super::config_file::Snapshot;
-use super::metadata;
-use super::rules::Rules;
-use super::source::RulesHandle;
 use crate::metrics;
+use crate::pb::convert;
 use crate::pb::envoy::config::core::v3::Node;
 use crate::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::pb::google::rpc::Status;
 use crate::pb::ratelimit::config::ratelimit::v3 as conf;
+use crate::rules::{self, Rules, RulesHandle};
 
 /// The type of the resources asked for.
 pub const RATE_LIMIT_CONFIG_TYPE: &str =
@@ -262,9 +260,7 @@ fn compile(response: &DiscoveryResponse) -> Result<(Rules, usize), String> {
             .map_err(|err| format!("resources[{i}]: {err}"))?;
         files.push((PathBuf::from(format!("xds:{name}")), document));
     }
-    let rules = Snapshot { files }
-        .compile()
-        .map_err(|err| err.to_string())?;
+    let rules = rules::compile(&files).map_err(|err| err.to_string())?;
     Ok((rules, response.resources.len()))
 }
 
@@ -320,7 +316,7 @@ fn descriptor_document(descriptor: &conf::RateLimitDescriptor) -> serde_json::Va
     document.insert("detailed_metric".into(), descriptor.detailed_metric.into());
     document.insert("quota_mode".into(), descriptor.quota_mode.into());
     if let Some(metadata) = &descriptor.metadata {
-        document.insert("metadata".into(), metadata::struct_to_json(metadata));
+        document.insert("metadata".into(), convert::struct_to_json(metadata));
     }
     document.into()
 }
