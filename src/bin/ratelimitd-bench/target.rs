@@ -149,63 +149,8 @@ impl Target {
         match self {
             Self::CheckLimit { clients, template } => {
                 // Clients are cheap handles onto the shared channel.
-                let mut client = clients[worker % clients.len()].clone();
-                let request = |key: &str| CheckLimitRequest {
-                    key: key.to_owned(),
-                    ..template.clone()
-                };
-                if let [key] = keys {
-                    return Outcomes::one(match client.check_limit(request(key)).await {
-                        Ok(response) if response.get_ref().allowed => Outcome::Allowed,
-                        Ok(_) => Outcome::Denied,
-                        Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
-                    });
-                }
-                let batch = CheckLimitsRequest {
-                    requests: keys.iter().map(|key| request(key)).collect(),
-                };
-                let mut outcomes = Outcomes::default();
-                match client.check_limits(batch).await {
-                    Ok(response) => {
-                        let results = response.into_inner().results;
-                        // Each item counts as a unary call's answer would,
-                        // its error under the same name.
-                        let answered = results.len() as u64;
-                        for result in results {
-                            outcomes.add(
-                                match result.result {
-                                    Some(check_limit_result::Result::Response(response)) => {
-                                        if response.allowed {
-                                            Outcome::Allowed
-                                        } else {
-                                            Outcome::Denied
-                                        }
-                                    }
-                                    Some(check_limit_result::Result::Error(status)) => {
-                                        Outcome::Error(format!(
-                                            "grpc {:?}",
-                                            tonic::Code::from_i32(status.code)
-                                        ))
-                                    }
-                                    None => Outcome::Error("empty result".into()),
-                                },
-                                1,
-                            );
-                        }
-                        // A server that answers fewer items than asked has
-                        // failed the rest; more would be counted above.
-                        let missing = (keys.len() as u64).saturating_sub(answered);
-                        if missing > 0 {
-                            outcomes.add(Outcome::Error("missing result".into()), missing);
-                        }
-                    }
-                    // The whole call failed: so did every request in it.
-                    Err(status) => outcomes.add(
-                        Outcome::Error(format!("grpc {:?}", status.code())),
-                        keys.len() as u64,
-                    ),
-                }
-                outcomes
+                let client = clients[worker % clients.len()].clone();
+                check_limit(client, template, keys).await
             }
             Self::ShouldRateLimit {
                 clients,
@@ -214,26 +159,8 @@ impl Target {
             } => {
                 // Options allow batches for check-limit only.
                 let key = keys.first().copied().unwrap_or_default();
-                let mut client = clients[worker % clients.len()].clone();
-                let request = RateLimitRequest {
-                    domain: domain.clone(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: "key".into(),
-                            value: key.to_owned(),
-                        }],
-                        ..Default::default()
-                    }],
-                    hits_addend: *cost,
-                };
-                Outcomes::one(match client.should_rate_limit(request).await {
-                    Ok(response) => match response.get_ref().overall_code() {
-                        Code::Ok => Outcome::Allowed,
-                        Code::OverLimit => Outcome::Denied,
-                        Code::Unknown => Outcome::Error("overall_code UNKNOWN".into()),
-                    },
-                    Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
-                })
+                let client = clients[worker % clients.len()].clone();
+                Outcomes::one(should_rate_limit(client, domain, *cost, key).await)
             }
             Self::RedisDirect {
                 connections,
@@ -243,36 +170,137 @@ impl Target {
                 timeout,
             } => {
                 let key = keys.first().copied().unwrap_or_default();
-                let mut connection = connections[worker % connections.len()].clone();
-                let caller = match CallerKey::new(key.to_owned()) {
-                    Ok(caller) => caller,
-                    Err(err) => return Outcomes::one(Outcome::Error(format!("key: {err}"))),
-                };
-                // Exactly what ratelimitd sends for one CheckLimit call.
-                let key = storage_key(key_prefix, algorithm, &caller);
-                let limit = ScriptLimit {
-                    key: &key,
-                    algorithm,
-                    cost: *cost,
-                    shadow: false,
-                };
-                let invocation = script::decide_call(Mode::Decide, &[limit]);
-                let reply = tokio::time::timeout(
-                    *timeout,
-                    invocation.invoke_async::<Vec<i64>>(&mut connection),
-                )
-                .await;
-                Outcomes::one(match reply {
-                    Ok(Ok(reply)) => match reply.first() {
-                        Some(1) => Outcome::Allowed,
-                        Some(0) => Outcome::Denied,
-                        _ => Outcome::Error(format!("script replied {reply:?}")),
-                    },
-                    Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),
-                    Err(_) => Outcome::Error("timeout".into()),
-                })
+                let connection = connections[worker % connections.len()].clone();
+                let limit = (algorithm, key_prefix.as_str(), *cost);
+                Outcomes::one(redis_direct(connection, limit, key, *timeout).await)
             }
         }
+    }
+}
+
+/// One `CheckLimit` call for one key, or one `CheckLimits` call for
+/// several.
+async fn check_limit(
+    mut client: RateLimiterClient<Channel>,
+    template: &CheckLimitRequest,
+    keys: &[&str],
+) -> Outcomes {
+    let request = |key: &str| CheckLimitRequest {
+        key: key.to_owned(),
+        ..template.clone()
+    };
+    if let [key] = keys {
+        return Outcomes::one(match client.check_limit(request(key)).await {
+            Ok(response) if response.get_ref().allowed => Outcome::Allowed,
+            Ok(_) => Outcome::Denied,
+            Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+        });
+    }
+    let batch = CheckLimitsRequest {
+        requests: keys.iter().map(|key| request(key)).collect(),
+    };
+    let mut outcomes = Outcomes::default();
+    match client.check_limits(batch).await {
+        Ok(response) => {
+            let results = response.into_inner().results;
+            // Each item counts as a unary call's answer would, its error
+            // under the same name.
+            let answered = results.len() as u64;
+            for result in results {
+                let outcome = match result.result {
+                    Some(check_limit_result::Result::Response(response)) => {
+                        if response.allowed {
+                            Outcome::Allowed
+                        } else {
+                            Outcome::Denied
+                        }
+                    }
+                    Some(check_limit_result::Result::Error(status)) => {
+                        Outcome::Error(format!("grpc {:?}", tonic::Code::from_i32(status.code)))
+                    }
+                    None => Outcome::Error("empty result".into()),
+                };
+                outcomes.add(outcome, 1);
+            }
+            // A server that answers fewer items than asked has failed the
+            // rest; more would be counted above.
+            let missing = (keys.len() as u64).saturating_sub(answered);
+            if missing > 0 {
+                outcomes.add(Outcome::Error("missing result".into()), missing);
+            }
+        }
+        // The whole call failed: so did every request in it.
+        Err(status) => outcomes.add(
+            Outcome::Error(format!("grpc {:?}", status.code())),
+            keys.len() as u64,
+        ),
+    }
+    outcomes
+}
+
+/// One `ShouldRateLimit` call: `cost` hits on the descriptor `("key",
+/// key)` of `domain`.
+async fn should_rate_limit(
+    mut client: RateLimitServiceClient<Channel>,
+    domain: &str,
+    cost: u32,
+    key: &str,
+) -> Outcome {
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "key".into(),
+                value: key.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: cost,
+    };
+    match client.should_rate_limit(request).await {
+        Ok(response) => match response.get_ref().overall_code() {
+            Code::Ok => Outcome::Allowed,
+            Code::OverLimit => Outcome::Denied,
+            Code::Unknown => Outcome::Error("overall_code UNKNOWN".into()),
+        },
+        Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+    }
+}
+
+/// One call of ratelimitd's decision script for `key`: exactly what
+/// ratelimitd sends for one `CheckLimit` call with `limit` (the algorithm,
+/// the key prefix and the cost).
+async fn redis_direct(
+    mut connection: MultiplexedConnection,
+    (algorithm, key_prefix, cost): (&Algorithm, &str, u64),
+    key: &str,
+    timeout: Duration,
+) -> Outcome {
+    let caller = match CallerKey::new(key.to_owned()) {
+        Ok(caller) => caller,
+        Err(err) => return Outcome::Error(format!("key: {err}")),
+    };
+    let key = storage_key(key_prefix, algorithm, &caller);
+    let limit = ScriptLimit {
+        key: &key,
+        algorithm,
+        cost,
+        shadow: false,
+    };
+    let invocation = script::decide_call(Mode::Decide, &[limit]);
+    let reply = tokio::time::timeout(
+        timeout,
+        invocation.invoke_async::<Vec<i64>>(&mut connection),
+    )
+    .await;
+    match reply {
+        Ok(Ok(reply)) => match reply.first() {
+            Some(1) => Outcome::Allowed,
+            Some(0) => Outcome::Denied,
+            _ => Outcome::Error(format!("script replied {reply:?}")),
+        },
+        Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),
+        Err(_) => Outcome::Error("timeout".into()),
     }
 }
 
