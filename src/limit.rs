@@ -12,7 +12,8 @@ use std::time::Duration;
 mod parameters;
 
 pub use parameters::{
-    Algorithm, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket, Window,
+    Algorithm, FixedWindow, Gcra, LimitPerWindow, SlidingWindow, SlidingWindowCounter, TokenBucket,
+    Window,
 };
 
 /// Time inside the decision core: microseconds. Redis `TIME` gives

@@ -109,18 +109,27 @@ impl FixedWindow {
     }
 }
 
-/// At most `limit` units within any span of `window`.
+/// At most `limit` units within any span of `window`: the sliding log,
+/// whose log holds one entry per unit spent (hence its lower bound).
+pub type SlidingWindow = LimitPerWindow<MAX_SLIDING_WINDOW_LIMIT>;
+
+/// At most about `limit` units per `window`, estimated from two aligned
+/// fixed-window counts (the sliding window counter).
+pub type SlidingWindowCounter = LimitPerWindow<MAX_QUANTITY>;
+
+/// `limit` units, 1 to `MAX`, per `window`: the parameters of the two
+/// sliding algorithms, which differ in their bound only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlidingWindow {
+pub struct LimitPerWindow<const MAX: u64> {
     limit: u64,
     window: Window,
 }
 
-impl SlidingWindow {
-    /// At most `limit` units in any span of `window`.
+impl<const MAX: u64> LimitPerWindow<MAX> {
+    /// At most `limit` units per `window`.
     pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
         Ok(Self {
-            limit: quantity("limit", limit, MAX_SLIDING_WINDOW_LIMIT)?,
+            limit: quantity("limit", limit, MAX)?,
             window: Window::new(window)?,
         })
     }
@@ -184,34 +193,6 @@ impl TokenBucket {
     /// Tokens per second: finite and positive.
     pub fn refill_per_second(&self) -> f64 {
         self.refill_per_second
-    }
-}
-
-/// At most about `limit` units per `window`, estimated from two aligned
-/// fixed-window counts (the sliding window counter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlidingWindowCounter {
-    limit: u64,
-    window: Window,
-}
-
-impl SlidingWindowCounter {
-    /// About `limit` units per sliding `window`.
-    pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
-        Ok(Self {
-            limit: quantity("limit", limit, MAX_QUANTITY)?,
-            window: Window::new(window)?,
-        })
-    }
-
-    /// Units per window.
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// The window's length.
-    pub fn window(&self) -> Window {
-        self.window
     }
 }
 
@@ -319,6 +300,17 @@ mod tests {
         assert!(TokenBucket::new(10, 0.5).is_ok());
         // 10 tokens at 1e-9/s would take centuries to refill.
         assert!(TokenBucket::new(10, 1e-9).is_err());
+    }
+
+    #[test]
+    fn the_sliding_log_is_bounded_lower_than_the_counter() {
+        let hour = Duration::from_secs(3600);
+        let above = MAX_SLIDING_WINDOW_LIMIT + 1;
+        assert_eq!(SlidingWindow::new(above, hour).unwrap_err().field, "limit");
+        assert_eq!(
+            SlidingWindowCounter::new(above, hour).unwrap().limit(),
+            above
+        );
     }
 
     #[test]
