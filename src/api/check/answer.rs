@@ -74,30 +74,34 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
     let limits = labels
         .iter()
         .zip(decisions)
-        .map(|(label, decision)| {
-            let (retry_after, cost_exceeds_limit) = retry(decision);
-            pb::LimitStatus {
-                name: label.name.clone(),
-                allowed: decision.allowed,
-                limit: decision.limit,
-                remaining: decision.remaining,
-                reset_after: Some(micros_to_duration(decision.reset_after)),
-                retry_after,
-                cost_exceeds_limit,
-                shadow: label.shadow,
-            }
-        })
+        .map(|(label, decision)| status(label, decision))
         .collect();
+    // The top-level fields speak for the most restrictive, but for the
+    // request's own decision.
     pb::CheckLimitResponse {
         allowed,
-        limit: top.limit,
-        remaining: top.remaining,
-        reset_after: Some(micros_to_duration(top.reset_after)),
         retry_after,
         cost_exceeds_limit,
         degraded,
         limits,
         most_restrictive: most_restrictive as u32,
+        ..response(top)
+    }
+}
+
+/// One limit's status among several: its decision, as [`response`]
+/// states it, with its label.
+fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
+    let one = response(decision);
+    pb::LimitStatus {
+        name: label.name.clone(),
+        shadow: label.shadow,
+        allowed: one.allowed,
+        limit: one.limit,
+        remaining: one.remaining,
+        reset_after: one.reset_after,
+        retry_after: one.retry_after,
+        cost_exceeds_limit: one.cost_exceeds_limit,
     }
 }
 
