@@ -1,7 +1,7 @@
 //! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated
 //! questions to the limiter (one limit, several, or a named policy's),
 //! decisions back to protobuf; and batches of such questions. Nothing else
-//! happens here: [`question`] validates, [`answer`] answers.
+//! happens here: `question` validates, `answer` answers.
 
 mod answer;
 mod question;
@@ -131,7 +131,7 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
     }
 
     /// One slot for the whole batch: its items are decided at most
-    /// [`BATCH_CONCURRENCY`] at a time, and every item against the same
+    /// `BATCH_CONCURRENCY` at a time, and every item against the same
     /// policies (one reload cannot split a batch).
     async fn check_limits(
         &self,

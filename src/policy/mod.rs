@@ -1,7 +1,7 @@
 //! Named policies: limit sets the operator defines once, in a rules file's
 //! `policies:` section, and `CheckLimit` callers name instead of sending
 //! parameters. [`model`] is what a policy is and how it is asked;
-//! [`file`] reads the section.
+//! [`file`](mod@file) reads the section.
 
 pub mod file;
 pub mod model;

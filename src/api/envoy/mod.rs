@@ -15,8 +15,8 @@
 //! that same limit, so a descriptor's hits are counted once, as upstream
 //! counts them.
 //!
-//! A call flows: [`settings`] bounds the request, [`plan`] matches it,
-//! the limiter decides, [`response`] answers, [`upstream_stats`] counts.
+//! A call flows: [`settings`] bounds the request, `plan` matches it,
+//! the limiter decides, `response` answers, [`upstream_stats`] counts.
 
 pub mod headers;
 pub mod metadata;
