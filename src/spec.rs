@@ -136,6 +136,28 @@ pub fn parser_reason(message: &str) -> String {
     without_position.to_owned()
 }
 
+/// For the grammars' tests: each of `cases`, `(text, line, reason)`, fails
+/// to compile (by `compile`) in `file` at that line, for a reason holding
+/// those words.
+#[cfg(test)]
+pub(crate) fn assert_refused<T>(
+    file: &str,
+    cases: &[(&str, u64, &str)],
+    compile: impl Fn(&str) -> Result<T, ConfigError>,
+) {
+    for &(text, line, reason) in cases {
+        let Err(err) = compile(text) else {
+            panic!("{text:?} compiled");
+        };
+        assert_eq!(
+            (err.file.as_str(), err.line),
+            (file, line),
+            "{text:?}: {err}"
+        );
+        assert!(err.reason.contains(reason), "{text:?}: {err}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -168,52 +168,44 @@ mod tests {
         );
         let cases = [
             (
-                "free:\n  - {limit: 1}\n".to_owned(),
+                "free:\n  - {limit: 1}\n",
                 2,
                 "policy 'free': a limit needs `per`",
             ),
+            ("free:\n  - {per: 1s}\n", 2, "a limit needs `limit`"),
             (
-                "free:\n  - {per: 1s}\n".to_owned(),
-                2,
-                "a limit needs `limit`",
-            ),
-            (
-                "free:\n  - {per: soon, limit: 1}\n".to_owned(),
+                "free:\n  - {per: soon, limit: 1}\n",
                 2,
                 "per: 'soon' is not a duration",
             ),
             (
-                "free:\n  - {per: 1s, limit: 1, algorithm: leaky}\n".to_owned(),
+                "free:\n  - {per: 1s, limit: 1, algorithm: leaky}\n",
                 2,
                 "algorithm: unknown 'leaky': use fixed_window, sliding_window, token_bucket, gcra or sliding_window_counter",
             ),
             (
-                "free:\n  - {per: 1s, limit: 0, algorithm: token_bucket}\n".to_owned(),
+                "free:\n  - {per: 1s, limit: 0, algorithm: token_bucket}\n",
                 2,
                 "limit: must be at least 1",
             ),
             (
-                "free:\n  - {per: 1s, limit: 1, burst: 2}\n".to_owned(),
+                "free:\n  - {per: 1s, limit: 1, burst: 2}\n",
                 2,
                 "burst: applies to token_bucket and gcra only (this limit is fixed_window)",
             ),
             (
-                "free:\n  - {per: 1s, limit: 1, scope: everyone}\n".to_owned(),
+                "free:\n  - {per: 1s, limit: 1, scope: everyone}\n",
                 2,
                 "scope: unknown 'everyone': use key or policy",
             ),
             (
-                "free:\n  - {per: 1s, limit: 1}\n  - {per: 1s, limit: 2}\n".to_owned(),
+                "free:\n  - {per: 1s, limit: 1}\n  - {per: 1s, limit: 2}\n",
                 3,
                 "duplicate limit name '1s' (first at line 2)",
             ),
-            ("free: []\n".to_owned(), 1, "policy 'free' has no limits"),
-            (too_many, 2, "policy 'big' has more than 64 limits"),
+            ("free: []\n", 1, "policy 'free' has no limits"),
+            (&too_many, 2, "policy 'big' has more than 64 limits"),
         ];
-        for (text, line, reason) in cases {
-            let err = compile_text(&text).expect_err(&text);
-            assert_eq!(err.line, line, "{text:?}: {err}");
-            assert!(err.reason.contains(reason), "{text:?}: {err}");
-        }
+        crate::spec::assert_refused("policies.yaml", &cases, compile_text);
     }
 }

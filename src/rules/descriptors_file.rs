@@ -376,7 +376,9 @@ mod tests {
         compile("limits.yaml", &spec.domain, &spec.descriptors)
     }
 
-    fn find(level: &Level, key: &str, value: &str) -> Option<Vec<Arc<Rule>>> {
+    /// The rules `text` gives the descriptor `(key, value)`.
+    fn find(text: &str, key: &str, value: &str) -> Option<Vec<Arc<Rule>>> {
+        let level = compile_text(text).expect(text);
         let entries = [(key.to_owned(), value.to_owned())];
         level.find(&entries).map(|found| found.rules.to_vec())
     }
@@ -456,31 +458,20 @@ mod tests {
                 "unit_multiplier must be at least 1",
             ),
         ];
-        for (text, line, reason) in cases {
-            let err = compile_text(text).expect_err(text);
-            assert_eq!(err.file, "limits.yaml");
-            assert_eq!(err.line, line, "{text:?}: {err}");
-            assert!(err.reason.contains(reason), "{text:?}: {err}");
-        }
+        crate::spec::assert_refused("limits.yaml", &cases, compile_text);
     }
 
     #[test]
     fn scalars_of_any_type_are_text_and_units_ignore_case() {
-        let level = compile_text(
-            "domain: d\ndescriptors:\n  - key: code\n    value: 429\n    rate_limit: {unit: MINUTE, requests_per_unit: 1}\n",
-        )
-        .unwrap();
-        let rules = find(&level, "code", "429").unwrap();
+        let text = "domain: d\ndescriptors:\n  - key: code\n    value: 429\n    rate_limit: {unit: MINUTE, requests_per_unit: 1}\n";
+        let rules = find(text, "code", "429").unwrap();
         assert_eq!(rates(&rules), [(1, Unit::Minute, 5)]);
     }
 
     #[test]
     fn a_descriptor_may_carry_several_limits() {
-        let level = compile_text(
-            "domain: d\ndescriptors:\n  - key: api\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, name: burst}\n      - unit: minute\n        requests_per_unit: 5\n",
-        )
-        .unwrap();
-        let rules = find(&level, "api", "x").unwrap();
+        let text = "domain: d\ndescriptors:\n  - key: api\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, name: burst}\n      - unit: minute\n        requests_per_unit: 5\n";
+        let rules = find(text, "api", "x").unwrap();
         assert_eq!(rates(&rules), [(3, Unit::Second, 5), (5, Unit::Minute, 6)]);
         assert_eq!(rules[0].policy_id(), "burst");
         assert_eq!(rules[1].policy_id(), "api#2", "unnamed, one of several");
@@ -488,27 +479,21 @@ mod tests {
 
     #[test]
     fn rate_limit_comes_first_before_rate_limits() {
-        let level = compile_text(
-            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n    rate_limits:\n      - {unit: second, requests_per_unit: 2}\n      - {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n      - {unlimited: true}\n",
-        )
-        .unwrap();
-        let rules = find(&level, "k", "v").unwrap();
+        let text = "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n    rate_limits:\n      - {unit: second, requests_per_unit: 2}\n      - {unit: second, requests_per_unit: 5, algorithm: token_bucket}\n      - {unlimited: true}\n";
+        let rules = find(text, "k", "v").unwrap();
         let units: Vec<Unit> = rates(&rules).into_iter().map(|(_, unit, _)| unit).collect();
         assert_eq!(units, [Unit::Hour, Unit::Second, Unit::Second]);
         assert_eq!(rules[0].policy_id(), "k#1");
         assert!(rules.iter().all(|rule| rule.shadow()), "the descriptor's");
         assert_eq!(rules[3].limit(), &Limit::Unlimited);
         // One rate_limit alone keeps upstream's id; so does a list of one.
-        let level = compile_text(
-            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limits: [{unit: hour, requests_per_unit: 1}]\n  - key: c\n    rate_limits: []\n",
-        )
-        .unwrap();
+        let text = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limits: [{unit: hour, requests_per_unit: 1}]\n  - key: c\n    rate_limits: []\n";
         for key in ["a", "b"] {
-            let rules = find(&level, key, "v").unwrap();
+            let rules = find(text, key, "v").unwrap();
             assert_eq!(rules.len(), 1);
             assert_eq!(rules[0].policy_id(), key);
         }
-        assert!(find(&level, "c", "v").is_none(), "an empty list: no limit");
+        assert!(find(text, "c", "v").is_none(), "an empty list: no limit");
     }
 
     #[test]
@@ -540,11 +525,7 @@ mod tests {
                 "replaces should not name a limit of the same descriptor ('b', line 6)",
             ),
         ];
-        for (text, line, reason) in cases {
-            let err = compile_text(text).expect_err(text);
-            assert_eq!(err.line, line, "{text:?}: {err}");
-            assert!(err.reason.contains(reason), "{text:?}: {err}");
-        }
+        crate::spec::assert_refused("limits.yaml", &cases, compile_text);
         // Without a counter, or with another window or algorithm, no clash.
         compile_text(
             "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: second, requests_per_unit: 3, algorithm: sliding_window}\n      - {unit: second, unit_multiplier: 2, requests_per_unit: 5}\n      - {unit: second, requests_per_unit: 0}\n      - {unlimited: true}\n      - {unlimited: true}\n",
@@ -554,11 +535,8 @@ mod tests {
 
     #[test]
     fn zero_or_missing_requests_block_and_unlimited_reads_nothing_else() {
-        let level = compile_text(
-            "domain: d\ndescriptors:\n  - key: zero\n    rate_limit: {unit: minute, requests_per_unit: 0, algorithm: gcra}\n  - key: missing\n    rate_limit: {unit: hour}\n  - key: open\n    rate_limit: {unlimited: true, algorithm: leaky, unit_multiplier: 0}\n",
-        )
-        .unwrap();
-        let limit = |key: &str| find(&level, key, "v").unwrap()[0].limit().clone();
+        let text = "domain: d\ndescriptors:\n  - key: zero\n    rate_limit: {unit: minute, requests_per_unit: 0, algorithm: gcra}\n  - key: missing\n    rate_limit: {unit: hour}\n  - key: open\n    rate_limit: {unlimited: true, algorithm: leaky, unit_multiplier: 0}\n";
+        let limit = |key: &str| find(text, key, "v").unwrap()[0].limit().clone();
         assert_eq!(limit("zero"), Limit::Blocked(Period::of(Unit::Minute)));
         assert_eq!(limit("missing"), Limit::Blocked(Period::of(Unit::Hour)));
         assert_eq!(limit("open"), Limit::Unlimited);

@@ -210,44 +210,33 @@ mod tests {
                 "policy 'free': a limit needs `limit`",
             ),
         ];
-        for (text, line, reason) in cases {
-            let err = compile_text(text).expect_err(text);
-            assert_eq!(err.file, "limits.yaml");
-            assert_eq!(err.line, line, "{text:?}: {err}");
-            assert!(err.reason.contains(reason), "{text:?}: {err}");
-        }
+        crate::spec::assert_refused("limits.yaml", &cases, compile_text);
     }
 
     #[test]
     fn a_domain_or_a_policy_in_two_files_is_refused() {
-        let files = [
-            (PathBuf::from("a.yaml"), "domain: d\n".to_owned()),
-            (PathBuf::from("b.yaml"), "# again\ndomain: d\n".to_owned()),
-        ];
-        let err = compile(&files).unwrap_err();
-        assert_eq!((err.file.as_str(), err.line), ("b.yaml", 2));
-        assert!(
-            err.reason
-                .contains("duplicate domain 'd' (first defined at a.yaml:1)"),
-            "{err}"
-        );
-        let files = [
+        let cases = [
             (
-                PathBuf::from("a.yaml"),
-                "policies:\n  free: [{per: 1s, limit: 1}]\n".to_owned(),
+                ["domain: d\n", "# again\ndomain: d\n"],
+                "duplicate domain 'd' (first defined at a.yaml:1)",
             ),
             (
-                PathBuf::from("b.yaml"),
-                "policies:\n  free: [{per: 1h, limit: 9}]\n".to_owned(),
+                [
+                    "policies:\n  free: [{per: 1s, limit: 1}]\n",
+                    "policies:\n  free: [{per: 1h, limit: 9}]\n",
+                ],
+                "duplicate policy 'free' (first defined at a.yaml:2)",
             ),
         ];
-        let err = compile(&files).unwrap_err();
-        assert_eq!((err.file.as_str(), err.line), ("b.yaml", 2));
-        assert!(
-            err.reason
-                .contains("duplicate policy 'free' (first defined at a.yaml:2)"),
-            "{err}"
-        );
+        for ([first, second], reason) in cases {
+            let files = [
+                (PathBuf::from("a.yaml"), first.to_owned()),
+                (PathBuf::from("b.yaml"), second.to_owned()),
+            ];
+            let err = compile(&files).unwrap_err();
+            assert_eq!((err.file.as_str(), err.line), ("b.yaml", 2), "{err}");
+            assert!(err.reason.contains(reason), "{err}");
+        }
     }
 
     #[test]

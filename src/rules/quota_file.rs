@@ -294,10 +294,6 @@ mod tests {
                 "duplicate quota bucket 'a=b' (first at line 2)",
             ),
         ];
-        for (text, line, reason) in cases {
-            let err = compile_text(text).expect_err(text);
-            assert_eq!(err.line, line, "{text:?}: {err}");
-            assert!(err.reason.contains(reason), "{text:?}: {err}");
-        }
+        crate::spec::assert_refused("limits.yaml", &cases, compile_text);
     }
 }

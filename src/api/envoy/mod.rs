@@ -152,11 +152,7 @@ mod tests {
         let text = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
         let rules = rules::compile(&[("limits.yaml".into(), text.to_owned())]).unwrap();
         let settings = EnvoySettings {
-            limit_headers: Some(LimitHeaderNames {
-                limit: "L".into(),
-                remaining: "R".into(),
-                reset: "T".into(),
-            }),
+            limit_headers: Some(LimitHeaderNames::short()),
             ..EnvoySettings::default()
         };
         let service = EnvoyService::new(

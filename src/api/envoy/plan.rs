@@ -263,43 +263,34 @@ mod tests {
         Entry, RateLimitOverride,
     };
 
-    fn rules(text: &str) -> Rules {
-        crate::rules::compile(&[("limits.yaml".into(), text.to_owned())]).unwrap()
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: minute, requests_per_unit: 5, name: a-minute}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 9, replaces: [{name: a-minute}]}\n  - key: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: open\n    rate_limit: {unlimited: true}\n";
+
+    /// `request` matched against [`RULES`].
+    fn plan(request: &RateLimitRequest, settings: &EnvoySettings) -> Result<Plan, InvalidArgument> {
+        let rules = crate::rules::compile(&[("limits.yaml".into(), RULES.to_owned())]).unwrap();
+        Plan::new(&rules, request, settings)
     }
 
-    fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
-        RateLimitDescriptor {
-            entries: pairs
-                .iter()
-                .map(|&(key, value)| Entry {
-                    key: key.into(),
-                    value: value.into(),
-                })
-                .collect(),
+    /// A request of domain `d` with one descriptor of one entry per pair.
+    fn request(pairs: &[(&str, &str)]) -> RateLimitRequest {
+        let descriptor = |&(key, value): &(&str, &str)| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
             ..Default::default()
-        }
-    }
-
-    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        };
         RateLimitRequest {
             domain: "d".into(),
-            descriptors,
+            descriptors: pairs.iter().map(descriptor).collect(),
             hits_addend: 0,
         }
     }
 
-    const RULES: &str = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: minute, requests_per_unit: 5, name: a-minute}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 9, replaces: [{name: a-minute}]}\n  - key: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: open\n    rate_limit: {unlimited: true}\n";
-
     #[test]
     fn each_descriptor_gets_its_parts_and_replaced_rules_drop_out() {
-        let rules = rules(RULES);
-        let request = request(vec![
-            descriptor(&[("a", "1")]),
-            descriptor(&[("b", "2")]),
-            descriptor(&[("nothing", "3")]),
-            descriptor(&[("open", "4")]),
-        ]);
-        let plan = Plan::new(&rules, &request, &EnvoySettings::default()).unwrap();
+        let request = request(&[("a", "1"), ("b", "2"), ("nothing", "3"), ("open", "4")]);
+        let plan = plan(&request, &EnvoySettings::default()).unwrap();
         assert_eq!(plan.descriptors, [0..2, 2..3, 3..4, 4..5]);
         let kinds: Vec<&str> = plan
             .parts
@@ -322,74 +313,53 @@ mod tests {
 
     #[test]
     fn a_denying_blocked_rule_makes_the_others_only_look() {
-        let rules = rules(RULES);
-        let request = request(vec![
-            descriptor(&[("a", "1")]),
-            descriptor(&[("closed", "x")]),
-        ]);
-        let plan = Plan::new(&rules, &request, &EnvoySettings::default()).unwrap();
-        assert!(plan.requests.iter().all(|r| r.cost == 0));
-        assert!(plan.parts[2].denies(&[]));
+        let request = request(&[("a", "1"), ("closed", "x")]);
+        let looked = plan(&request, &EnvoySettings::default()).unwrap();
+        assert!(looked.requests.iter().all(|r| r.cost == 0));
+        assert!(looked.parts[2].denies(&[]));
         // Counted each on its own, upstream's way, the others still spend.
         let each = EnvoySettings {
             count_denied_hits: true,
             ..EnvoySettings::default()
         };
-        let plan = Plan::new(&rules, &request, &each).unwrap();
-        assert!(plan.count_denied_hits);
-        assert!(plan.requests.iter().all(|r| r.cost == 1));
+        let spent = plan(&request, &each).unwrap();
+        assert!(spent.count_denied_hits);
+        assert!(spent.requests.iter().all(|r| r.cost == 1));
     }
 
     #[test]
     fn an_override_stands_for_the_configured_limits_on_an_aligned_window() {
-        let rules = rules(RULES);
-        let mut overridden = descriptor(&[("a", "1")]);
-        overridden.limit = Some(RateLimitOverride {
+        let mut request = request(&[("a", "1")]);
+        request.descriptors[0].limit = Some(RateLimitOverride {
             requests_per_unit: 7,
             unit: 7,
         });
-        let plan = Plan::new(
-            &rules,
-            &request(vec![overridden.clone()]),
-            &EnvoySettings::default(),
-        )
-        .unwrap();
-        assert_eq!(plan.requests.len(), 1);
-        assert_eq!(plan.requests[0].key.as_str(), "1:d|1:a|1:1|w604800000");
-        assert_eq!(plan.requests[0].algorithm.limit(), 7);
-        overridden.limit = Some(RateLimitOverride {
+        let weekly = plan(&request, &EnvoySettings::default()).unwrap();
+        assert_eq!(weekly.requests.len(), 1);
+        assert_eq!(weekly.requests[0].key.as_str(), "1:d|1:a|1:1|w604800000");
+        assert_eq!(weekly.requests[0].algorithm.limit(), 7);
+        request.descriptors[0].limit = Some(RateLimitOverride {
             requests_per_unit: 7,
             unit: 0,
         });
-        let err = Plan::new(
-            &rules,
-            &request(vec![overridden]),
-            &EnvoySettings::default(),
-        )
-        .err()
-        .unwrap();
+        let err = plan(&request, &EnvoySettings::default()).err().unwrap();
         assert_eq!(err.field, "descriptors[0].limit.unit");
     }
 
     #[test]
     fn an_empty_domain_or_request_and_a_huge_hits_addend_are_refused() {
-        let rules = rules(RULES);
-        let settings = EnvoySettings::default();
-        let mut empty = request(vec![]);
-        assert_eq!(
-            Plan::new(&rules, &empty, &settings).err().unwrap().field,
-            "descriptors"
-        );
+        let field = |request: &RateLimitRequest| {
+            plan(request, &EnvoySettings::default())
+                .err()
+                .unwrap()
+                .field
+        };
+        let mut empty = request(&[]);
+        assert_eq!(field(&empty), "descriptors");
         empty.domain.clear();
-        assert_eq!(
-            Plan::new(&rules, &empty, &settings).err().unwrap().field,
-            "domain"
-        );
-        let mut huge = descriptor(&[("a", "1")]);
-        huge.hits_addend = Some(limit::MAX_QUANTITY + 1);
-        let err = Plan::new(&rules, &request(vec![huge]), &settings)
-            .err()
-            .unwrap();
-        assert_eq!(err.field, "descriptors[0].hits_addend");
+        assert_eq!(field(&empty), "domain");
+        let mut huge = request(&[("a", "1")]);
+        huge.descriptors[0].hits_addend = Some(limit::MAX_QUANTITY + 1);
+        assert_eq!(field(&huge), "descriptors[0].hits_addend");
     }
 }

@@ -421,31 +421,20 @@ mod tests {
 
     #[test]
     fn quota_descriptors_deny_only_when_every_one_is_over() {
-        let settings = EnvoySettings::default();
-        let response = answer(
-            &["a", "q"],
-            &[allowed(2, 1), allowed(4, 60), denied(9)],
-            &settings,
-        );
-        assert_eq!(
-            response.overall_code(),
-            Code::OverLimit,
-            "the only quota one is over"
-        );
+        let decisions = [allowed(2, 1), allowed(4, 60), denied(9)];
         let every = EnvoySettings {
             quota_mode: true,
             ..EnvoySettings::default()
         };
-        let response = answer(
-            &["a", "q"],
-            &[allowed(2, 1), allowed(4, 60), denied(9)],
-            &every,
-        );
-        assert_eq!(
-            response.overall_code(),
-            Code::Ok,
-            "not every quota descriptor is over"
-        );
+        // `q` is a quota descriptor: alone in quota mode it is every one
+        // of them; with QUOTA_MODE for all, `a` (allowed) is one too.
+        for (settings, overall) in [
+            (EnvoySettings::default(), Code::OverLimit),
+            (every, Code::Ok),
+        ] {
+            let response = answer(&["a", "q"], &decisions, &settings);
+            assert_eq!(response.overall_code(), overall, "{settings:?}");
+        }
     }
 
     #[test]
@@ -465,11 +454,7 @@ mod tests {
     #[test]
     fn upstream_headers_speak_for_the_last_over_else_the_fewest_left() {
         let settings = EnvoySettings {
-            limit_headers: Some(LimitHeaderNames {
-                limit: "L".into(),
-                remaining: "R".into(),
-                reset: "T".into(),
-            }),
+            limit_headers: Some(LimitHeaderNames::short()),
             ..EnvoySettings::default()
         };
         let headers = |response: &rls::RateLimitResponse| -> Vec<(String, String)> {

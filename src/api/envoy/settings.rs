@@ -46,6 +46,18 @@ pub struct LimitHeaderNames {
     pub reset: String,
 }
 
+#[cfg(test)]
+impl LimitHeaderNames {
+    /// Short names, for tests: `L`, `R` and `T`.
+    pub(super) fn short() -> Self {
+        Self {
+            limit: "L".into(),
+            remaining: "R".into(),
+            reset: "T".into(),
+        }
+    }
+}
+
 /// The most one `ShouldRateLimit` may ask, so that no single request can
 /// hold a core or Redis for long: beyond any bound the request is refused
 /// with `INVALID_ARGUMENT` naming it, before anything is matched or
