@@ -146,22 +146,17 @@ impl Target {
     /// connection: a batch (`CheckLimits`) if there are several keys, which
     /// only `check-limit` is given.
     pub(crate) async fn call(&self, worker: usize, keys: &[&str]) -> Outcomes {
+        // Options allow batches for check-limit only.
+        let key = keys.first().copied().unwrap_or_default();
         match self {
             Self::CheckLimit { clients, template } => {
-                // Clients are cheap handles onto the shared channel.
-                let client = clients[worker % clients.len()].clone();
-                check_limit(client, template, keys).await
+                check_limit(own(clients, worker), template, keys).await
             }
             Self::ShouldRateLimit {
                 clients,
                 domain,
                 cost,
-            } => {
-                // Options allow batches for check-limit only.
-                let key = keys.first().copied().unwrap_or_default();
-                let client = clients[worker % clients.len()].clone();
-                Outcomes::one(should_rate_limit(client, domain, *cost, key).await)
-            }
+            } => Outcomes::one(should_rate_limit(own(clients, worker), domain, *cost, key).await),
             Self::RedisDirect {
                 connections,
                 algorithm,
@@ -169,13 +164,18 @@ impl Target {
                 cost,
                 timeout,
             } => {
-                let key = keys.first().copied().unwrap_or_default();
-                let connection = connections[worker % connections.len()].clone();
                 let limit = (algorithm, key_prefix.as_str(), *cost);
+                let connection = own(connections, worker);
                 Outcomes::one(redis_direct(connection, limit, key, *timeout).await)
             }
         }
     }
+}
+
+/// The worker's own of the run's connections (clients are cheap handles
+/// onto one).
+fn own<T: Clone>(all: &[T], worker: usize) -> T {
+    all[worker % all.len()].clone()
 }
 
 /// One `CheckLimit` call for one key, or one `CheckLimits` call for
