@@ -14,12 +14,16 @@
 //!   besides [`server`] and [`pb`].
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
-//! - [`policy`] holds the operator's named limit sets that `CheckLimit`
-//!   callers may name instead of parameters.
+//! - [`rules`] holds the operator's rules as loaded from the rules files (or
+//!   xDS) into one snapshot every face reads: Envoy's descriptors, the quota
+//!   service's policies, and [`policy`], the named limit sets that
+//!   `CheckLimit` callers may name instead of parameters; [`spec`] is what
+//!   their grammars share.
 //! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
 //! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
-//!   in-memory twin with the same semantics.
+//!   in-memory twin with the same semantics; its registry is the one place
+//!   that names the algorithms and builds them from a face's parameters.
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
 //!   an embedded map with expiry.
 //!
@@ -45,7 +49,9 @@ pub mod options;
 pub mod pb;
 pub mod policy;
 pub mod quota;
+pub mod rules;
 pub mod server;
+pub mod spec;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

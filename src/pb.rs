@@ -1,5 +1,7 @@
 //! Code generated from `proto/` by `build.rs`, fenced here with its lint
-//! allowances so the rest of the crate stays strict.
+//! allowances so the rest of the crate stays strict; and, in [`convert`],
+//! the conversions between generated types and ours that more than one
+//! place needs.
 
 #[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
 pub mod ratelimitd {
@@ -77,34 +79,4 @@ pub mod ratelimit {
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ratelimitd_descriptor");
 
-/// One algorithm's messages, under the one-limit form's oneof
-/// (`CheckLimitRequest.algorithm`) and under a `Limit`'s: the same
-/// messages, so each converts to the other.
-mod algorithm_oneofs {
-    use super::ratelimitd::v1::check_limit_request::Algorithm as OneLimit;
-    use super::ratelimitd::v1::limit::Algorithm as OfSeveral;
-
-    impl From<OneLimit> for OfSeveral {
-        fn from(algorithm: OneLimit) -> Self {
-            match algorithm {
-                OneLimit::FixedWindow(p) => Self::FixedWindow(p),
-                OneLimit::SlidingWindow(p) => Self::SlidingWindow(p),
-                OneLimit::TokenBucket(p) => Self::TokenBucket(p),
-                OneLimit::Gcra(p) => Self::Gcra(p),
-                OneLimit::SlidingWindowCounter(p) => Self::SlidingWindowCounter(p),
-            }
-        }
-    }
-
-    impl From<OfSeveral> for OneLimit {
-        fn from(algorithm: OfSeveral) -> Self {
-            match algorithm {
-                OfSeveral::FixedWindow(p) => Self::FixedWindow(p),
-                OfSeveral::SlidingWindow(p) => Self::SlidingWindow(p),
-                OfSeveral::TokenBucket(p) => Self::TokenBucket(p),
-                OfSeveral::Gcra(p) => Self::Gcra(p),
-                OfSeveral::SlidingWindowCounter(p) => Self::SlidingWindowCounter(p),
-            }
-        }
-    }
-}
+pub mod convert;

@@ -3,10 +3,12 @@
 //! the same semantics (tests/twins.rs proves them equal). This module is the
 //! twin of `decide.lua`'s driver for the embedded store; the script itself,
 //! and how a call becomes its arguments, is `limiter::script`. Nothing here
-//! knows Redis.
+//! knows Redis. [`registry`] names the algorithms and builds each from the
+//! parameters the faces state.
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod registry;
 pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;

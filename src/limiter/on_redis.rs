@@ -7,17 +7,10 @@ use futures::future::join_all;
 
 use super::Combination;
 use super::keys::{GroupDecisions, Groups};
-use super::script::{self, Decided, Mode, ScriptLimit};
+use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::error::StoreError;
 use crate::limit::LimitRequest;
 use crate::store::RedisStore;
-
-/// The most limits one script call decides. Each costs the script a few
-/// Redis commands (tens of microseconds at most), so a call stays well
-/// inside any sane `--redis-command-timeout` and does not hold a Redis node
-/// from other callers for long; `ShouldRateLimit` at its default bounds
-/// (64 descriptors) fits in one call.
-pub(super) const MAX_LIMITS_PER_SCRIPT: usize = 64;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where

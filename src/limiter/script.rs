@@ -10,6 +10,14 @@ use redis::{Script, ScriptInvocation};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 
+/// The most limits one script call decides. Each costs the script a few
+/// Redis commands (tens of microseconds at most), so a call stays well
+/// inside any sane `--redis-command-timeout` and does not hold a Redis node
+/// from other callers for long. What one request may ask is bounded by it:
+/// a named policy's limits, `CheckLimit`'s default limits per request, and
+/// `ShouldRateLimit`'s default descriptors each fit in one call.
+pub const MAX_LIMITS_PER_SCRIPT: usize = 64;
+
 /// Every algorithm's Lua function, with the spend constants they share.
 /// Public so a test can put them under a clock of its own.
 pub const ALGORITHMS_LUA: &str = concat!(

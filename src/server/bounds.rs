@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::api::check::CheckBounds;
 use crate::api::envoy::RequestBounds;
 use crate::incoming::{IncomingSettings, ShutdownStarted};
+use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::options::{DurationOrOff, duration_or_off, positive_duration};
 
 /// Bounds per peer, connection and request.
@@ -92,8 +93,9 @@ pub struct BoundsOptions {
 
     /// Most limits one CheckLimit may carry in `limits` (more:
     /// INVALID_ARGUMENT). Every limit of a request is decided in one Redis
-    /// script when its keys share a node; 64 is what one script decides.
-    #[arg(long, env = "RATELIMITD_MAX_LIMITS_PER_REQUEST", default_value_t = 64,
+    /// script when its keys share a node; the default is what one script
+    /// decides.
+    #[arg(long, env = "RATELIMITD_MAX_LIMITS_PER_REQUEST", default_value_t = MAX_LIMITS_PER_SCRIPT,
           value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
     pub max_limits_per_request: usize,
 

@@ -19,9 +19,7 @@ use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::api::check::CheckService;
-use crate::api::envoy::config_file::ConfigError;
 use crate::api::envoy::options::RulesSource;
-use crate::api::envoy::source::{ConfigSource, RulesHandle};
 use crate::api::envoy::{EnvoyService, xds};
 use crate::api::rlqs::QuotaService;
 use crate::config::{Config, InvalidConfig};
@@ -34,6 +32,8 @@ use crate::limiter::{Limiter, Store};
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::quota::{MemoryLedger, QuotaLedger};
+use crate::rules::ConfigError;
+use crate::rules::{ConfigSource, RulesHandle};
 use crate::store::SystemClock;
 use crate::tls::{ServerTls, TlsError};
 

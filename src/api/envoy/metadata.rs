@@ -9,59 +9,7 @@ use prost_types::{ListValue, Struct, Value};
 
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
-/// A YAML/JSON map as a protobuf Struct; `None` if `json` is not a map.
-pub fn json_to_struct(json: &serde_json::Value) -> Option<Struct> {
-    let serde_json::Value::Object(map) = json else {
-        return None;
-    };
-    Some(Struct {
-        fields: map
-            .iter()
-            .map(|(key, value)| (key.clone(), json_to_value(value)))
-            .collect(),
-    })
-}
-
-/// A protobuf Struct as JSON (how xDS configuration reaches the file
-/// parser).
-pub fn struct_to_json(value: &Struct) -> serde_json::Value {
-    serde_json::Value::Object(
-        value
-            .fields
-            .iter()
-            .map(|(key, value)| (key.clone(), value_to_json(value)))
-            .collect(),
-    )
-}
-
-fn value_to_json(value: &Value) -> serde_json::Value {
-    match &value.kind {
-        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-        Some(Kind::BoolValue(flag)) => serde_json::Value::Bool(*flag),
-        Some(Kind::NumberValue(number)) => serde_json::Number::from_f64(*number)
-            .map_or(serde_json::Value::Null, serde_json::Value::Number),
-        Some(Kind::StringValue(text)) => serde_json::Value::String(text.clone()),
-        Some(Kind::ListValue(list)) => {
-            serde_json::Value::Array(list.values.iter().map(value_to_json).collect())
-        }
-        Some(Kind::StructValue(inner)) => struct_to_json(inner),
-    }
-}
-
-fn json_to_value(json: &serde_json::Value) -> Value {
-    let kind = match json {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(flag) => Kind::BoolValue(*flag),
-        serde_json::Value::Number(number) => Kind::NumberValue(number.as_f64().unwrap_or(0.0)),
-        serde_json::Value::String(text) => Kind::StringValue(text.clone()),
-        serde_json::Value::Array(items) => Kind::ListValue(ListValue {
-            values: items.iter().map(json_to_value).collect(),
-        }),
-        serde_json::Value::Object(_) => Kind::StructValue(json_to_struct(json).unwrap_or_default()),
-    };
-    Value { kind: Some(kind) }
-}
+use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 
 fn string(text: impl Into<String>) -> Value {
     Value {
@@ -145,18 +93,9 @@ fn descriptor_value(descriptor: &RateLimitDescriptor) -> Value {
     }
 }
 
-/// envoy.type.v3.RateLimitUnit's names.
+/// A unit number's name (as upstream writes it, WEEK = 7), or UNKNOWN.
 fn unit_name(unit: i32) -> &'static str {
-    match unit {
-        1 => "SECOND",
-        2 => "MINUTE",
-        3 => "HOUR",
-        4 => "DAY",
-        5 => "MONTH",
-        6 => "YEAR",
-        7 => "WEEK",
-        _ => "UNKNOWN",
-    }
+    Unit::try_from(unit).map_or("UNKNOWN", |unit| unit.as_str_name())
 }
 
 /// Adds `source`'s fields to `target` as upstream merges: a key already
@@ -182,6 +121,7 @@ fn merge(target: &mut Struct, source: &Struct) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::convert::json_to_struct;
 
     #[test]
     fn maps_merge_recursively_and_first_values_stay() {
@@ -198,5 +138,16 @@ mod tests {
         };
         assert_eq!(m.fields.len(), 2);
         assert!(json_to_struct(&serde_json::json!([1])).is_none());
+    }
+
+    #[test]
+    fn unit_names_are_upstreams() {
+        let names: Vec<&str> = (0..=8).map(unit_name).collect();
+        assert_eq!(
+            names,
+            [
+                "UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "MONTH", "YEAR", "WEEK", "UNKNOWN"
+            ]
+        );
     }
 }

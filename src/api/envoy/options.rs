@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::config_file::FileSelection;
 use super::xds::{XdsSettings, XdsTls};
 use super::{EnvoySettings, LimitHeaderNames, RequestBounds};
 use crate::options::{
     KeyValues, OptionsError, SecretValues, key_values, positive_duration, read_pem, secret_values,
 };
+use crate::rules::FileSelection;
 
 /// The Envoy face: where its rules come from (files or xDS) and how it answers.
 #[derive(Clone, Debug, PartialEq, clap::Args)]

@@ -7,11 +7,51 @@
 //! [`crate::metrics::UpstreamRuleCounters`], labelled by the rule's place in
 //! the configuration, never by a request's values.
 
+use super::plan::{Governed, Plan};
+use super::response::Answer;
+use crate::algorithm;
 use crate::limit::Decision;
 pub use crate::metrics::RuleHits;
+use crate::rules::Limit;
 
 /// Upstream's NEAR_LIMIT_RATIO default.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
+
+/// Each matched descriptor's hits, under upstream's statistics names, as
+/// its most restrictive limit saw them: every limit of a descriptor shares
+/// its statistics names, and upstream counts a descriptor's hits once.
+pub(super) fn record(plan: &Plan, answers: &[Answer], decisions: &[Decision]) {
+    for governed in answers.iter().map(|answer| &plan.parts[answer.part]) {
+        let Some(rule) = governed.rule() else {
+            continue;
+        };
+        // Nothing is worked out when nothing would export it.
+        let Some(counters) = rule.descriptor().upstream_counters(&plan.domain) else {
+            continue;
+        };
+        let hits = match (governed, rule.limit()) {
+            (Governed::Counted { index, hits, .. }, Limit::Counted(counted)) => {
+                let spent =
+                    plan.count_denied_hits && algorithm::counts_denied_hits(counted.algorithm());
+                rule_hits(
+                    u64::from(counted.requests_per_unit()),
+                    *hits,
+                    &decisions[*index],
+                    rule.shadow(),
+                    spent,
+                )
+            }
+            (Governed::Blocked { cost, .. }, _) => RuleHits {
+                total: *cost,
+                over: *cost,
+                shadow: if rule.shadow() { *cost } else { 0 },
+                ..Default::default()
+            },
+            _ => continue,
+        };
+        counters.record(&hits);
+    }
+}
 
 /// The hits of a descriptor that asked for `hits` under a limit of `limit`
 /// and got `decision`. `counted_denied`: a denied descriptor spent its hits

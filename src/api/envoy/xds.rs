@@ -19,16 +19,14 @@ use tokio::sync::mpsc;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tracing::{debug, error, info, warn};
 
-use super::config_file::Snapshot;
-use super::metadata;
-use super::rules::Rules;
-use super::source::RulesHandle;
 use crate::metrics;
+use crate::pb::convert;
 use crate::pb::envoy::config::core::v3::Node;
 use crate::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::pb::google::rpc::Status;
 use crate::pb::ratelimit::config::ratelimit::v3 as conf;
+use crate::rules::{self, Rules, RulesHandle};
 
 /// The type of the resources asked for.
 pub const RATE_LIMIT_CONFIG_TYPE: &str =
@@ -116,33 +114,7 @@ async fn session(
     accepted: &mut String,
     answered: &mut bool,
 ) -> Result<(), String> {
-    let uri = if settings.server.contains("://") {
-        settings.server.clone()
-    } else if settings.tls.is_some() {
-        format!("https://{}", settings.server)
-    } else {
-        format!("http://{}", settings.server)
-    };
-    let mut endpoint = Endpoint::from_shared(uri)
-        .map_err(|err| format!("server address: {err}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
-    if let Some(tls) = &settings.tls {
-        let mut config = ClientTlsConfig::new().with_enabled_roots();
-        if let Some(ca) = &tls.ca {
-            config = config.ca_certificate(Certificate::from_pem(ca));
-        }
-        if let Some((cert, key)) = &tls.identity {
-            config = config.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(name) = &tls.server_name {
-            config = config.domain_name(name.clone());
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|err| format!("TLS: {err}"))?;
-    }
-    let channel = endpoint
+    let channel = endpoint(settings)?
         .connect()
         .await
         .map_err(|err| format!("cannot connect: {err}"))?;
@@ -195,30 +167,73 @@ async fn session(
             debug!(type_url = %response.type_url, "xDS response of another type, ignored");
             continue;
         }
-        match compile(&response) {
-            Ok((compiled, resources)) => {
-                rules.replace(compiled);
-                metrics::config_reload(true);
-                info!(
-                    version = %response.version_info,
-                    resources,
-                    "loaded Envoy rate limit configuration from xDS"
-                );
-                accepted.clone_from(&response.version_info);
-                send(ask(accepted, &response.nonce, None))?;
-            }
-            Err(reason) => {
-                metrics::config_reload(false);
-                error!(
-                    version = %response.version_info,
-                    %reason,
-                    "xDS configuration rejected (NACK); the rules in force stay"
-                );
-                send(ask(accepted, &response.nonce, Some(reason)))?;
-            }
-        }
+        let nack = accept(&response, rules, accepted);
+        send(ask(accepted, &response.nonce, nack))?;
     }
     Ok(())
+}
+
+/// Where the management server is, with TLS when the settings ask for it.
+fn endpoint(settings: &XdsSettings) -> Result<Endpoint, String> {
+    let uri = if settings.server.contains("://") {
+        settings.server.clone()
+    } else if settings.tls.is_some() {
+        format!("https://{}", settings.server)
+    } else {
+        format!("http://{}", settings.server)
+    };
+    let endpoint = Endpoint::from_shared(uri)
+        .map_err(|err| format!("server address: {err}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let Some(tls) = &settings.tls else {
+        return Ok(endpoint);
+    };
+    let mut config = ClientTlsConfig::new().with_enabled_roots();
+    if let Some(ca) = &tls.ca {
+        config = config.ca_certificate(Certificate::from_pem(ca));
+    }
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
+    endpoint
+        .tls_config(config)
+        .map_err(|err| format!("TLS: {err}"))
+}
+
+/// Puts a response's configuration in force if it compiles (its version
+/// then `accepted`); otherwise the reason, for the NACK, and the rules in
+/// force stay.
+fn accept(
+    response: &DiscoveryResponse,
+    rules: &RulesHandle,
+    accepted: &mut String,
+) -> Option<String> {
+    match compile(response) {
+        Ok((compiled, resources)) => {
+            rules.replace(compiled);
+            metrics::config_reload(true);
+            info!(
+                version = %response.version_info,
+                resources,
+                "loaded Envoy rate limit configuration from xDS"
+            );
+            accepted.clone_from(&response.version_info);
+            None
+        }
+        Err(reason) => {
+            metrics::config_reload(false);
+            error!(
+                version = %response.version_info,
+                %reason,
+                "xDS configuration rejected (NACK); the rules in force stay"
+            );
+            Some(reason)
+        }
+    }
 }
 
 fn node(settings: &XdsSettings) -> Node {
@@ -262,9 +277,7 @@ fn compile(response: &DiscoveryResponse) -> Result<(Rules, usize), String> {
             .map_err(|err| format!("resources[{i}]: {err}"))?;
         files.push((PathBuf::from(format!("xds:{name}")), document));
     }
-    let rules = Snapshot { files }
-        .compile()
-        .map_err(|err| err.to_string())?;
+    let rules = rules::compile(&files).map_err(|err| err.to_string())?;
     Ok((rules, response.resources.len()))
 }
 
@@ -320,7 +333,7 @@ fn descriptor_document(descriptor: &conf::RateLimitDescriptor) -> serde_json::Va
     document.insert("detailed_metric".into(), descriptor.detailed_metric.into());
     document.insert("quota_mode".into(), descriptor.quota_mode.into());
     if let Some(metadata) = &descriptor.metadata {
-        document.insert("metadata".into(), metadata::struct_to_json(metadata));
+        document.insert("metadata".into(), convert::struct_to_json(metadata));
     }
     document.into()
 }

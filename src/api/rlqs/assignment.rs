@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use crate::api::envoy::quota_policies::QuotaRate;
 use crate::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use crate::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
 use crate::quota::MicroRps;
+use crate::rules::quota::QuotaRate;
 
 /// The shortest fill interval given: a minute, so a share is counted in
 /// whole requests per minute (1/60 of a request per second).

@@ -26,11 +26,11 @@ pub use self::assignment::Assigned;
 use self::nudges::Nudges;
 pub use self::options::QuotaOptions;
 use self::stream::QuotaStream;
-use crate::api::envoy::source::RulesHandle;
 use crate::limit::FailurePolicy;
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::quota::QuotaLedger;
+use crate::rules::RulesHandle;
 
 /// Server-wide settings of the quota service.
 #[derive(Debug, Clone)]

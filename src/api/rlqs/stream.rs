@@ -17,7 +17,6 @@ use tracing::{debug, warn};
 
 use super::Shared;
 use super::assignment::{Assigned, time_to_live};
-use crate::api::envoy::quota_policies::{QuotaDomain, QuotaLimit, QuotaPolicy, QuotaRate};
 use crate::error::StoreError;
 use crate::limit::FailurePolicy;
 use crate::metrics;
@@ -28,6 +27,7 @@ use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
 use crate::quota::{self, MicroRps, Share, ShareOp, ShareParams};
+use crate::rules::quota::{QuotaDomain, QuotaLimit, QuotaPolicy, QuotaRate};
 
 /// A demand is worked out only over at least this long: a report hard on
 /// the heels of another says little about a rate.
@@ -139,7 +139,7 @@ impl QuotaStream {
             return Vec::new();
         };
         let rules = self.shared.rules.current();
-        let Some(quota) = rules.quotas.get(&domain) else {
+        let Some(quota) = rules.quota(&domain) else {
             self.ignore("unknown_domain", reports.bucket_quota_usages.len());
             // A reload took the domain's policies away: the Envoy falls
             // back to its own no-assignment behaviour for these buckets.
@@ -216,7 +216,7 @@ impl QuotaStream {
             return moved;
         };
         let rules = self.shared.rules.current();
-        let Some(quota) = rules.quotas.get(domain) else {
+        let Some(quota) = rules.quota(domain) else {
             return moved;
         };
         for (key, subscription) in &mut self.buckets {

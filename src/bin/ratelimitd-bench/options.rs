@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use ratelimitd::algorithm::registry::{Kind, Rate};
 
 /// Drives a rate-limit service (ratelimitd's `CheckLimit`, any Envoy RLS
 /// server's `ShouldRateLimit`) or Redis itself, running ratelimitd's own
@@ -57,8 +58,8 @@ pub(crate) struct Options {
     #[arg(long)]
     pub rate: Option<f64>,
 
-    #[arg(long, value_enum, default_value_t = AlgorithmKind::FixedWindow)]
-    pub algorithm: AlgorithmKind,
+    #[arg(long, value_enum, default_value_t = Kind::FixedWindow)]
+    pub algorithm: Kind,
 
     /// Requests per window; a token bucket's capacity; GCRA's burst.
     #[arg(long, default_value_t = 1000)]
@@ -77,7 +78,7 @@ pub(crate) struct Options {
     /// named `l0` to `l{N-1}`, each the limit of `--algorithm`, `--limit`
     /// and `--window` on the request's key and each its own counter,
     /// decided together. The server takes at most its
-    /// --max-limits-per-request (default 64).
+    /// --max-limits-per-request.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub limits: u32,
 
@@ -140,16 +141,6 @@ pub(crate) enum TargetKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum AlgorithmKind {
-    FixedWindow,
-    SlidingWindow,
-    TokenBucket,
-    /// `--limit` per `--window` sustained, bursts of `--limit`.
-    Gcra,
-    SlidingWindowCounter,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum KeyPattern {
     /// One key for every request: a flood on one limit.
     Hot,
@@ -199,6 +190,12 @@ impl Options {
             }
         }
         Ok(())
+    }
+
+    /// The run's limit: `--limit` per `--window` (a token bucket holds
+    /// `--limit` and refills it once per window; GCRA's burst is `--limit`).
+    pub(crate) fn rate(&self) -> Rate {
+        Rate::new(self.limit, self.window)
     }
 
     /// The target as given on the command line.

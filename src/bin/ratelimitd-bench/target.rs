@@ -6,9 +6,8 @@
 
 use std::time::Duration;
 
-use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, SlidingWindow, SlidingWindowCounter, TokenBucket,
-};
+use ratelimitd::algorithm::registry::WindowStart;
+use ratelimitd::limit::{Algorithm, CallerKey};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{
@@ -18,13 +17,13 @@ use ratelimitd::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
 };
 use ratelimitd::pb::ratelimitd::v1::{
-    self as pb, CheckLimitRequest, CheckLimitsRequest, check_limit_request, check_limit_result,
+    self as pb, CheckLimitRequest, CheckLimitsRequest, check_limit_result,
     rate_limiter_client::RateLimiterClient,
 };
 use redis::aio::MultiplexedConnection;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::options::{AlgorithmKind, Options, TargetKind};
+use crate::options::{Options, TargetKind};
 
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +101,7 @@ impl Target {
                 let channels = channels(options, connections).await?;
                 Ok(Self::CheckLimit {
                     clients: channels.into_iter().map(RateLimiterClient::new).collect(),
-                    template: check_limit_template(options, &algorithm),
+                    template: check_limit_template(options),
                 })
             }
             TargetKind::ShouldRateLimit => {
@@ -147,95 +146,17 @@ impl Target {
     /// connection: a batch (`CheckLimits`) if there are several keys, which
     /// only `check-limit` is given.
     pub(crate) async fn call(&self, worker: usize, keys: &[&str]) -> Outcomes {
+        // Options allow batches for check-limit only.
+        let key = keys.first().copied().unwrap_or_default();
         match self {
             Self::CheckLimit { clients, template } => {
-                // Clients are cheap handles onto the shared channel.
-                let mut client = clients[worker % clients.len()].clone();
-                let request = |key: &str| CheckLimitRequest {
-                    key: key.to_owned(),
-                    ..template.clone()
-                };
-                if let [key] = keys {
-                    return Outcomes::one(match client.check_limit(request(key)).await {
-                        Ok(response) if response.get_ref().allowed => Outcome::Allowed,
-                        Ok(_) => Outcome::Denied,
-                        Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
-                    });
-                }
-                let batch = CheckLimitsRequest {
-                    requests: keys.iter().map(|key| request(key)).collect(),
-                };
-                let mut outcomes = Outcomes::default();
-                match client.check_limits(batch).await {
-                    Ok(response) => {
-                        let results = response.into_inner().results;
-                        // Each item counts as a unary call's answer would,
-                        // its error under the same name.
-                        let answered = results.len() as u64;
-                        for result in results {
-                            outcomes.add(
-                                match result.result {
-                                    Some(check_limit_result::Result::Response(response)) => {
-                                        if response.allowed {
-                                            Outcome::Allowed
-                                        } else {
-                                            Outcome::Denied
-                                        }
-                                    }
-                                    Some(check_limit_result::Result::Error(status)) => {
-                                        Outcome::Error(format!(
-                                            "grpc {:?}",
-                                            tonic::Code::from_i32(status.code)
-                                        ))
-                                    }
-                                    None => Outcome::Error("empty result".into()),
-                                },
-                                1,
-                            );
-                        }
-                        // A server that answers fewer items than asked has
-                        // failed the rest; more would be counted above.
-                        let missing = (keys.len() as u64).saturating_sub(answered);
-                        if missing > 0 {
-                            outcomes.add(Outcome::Error("missing result".into()), missing);
-                        }
-                    }
-                    // The whole call failed: so did every request in it.
-                    Err(status) => outcomes.add(
-                        Outcome::Error(format!("grpc {:?}", status.code())),
-                        keys.len() as u64,
-                    ),
-                }
-                outcomes
+                check_limit(own(clients, worker), template, keys).await
             }
             Self::ShouldRateLimit {
                 clients,
                 domain,
                 cost,
-            } => {
-                // Options allow batches for check-limit only.
-                let key = keys.first().copied().unwrap_or_default();
-                let mut client = clients[worker % clients.len()].clone();
-                let request = RateLimitRequest {
-                    domain: domain.clone(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: "key".into(),
-                            value: key.to_owned(),
-                        }],
-                        ..Default::default()
-                    }],
-                    hits_addend: *cost,
-                };
-                Outcomes::one(match client.should_rate_limit(request).await {
-                    Ok(response) => match response.get_ref().overall_code() {
-                        Code::Ok => Outcome::Allowed,
-                        Code::OverLimit => Outcome::Denied,
-                        Code::Unknown => Outcome::Error("overall_code UNKNOWN".into()),
-                    },
-                    Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
-                })
-            }
+            } => Outcomes::one(should_rate_limit(own(clients, worker), domain, *cost, key).await),
             Self::RedisDirect {
                 connections,
                 algorithm,
@@ -243,76 +164,160 @@ impl Target {
                 cost,
                 timeout,
             } => {
-                let key = keys.first().copied().unwrap_or_default();
-                let mut connection = connections[worker % connections.len()].clone();
-                let caller = match CallerKey::new(key.to_owned()) {
-                    Ok(caller) => caller,
-                    Err(err) => return Outcomes::one(Outcome::Error(format!("key: {err}"))),
-                };
-                // Exactly what ratelimitd sends for one CheckLimit call.
-                let key = storage_key(key_prefix, algorithm, &caller);
-                let limit = ScriptLimit {
-                    key: &key,
-                    algorithm,
-                    cost: *cost,
-                    shadow: false,
-                };
-                let invocation = script::decide_call(Mode::Decide, &[limit]);
-                let reply = tokio::time::timeout(
-                    *timeout,
-                    invocation.invoke_async::<Vec<i64>>(&mut connection),
-                )
-                .await;
-                Outcomes::one(match reply {
-                    Ok(Ok(reply)) => match reply.first() {
-                        Some(1) => Outcome::Allowed,
-                        Some(0) => Outcome::Denied,
-                        _ => Outcome::Error(format!("script replied {reply:?}")),
-                    },
-                    Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),
-                    Err(_) => Outcome::Error("timeout".into()),
-                })
+                let limit = (algorithm, key_prefix.as_str(), *cost);
+                let connection = own(connections, worker);
+                Outcomes::one(redis_direct(connection, limit, key, *timeout).await)
             }
         }
     }
 }
 
-/// The limit every target applies: `--limit` per `--window` (a token bucket
-/// holds `--limit` and refills it once per window).
-pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
-    let invalid = |err: ratelimitd::limit::InvalidArgument| err.to_string();
-    match options.algorithm {
-        AlgorithmKind::FixedWindow => FixedWindow::new(options.limit, options.window)
-            .map(Algorithm::FixedWindow)
-            .map_err(invalid),
-        AlgorithmKind::SlidingWindow => SlidingWindow::new(options.limit, options.window)
-            .map(Algorithm::SlidingWindow)
-            .map_err(invalid),
-        AlgorithmKind::TokenBucket => {
-            if options.window.is_zero() {
-                return Err("--window must be positive".into());
-            }
-            let per_second = options.limit as f64 / options.window.as_secs_f64();
-            TokenBucket::new(options.limit, per_second)
-                .map(Algorithm::TokenBucket)
-                .map_err(invalid)
-        }
-        AlgorithmKind::SlidingWindowCounter => {
-            SlidingWindowCounter::new(options.limit, options.window)
-                .map(Algorithm::SlidingWindowCounter)
-                .map_err(invalid)
-        }
-        AlgorithmKind::Gcra => Gcra::new(options.limit, options.window, options.limit)
-            .map(Algorithm::Gcra)
-            .map_err(invalid),
+/// The worker's own of the run's connections (clients are cheap handles
+/// onto one).
+fn own<T: Clone>(all: &[T], worker: usize) -> T {
+    all[worker % all.len()].clone()
+}
+
+/// One `CheckLimit` call for one key, or one `CheckLimits` call for
+/// several.
+async fn check_limit(
+    mut client: RateLimiterClient<Channel>,
+    template: &CheckLimitRequest,
+    keys: &[&str],
+) -> Outcomes {
+    let request = |key: &str| CheckLimitRequest {
+        key: key.to_owned(),
+        ..template.clone()
+    };
+    if let [key] = keys {
+        return Outcomes::one(match client.check_limit(request(key)).await {
+            Ok(response) if response.get_ref().allowed => Outcome::Allowed,
+            Ok(_) => Outcome::Denied,
+            Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+        });
     }
+    let batch = CheckLimitsRequest {
+        requests: keys.iter().map(|key| request(key)).collect(),
+    };
+    let mut outcomes = Outcomes::default();
+    match client.check_limits(batch).await {
+        Ok(response) => {
+            let results = response.into_inner().results;
+            // Each item counts as a unary call's answer would, its error
+            // under the same name.
+            let answered = results.len() as u64;
+            for result in results {
+                let outcome = match result.result {
+                    Some(check_limit_result::Result::Response(response)) => {
+                        if response.allowed {
+                            Outcome::Allowed
+                        } else {
+                            Outcome::Denied
+                        }
+                    }
+                    Some(check_limit_result::Result::Error(status)) => {
+                        Outcome::Error(format!("grpc {:?}", tonic::Code::from_i32(status.code)))
+                    }
+                    None => Outcome::Error("empty result".into()),
+                };
+                outcomes.add(outcome, 1);
+            }
+            // A server that answers fewer items than asked has failed the
+            // rest; more would be counted above.
+            let missing = (keys.len() as u64).saturating_sub(answered);
+            if missing > 0 {
+                outcomes.add(Outcome::Error("missing result".into()), missing);
+            }
+        }
+        // The whole call failed: so did every request in it.
+        Err(status) => outcomes.add(
+            Outcome::Error(format!("grpc {:?}", status.code())),
+            keys.len() as u64,
+        ),
+    }
+    outcomes
+}
+
+/// One `ShouldRateLimit` call: `cost` hits on the descriptor `("key",
+/// key)` of `domain`.
+async fn should_rate_limit(
+    mut client: RateLimitServiceClient<Channel>,
+    domain: &str,
+    cost: u32,
+    key: &str,
+) -> Outcome {
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "key".into(),
+                value: key.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: cost,
+    };
+    match client.should_rate_limit(request).await {
+        Ok(response) => match response.get_ref().overall_code() {
+            Code::Ok => Outcome::Allowed,
+            Code::OverLimit => Outcome::Denied,
+            Code::Unknown => Outcome::Error("overall_code UNKNOWN".into()),
+        },
+        Err(status) => Outcome::Error(format!("grpc {:?}", status.code())),
+    }
+}
+
+/// One call of ratelimitd's decision script for `key`: exactly what
+/// ratelimitd sends for one `CheckLimit` call with `limit` (the algorithm,
+/// the key prefix and the cost).
+async fn redis_direct(
+    mut connection: MultiplexedConnection,
+    (algorithm, key_prefix, cost): (&Algorithm, &str, u64),
+    key: &str,
+    timeout: Duration,
+) -> Outcome {
+    let caller = match CallerKey::new(key.to_owned()) {
+        Ok(caller) => caller,
+        Err(err) => return Outcome::Error(format!("key: {err}")),
+    };
+    let key = storage_key(key_prefix, algorithm, &caller);
+    let limit = ScriptLimit {
+        key: &key,
+        algorithm,
+        cost,
+        shadow: false,
+    };
+    let invocation = script::decide_call(Mode::Decide, &[limit]);
+    let reply = tokio::time::timeout(
+        timeout,
+        invocation.invoke_async::<Vec<i64>>(&mut connection),
+    )
+    .await;
+    match reply {
+        Ok(Ok(reply)) => match reply.first() {
+            Some(1) => Outcome::Allowed,
+            Some(0) => Outcome::Denied,
+            _ => Outcome::Error(format!("script replied {reply:?}")),
+        },
+        Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),
+        Err(_) => Outcome::Error("timeout".into()),
+    }
+}
+
+/// The limit every target applies ([`Options::rate`]), with `CheckLimit`'s
+/// fixed windows, which start at a key's first request.
+pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
+    options
+        .algorithm
+        .build(options.rate(), WindowStart::FirstRequest)
+        .map_err(|err| err.to_string())
 }
 
 /// A `CheckLimit` request without its key: the run's limit in the
 /// one-limit form, or `--limits` copies of it named `l0`, `l1`... (each a
 /// counter of its own on the request's key), and `--cost` on the request.
-fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitRequest {
-    let algorithm = pb_algorithm(options, algorithm);
+fn check_limit_template(options: &Options) -> CheckLimitRequest {
+    let algorithm = options.algorithm.to_proto(options.rate());
     let cost = Some(options.cost);
     if options.limits <= 1 {
         return CheckLimitRequest {
@@ -341,41 +346,6 @@ fn check_limit_template(options: &Options, algorithm: &Algorithm) -> CheckLimitR
 /// The name of limit `i` of a request with several.
 pub(crate) fn limit_name(i: u32) -> String {
     format!("l{i}")
-}
-
-/// The same limit as `CheckLimit` states it.
-fn pb_algorithm(options: &Options, algorithm: &Algorithm) -> check_limit_request::Algorithm {
-    // `algorithm` was built from `--window`, which validation bounds to
-    // 366 days: the conversion cannot fail.
-    let window = prost_types::Duration::try_from(options.window).ok();
-    match algorithm {
-        Algorithm::FixedWindow(p) => check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
-            limit: p.limit(),
-            window,
-        }),
-        Algorithm::SlidingWindow(p) => {
-            check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
-                limit: p.limit(),
-                window,
-            })
-        }
-        Algorithm::TokenBucket(p) => check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
-            capacity: p.capacity(),
-            refill_per_second: p.refill_per_second(),
-        }),
-        Algorithm::SlidingWindowCounter(p) => {
-            check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
-                limit: p.limit(),
-                window,
-            })
-        }
-        // GCRA keeps only its interval; the request states rate and period.
-        Algorithm::Gcra(p) => check_limit_request::Algorithm::Gcra(pb::Gcra {
-            rate: options.limit,
-            period: window,
-            burst: p.burst(),
-        }),
-    }
 }
 
 /// `connections` HTTP/2 connections to the server.
@@ -407,13 +377,7 @@ pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
     }
     let limit = u32::try_from(options.limit)
         .map_err(|_| "--limit: Envoy's requests_per_unit is at most 4294967295")?;
-    let algorithm = match options.algorithm {
-        AlgorithmKind::FixedWindow => "fixed_window",
-        AlgorithmKind::SlidingWindow => "sliding_window",
-        AlgorithmKind::TokenBucket => "token_bucket",
-        AlgorithmKind::Gcra => "gcra",
-        AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
-    };
+    let algorithm = options.algorithm.name();
     Ok(format!(
         "# ratelimitd-bench rules: {limit} per {seconds}s ({algorithm}) for every key.\n\
          domain: {domain}\n\
@@ -432,12 +396,13 @@ pub(crate) fn envoy_config(options: &Options) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use ratelimitd::pb::ratelimitd::v1::check_limit_request;
 
     use super::*;
 
     fn template(args: &[&str]) -> CheckLimitRequest {
         let options = Options::parse_from(std::iter::once("bench").chain(args.iter().copied()));
-        check_limit_template(&options, &algorithm(&options).unwrap())
+        check_limit_template(&options)
     }
 
     #[test]

@@ -15,7 +15,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::rules::{Source, Unit, Wildcard};
+use super::rule::{Period, Source};
+use super::wildcard::Wildcard;
 
 /// The largest rate a policy may give, in requests per second: shares are
 /// counted in millionths of a request per second, and their arithmetic
@@ -58,13 +59,8 @@ impl QuotaRate {
     /// A rate, if it is within the bounds shares can count: at least one
     /// millionth of a request per second, at most
     /// [`MAX_REQUESTS_PER_SECOND`].
-    pub fn new(
-        requests: u64,
-        unit: Unit,
-        unit_multiplier: u32,
-        burst: Option<u64>,
-    ) -> Result<Self, String> {
-        let period_seconds = unit.seconds() * u64::from(unit_multiplier);
+    pub fn new(requests: u64, period: Period, burst: Option<u64>) -> Result<Self, String> {
+        let period_seconds = period.seconds();
         let rate = Self {
             requests,
             period_seconds,
@@ -146,9 +142,7 @@ impl QuotaPolicy {
             }
             match pattern {
                 ValuePattern::Exact(_) => exact += 1,
-                ValuePattern::Wildcard(wildcard) => {
-                    literal += wildcard.pattern.len() - wildcard.pattern.matches('*').count();
-                }
+                ValuePattern::Wildcard(wildcard) => literal += wildcard.literal_len(),
             }
         }
         Some((exact, self.bucket.len() - exact, literal))
@@ -207,6 +201,7 @@ pub fn render_pattern(bucket: &[(String, ValuePattern)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::Unit;
 
     fn policy(name: &str, bucket: &[(&str, &str)]) -> Arc<QuotaPolicy> {
         let mut bucket: Vec<(String, ValuePattern)> = bucket
@@ -226,13 +221,6 @@ mod tests {
         })
     }
 
-    fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
     fn the_most_specific_policy_wins_then_the_first_written() {
         let domain = QuotaDomain {
@@ -248,7 +236,13 @@ mod tests {
                 line: 1,
             }),
         };
-        let name_of = |pairs: &[(&str, &str)]| domain.find(&bucket(pairs)).name.clone();
+        let name_of = |pairs: &[(&str, &str)]| {
+            let bucket: HashMap<String, String> = pairs
+                .iter()
+                .map(|&(key, value)| (key.into(), value.into()))
+                .collect();
+            domain.find(&bucket).name.clone()
+        };
         assert_eq!(name_of(&[("name", "api"), ("tenant", "acme")]), "api-acme");
         assert_eq!(
             name_of(&[("name", "api"), ("tenant", "other")]),
@@ -265,14 +259,16 @@ mod tests {
 
     #[test]
     fn rates_are_counted_in_millionths_within_bounds() {
-        let rate = QuotaRate::new(100, Unit::Second, 1, None).unwrap();
+        let second = Period::of(Unit::Second);
+        let rate = QuotaRate::new(100, second, None).unwrap();
         assert_eq!(rate.micro_rps(), 100_000_000);
-        let rate = QuotaRate::new(5000, Unit::Minute, 5, None).unwrap();
+        let five_minutes = Period::parse(Some(Unit::Minute), "minute", Some(5)).unwrap();
+        let rate = QuotaRate::new(5000, five_minutes, None).unwrap();
         assert_eq!(rate.micro_rps(), 16_666_666);
-        assert!(QuotaRate::new(1, Unit::Year, 1, None).is_err());
-        assert!(QuotaRate::new(1, Unit::Day, 1, None).is_ok());
-        assert!(QuotaRate::new(MAX_REQUESTS_PER_SECOND + 1, Unit::Second, 1, None).is_err());
-        assert!(QuotaRate::new(MAX_REQUESTS_PER_SECOND, Unit::Second, 1, None).is_ok());
+        assert!(QuotaRate::new(1, Period::of(Unit::Year), None).is_err());
+        assert!(QuotaRate::new(1, Period::of(Unit::Day), None).is_ok());
+        assert!(QuotaRate::new(MAX_REQUESTS_PER_SECOND + 1, second, None).is_err());
+        assert!(QuotaRate::new(MAX_REQUESTS_PER_SECOND, second, None).is_ok());
     }
 
     #[test]

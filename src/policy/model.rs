@@ -1,16 +1,13 @@
-//! Named policies: limit sets the operator defines once, in the policies
-//! file, and `CheckLimit` callers name instead of sending parameters. Pure:
-//! the model, how one limit's `per` / `limit` / `burst` become an
-//! algorithm's parameters, and how a policy becomes limit requests.
+//! The policies' model: a named set of limits, how one limit's `per` /
+//! `limit` / `burst` become an algorithm's parameters, and how a policy
+//! becomes limit requests. Pure.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, InvalidArgument, LimitRequest, SlidingWindow,
-    SlidingWindowCounter, TokenBucket,
-};
+use crate::algorithm::registry::{self, Kind, Rate, WindowStart};
+use crate::limit::{Algorithm, CallerKey, InvalidArgument, LimitRequest};
 
 /// Every policy, by name.
 pub type Policies = HashMap<String, Arc<Policy>>;
@@ -50,35 +47,30 @@ pub enum Scope {
     Policy,
 }
 
-/// The algorithms a policy may name, as written in the file.
-pub const ALGORITHM_NAMES: &str =
-    "fixed_window, sliding_window, token_bucket, gcra or sliding_window_counter";
-
 /// `limit` units per `per` under `algorithm` (`fixed_window` when `None`),
-/// with `burst` for the two algorithms that take one:
-/// - fixed_window, sliding_window, sliding_window_counter: at most `limit`
-///   per `per` (a fixed window starts at the key's first request, as
-///   `CheckLimit`'s);
-/// - token_bucket: `burst` tokens (default `limit`), refilled at
-///   `limit / per`;
-/// - gcra: `limit` per `per` sustained, `burst` (default `limit`) at once.
+/// with `burst` for the two algorithms that take one, as the registry
+/// reads a rate ([`Kind::build`]); a fixed window starts at the key's first
+/// request, as `CheckLimit`'s.
 ///
-/// The error names the field (`per`, `limit`, `burst`, `algorithm`) and
-/// the rule.
+/// The error names the file's field (`per`, `limit`, `burst`, `algorithm`)
+/// and the rule.
 pub fn algorithm(
     algorithm: Option<&str>,
     limit: u64,
     per: Duration,
     burst: Option<u64>,
 ) -> Result<Algorithm, InvalidArgument> {
-    let name = algorithm.unwrap_or("fixed_window");
-    let takes_burst = matches!(name, "token_bucket" | "gcra");
-    if burst.is_some() && !takes_burst {
-        return Err(InvalidArgument::new(
-            "burst",
-            format!("applies to token_bucket and gcra only (this limit is {name})"),
-        ));
+    let name = algorithm.unwrap_or(Kind::FixedWindow.name());
+    let kind = Kind::from_name(name);
+    if burst.is_some() && !kind.is_some_and(Kind::takes_burst) {
+        return Err(registry::burst_refused(name));
     }
+    let Some(kind) = kind else {
+        return Err(InvalidArgument::new(
+            "algorithm",
+            format!("unknown '{name}': use {}", Kind::names(" or ")),
+        ));
+    };
     // The parameters' own names, mapped back to the file's.
     let field = |err: InvalidArgument| {
         let field = match err.field.as_str() {
@@ -89,28 +81,8 @@ pub fn algorithm(
         };
         InvalidArgument::new(field, err.rule)
     };
-    let counted = match name {
-        "fixed_window" => FixedWindow::new(limit, per).map(Algorithm::FixedWindow),
-        "sliding_window" => SlidingWindow::new(limit, per).map(Algorithm::SlidingWindow),
-        "sliding_window_counter" => {
-            SlidingWindowCounter::new(limit, per).map(Algorithm::SlidingWindowCounter)
-        }
-        "token_bucket" => {
-            if per.is_zero() {
-                return Err(InvalidArgument::new("per", "must be positive"));
-            }
-            let rate = limit as f64 / per.as_secs_f64();
-            TokenBucket::new(burst.unwrap_or(limit), rate).map(Algorithm::TokenBucket)
-        }
-        "gcra" => Gcra::new(limit, per, burst.unwrap_or(limit)).map(Algorithm::Gcra),
-        other => {
-            return Err(InvalidArgument::new(
-                "algorithm",
-                format!("unknown '{other}': use {ALGORITHM_NAMES}"),
-            ));
-        }
-    };
-    counted.map_err(field)
+    let rate = Rate { limit, per, burst };
+    kind.build(rate, WindowStart::FirstRequest).map_err(field)
 }
 
 impl Policy {

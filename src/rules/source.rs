@@ -1,4 +1,4 @@
-//! Where the Envoy rules come from: the `--config` file or directory, read at
+//! Where the rules come from: the `--config` file or directory, read at
 //! start (a bad configuration stops the start) and polled for changes after
 //! (a bad change is logged with file, line and reason, and the rules in
 //! force stay). Polling the content, rather than watching file events, sees
@@ -6,56 +6,34 @@
 //! ConfigMap `..data` symlink swaps, network filesystems.
 
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tracing::{error, info};
 
-use super::config_file::{ConfigError, FileSelection, Snapshot};
-use super::rules::Rules;
+use super::directory::{FileSelection, Files};
+use super::handle::RulesHandle;
+use super::{Rules, document};
 use crate::metrics;
-
-/// The rules in force, shared by every request and swapped whole on reload.
-#[derive(Clone, Default)]
-pub struct RulesHandle(Arc<RwLock<Arc<Rules>>>);
-
-impl RulesHandle {
-    /// A source that starts with `rules`.
-    pub fn new(rules: Rules) -> Self {
-        Self(Arc::new(RwLock::new(Arc::new(rules))))
-    }
-
-    /// The rules now; a request keeps the set it started with.
-    pub fn current(&self) -> Arc<Rules> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(super) fn replace(&self, rules: Rules) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
-    }
-}
+use crate::spec::ConfigError;
 
 /// A configuration path and what was last read from it.
 pub struct ConfigSource {
     path: PathBuf,
     selection: FileSelection,
-    last: Snapshot,
+    last: Files,
 }
 
 impl ConfigSource {
     /// Reads and compiles `path`; any error is the caller's to report.
     pub fn load(path: PathBuf, selection: FileSelection) -> Result<(Self, Rules), ConfigError> {
-        let snapshot = Snapshot::read(&path, selection)?;
-        let rules = snapshot.compile()?;
+        let snapshot = Files::read(&path, selection)?;
+        let rules = document::compile(&snapshot.files)?;
         metrics::config_load(true);
         info!(
             path = %path.display(),
             files = snapshot.files.len(),
-            domains = rules.domains.len(),
-            policies = rules.policies.len(),
+            domains = rules.domain_count(),
+            policies = rules.policy_count(),
             "loaded rate limit configuration"
         );
         Ok((
@@ -82,11 +60,11 @@ impl ConfigSource {
 
     /// One look at the files: reload if they changed since the last look.
     fn poll(&mut self, rules: &RulesHandle) {
-        let snapshot = match Snapshot::read(&self.path, self.selection) {
+        let snapshot = match Files::read(&self.path, self.selection) {
             Ok(snapshot) => snapshot,
             Err(err) => {
                 // Mid-swap or deleted: report once, keep the rules.
-                let missing = Snapshot { files: Vec::new() };
+                let missing = Files::default();
                 if self.last != missing {
                     error!(error = %err, "cannot read the configuration; the rules in force stay");
                     self.last = missing;
@@ -97,13 +75,13 @@ impl ConfigSource {
         if snapshot == self.last {
             return;
         }
-        match snapshot.compile() {
+        match document::compile(&snapshot.files) {
             Ok(compiled) => {
                 info!(
                     path = %self.path.display(),
                     files = snapshot.files.len(),
-                    domains = compiled.domains.len(),
-                    policies = compiled.policies.len(),
+                    domains = compiled.domain_count(),
+                    policies = compiled.policy_count(),
                     "reloaded rate limit configuration"
                 );
                 rules.replace(compiled);

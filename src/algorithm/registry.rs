@@ -1,0 +1,350 @@
+//! The algorithms by name: the one place that knows each algorithm's name,
+//! which parameters it takes, how a face's limit (so many units per period,
+//! maybe a burst) becomes its validated parameters, and how it is stated in
+//! `CheckLimit`'s protobuf. Every face, the policies file and the load
+//! generator build their algorithms here.
+
+use std::time::Duration;
+
+use crate::limit::{
+    Algorithm, FixedWindow, Gcra, InvalidArgument, SlidingWindow, SlidingWindowCounter, TokenBucket,
+};
+use crate::pb::convert;
+use crate::pb::ratelimitd::v1 as pb;
+use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
+
+/// The five algorithms, without their parameters. On the command line (the
+/// load generator's `--algorithm`) they are written `fixed-window`,
+/// `token-bucket` and so on; in files and protobuf, by [`Kind::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// At most the limit per window.
+    FixedWindow,
+    /// At most the limit within any span of the window (a log of spends).
+    SlidingWindow,
+    /// A bucket of the burst (default: the limit), refilled at the limit
+    /// per period.
+    TokenBucket,
+    /// The limit per period sustained, up to the burst (default: the limit)
+    /// at once.
+    Gcra,
+    /// About the limit per sliding window, from two aligned counts.
+    SlidingWindowCounter,
+}
+
+/// Where a fixed window starts: the one parameter the faces choose apart,
+/// each on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowStart {
+    /// At the key's first spending request: `CheckLimit`'s, for its own
+    /// parameters and its named policies alike.
+    FirstRequest,
+    /// At the multiples of the window since the Unix epoch (a minute starts
+    /// at :00), as envoyproxy/ratelimit counts: the Envoy face's.
+    Epoch,
+}
+
+/// A limit as the faces state it: `limit` units per `per`, and, for the
+/// algorithms that take one ([`Kind::takes_burst`]), a `burst`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    /// Units per `per`; a token bucket's capacity unless `burst` says.
+    pub limit: u64,
+    /// The window or period.
+    pub per: Duration,
+    /// A token bucket's capacity, or GCRA's burst; `None`: the limit.
+    pub burst: Option<u64>,
+}
+
+impl Rate {
+    /// `limit` per `per`, without a burst.
+    pub fn new(limit: u64, per: Duration) -> Self {
+        Self {
+            limit,
+            per,
+            burst: None,
+        }
+    }
+}
+
+impl Kind {
+    /// Every algorithm, in the order error messages list them.
+    pub const ALL: [Self; 5] = [
+        Self::FixedWindow,
+        Self::SlidingWindow,
+        Self::TokenBucket,
+        Self::Gcra,
+        Self::SlidingWindowCounter,
+    ];
+
+    /// The name files, protobuf field paths, logs and metrics use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed_window",
+            Self::SlidingWindow => "sliding_window",
+            Self::TokenBucket => "token_bucket",
+            Self::Gcra => "gcra",
+            Self::SlidingWindowCounter => "sliding_window_counter",
+        }
+    }
+
+    /// The algorithm named `name` exactly, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Every name, comma-separated, `last` before the last one:
+    /// `names(" or ")` is "fixed_window, …, gcra or sliding_window_counter".
+    pub fn names(last: &str) -> String {
+        let names = Self::ALL.map(Self::name);
+        let (final_name, others) = names.split_last().unwrap_or((&"", &[]));
+        format!("{}{last}{final_name}", others.join(", "))
+    }
+
+    /// Whether a burst apart from the limit means anything to it.
+    pub fn takes_burst(self) -> bool {
+        matches!(self, Self::TokenBucket | Self::Gcra)
+    }
+
+    /// Which algorithm `algorithm` is.
+    pub fn of(algorithm: &Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow(_) => Self::FixedWindow,
+            Algorithm::SlidingWindow(_) => Self::SlidingWindow,
+            Algorithm::TokenBucket(_) => Self::TokenBucket,
+            Algorithm::Gcra(_) => Self::Gcra,
+            Algorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
+        }
+    }
+
+    /// `rate` under this algorithm:
+    /// - fixed_window, sliding_window, sliding_window_counter: at most
+    ///   `limit` per `per` (a fixed window starting as `start` says);
+    /// - token_bucket: `burst` tokens (default `limit`), refilled at
+    ///   `limit / per`;
+    /// - gcra: `limit` per `per` sustained, `burst` (default `limit`) at
+    ///   once.
+    ///
+    /// The error names the parameter that broke its rule in the
+    /// algorithm's own terms (`limit`, `window`, `capacity`,
+    /// `refill_per_second`, `rate`, `period`, `burst`); each face maps
+    /// those to its own fields.
+    pub fn build(self, rate: Rate, start: WindowStart) -> Result<Algorithm, InvalidArgument> {
+        let Rate { limit, per, burst } = rate;
+        if burst.is_some() && !self.takes_burst() {
+            return Err(burst_refused(self.name()));
+        }
+        let burst = burst.unwrap_or(limit);
+        match self {
+            Self::FixedWindow => match start {
+                WindowStart::FirstRequest => FixedWindow::new(limit, per),
+                WindowStart::Epoch => FixedWindow::aligned(limit, per),
+            }
+            .map(Algorithm::FixedWindow),
+            Self::SlidingWindow => SlidingWindow::new(limit, per).map(Algorithm::SlidingWindow),
+            Self::SlidingWindowCounter => {
+                SlidingWindowCounter::new(limit, per).map(Algorithm::SlidingWindowCounter)
+            }
+            Self::TokenBucket => {
+                if per.is_zero() {
+                    return Err(InvalidArgument::new("window", "must be positive"));
+                }
+                let refill_per_second = limit as f64 / per.as_secs_f64();
+                TokenBucket::new(burst, refill_per_second).map(Algorithm::TokenBucket)
+            }
+            Self::Gcra => Gcra::new(limit, per, burst).map(Algorithm::Gcra),
+        }
+    }
+
+    /// `rate` under this algorithm as `CheckLimit`'s one-limit form states
+    /// it (the parameters [`Kind::build`] reads from it, in the message's
+    /// fields). `per` beyond protobuf's range is sent unset.
+    pub fn to_proto(self, rate: Rate) -> PbAlgorithm {
+        let Rate { limit, per, burst } = rate;
+        let window = prost_types::Duration::try_from(per).ok();
+        let burst = burst.unwrap_or(limit);
+        match self {
+            Self::FixedWindow => PbAlgorithm::FixedWindow(pb::FixedWindow { limit, window }),
+            Self::SlidingWindow => PbAlgorithm::SlidingWindow(pb::SlidingWindow { limit, window }),
+            Self::SlidingWindowCounter => {
+                PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter { limit, window })
+            }
+            Self::TokenBucket => PbAlgorithm::TokenBucket(pb::TokenBucket {
+                capacity: burst,
+                refill_per_second: limit as f64 / per.as_secs_f64(),
+            }),
+            Self::Gcra => PbAlgorithm::Gcra(pb::Gcra {
+                rate: limit,
+                period: window,
+                burst,
+            }),
+        }
+    }
+
+    /// Which algorithm a `CheckLimit` oneof names.
+    fn of_proto(algorithm: &PbAlgorithm) -> Self {
+        match algorithm {
+            PbAlgorithm::FixedWindow(_) => Self::FixedWindow,
+            PbAlgorithm::SlidingWindow(_) => Self::SlidingWindow,
+            PbAlgorithm::TokenBucket(_) => Self::TokenBucket,
+            PbAlgorithm::Gcra(_) => Self::Gcra,
+            PbAlgorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
+        }
+    }
+}
+
+/// The error for a burst given to an algorithm that takes none.
+pub fn burst_refused(name: &str) -> InvalidArgument {
+    let bursting: Vec<&str> = Kind::ALL
+        .into_iter()
+        .filter(|kind| kind.takes_burst())
+        .map(Kind::name)
+        .collect();
+    InvalidArgument::new(
+        "burst",
+        format!(
+            "applies to {} only (this limit is {name})",
+            bursting.join(" and ")
+        ),
+    )
+}
+
+/// A `CheckLimit` algorithm and its parameters, each checked; the error
+/// names the field within the algorithm's message (`fixed_window.window`).
+/// A fixed window starts at the key's first request.
+pub fn from_proto(algorithm: PbAlgorithm) -> Result<Algorithm, InvalidArgument> {
+    let kind = Kind::of_proto(&algorithm);
+    let windowed = |limit: u64, window: Option<prost_types::Duration>| {
+        let per = convert::required_duration("window", window)?;
+        kind.build(Rate::new(limit, per), WindowStart::FirstRequest)
+    };
+    match algorithm {
+        PbAlgorithm::FixedWindow(p) => windowed(p.limit, p.window),
+        PbAlgorithm::SlidingWindow(p) => windowed(p.limit, p.window),
+        PbAlgorithm::SlidingWindowCounter(p) => windowed(p.limit, p.window),
+        // Stated as capacity and refill rate, not as a rate per period.
+        PbAlgorithm::TokenBucket(p) => {
+            TokenBucket::new(p.capacity, p.refill_per_second).map(Algorithm::TokenBucket)
+        }
+        PbAlgorithm::Gcra(p) => convert::required_duration("period", p.period).and_then(|period| {
+            let rate = Rate {
+                limit: p.rate,
+                per: period,
+                burst: Some(p.burst),
+            };
+            kind.build(rate, WindowStart::FirstRequest)
+        }),
+    }
+    .map_err(|err| err.within(kind.name()))
+}
+
+/// Each algorithm's name and kind, here beside the names rather than with
+/// the parameters in [`crate::limit`].
+impl Algorithm {
+    /// Which algorithm this is.
+    pub fn kind(&self) -> Kind {
+        Kind::of(self)
+    }
+
+    /// A short stable name, for logs and metrics: [`Kind::name`].
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn names_round_trip_and_list_in_order() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(Kind::from_name("leaky"), None);
+        assert_eq!(
+            Kind::names(" or "),
+            "fixed_window, sliding_window, token_bucket, gcra or sliding_window_counter"
+        );
+        assert_eq!(
+            burst_refused("sliding_window").to_string(),
+            "burst: applies to token_bucket and gcra only (this limit is sliding_window)"
+        );
+    }
+
+    #[test]
+    fn only_the_envoy_face_aligns_its_fixed_windows() {
+        let build = |start| Kind::FixedWindow.build(Rate::new(5, SECOND), start);
+        let Ok(Algorithm::FixedWindow(anchored)) = build(WindowStart::FirstRequest) else {
+            panic!("a fixed window");
+        };
+        let Ok(Algorithm::FixedWindow(aligned)) = build(WindowStart::Epoch) else {
+            panic!("a fixed window");
+        };
+        assert!(!anchored.is_aligned() && aligned.is_aligned());
+    }
+
+    #[test]
+    fn a_rate_becomes_each_algorithms_parameters() {
+        let per_minute = Rate::new(60, Duration::from_secs(60));
+        let Ok(Algorithm::TokenBucket(bucket)) =
+            Kind::TokenBucket.build(per_minute, WindowStart::FirstRequest)
+        else {
+            panic!("a token bucket");
+        };
+        assert_eq!((bucket.capacity(), bucket.refill_per_second()), (60, 1.0));
+        let bursty = Rate {
+            burst: Some(3),
+            ..Rate::new(10, SECOND)
+        };
+        let Ok(Algorithm::Gcra(gcra)) = Kind::Gcra.build(bursty, WindowStart::FirstRequest) else {
+            panic!("gcra");
+        };
+        assert_eq!((gcra.burst(), gcra.interval()), (3, 100_000));
+        let err = Kind::SlidingWindow
+            .build(bursty, WindowStart::FirstRequest)
+            .unwrap_err();
+        assert_eq!(err.field, "burst");
+        let err = Kind::TokenBucket
+            .build(Rate::new(1, Duration::ZERO), WindowStart::FirstRequest)
+            .unwrap_err();
+        assert_eq!(
+            (err.field.as_str(), err.rule.as_str()),
+            ("window", "must be positive")
+        );
+    }
+
+    #[test]
+    fn the_proto_form_builds_back_to_the_same_algorithm() {
+        let rate = Rate::new(7, Duration::from_secs(3));
+        for kind in Kind::ALL {
+            let built = kind.build(rate, WindowStart::FirstRequest).unwrap();
+            let sent = from_proto(kind.to_proto(rate)).unwrap();
+            assert_eq!(sent, built, "{}", kind.name());
+            assert_eq!(sent.name(), kind.name());
+        }
+    }
+
+    #[test]
+    fn proto_errors_name_the_algorithm_and_its_field() {
+        let missing = PbAlgorithm::Gcra(pb::Gcra {
+            rate: 1,
+            period: None,
+            burst: 1,
+        });
+        assert_eq!(from_proto(missing).unwrap_err().field, "gcra.period");
+        let zero = PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
+            limit: 0,
+            window: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+        });
+        assert_eq!(
+            from_proto(zero).unwrap_err().to_string(),
+            "sliding_window_counter.limit: must be at least 1"
+        );
+    }
+}

@@ -1,0 +1,227 @@
+//! A `CheckLimit` answer from its decisions: one decision in the top-level
+//! fields, or several with a status each and the overall answer spoken by
+//! the most restrictive.
+
+use std::cmp::Reverse;
+
+use super::question::Label;
+use crate::limit::{Decision, Micros, RetryAfter};
+use crate::pb::convert::micros_to_duration;
+use crate::pb::ratelimitd::v1 as pb;
+
+/// The protobuf form of a decision.
+pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
+    let (retry_after, cost_exceeds_limit) = retry(decision);
+    pb::CheckLimitResponse {
+        allowed: decision.allowed,
+        limit: decision.limit,
+        remaining: decision.remaining,
+        reset_after: Some(micros_to_duration(decision.reset_after)),
+        retry_after,
+        cost_exceeds_limit,
+        degraded: decision.degraded,
+        limits: Vec::new(),
+        most_restrictive: 0,
+    }
+}
+
+/// The answer to several limits decided together: one status each, and
+/// the request's overall decision (see the proto's `CheckLimitResponse`).
+pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitResponse {
+    let enforcing: Vec<usize> = (0..decisions.len())
+        .filter(|&i| !labels[i].shadow)
+        .collect();
+    let allowed = enforcing.iter().all(|&i| decisions[i].allowed);
+    // Denied: the denying limit with the longest wait (never is longest).
+    // Allowed: the fewest units left, then the longest reset. Ties go to
+    // the first, as `min_by_key` keeps it. (The Envoy face orders one
+    // descriptor's limits the same way.)
+    let restrictiveness = |decision: &Decision| {
+        if allowed || decision.allowed {
+            (1, decision.remaining, Reverse(decision.reset_after))
+        } else {
+            let wait = match decision.retry_after {
+                RetryAfter::After(micros) => micros,
+                RetryAfter::Never => Micros::MAX,
+            };
+            (0, 0, Reverse(wait))
+        }
+    };
+    // All shadow: the statuses still name the most restrictive.
+    let candidates = if enforcing.is_empty() {
+        (0..decisions.len()).collect()
+    } else {
+        enforcing
+    };
+    let chosen = candidates
+        .into_iter()
+        .min_by_key(|&i| restrictiveness(&decisions[i]))
+        .map(|i| (i, &decisions[i]));
+    let degraded = decisions.iter().any(|decision| decision.degraded);
+    let Some((most_restrictive, top)) = chosen else {
+        // No limits: `question` never builds such a request.
+        return pb::CheckLimitResponse {
+            allowed,
+            degraded,
+            ..Default::default()
+        };
+    };
+    let (retry_after, cost_exceeds_limit) = if allowed {
+        (Some(micros_to_duration(0)), false)
+    } else {
+        retry(top)
+    };
+    let limits = labels
+        .iter()
+        .zip(decisions)
+        .map(|(label, decision)| status(label, decision))
+        .collect();
+    // The top-level fields speak for the most restrictive, but for the
+    // request's own decision.
+    pb::CheckLimitResponse {
+        allowed,
+        retry_after,
+        cost_exceeds_limit,
+        degraded,
+        limits,
+        most_restrictive: most_restrictive as u32,
+        ..response(top)
+    }
+}
+
+/// One limit's status among several: its decision, as [`response`]
+/// states it, with its label.
+fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
+    let one = response(decision);
+    pb::LimitStatus {
+        name: label.name.clone(),
+        shadow: label.shadow,
+        allowed: one.allowed,
+        limit: one.limit,
+        remaining: one.remaining,
+        reset_after: one.reset_after,
+        retry_after: one.retry_after,
+        cost_exceeds_limit: one.cost_exceeds_limit,
+    }
+}
+
+/// A decision's `retry_after` and `cost_exceeds_limit`.
+fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
+    match decision.retry_after {
+        RetryAfter::After(micros) => (Some(micros_to_duration(micros)), false),
+        RetryAfter::Never => (None, true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
+        Some(prost_types::Duration { seconds, nanos })
+    }
+
+    #[test]
+    fn never_is_an_unset_retry_after_and_a_flag() {
+        let response = response(&Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 1,
+            reset_after: 1_500_000,
+            retry_after: RetryAfter::Never,
+            degraded: false,
+        });
+        assert!(response.cost_exceeds_limit);
+        assert_eq!(response.retry_after, None);
+        assert_eq!(response.reset_after, secs(1, 500_000_000));
+    }
+
+    fn decided(allowed: bool, remaining: u64, reset: Micros, retry: RetryAfter) -> Decision {
+        Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after: reset,
+            retry_after: retry,
+            degraded: false,
+        }
+    }
+
+    fn labels(shadows: &[bool]) -> Vec<Label> {
+        shadows
+            .iter()
+            .enumerate()
+            .map(|(i, &shadow)| Label {
+                name: format!("l{i}"),
+                shadow,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn allowed_the_fewest_left_speaks_ties_to_the_longest_reset() {
+        let ok = RetryAfter::After(0);
+        let answer = several_response(
+            &labels(&[false, false, false]),
+            &[
+                decided(true, 3, 1_000_000, ok),
+                decided(true, 2, 1_000_000, ok),
+                decided(true, 2, 5_000_000, ok),
+            ],
+        );
+        assert!(answer.allowed);
+        assert_eq!(answer.most_restrictive, 2);
+        assert_eq!((answer.remaining, answer.reset_after), (2, secs(5, 0)));
+        assert_eq!(answer.retry_after, secs(0, 0));
+    }
+
+    #[test]
+    fn denied_the_longest_wait_speaks_and_never_is_longest() {
+        let wait = |seconds: u64| RetryAfter::After(seconds * 1_000_000);
+        let answer = several_response(
+            &labels(&[false, false, false]),
+            &[
+                decided(false, 0, 9_000_000, wait(2)),
+                decided(true, 0, 1_000_000, wait(0)),
+                decided(false, 0, 1_000_000, wait(7)),
+            ],
+        );
+        assert!(!answer.allowed);
+        assert_eq!(answer.most_restrictive, 2, "an allowing limit never speaks");
+        assert_eq!(answer.retry_after, secs(7, 0));
+        let never = several_response(
+            &labels(&[false, false]),
+            &[
+                decided(false, 0, 1, wait(3)),
+                decided(false, 5, 1, RetryAfter::Never),
+            ],
+        );
+        assert_eq!(never.most_restrictive, 1);
+        assert!(never.cost_exceeds_limit);
+        assert_eq!(never.retry_after, None);
+    }
+
+    #[test]
+    fn a_shadow_limit_neither_denies_nor_speaks() {
+        let answer = several_response(
+            &labels(&[true, false]),
+            &[
+                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+                decided(true, 4, 1, RetryAfter::After(0)),
+            ],
+        );
+        assert!(answer.allowed);
+        assert_eq!(answer.most_restrictive, 1);
+        assert!(answer.limits[0].shadow && !answer.limits[0].allowed);
+        // All in shadow: the statuses still name the most restrictive.
+        let all = several_response(
+            &labels(&[true, true]),
+            &[
+                decided(true, 4, 1, RetryAfter::After(0)),
+                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+            ],
+        );
+        assert!(all.allowed, "shadow limits never deny");
+        assert_eq!(all.most_restrictive, 1);
+    }
+}

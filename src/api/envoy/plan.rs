@@ -1,0 +1,365 @@
+//! One `ShouldRateLimit` request matched against the rules in force: for
+//! each descriptor, the limits that govern it (the configured rules, or the
+//! limit Envoy sent with it), less those another matched rule `replaces`,
+//! and the limit requests the limiter decides for the counted ones.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::settings::EnvoySettings;
+use crate::limit::{self, CallerKey, Decision, InvalidArgument, LimitRequest};
+use crate::pb::convert;
+use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use crate::rules::{Limit, Rule, Rules};
+
+/// What governs one limit of a descriptor.
+pub(super) enum Governed {
+    /// No rule: OK, not counted.
+    Nothing,
+    /// An `unlimited` rule: OK, not counted.
+    Unlimited,
+    /// `requests_per_unit: 0`: over the limit whenever it spends.
+    Blocked {
+        /// The blocked rule.
+        rule: Arc<Rule>,
+        /// What the descriptor asked to spend.
+        cost: u64,
+    },
+    /// Decided on the store as `requests[index]`, for `hits`.
+    Counted {
+        /// The counted rule.
+        rule: Arc<Rule>,
+        /// Its request in [`Plan::requests`].
+        index: usize,
+        /// What the descriptor asked to spend.
+        hits: u64,
+    },
+}
+
+impl Governed {
+    /// The rule, for a limit that has one that limits.
+    pub(super) fn rule(&self) -> Option<&Arc<Rule>> {
+        match self {
+            Self::Blocked { rule, .. } | Self::Counted { rule, .. } => Some(rule),
+            Self::Nothing | Self::Unlimited => None,
+        }
+    }
+
+    /// Would this limit deny the request, shadow mode aside?
+    pub(super) fn denies(&self, decisions: &[Decision]) -> bool {
+        match self {
+            Self::Blocked { cost, .. } => *cost > 0,
+            Self::Counted { index, .. } => !decisions[*index].allowed,
+            Self::Nothing | Self::Unlimited => false,
+        }
+    }
+}
+
+/// One request's descriptors, matched and ready for the limiter.
+pub(super) struct Plan {
+    /// The request's domain.
+    pub(super) domain: String,
+    /// Counted as upstream counts: by `--envoy-count-denied-hits`, or
+    /// because a rule it matched says `count_denied_hits`.
+    pub(super) count_denied_hits: bool,
+    /// Every limit of every descriptor, descriptor after descriptor.
+    pub(super) parts: Vec<Governed>,
+    /// Per request descriptor, in order: its limits in `parts`, at least
+    /// one (a `Nothing` for a descriptor no rule governs).
+    pub(super) descriptors: Vec<Range<usize>>,
+    /// What the limiter decides: one per counted limit.
+    pub(super) requests: Vec<LimitRequest>,
+}
+
+/// A descriptor's governing rules, what its counters' names start with,
+/// and what it spends.
+struct Matched {
+    rules: Vec<Arc<Rule>>,
+    counter_prefix: String,
+    cost: u64,
+}
+
+impl Plan {
+    /// Matches every descriptor of `request` against `rules`.
+    pub(super) fn new(
+        rules: &Rules,
+        request: &RateLimitRequest,
+        settings: &EnvoySettings,
+    ) -> Result<Self, InvalidArgument> {
+        if request.domain.is_empty() {
+            return Err(InvalidArgument::new("domain", "must not be empty"));
+        }
+        if request.descriptors.is_empty() {
+            return Err(InvalidArgument::new("descriptors", "must not be empty"));
+        }
+        let mut matched = Vec::with_capacity(request.descriptors.len());
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let field = |name: &str| format!("descriptors[{i}].{name}");
+            let cost = limit::cost(Some(match descriptor.hits_addend {
+                // Present wins, and 0 only looks.
+                Some(hits) => hits,
+                None => u64::from(request.hits_addend.max(1)),
+            }))
+            .map_err(|err| InvalidArgument::new(field("hits_addend"), err.rule))?;
+            let (rules, counter_prefix) =
+                match_descriptor(rules, &request.domain, descriptor, &field)?;
+            matched.push(Matched {
+                rules,
+                counter_prefix,
+                cost,
+            });
+        }
+        let mut plan = Self {
+            domain: request.domain.clone(),
+            count_denied_hits: false,
+            parts: Vec::with_capacity(matched.len()),
+            descriptors: Vec::with_capacity(matched.len()),
+            requests: Vec::new(),
+        };
+        plan.govern(&matched, settings);
+        Ok(plan)
+    }
+
+    /// Each matched limit's part, and a request for each counted one. A
+    /// rule named in another matched rule's `replaces` is dropped; a
+    /// blocked limit that denies the request makes the others only look,
+    /// so they spend nothing (unless each is counted on its own).
+    fn govern(&mut self, matched: &[Matched], settings: &EnvoySettings) {
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flat_map(|matched| &matched.rules)
+            .flat_map(|rule| rule.replaces().iter().map(String::as_str))
+            .collect();
+        for matched in matched {
+            let first = self.parts.len();
+            if matched.rules.is_empty() {
+                self.parts.push(Governed::Nothing);
+            }
+            for rule in &matched.rules {
+                let part = if rule.name().is_some_and(|name| replaced.contains(&name)) {
+                    Governed::Nothing
+                } else {
+                    self.part(rule, matched, settings)
+                };
+                self.parts.push(part);
+            }
+            self.descriptors.push(first..self.parts.len());
+        }
+        self.count_denied_hits = settings.count_denied_hits
+            || self
+                .parts
+                .iter()
+                .any(|part| part.rule().is_some_and(|rule| rule.count_denied_hits()));
+        let blocked = !self.count_denied_hits
+            && self.parts.iter().any(|part| {
+                matches!(part, Governed::Blocked { rule, cost }
+                    if *cost > 0 && !rule.shadow() && !settings.shadow_mode
+                        && !settings.in_quota_mode(rule))
+            });
+        if blocked {
+            for request in &mut self.requests {
+                request.cost = 0;
+            }
+        }
+    }
+
+    /// The part of one of `matched`'s rules that stands, with its request
+    /// if it counts.
+    fn part(&mut self, rule: &Arc<Rule>, matched: &Matched, settings: &EnvoySettings) -> Governed {
+        let (rule, cost) = (rule.clone(), matched.cost);
+        let counted = match rule.limit() {
+            Limit::Unlimited => return Governed::Unlimited,
+            Limit::Blocked(_) => return Governed::Blocked { rule, cost },
+            Limit::Counted(counted) => counted,
+        };
+        // Two limits of one descriptor differ in window or algorithm
+        // (checked at load), so their storage keys differ though these
+        // names may not.
+        let window = counted.period().window().as_millis();
+        // A quota descriptor does not deny the others' spending on its
+        // own: the response decides.
+        let quota = settings.in_quota_mode(&rule);
+        self.requests.push(LimitRequest {
+            key: CallerKey::envoy(format!("{}w{window}", matched.counter_prefix)),
+            algorithm: *counted.algorithm(),
+            cost,
+            shadow: rule.shadow() || settings.shadow_mode || quota,
+        });
+        Governed::Counted {
+            rule,
+            index: self.requests.len() - 1,
+            hits: cost,
+        }
+    }
+}
+
+/// The rules for one descriptor, and what the names of their counters
+/// start with: the request's own limit override if it has one (only for a
+/// configured domain, as upstream; it stands for all the configured
+/// limits), else the configured rules. No rules when nothing governs it.
+fn match_descriptor(
+    rules: &Rules,
+    domain: &str,
+    descriptor: &RateLimitDescriptor,
+    field: &dyn Fn(&str) -> String,
+) -> Result<(Vec<Arc<Rule>>, String), InvalidArgument> {
+    if !rules.has_domain(domain) {
+        return Ok((Vec::new(), String::new()));
+    }
+    let entries: Vec<(String, String)> = descriptor
+        .entries
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.value.clone()))
+        .collect();
+    if let Some(limit) = &descriptor.limit {
+        // A unit is at most 365 days and the limit fits: any known unit
+        // makes a valid rule.
+        let rule = convert::unit_from_proto(limit.unit)
+            .and_then(|unit| Rule::overriding(limit.requests_per_unit, unit).ok())
+            .ok_or_else(|| {
+                InvalidArgument::new(
+                    field("limit.unit"),
+                    "must be one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR",
+                )
+            })?;
+        let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
+        return Ok((
+            vec![Arc::new(rule)],
+            counter_prefix(domain, &entries, &values),
+        ));
+    }
+    let Some(found) = rules.find(domain, &entries) else {
+        return Ok((Vec::new(), String::new()));
+    };
+    let prefix = counter_prefix(domain, &entries, &found.counter_values);
+    Ok((found.rules.to_vec(), prefix))
+}
+
+/// What the names of a descriptor's counters start with (the window
+/// follows): the domain, and every entry's key and counted value, each
+/// length-prefixed so that no two descriptors share a name by accident of
+/// their characters.
+fn counter_prefix(domain: &str, entries: &[(String, String)], values: &[&str]) -> String {
+    let mut key = String::new();
+    let mut push = |part: &str| {
+        key.push_str(&part.len().to_string());
+        key.push(':');
+        key.push_str(part);
+        key.push('|');
+    };
+    push(domain);
+    for ((entry_key, _), value) in entries.iter().zip(values) {
+        push(entry_key);
+        push(value);
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry, RateLimitOverride,
+    };
+
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 3}\n      - {unit: minute, requests_per_unit: 5, name: a-minute}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 9, replaces: [{name: a-minute}]}\n  - key: closed\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: open\n    rate_limit: {unlimited: true}\n";
+
+    /// `request` matched against [`RULES`].
+    fn plan(request: &RateLimitRequest, settings: &EnvoySettings) -> Result<Plan, InvalidArgument> {
+        let rules = crate::rules::compile(&[("limits.yaml".into(), RULES.to_owned())]).unwrap();
+        Plan::new(&rules, request, settings)
+    }
+
+    /// A request of domain `d` with one descriptor of one entry per pair.
+    fn request(pairs: &[(&str, &str)]) -> RateLimitRequest {
+        let descriptor = |&(key, value): &(&str, &str)| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors: pairs.iter().map(descriptor).collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[test]
+    fn each_descriptor_gets_its_parts_and_replaced_rules_drop_out() {
+        let request = request(&[("a", "1"), ("b", "2"), ("nothing", "3"), ("open", "4")]);
+        let plan = plan(&request, &EnvoySettings::default()).unwrap();
+        assert_eq!(plan.descriptors, [0..2, 2..3, 3..4, 4..5]);
+        let kinds: Vec<&str> = plan
+            .parts
+            .iter()
+            .map(|part| match part {
+                Governed::Nothing => "nothing",
+                Governed::Unlimited => "unlimited",
+                Governed::Blocked { .. } => "blocked",
+                Governed::Counted { .. } => "counted",
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["counted", "nothing", "counted", "nothing", "unlimited"]
+        );
+        let keys: Vec<&str> = plan.requests.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(keys, ["1:d|1:a|1:1|w1000", "1:d|1:b|1:2|w3600000"]);
+        assert!(plan.requests.iter().all(|r| r.cost == 1 && !r.shadow));
+    }
+
+    #[test]
+    fn a_denying_blocked_rule_makes_the_others_only_look() {
+        let request = request(&[("a", "1"), ("closed", "x")]);
+        let looked = plan(&request, &EnvoySettings::default()).unwrap();
+        assert!(looked.requests.iter().all(|r| r.cost == 0));
+        assert!(looked.parts[2].denies(&[]));
+        // Counted each on its own, upstream's way, the others still spend.
+        let each = EnvoySettings {
+            count_denied_hits: true,
+            ..EnvoySettings::default()
+        };
+        let spent = plan(&request, &each).unwrap();
+        assert!(spent.count_denied_hits);
+        assert!(spent.requests.iter().all(|r| r.cost == 1));
+    }
+
+    #[test]
+    fn an_override_stands_for_the_configured_limits_on_an_aligned_window() {
+        let mut request = request(&[("a", "1")]);
+        request.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 7,
+            unit: 7,
+        });
+        let weekly = plan(&request, &EnvoySettings::default()).unwrap();
+        assert_eq!(weekly.requests.len(), 1);
+        assert_eq!(weekly.requests[0].key.as_str(), "1:d|1:a|1:1|w604800000");
+        assert_eq!(weekly.requests[0].algorithm.limit(), 7);
+        request.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 7,
+            unit: 0,
+        });
+        let err = plan(&request, &EnvoySettings::default()).err().unwrap();
+        assert_eq!(err.field, "descriptors[0].limit.unit");
+    }
+
+    #[test]
+    fn an_empty_domain_or_request_and_a_huge_hits_addend_are_refused() {
+        let field = |request: &RateLimitRequest| {
+            plan(request, &EnvoySettings::default())
+                .err()
+                .unwrap()
+                .field
+        };
+        let mut empty = request(&[]);
+        assert_eq!(field(&empty), "descriptors");
+        empty.domain.clear();
+        assert_eq!(field(&empty), "domain");
+        let mut huge = request(&[("a", "1")]);
+        huge.descriptors[0].hits_addend = Some(limit::MAX_QUANTITY + 1);
+        assert_eq!(field(&huge), "descriptors[0].hits_addend");
+    }
+}

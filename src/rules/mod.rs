@@ -1,0 +1,79 @@
+//! The operator's rules, as loaded from the rules files (or xDS) into one
+//! snapshot that every face reads: Envoy's descriptor rules per domain, the
+//! quota service's policies per domain, and `CheckLimit`'s named policies.
+//! Pure models and grammars below, reading and polling in [`directory`]
+//! and [`source`], swapping in [`handle`].
+//!
+//! - [`directory`]: which files of the runtime directory, and their text.
+//! - [`document`]: one file as a whole, and a set of files into [`Rules`].
+//! - [`descriptors_file`]: upstream's `descriptors` into a tree of rules
+//!   ([`tree`], [`rule`]).
+//! - [`quota_file`]: the quota service's buckets into [`quota`] policies.
+//! - `CheckLimit`'s policies are a room of their own: [`crate::policy`].
+
+pub mod descriptors_file;
+pub mod directory;
+pub mod document;
+pub mod handle;
+pub mod quota;
+pub mod quota_file;
+pub mod rule;
+pub mod source;
+pub mod tree;
+pub mod wildcard;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use self::directory::{FileSelection, Files};
+pub use self::document::compile;
+pub use self::handle::RulesHandle;
+use self::quota::QuotaDomain;
+pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source};
+pub use self::source::ConfigSource;
+pub use self::tree::{Found, Level};
+use crate::policy::{Policies, Policy};
+pub use crate::spec::ConfigError;
+
+/// Every rule in force: one compiled configuration.
+#[derive(Debug, Default)]
+pub struct Rules {
+    /// Domain → its top level.
+    domains: HashMap<String, Level>,
+    /// Domain → its quota service policies, for the domains that have any.
+    quotas: HashMap<String, QuotaDomain>,
+    /// `CheckLimit`'s named policies, from files with `policies:`.
+    policies: Policies,
+}
+
+impl Rules {
+    /// Is `domain` configured?
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The rules for a descriptor of `(key, value)` entries in `domain`.
+    pub fn find<'a>(&'a self, domain: &str, entries: &'a [(String, String)]) -> Option<Found<'a>> {
+        self.domains.get(domain)?.find(entries)
+    }
+
+    /// `domain`'s quota service policies, if it has any.
+    pub fn quota(&self, domain: &str) -> Option<&QuotaDomain> {
+        self.quotas.get(domain)
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&Arc<Policy>> {
+        self.policies.get(name)
+    }
+
+    /// How many domains are configured.
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// How many policies are defined.
+    pub fn policy_count(&self) -> usize {
+        self.policies.len()
+    }
+}

@@ -1,0 +1,211 @@
+//! A domain's descriptors compiled for lookup, and the matching rules of
+//! envoyproxy/ratelimit: which rules, if any, govern a request's
+//! descriptor (one per `rate_limit`, several with the `rate_limits`
+//! extension). Pure: no I/O, no store.
+//!
+//! Matching walks the descriptor's entries down the domain's tree. At each
+//! level an entry matches, in this order: a rule with the same key and
+//! value; the first (in file order) wildcard rule with the same key whose
+//! value matches the entry's value; a rule with the same key and no value.
+//! A rule applies only at the depth of the request's last entry: a longer
+//! descriptor than the tree is deep, or one ending on a node without a
+//! `rate_limit` (nor `rate_limits`), has no limit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::rule::Rule;
+use super::wildcard::Wildcard;
+
+/// A node of a domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct Node {
+    /// The limits of a descriptor ending here, all decided together: one
+    /// for upstream's `rate_limit`, none for a node without one.
+    pub rules: Vec<Arc<Rule>>,
+    /// `share_threshold`: all values matching this wildcard share one
+    /// counter, named by the pattern instead of the value.
+    pub shared_pattern: Option<String>,
+    /// The nodes one entry deeper.
+    pub children: Level,
+}
+
+/// The rules at one depth.
+#[derive(Debug, Default)]
+pub struct Level {
+    /// key → value → node.
+    exact: HashMap<String, HashMap<String, Node>>,
+    /// (key, value pattern, node), in file order.
+    wildcards: Vec<(String, Wildcard, Node)>,
+    /// key → node, for rules without a value.
+    any_value: HashMap<String, Node>,
+}
+
+/// The rules governing a descriptor, and the values their counters are
+/// named by.
+#[derive(Debug, Clone)]
+pub struct Found<'a> {
+    /// The governing rules: at least one, in file order.
+    pub rules: &'a [Arc<Rule>],
+    /// Per entry: the request's value, or the wildcard pattern where the
+    /// level shares one counter (`share_threshold`).
+    pub counter_values: Vec<&'a str>,
+}
+
+impl Level {
+    /// Whether no rule is below this level.
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcards.is_empty() && self.any_value.is_empty()
+    }
+
+    /// Adds the node for `key` with `value` (an exact value, a wildcard
+    /// pattern, or none for any value); `false`, adding nothing, when the
+    /// level already has one for them.
+    pub fn insert(&mut self, key: String, value: Option<&str>, node: Node) -> bool {
+        match value {
+            Some(value) => match Wildcard::new(value) {
+                Some(pattern) => {
+                    let taken = self
+                        .wildcards
+                        .iter()
+                        .any(|(k, p, _)| *k == key && *p == pattern);
+                    if !taken {
+                        self.wildcards.push((key, pattern, node));
+                    }
+                    !taken
+                }
+                None => {
+                    let values = self.exact.entry(key).or_default();
+                    let taken = values.contains_key(value);
+                    if !taken {
+                        values.insert(value.to_owned(), node);
+                    }
+                    !taken
+                }
+            },
+            None => {
+                let taken = self.any_value.contains_key(&key);
+                if !taken {
+                    self.any_value.insert(key, node);
+                }
+                !taken
+            }
+        }
+    }
+
+    /// The rules for a descriptor of `(key, value)` entries below this
+    /// level.
+    pub fn find<'a>(&'a self, entries: &'a [(String, String)]) -> Option<Found<'a>> {
+        let mut level = self;
+        let mut counter_values = Vec::with_capacity(entries.len());
+        for (depth, (key, value)) in entries.iter().enumerate() {
+            let node = level.node(key, value)?;
+            counter_values.push(node.shared_pattern.as_deref().unwrap_or(value));
+            if depth + 1 == entries.len() {
+                return (!node.rules.is_empty()).then_some(Found {
+                    rules: &node.rules,
+                    counter_values,
+                });
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    fn node(&self, key: &str, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
+            return Some(node);
+        }
+        if let Some((_, _, node)) = self
+            .wildcards
+            .iter()
+            .find(|(k, pattern, _)| k == key && pattern.matches(value))
+        {
+            return Some(node);
+        }
+        self.any_value.get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::rule::{DescriptorSettings, Limit, Written};
+
+    fn node(rules: usize, shared: Option<&str>, children: Level) -> Node {
+        let rule = || {
+            Arc::new(Rule::configured(
+                Limit::Unlimited,
+                Arc::new(DescriptorSettings::default()),
+                Written::default(),
+            ))
+        };
+        Node {
+            rules: (0..rules).map(|_| rule()).collect(),
+            shared_pattern: shared.map(str::to_owned),
+            children,
+        }
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn exact_then_first_wildcard_then_any_value_and_only_at_the_last_entry() {
+        let mut inner = Level::default();
+        assert!(inner.insert(
+            "path".into(),
+            Some("/a*"),
+            node(1, Some("/a*"), Level::default())
+        ));
+        assert!(inner.insert("path".into(), Some("/*"), node(2, None, Level::default())));
+        assert!(inner.insert(
+            "path".into(),
+            Some("/about"),
+            node(3, None, Level::default())
+        ));
+        assert!(inner.insert("path".into(), None, node(4, None, Level::default())));
+        assert!(
+            !inner.insert("path".into(), Some("/*"), node(1, None, Level::default())),
+            "taken"
+        );
+        let mut top = Level::default();
+        assert!(top.insert("user".into(), None, node(0, None, inner)));
+        let found = |pairs: &[(&str, &str)]| {
+            let entries = entries(pairs);
+            top.find(&entries)
+                .map(|found| (found.rules.len(), found.counter_values.join("|")))
+        };
+        assert_eq!(
+            found(&[("user", "u"), ("path", "/about")]),
+            Some((3, "u|/about".into()))
+        );
+        assert_eq!(
+            found(&[("user", "u"), ("path", "/ab")]),
+            Some((1, "u|/a*".into())),
+            "shared"
+        );
+        assert_eq!(
+            found(&[("user", "u"), ("path", "/b")]),
+            Some((2, "u|/b".into()))
+        );
+        assert_eq!(
+            found(&[("user", "u"), ("path", "b")]),
+            Some((4, "u|b".into()))
+        );
+        assert_eq!(found(&[("user", "u")]), None, "no rule at the first level");
+        assert_eq!(
+            found(&[("user", "u"), ("path", "b"), ("x", "y")]),
+            None,
+            "deeper than the tree"
+        );
+        assert_eq!(found(&[("tenant", "t")]), None);
+    }
+}
