@@ -16,13 +16,13 @@ use std::ffi::OsString;
 use clap::{CommandFactory, Parser};
 
 use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report, UpstreamError};
-use crate::api::envoy::options::EnvoyOptions;
+use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
 use crate::limiter::LimiterOptions;
 use crate::options::OptionsError;
 use crate::server::bounds::BoundsOptions;
 use crate::server::options::ListenerOptions;
-use crate::store::StoreOptions;
+use crate::store::{StoreOptions, StoreSettings};
 use crate::telemetry::TelemetryOptions;
 use crate::tls::TlsOptions;
 
@@ -143,6 +143,16 @@ impl Config {
         let mut config = parsed.options;
         config.origins = parsed.origins;
         Ok((config, parsed.report))
+    }
+
+    /// The store the options name, its files read.
+    pub fn store_settings(&self) -> Result<StoreSettings, InvalidConfig> {
+        self.store.settings().map_err(|err| self.invalid(err))
+    }
+
+    /// Where the rules come from, the xDS TLS files read.
+    pub fn rules_source(&self) -> Result<RulesSource, InvalidConfig> {
+        self.envoy.rules_source().map_err(|err| self.invalid(err))
     }
 
     /// `error`, naming the upstream variables when they set its flag.

@@ -19,9 +19,11 @@ use crate::limit::Decision;
 /// labels per request, which is skipped when nothing would read them.
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Serves `/metrics` on `listen`. Call once, inside the tokio runtime.
+/// Serves `/metrics` on `listen`. Call once, inside the tokio runtime,
+/// before anything is counted.
 pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
     INSTALLED.store(true, Ordering::Relaxed);
+    tracing::info!(%listen, "serving Prometheus metrics at /metrics");
     PrometheusBuilder::new()
         .with_http_listener(listen)
         .set_buckets_for_metric(

@@ -88,13 +88,13 @@ pub async fn run(
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Everything that can refuse to start comes before any task is spawned.
     let tls = config.tls.settings().map(ServerTls::load).transpose()?;
-    let store = config.store.settings().map_err(|err| config.invalid(err))?;
-    let rules_source = config.envoy.rules_source();
-    let (rules, rules_task) = follow_rules(rules_source.map_err(|err| config.invalid(err))?)?;
+    let store = config.store_settings()?;
+    let rules_source = config.rules_source()?;
+    // Before the rules are loaded: loading them is counted.
     if let Some(listen) = config.telemetry.metrics_listen {
         metrics::install(listen)?;
-        info!(%listen, "serving Prometheus metrics at /metrics");
     }
+    let (rules, rules_task) = follow_rules(rules_source)?;
     let limiter = config.limiter.build(&store)?;
     let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
     let apis = Apis::new(&config, &limiter, rules, quota_shutdown_watch);
