@@ -8,7 +8,9 @@ pub mod memory;
 pub mod options;
 mod pinned_tls;
 pub mod redis;
+mod redis_settings;
 
 pub use self::memory::{Clock, ManualClock, MemoryChange, MemoryStore, SystemClock};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
-pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Sentinel, Topology};
+pub use self::redis::RedisStore;
+pub use self::redis_settings::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
