@@ -3,6 +3,7 @@
 //! algorithms: the limiter chooses which (`limiter::Store`).
 
 pub mod breaker;
+mod clock;
 mod managers;
 pub mod memory;
 pub mod options;
@@ -10,7 +11,8 @@ mod pinned_tls;
 pub mod redis;
 mod redis_settings;
 
-pub use self::memory::{Clock, ManualClock, MemoryChange, MemoryStore, SystemClock};
+pub use self::clock::{Clock, ManualClock, SystemClock};
+pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
 pub use self::redis::RedisStore;
 pub use self::redis_settings::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
