@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::algorithm::State;
 use crate::error::StoreError;
+use crate::quota::QuotaLedgers;
 use crate::store::{MemoryStore, RedisStore};
 
 /// The configured store: Redis, shared by every ratelimitd instance, or the
@@ -42,6 +43,16 @@ impl Store {
     pub fn report_pool(&self) {
         if let Self::Redis(redis) = self {
             redis.report_pool();
+        }
+    }
+
+    /// The quota ledgers on this store: on Redis, with this process's own
+    /// ledger for the `local` failure policy; on the embedded store, this
+    /// process's own alone.
+    pub fn quota_ledgers(&self) -> QuotaLedgers {
+        match self {
+            Self::Redis(redis) => QuotaLedgers::on_redis(redis.clone()),
+            Self::Memory(_) => QuotaLedgers::in_process(),
         }
     }
 }

@@ -29,7 +29,7 @@ use self::stream::QuotaStream;
 use crate::limit::FailurePolicy;
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
-use crate::quota::QuotaLedger;
+use crate::quota::{QuotaLedger, QuotaLedgers};
 use crate::rules::RulesHandle;
 
 /// Server-wide settings of the quota service.
@@ -116,12 +116,11 @@ pub struct QuotaService {
 const RESPONSE_QUEUE: usize = 16;
 
 impl QuotaService {
-    /// A service settling shares on `ledger` (and, for the `local` failure
-    /// policy, on `local`), under the policies of `rules`. Its streams end
-    /// when `shutdown` turns true.
+    /// A service settling shares on `ledgers` (the shared one, and for the
+    /// `local` failure policy this instance's own), under the policies of
+    /// `rules`. Its streams end when `shutdown` turns true.
     pub fn new(
-        ledger: QuotaLedger,
-        local: Option<QuotaLedger>,
+        ledgers: QuotaLedgers,
         rules: RulesHandle,
         settings: QuotaSettings,
         shutdown: watch::Receiver<bool>,
@@ -129,8 +128,8 @@ impl QuotaService {
         let instance = format!("{:016x}", rand::random::<u64>());
         Self {
             shared: Arc::new(Shared {
-                ledger,
-                local,
+                ledger: ledgers.shared,
+                local: ledgers.own,
                 rules,
                 settings,
                 instance,
