@@ -13,27 +13,26 @@ use rustls::{CertificateError, Error};
 /// the webpki verifier held in the field `$webpki`.
 macro_rules! webpki_signature_checks {
     ($webpki:ident) => {
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &rustls::pki_types::CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            self.$webpki.verify_tls12_signature(message, cert, dss)
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &rustls::pki_types::CertificateDer<'_>,
-            dss: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            self.$webpki.verify_tls13_signature(message, cert, dss)
-        }
+        $crate::tls::verifier::webpki_signature_checks!(
+            @pass $webpki: verify_tls12_signature, verify_tls13_signature
+        );
 
         fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
             self.$webpki.supported_verify_schemes()
         }
+    };
+    // TLS 1.2's and 1.3's checks differ only in their names.
+    (@pass $webpki:ident: $($verify:ident),+) => {
+        $(
+            fn $verify(
+                &self,
+                message: &[u8],
+                cert: &rustls::pki_types::CertificateDer<'_>,
+                dss: &rustls::DigitallySignedStruct,
+            ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+                self.$webpki.$verify(message, cert, dss)
+            }
+        )+
     };
 }
 

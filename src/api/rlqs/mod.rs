@@ -22,7 +22,7 @@ mod subscription;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use futures::Stream;
 use tokio::sync::{mpsc, watch};
@@ -30,6 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::debug;
 
 pub use self::assignment::Assigned;
+use self::nudges::Nudges;
 pub use self::options::{QuotaOptions, QuotaSettings};
 use self::shared::Shared;
 use self::stream::QuotaStream;
@@ -58,7 +59,17 @@ impl QuotaService {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared::new(ledgers, rules, settings, shutdown)),
+            shared: Arc::new(Shared {
+                ledger: ledgers.shared,
+                local: ledgers.own,
+                rules,
+                settings,
+                instance: format!("{:016x}", rand::random::<u64>()),
+                next_stream: AtomicU64::new(1),
+                subscriptions: AtomicUsize::new(0),
+                nudges: Nudges::default(),
+                shutdown,
+            }),
         }
     }
 

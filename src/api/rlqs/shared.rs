@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use super::nudges::Nudges;
 use super::options::QuotaSettings;
-use crate::quota::{QuotaLedger, QuotaLedgers};
+use crate::quota::QuotaLedger;
 use crate::rules::RulesHandle;
 
 /// What every stream of the service shares.
@@ -29,27 +29,6 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// What the streams settling on `ledgers` under `rules` share; they end
-    /// when `shutdown` turns true.
-    pub(super) fn new(
-        ledgers: QuotaLedgers,
-        rules: RulesHandle,
-        settings: QuotaSettings,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            ledger: ledgers.shared,
-            local: ledgers.own,
-            rules,
-            settings,
-            instance: format!("{:016x}", rand::random::<u64>()),
-            next_stream: AtomicU64::new(1),
-            subscriptions: AtomicUsize::new(0),
-            nudges: Nudges::default(),
-            shutdown,
-        }
-    }
-
     /// How old an assignment may be before it is sent again: half its time
     /// to live, less one rebalance interval. The rebalance tick is what
     /// renews, so an assignment that is not yet due at one tick must still
