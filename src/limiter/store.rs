@@ -1,6 +1,7 @@
-//! The configured store as the limiter and the quota service see it: Redis,
-//! shared by every ratelimitd instance, or the embedded one. The only place
-//! outside the limiter's drivers that tells the two apart.
+//! The configured store as the limiter, health and the quota service see
+//! it: Redis, shared by every ratelimitd instance, or the embedded one.
+//! Only this file and the limiter's own decisions (`decisions`) tell the
+//! two apart; the rest of the server asks the store itself.
 
 use std::sync::Arc;
 

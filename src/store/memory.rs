@@ -222,7 +222,7 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
     /// Drops every key whose state has expired, one shard at a time, and
     /// gives the memory back: a map mostly empty is shrunk, and once the
     /// store holds at most half of what it held at its highest since the
-    /// last time (and at least [`TRIM_AFTER_FREEING`] less), the allocator
+    /// last time (and at least `TRIM_AFTER_FREEING` less), the allocator
     /// returns its free pages to the system. Not at every sweep: trimming
     /// walks the allocator's arenas under their locks, and keys expiring
     /// while others arrive leave nothing to give back. Reports keys and

@@ -1,6 +1,11 @@
 //! Where decisions keep their state: Redis, shared by every ratelimitd
 //! instance, or the embedded in-process store. Knows nothing of the
 //! algorithms: the limiter chooses which (`limiter::Store`).
+//!
+//! `redis` runs scripts through pools that `managers` open (`pinned_tls`
+//! for a pinned server certificate), behind a `breaker`, as
+//! `redis_settings` say; `memory` keeps state in this process, reading the
+//! time from `clock`; `options` turns the command line into settings.
 
 pub mod breaker;
 mod clock;
