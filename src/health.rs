@@ -25,15 +25,6 @@ pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Does the store answer now?
-async fn probe(store: &Store) -> Result<(), String> {
-    match store {
-        Store::Redis(redis) => redis.ping().await.map_err(|err| err.to_string()),
-        // In this process: it answers while we do.
-        Store::Memory(_) => Ok(()),
-    }
-}
-
 /// Probes `store` every `interval` for ever, reporting each change of
 /// state. With `serves_without_store` (a failure policy that answers while
 /// Redis is down) the instance stays SERVING, and the probe only logs. Runs
@@ -49,10 +40,8 @@ pub async fn watch(
     let mut serving: Option<bool> = None;
     loop {
         tick.tick().await;
-        if let Store::Redis(redis) = &store {
-            redis.report_pool();
-        }
-        let result = probe(&store).await;
+        store.report_pool();
+        let result = store.ping().await;
         let now_serving = result.is_ok();
         if serving == Some(now_serving) {
             continue;

@@ -6,7 +6,7 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use crate::algorithm::{Spend, redis_expiry_at};
+use super::{Spend, allowed, denied, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -32,6 +32,84 @@ impl State {
     }
 }
 
+/// What a decision finds of a key's counter at an instant.
+struct Found {
+    /// Aligned: the number of the window the instant is in, counted from
+    /// the Unix epoch. Anchored: `None`.
+    current: Option<u64>,
+    /// Whether the stored counter counts at the instant.
+    in_window: bool,
+    /// The units it counts.
+    used: u64,
+    /// Until its window ends (0 without one).
+    reset_after: Micros,
+}
+
+impl Found {
+    /// What `state` holds for `params` at `now`.
+    fn at(params: &FixedWindow, state: Option<&State>, now: Micros) -> Self {
+        let window_us = params.window().as_micros();
+        let current = params.is_aligned().then(|| now / window_us);
+        let in_window = match (state, current) {
+            (Some(stored), Some(window)) => stored.window == Some(window),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let (used, reset_after) = match (state, current) {
+            (Some(stored), Some(window)) if in_window => {
+                (stored.used, (window + 1) * window_us - now)
+            }
+            (Some(stored), None) => (stored.used, (stored.expires_ms - now / 1000) * 1000),
+            _ => (0, 0),
+        };
+        Self {
+            current,
+            in_window,
+            used,
+            reset_after,
+        }
+    }
+
+    /// Counts `cost` more at `now` on what was found: the window's
+    /// `reset_after` then, and what the store does.
+    fn record(
+        &self,
+        params: &FixedWindow,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+    ) -> (Micros, MemoryChange) {
+        let window_us = params.window().as_micros();
+        let (used, window, expires_ms, reset_after) = match self.current {
+            Some(window) => {
+                let end = (window + 1) * window_us;
+                (self.used + cost, Some(window), end / 1000, end - now)
+            }
+            None if self.in_window => {
+                if let Some(stored) = state.as_mut() {
+                    stored.used += cost;
+                }
+                return (self.reset_after, MemoryChange::Updated);
+            }
+            None => (
+                cost,
+                None,
+                now / 1000 + params.window().as_millis(),
+                window_us,
+            ),
+        };
+        *state = Some(State {
+            used,
+            window,
+            expires_ms,
+        });
+        let change = MemoryChange::Written {
+            expires_at: redis_expiry_at(expires_ms),
+        };
+        (reset_after, change)
+    }
+}
+
 /// The in-memory twin of `fixed_window.lua`, step for step. `state` is
 /// `None` when the key has no live window (the store drops expired state
 /// before calling). With [`Spend::Dry`] it decides the same and changes
@@ -48,58 +126,13 @@ pub fn decide(
     spend: Spend,
 ) -> (Decision, MemoryChange) {
     let limit = params.limit();
-    let window_us = params.window().as_micros();
-    let now_ms = now / 1000;
-    // Aligned windows are numbered from the Unix epoch.
-    let current = params.is_aligned().then(|| now / window_us);
-    let window_end = |window: u64| (window + 1) * window_us;
-    let in_window = match (state.as_ref(), current) {
-        (Some(stored), Some(window)) => stored.window == Some(window),
-        (Some(_), None) => true,
-        (None, _) => false,
-    };
-    let (used, mut reset_after) = match (state.as_ref(), current) {
-        (Some(stored), Some(window)) if in_window => (stored.used, window_end(window) - now),
-        (Some(stored), None) => (stored.used, (stored.expires_ms - now_ms) * 1000),
-        _ => (0, 0),
-    };
-    let mut record = |reset_after: &mut Micros| match current {
-        Some(window) => {
-            let expires_ms = window_end(window) / 1000;
-            *state = Some(State {
-                used: used + cost,
-                window: Some(window),
-                expires_ms,
-            });
-            *reset_after = window_end(window) - now;
-            MemoryChange::Written {
-                expires_at: redis_expiry_at(expires_ms),
-            }
-        }
-        None if in_window => {
-            if let Some(stored) = state.as_mut() {
-                stored.used += cost;
-            }
-            MemoryChange::Updated
-        }
-        None => {
-            let expires_ms = now_ms + params.window().as_millis();
-            *state = Some(State {
-                used: cost,
-                window: None,
-                expires_ms,
-            });
-            *reset_after = window_us;
-            MemoryChange::Written {
-                expires_at: redis_expiry_at(expires_ms),
-            }
-        }
-    };
-    let mut remaining = limit.saturating_sub(used);
+    let found = Found::at(params, state.as_ref(), now);
+    let used = found.used;
     if cost > limit || used + cost > limit {
+        let (mut remaining, mut reset_after) = (limit.saturating_sub(used), found.reset_after);
         let mut change = MemoryChange::None;
         if spend == Spend::Always && cost > 0 {
-            change = record(&mut reset_after);
+            (reset_after, change) = found.record(params, state, now, cost);
             remaining = limit.saturating_sub(used + cost);
         }
         // The whole limit is back when the window ends; Redis's `PTTL` says
@@ -109,30 +142,14 @@ pub fn decide(
         } else {
             RetryAfter::After(reset_after.max(1000))
         };
-        let decision = Decision {
-            allowed: false,
-            limit,
-            remaining,
-            reset_after,
-            retry_after,
-            degraded: false,
-        };
-        return (decision, change);
+        return (denied(limit, remaining, reset_after, retry_after), change);
     }
-    let change = if cost > 0 && spend != Spend::Dry {
-        record(&mut reset_after)
+    let (reset_after, change) = if cost > 0 && spend != Spend::Dry {
+        found.record(params, state, now, cost)
     } else {
-        MemoryChange::None
+        (found.reset_after, MemoryChange::None)
     };
-    let decision = Decision {
-        allowed: true,
-        limit,
-        remaining: remaining - cost,
-        reset_after,
-        retry_after: RetryAfter::After(0),
-        degraded: false,
-    };
-    (decision, change)
+    (allowed(limit, limit - used - cost, reset_after), change)
 }
 
 #[cfg(test)]

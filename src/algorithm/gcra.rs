@@ -3,7 +3,7 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::redis_expiry_after;
+use super::{allowed, written_for};
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -32,38 +32,26 @@ pub fn decide(
     let tolerance = params.burst() * interval;
     let tat = state.as_ref().map_or(now, |s| s.tat).max(now);
     let remaining_at = |at: Micros| (now + tolerance).saturating_sub(at) / interval;
-    let mut decision = Decision {
-        allowed: false,
-        limit: params.burst(),
-        remaining: remaining_at(tat),
-        reset_after: tat - now,
-        retry_after: RetryAfter::Never,
-        degraded: false,
-    };
+    let denied =
+        |retry_after| super::denied(params.burst(), remaining_at(tat), tat - now, retry_after);
     if cost > params.burst() {
-        return (decision, MemoryChange::None);
+        return (denied(RetryAfter::Never), MemoryChange::None);
     }
     let new_tat = tat + cost * interval;
     // Lua's is negative near time 0 (the embedded store's test clocks).
     let allow_at = new_tat.saturating_sub(tolerance);
     if allow_at > now {
-        decision.retry_after = RetryAfter::After(allow_at - now);
-        return (decision, MemoryChange::None);
+        return (
+            denied(RetryAfter::After(allow_at - now)),
+            MemoryChange::None,
+        );
     }
-    decision.allowed = true;
-    decision.retry_after = RetryAfter::After(0);
-    decision.remaining = remaining_at(new_tat);
-    decision.reset_after = new_tat - now;
+    let decision = allowed(params.burst(), remaining_at(new_tat), new_tat - now);
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
     *state = Some(State { tat: new_tat });
-    (
-        decision,
-        MemoryChange::Written {
-            expires_at: redis_expiry_after(now, (new_tat - now).div_ceil(1000)),
-        },
-    )
+    (decision, written_for(now, new_tat - now))
 }
 
 #[cfg(test)]

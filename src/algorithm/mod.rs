@@ -13,7 +13,7 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-use crate::limit::{Algorithm, Decision, Micros};
+use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
 /// What one decision may write.
@@ -117,6 +117,42 @@ pub fn redis_expiry_after(now: Micros, ttl_ms: u64) -> Micros {
 /// clock is past that millisecond, so the key lives through all of it.
 pub fn redis_expiry_at(at_ms: u64) -> Micros {
     (at_ms + 1) * 1000
+}
+
+/// What the store does for a spend its algorithm wrote with a time to live
+/// of `reset_after`, as the script's `PEXPIRE` of it in whole milliseconds
+/// (rounded up) has Redis do.
+fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
+    MemoryChange::Written {
+        expires_at: redis_expiry_after(now, reset_after.div_ceil(1000)),
+    }
+}
+
+/// An algorithm's answer that lets the cost pass: `remaining` is what is
+/// left after it, and the key is back to its whole `limit` in
+/// `reset_after`.
+fn allowed(limit: u64, remaining: u64, reset_after: Micros) -> Decision {
+    Decision {
+        allowed: true,
+        limit,
+        remaining,
+        reset_after,
+        retry_after: RetryAfter::After(0),
+        degraded: false,
+    }
+}
+
+/// An algorithm's answer that refuses the cost: it could pass after
+/// `retry_after`, or never (a cost above the limit).
+fn denied(limit: u64, remaining: u64, reset_after: Micros, retry_after: RetryAfter) -> Decision {
+    Decision {
+        allowed: false,
+        limit,
+        remaining,
+        reset_after,
+        retry_after,
+        degraded: false,
+    }
 }
 
 /// The tag in the storage key's hash tag, one per kind of state, so the same

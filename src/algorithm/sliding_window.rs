@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::redis_expiry_after;
+use super::{allowed, written_for};
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 use crate::store::MemoryChange;
 
@@ -118,14 +118,7 @@ pub fn decide(
     } else {
         MemoryChange::None
     };
-    let denied = |retry_after| Decision {
-        allowed: false,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        degraded: false,
-    };
+    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
         return (denied(RetryAfter::Never), unchanged);
     }
@@ -137,28 +130,18 @@ pub fn decide(
             .map_or(now, |stamp| stamp + window);
         return (denied(RetryAfter::After(leaves_at - now)), unchanged);
     }
-    let mut decision = Decision {
-        allowed: true,
-        limit,
-        remaining: remaining - cost,
-        reset_after,
-        retry_after: RetryAfter::After(0),
-        degraded: false,
-    };
     if cost == 0 || !spend {
-        return (decision, unchanged);
+        return (allowed(limit, remaining - cost, reset_after), unchanged);
     }
     let stamp = match newest {
         Some(newest) if newest >= now => newest + 1,
         _ => now,
     };
     state.get_or_insert_with(State::default).push(stamp, cost);
-    decision.reset_after = stamp + window - now;
+    let reset_after = stamp + window - now;
     (
-        decision,
-        MemoryChange::Written {
-            expires_at: redis_expiry_after(now, decision.reset_after.div_ceil(1000)),
-        },
+        allowed(limit, remaining - cost, reset_after),
+        written_for(now, reset_after),
     )
 }
 

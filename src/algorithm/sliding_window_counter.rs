@@ -6,7 +6,7 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::redis_expiry_after;
+use super::{allowed, written_for};
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
 use crate::store::MemoryChange;
 
@@ -88,16 +88,9 @@ pub fn decide(
     } else {
         0
     };
-    let mut decision = Decision {
-        allowed: false,
-        limit,
-        remaining,
-        reset_after,
-        retry_after: RetryAfter::Never,
-        degraded: false,
-    };
+    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
-        return (decision, MemoryChange::None);
+        return (denied(RetryAfter::Never), MemoryChange::None);
     }
     if estimate + cost > limit {
         let retry_after = if current + cost <= limit {
@@ -105,26 +98,23 @@ pub fn decide(
         } else {
             next_start + first_fit(current, limit - cost, 0, window)
         };
-        decision.retry_after = RetryAfter::After(retry_after);
-        return (decision, MemoryChange::None);
+        return (denied(RetryAfter::After(retry_after)), MemoryChange::None);
     }
-    decision.allowed = true;
-    decision.retry_after = RetryAfter::After(0);
-    decision.remaining = remaining - cost;
     if cost == 0 || !spend {
-        return (decision, MemoryChange::None);
+        return (
+            allowed(limit, remaining - cost, reset_after),
+            MemoryChange::None,
+        );
     }
     *state = Some(State {
         index,
         current: current + cost,
         previous,
     });
-    decision.reset_after = next_start + window;
+    let reset_after = next_start + window;
     (
-        decision,
-        MemoryChange::Written {
-            expires_at: redis_expiry_after(now, (next_start + window).div_ceil(1000)),
-        },
+        allowed(limit, remaining - cost, reset_after),
+        written_for(now, reset_after),
     )
 }
 

@@ -4,7 +4,7 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
-use super::redis_expiry_after;
+use super::{allowed, written_for};
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
 use crate::store::MemoryChange;
 
@@ -47,37 +47,31 @@ pub fn decide(
     }
     let micros_to_refill = |amount: f64| (amount / rate * 1_000_000.0).ceil() as Micros;
     let ahead = stamp - now;
-    let mut decision = Decision {
-        allowed: false,
-        limit: params.capacity(),
-        remaining: tokens.floor() as u64,
-        reset_after: ahead + micros_to_refill(capacity - tokens),
-        retry_after: RetryAfter::Never,
-        degraded: false,
+    let denied = |retry_after| {
+        let reset_after = ahead + micros_to_refill(capacity - tokens);
+        super::denied(
+            params.capacity(),
+            tokens.floor() as u64,
+            reset_after,
+            retry_after,
+        )
     };
     if cost > params.capacity() {
-        return (decision, MemoryChange::None);
+        return (denied(RetryAfter::Never), MemoryChange::None);
     }
     let cost_tokens = cost as f64;
     if cost_tokens > tokens {
-        decision.retry_after = RetryAfter::After(ahead + micros_to_refill(cost_tokens - tokens));
-        return (decision, MemoryChange::None);
+        let retry_after = ahead + micros_to_refill(cost_tokens - tokens);
+        return (denied(RetryAfter::After(retry_after)), MemoryChange::None);
     }
-    decision.allowed = true;
-    decision.retry_after = RetryAfter::After(0);
     tokens -= cost_tokens;
-    decision.remaining = tokens.floor() as u64;
-    decision.reset_after = ahead + micros_to_refill(capacity - tokens);
+    let reset_after = ahead + micros_to_refill(capacity - tokens);
+    let decision = allowed(params.capacity(), tokens.floor() as u64, reset_after);
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
     *state = Some(State { tokens, stamp });
-    (
-        decision,
-        MemoryChange::Written {
-            expires_at: redis_expiry_after(now, decision.reset_after.div_ceil(1000)),
-        },
-    )
+    (decision, written_for(now, reset_after))
 }
 
 #[cfg(test)]

@@ -5,37 +5,37 @@
 use tracing::debug;
 
 use super::in_memory;
-use super::keys::{GroupDecisions, Groups};
-use super::{Combination, Limiter};
+use super::keys::{Combination, GroupDecisions, Groups};
+use crate::algorithm::State;
 use crate::error::StoreError;
 use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, RetryAfter};
+use crate::store::MemoryStore;
 
-impl Limiter {
-    /// The failure policy's answer while Redis cannot decide: the error
-    /// itself (fail closed), or degraded decisions.
-    pub(super) fn when_redis_fails(
-        &self,
-        err: StoreError,
-        policy: FailurePolicy,
-        groups: &Groups,
-        requests: &[LimitRequest],
-        combination: Combination,
-    ) -> Result<GroupDecisions, StoreError> {
-        debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
-        let decisions = match (policy, &self.local) {
-            (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
-            (FailurePolicy::FailOpen, _) => groups.decide(|_, group| {
-                Ok::<_, StoreError>(fail_open(group.algorithm(requests), group.cost))
-            })?,
-            (FailurePolicy::Local, Some(local)) => {
-                in_memory::decide(local, groups, requests, combination)?
-            }
-        };
-        Ok(decisions.map(|decision| Decision {
-            degraded: true,
-            ..decision
-        }))
-    }
+/// The failure policy's answer while Redis cannot decide (`err`): the error
+/// itself (fail closed, or `local` without a `local` store), or degraded
+/// decisions.
+pub(super) fn answer(
+    err: StoreError,
+    policy: FailurePolicy,
+    local: Option<&MemoryStore<State>>,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    combination: Combination,
+) -> Result<GroupDecisions, StoreError> {
+    debug!(%err, ?policy, "Redis cannot decide: the failure policy answers");
+    let decisions = match (policy, local) {
+        (FailurePolicy::FailClosed, _) | (FailurePolicy::Local, None) => return Err(err),
+        (FailurePolicy::FailOpen, _) => groups.decide(|_, group| {
+            Ok::<_, StoreError>(fail_open(group.algorithm(requests), group.cost))
+        })?,
+        (FailurePolicy::Local, Some(local)) => {
+            in_memory::decide(local, groups, requests, combination)?
+        }
+    };
+    Ok(decisions.map(|decision| Decision {
+        degraded: true,
+        ..decision
+    }))
 }
 
 /// Failing open: allowed, with the whole limit said to remain (nothing is

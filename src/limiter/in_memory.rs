@@ -2,8 +2,7 @@
 //! this instance's own state under the `local` failure policy): the twin of
 //! the decision script, through `algorithm`'s drivers.
 
-use super::Combination;
-use super::keys::{GroupDecisions, Groups};
+use super::keys::{Combination, GroupDecisions, Groups};
 use crate::algorithm::{self, State};
 use crate::error::StoreError;
 use crate::limit::LimitRequest;

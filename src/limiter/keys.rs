@@ -1,6 +1,7 @@
 //! Naming storage keys, and grouping one call's requests by the key they
 //! name (requests on one key are decided as one, their costs added), with
-//! the groups' Redis Cluster slots. What every store's driver starts from.
+//! the groups' Redis Cluster slots, and how the groups combine (together or
+//! each on its own). What every store's driver starts from.
 
 use std::collections::HashMap;
 
@@ -218,6 +219,15 @@ impl GroupDecisions {
     pub(super) fn map(self, change: impl FnMut(Decision) -> Decision) -> Self {
         Self(self.0.into_iter().map(change).collect())
     }
+}
+
+/// How one call's limits are decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Combination {
+    /// Together: all spend, or none does.
+    AllOrNothing,
+    /// Each on its own, counting denied hits where the algorithm does.
+    Each,
 }
 
 #[cfg(test)]

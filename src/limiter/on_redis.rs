@@ -5,8 +5,7 @@
 
 use futures::future::join_all;
 
-use super::Combination;
-use super::keys::{GroupDecisions, Groups};
+use super::keys::{Combination, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::error::StoreError;
 use crate::limit::LimitRequest;

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::{DEFAULT_KEY_PREFIX, DenialCache, Limiter, Store};
+use super::decisions::Limiter;
+use super::denial_cache::DenialCache;
+use super::store::Store;
 use crate::algorithm::State;
 use crate::error::StoreError;
 use crate::limit::FailurePolicy;
@@ -14,6 +16,9 @@ use crate::options::byte_size;
 use crate::store::{
     EmbeddedSettings, MemoryStore, RedisStore, StoreSettings, SystemClock, redacted_url,
 };
+
+/// The default prefix of every storage key.
+pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
 
 /// How decisions are keyed, cached, and answered while Redis cannot.
 #[derive(Clone, Debug, PartialEq, clap::Args)]

@@ -18,7 +18,7 @@ use redis::Script;
 use crate::error::StoreError;
 use crate::limit::{CallerKey, KeyOrigin};
 use crate::limiter::script::CLOCK_LUA;
-use crate::store::{Clock, RedisStore};
+use crate::store::{Clock, RedisStore, SystemClock};
 pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 
 /// The share script's own part; a clock must be defined above it.
@@ -38,6 +38,11 @@ pub enum QuotaLedger {
 }
 
 impl QuotaLedger {
+    /// A new ledger of this process's own, on the system's clock.
+    fn own() -> Self {
+        Self::Memory(MemoryLedger::new(Arc::new(SystemClock::default())))
+    }
+
     /// Settles `op` for `subscriber` on the bucket stored at `key`.
     pub async fn settle(
         &self,
@@ -54,6 +59,34 @@ impl QuotaLedger {
                 decode_share(&reply)
             }
             Self::Memory(ledger) => Ok(ledger.settle(key, subscriber, op, params)),
+        }
+    }
+}
+
+/// The quota ledgers on the configured store (see `limiter::Store`).
+pub struct QuotaLedgers {
+    /// Where shares are settled.
+    pub shared: QuotaLedger,
+    /// This instance's own ledger, which settles for the `local` failure
+    /// policy while `shared` cannot (on Redis only).
+    pub own: Option<QuotaLedger>,
+}
+
+impl QuotaLedgers {
+    /// On Redis, shared by every instance, with this instance's own ledger
+    /// beside it.
+    pub fn on_redis(redis: RedisStore) -> Self {
+        Self {
+            shared: QuotaLedger::Redis(redis),
+            own: Some(QuotaLedger::own()),
+        }
+    }
+
+    /// This instance's own ledger alone (on the embedded store).
+    pub fn in_process() -> Self {
+        Self {
+            shared: QuotaLedger::own(),
+            own: None,
         }
     }
 }
@@ -187,21 +220,20 @@ impl MemoryLedger {
 mod tests {
     use super::*;
 
-    fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+    /// The key of the bucket `pairs` names in domain `edge`.
+    fn key_of<const N: usize>(pairs: [(&str, &str); N]) -> String {
+        let bucket = pairs.map(|(k, v)| (k.to_owned(), v.to_owned())).into();
+        bucket_key("p:", "edge", &bucket)
     }
 
     #[test]
     fn bucket_keys_are_one_hash_tag_and_never_run_together() {
-        let key = bucket_key("p:", "edge", &bucket(&[("tenant", "a"), ("name", "api")]));
+        let key = key_of([("tenant", "a"), ("name", "api")]);
         assert_eq!(key, "p:{rlq:edge|name=api,tenant=a}");
-        let tricky = bucket_key("p:", "edge", &bucket(&[("name", "api,tenant=a")]));
+        let tricky = key_of([("name", "api,tenant=a")]);
         assert_ne!(tricky, key);
         assert_eq!(tricky, "p:{rlq:edge|name=api%2Ctenant%3Da}");
-        let long = bucket_key("p:", "edge", &bucket(&[("name", &"x".repeat(2000))]));
+        let long = key_of([("name", &"x".repeat(2000))]);
         assert!(long.starts_with("p:{rlqh:edge|name=xxx"), "{long}");
         assert!(long.len() < 1200, "{}", long.len());
     }

@@ -28,13 +28,11 @@ use crate::error::StoreError;
 use crate::health;
 use crate::incoming;
 use crate::limit::FailurePolicy;
-use crate::limiter::{Limiter, Store};
+use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
-use crate::quota::{MemoryLedger, QuotaLedger};
 use crate::rules::ConfigError;
 use crate::rules::{ConfigSource, RulesHandle};
-use crate::store::SystemClock;
 use crate::tls::{ServerTls, TlsError};
 
 /// Why the server could not start or stopped with an error.
@@ -61,17 +59,6 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
-}
-
-/// The quota ledgers on the limiter's store: on Redis, with this
-/// process's own ledger for the `local` failure policy; or, on the
-/// embedded store, this process's own alone.
-fn quota_ledgers(store: &Store) -> (QuotaLedger, Option<QuotaLedger>) {
-    let own = || QuotaLedger::Memory(MemoryLedger::new(Arc::new(SystemClock::default())));
-    match store {
-        Store::Redis(redis) => (QuotaLedger::Redis(redis.clone()), Some(own())),
-        Store::Memory(_) => (own(), None),
-    }
 }
 
 /// Serves on `listener` until `shutdown` resolves; then health turns
@@ -193,10 +180,8 @@ impl Apis {
             config.bounds.max_concurrent_requests as usize,
             config.bounds.max_concurrent_requests_per_peer(),
         );
-        let (quota_ledger, local_quota_ledger) = quota_ledgers(limiter.store());
         let quota = QuotaService::new(
-            quota_ledger,
-            local_quota_ledger,
+            limiter.store().quota_ledgers(),
             rules.clone(),
             config.quota.settings(
                 &config.bounds.envoy_request(),

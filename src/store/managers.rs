@@ -1,5 +1,6 @@
-//! The deadpool managers behind the Redis store, one per topology, and the
-//! pooled connection they make: a multiplexed connection that calls share.
+//! The deadpool manager behind the Redis store, how it opens a connection
+//! for each topology, and the pooled connection it makes: a multiplexed
+//! connection that calls share.
 //!
 //! Sharing: a call takes a connection from the pool, clones its handle and
 //! gives it back at once, so concurrent calls pipeline on a few connections
@@ -14,7 +15,9 @@
 //! deadpool-redis's own managers build Cluster and Sentinel clients from
 //! URLs alone, which drops a private CA and a client certificate (the
 //! cluster client takes them only from its builder's `certs`, the sentinel
-//! client only from its builder), so those two are built here too.
+//! client only from its builder), so those two are built here too. What
+//! differs between the topologies is only how a connection is opened
+//! ([`Open`]); one manager ([`Connections`]) pools them all alike.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +31,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates, TlsMode};
 
 use super::pinned_tls::PinnedTls;
-use super::redis::Credentials;
+use super::redis_settings::Credentials;
 
 /// Idle longer than this, a pooled connection is PINGed before reuse.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
@@ -48,7 +51,7 @@ impl Breakage {
     }
 }
 
-impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
+impl<C: Clone + redis::aio::ConnectionLike + Send> Shared<C> {
     fn new(connection: C) -> Self {
         Self {
             connection,
@@ -74,14 +77,47 @@ impl<C: Clone + redis::aio::ConnectionLike> Shared<C> {
     }
 }
 
+/// How one topology opens a new connection.
+pub(super) trait Open: Send + Sync {
+    /// The connection, which calls share through clones of its handle.
+    type Connection: Clone + redis::aio::ConnectionLike + Send;
+
+    /// A new connection, logged in and on its database.
+    fn open(&self) -> impl Future<Output = Result<Self::Connection, RedisError>> + Send;
+}
+
+/// deadpool's manager of the connections `O` opens.
+pub(super) struct Connections<O>(pub(super) O);
+
+impl<O: Open> managed::Manager for Connections<O> {
+    type Type = Shared<O::Connection>;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Self::Type, RedisError> {
+        // Boxed: deadpool's checkout future holds this one, and every
+        // decision's future holds a checkout, so an unboxed connect
+        // (kilobytes, the Sentinel one over 20) would be copied with each
+        // decision although it runs only now and then.
+        Box::pin(self.0.open()).await.map(Shared::new)
+    }
+
+    async fn recycle(
+        &self,
+        shared: &mut Self::Type,
+        metrics: &Metrics,
+    ) -> RecycleResult<RedisError> {
+        shared.recycle(metrics).await
+    }
+}
+
 /// Connections to one Redis server: deadpool-redis's manager opens them,
 /// or, over TLS with CA certificates of our own, [`PinnedTls`] does.
-pub(super) enum StandaloneManager {
+pub(super) enum Standalone {
     Plain(deadpool_redis::Manager),
     Pinned(PinnedTls),
 }
 
-impl StandaloneManager {
+impl Standalone {
     pub(super) fn new(
         info: ConnectionInfo,
         config: redis::AsyncConnectionConfig,
@@ -94,36 +130,23 @@ impl StandaloneManager {
     }
 }
 
-impl managed::Manager for StandaloneManager {
-    type Type = Shared<MultiplexedConnection>;
-    type Error = RedisError;
+impl Open for Standalone {
+    type Connection = MultiplexedConnection;
 
-    async fn create(&self) -> Result<Self::Type, RedisError> {
-        // Boxed, here and in the other managers: deadpool's checkout future
-        // holds this one, and every decision's future holds a checkout, so
-        // an unboxed connect (kilobytes, the Sentinel one over 20) would be
-        // copied with each decision although it runs only now and then.
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
         match self {
-            Self::Plain(connections) => Box::pin(connections.create()).await.map(Shared::new),
-            Self::Pinned(pinned) => Box::pin(pinned.connect()).await.map(Shared::new),
+            Self::Plain(connections) => managed::Manager::create(connections).await,
+            Self::Pinned(pinned) => pinned.connect().await,
         }
-    }
-
-    async fn recycle(
-        &self,
-        shared: &mut Self::Type,
-        metrics: &Metrics,
-    ) -> RecycleResult<RedisError> {
-        shared.recycle(metrics).await
     }
 }
 
 /// Connections to a Redis Cluster.
-pub(super) struct ClusterManager {
+pub(super) struct Cluster {
     client: ClusterClient,
 }
 
-impl ClusterManager {
+impl Cluster {
     pub(super) fn new(
         nodes: Vec<ConnectionInfo>,
         certificates: Option<TlsCertificates>,
@@ -142,33 +165,22 @@ impl ClusterManager {
     }
 }
 
-impl managed::Manager for ClusterManager {
-    type Type = Shared<ClusterConnection>;
-    type Error = RedisError;
+impl Open for Cluster {
+    type Connection = ClusterConnection;
 
-    async fn create(&self) -> Result<Self::Type, RedisError> {
-        Box::pin(self.client.get_async_connection())
-            .await
-            .map(Shared::new)
-    }
-
-    async fn recycle(
-        &self,
-        shared: &mut Self::Type,
-        metrics: &Metrics,
-    ) -> RecycleResult<RedisError> {
-        shared.recycle(metrics).await
+    async fn open(&self) -> Result<ClusterConnection, RedisError> {
+        self.client.get_async_connection().await
     }
 }
 
 /// Connections to the primary a group of Sentinels names; each new
 /// connection asks the sentinels again, so a failover is followed.
-pub(super) struct SentinelManager {
+pub(super) struct SentinelPrimary {
     // `SentinelClient::get_async_connection` needs `&mut`.
     client: tokio::sync::Mutex<SentinelClient>,
 }
 
-impl SentinelManager {
+impl SentinelPrimary {
     /// `sentinels` carry the credentials and TLS mode used both for the
     /// sentinels and for the primary (the first sentinel's), unless
     /// `sentinel_credentials` gives the sentinels their own.
@@ -223,21 +235,10 @@ impl SentinelManager {
     }
 }
 
-impl managed::Manager for SentinelManager {
-    type Type = Shared<MultiplexedConnection>;
-    type Error = RedisError;
+impl Open for SentinelPrimary {
+    type Connection = MultiplexedConnection;
 
-    async fn create(&self) -> Result<Self::Type, RedisError> {
-        Box::pin(async { self.client.lock().await.get_async_connection().await })
-            .await
-            .map(Shared::new)
-    }
-
-    async fn recycle(
-        &self,
-        shared: &mut Self::Type,
-        metrics: &Metrics,
-    ) -> RecycleResult<RedisError> {
-        shared.recycle(metrics).await
+    async fn open(&self) -> Result<MultiplexedConnection, RedisError> {
+        self.client.lock().await.get_async_connection().await
     }
 }

@@ -1,14 +1,23 @@
 //! Where decisions keep their state: Redis, shared by every ratelimitd
 //! instance, or the embedded in-process store. Knows nothing of the
 //! algorithms: the limiter chooses which (`limiter::Store`).
+//!
+//! `redis` runs scripts through pools that `managers` open (`pinned_tls`
+//! for a pinned server certificate), behind a `breaker`, as
+//! `redis_settings` say; `memory` keeps state in this process, reading the
+//! time from `clock`; `options` turns the command line into settings.
 
 pub mod breaker;
+mod clock;
 mod managers;
 pub mod memory;
 pub mod options;
 mod pinned_tls;
 pub mod redis;
+mod redis_settings;
 
-pub use self::memory::{Clock, ManualClock, MemoryChange, MemoryStore, SystemClock};
+pub use self::clock::{Clock, ManualClock, SystemClock};
+pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
-pub use self::redis::{Credentials, RedisSettings, RedisStore, RedisTls, Sentinel, Topology};
+pub use self::redis::RedisStore;
+pub use self::redis_settings::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};

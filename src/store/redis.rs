@@ -18,122 +18,11 @@ use redis::{
 };
 
 use super::breaker::CircuitBreaker;
-use super::managers::{ClusterManager, SentinelManager, StandaloneManager};
+use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
 use super::pinned_tls::PinnedTls;
+use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
 use crate::metrics;
-
-/// Which kind of Redis deployment the URLs name (`--redis-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Topology {
-    /// One server (the first URL).
-    Standalone,
-    /// A Redis Cluster; the URLs are seed nodes, the rest is discovered and
-    /// followed through resharding and failover.
-    Cluster,
-    /// Sentinels (the URLs) watching a primary (see [`Sentinel`]); the pool
-    /// follows failovers.
-    Sentinel,
-}
-
-/// With [`Topology::Sentinel`]: which primary the sentinels are asked for,
-/// and how to log in to them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sentinel {
-    /// The primary's name at the sentinels.
-    pub master: String,
-    /// The sentinels' own credentials, when not the primary's (those in
-    /// the URLs).
-    pub credentials: Option<Credentials>,
-}
-
-impl Default for Sentinel {
-    /// `mymaster`, the name Redis's own sentinel.conf uses, and the URLs'
-    /// credentials.
-    fn default() -> Self {
-        Self {
-            master: "mymaster".into(),
-            credentials: None,
-        }
-    }
-}
-
-/// A user (or the default one) and a password (or none).
-#[derive(Clone, PartialEq, Eq, Default)]
-pub struct Credentials {
-    /// The ACL user (`None`: the default user).
-    pub user: Option<String>,
-    /// The password (`None`: none).
-    pub password: Option<String>,
-}
-
-impl Credentials {
-    /// Upstream's form: `password`, `user:password`, or empty for none.
-    pub fn parse(auth: &str) -> Self {
-        match auth.split_once(':') {
-            _ if auth.is_empty() => Self::default(),
-            Some((user, password)) => Self {
-                user: Some(user.to_owned()),
-                password: Some(password.to_owned()),
-            },
-            None => Self {
-                user: None,
-                password: Some(auth.to_owned()),
-            },
-        }
-    }
-}
-
-/// Logs show the user, never the password.
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
-
-/// How to reach Redis and how long to wait for it.
-#[derive(Debug, Clone)]
-pub struct RedisSettings {
-    /// One URL, or several for Cluster seeds or Sentinels.
-    pub urls: Vec<String>,
-    /// What `urls` name.
-    pub topology: Topology,
-    /// With [`Topology::Sentinel`], the primary and the sentinels' login.
-    pub sentinel: Sentinel,
-    /// Connections per pool.
-    pub pool_size: usize,
-    /// The longest a new connection may take.
-    pub connect_timeout: Duration,
-    /// The longest one decision may take, from asking the pool for a
-    /// connection to reading the script's reply.
-    pub command_timeout: Duration,
-    /// Failures in a row that open the circuit breaker.
-    pub breaker_threshold: u32,
-    /// For `rediss://`: certificates other than the system's.
-    pub tls: RedisTls,
-}
-
-/// TLS material for a `rediss://` Redis, as PEM bytes.
-#[derive(Clone, Default)]
-pub struct RedisTls {
-    /// CA certificates to trust instead of the system's.
-    pub ca: Option<Vec<u8>>,
-    /// A client certificate and its key, for Redis's `tls-auth-clients`.
-    pub client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for RedisTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Key material stays out of logs.
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca.is_some())
-            .field("client", &self.client.is_some())
-            .finish()
-    }
-}
 
 /// Runs `$call` (a future using `$connection`, a shared handle from
 /// whichever pool `$pools` holds; the pool has its connection back before
@@ -162,9 +51,20 @@ macro_rules! on_shared_connection {
 /// The pool for each topology.
 #[derive(Clone)]
 enum Pools {
-    Standalone(Pool<StandaloneManager>),
-    Cluster(Pool<ClusterManager>),
-    Sentinel(Pool<SentinelManager>),
+    Standalone(Pool<Connections<Standalone>>),
+    Cluster(Pool<Connections<Cluster>>),
+    Sentinel(Pool<Connections<SentinelPrimary>>),
+}
+
+impl Pools {
+    /// The pool's size and connections available.
+    fn status(&self) -> deadpool::Status {
+        match self {
+            Self::Standalone(pool) => pool.status(),
+            Self::Cluster(pool) => pool.status(),
+            Self::Sentinel(pool) => pool.status(),
+        }
+    }
 }
 
 /// A pool of connections to Redis, behind a circuit breaker.
@@ -177,11 +77,7 @@ pub struct RedisStore {
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let status = match &self.pools {
-            Pools::Standalone(pool) => pool.status(),
-            Pools::Cluster(pool) => pool.status(),
-            Pools::Sentinel(pool) => pool.status(),
-        };
+        let status = self.pools.status();
         f.debug_struct("RedisStore")
             .field("pool", &status)
             .field("command_timeout", &self.command_timeout)
@@ -225,29 +121,29 @@ impl RedisStore {
                     .map_err(misconfigured)?,
                     None => None,
                 };
-                let manager =
-                    StandaloneManager::new(first, connection, pinned).map_err(misconfigured)?;
-                Pools::Standalone(bounded_pool(Pool::builder(manager), settings)?)
+                let standalone =
+                    Standalone::new(first, connection, pinned).map_err(misconfigured)?;
+                Pools::Standalone(bounded_pool(standalone, settings)?)
             }
             Topology::Cluster => {
-                let manager = ClusterManager::new(
+                let cluster = Cluster::new(
                     plain_connection_infos(settings).map_err(misconfigured)?,
                     certificates(settings),
                     settings.connect_timeout,
                     reply_backstop,
                 )
                 .map_err(misconfigured)?;
-                Pools::Cluster(bounded_pool(Pool::builder(manager), settings)?)
+                Pools::Cluster(bounded_pool(cluster, settings)?)
             }
             Topology::Sentinel => {
-                let manager = SentinelManager::new(
+                let primary = SentinelPrimary::new(
                     plain_connection_infos(settings).map_err(misconfigured)?,
                     &settings.sentinel.master,
                     settings.sentinel.credentials.as_ref(),
                     certificates(settings),
                 )
                 .map_err(misconfigured)?;
-                Pools::Sentinel(bounded_pool(Pool::builder(manager), settings)?)
+                Pools::Sentinel(bounded_pool(primary, settings)?)
             }
         };
         Ok(Self {
@@ -282,11 +178,7 @@ impl RedisStore {
 
     /// Reports the pool's connections in use and idle to the metrics.
     pub fn report_pool(&self) {
-        let status = match &self.pools {
-            Pools::Standalone(pool) => pool.status(),
-            Pools::Cluster(pool) => pool.status(),
-            Pools::Sentinel(pool) => pool.status(),
-        };
+        let status = self.pools.status();
         metrics::redis_pool(
             status.size.saturating_sub(status.available),
             status.available,
@@ -375,16 +267,13 @@ fn connection_infos(settings: &RedisSettings) -> Result<Vec<ConnectionInfo>, Red
         .collect()
 }
 
-/// The pool's size and timeouts, for any kind of pool.
-fn bounded_pool<M, W>(
-    builder: deadpool::managed::PoolBuilder<M, W>,
+/// A pool of the connections `open` opens, with the pool's size and
+/// timeouts.
+fn bounded_pool<O: Open>(
+    open: O,
     settings: &RedisSettings,
-) -> Result<Pool<M, W>, StoreError>
-where
-    M: deadpool::managed::Manager,
-    W: From<deadpool::managed::Object<M>>,
-{
-    builder
+) -> Result<Pool<Connections<O>>, StoreError> {
+    Pool::builder(Connections(open))
         .max_size(settings.pool_size)
         .wait_timeout(Some(settings.command_timeout))
         .create_timeout(Some(settings.connect_timeout))

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::TlsSettings;
+use super::server::TlsSettings;
 use crate::options::positive_duration;
 
 /// TLS for clients of the gRPC listener.

@@ -6,16 +6,23 @@
 //! policy (from the configuration's `quota_buckets`) gives its rate, which
 //! the [`crate::quota`] ledger splits max-min fair among every Envoy
 //! reporting it, through every ratelimitd instance on the same store.
+//!
+//! `stream` serves one Envoy's stream, a `subscription` per bucket it
+//! reports; `settle` settles them on the ledgers, `assignment` is what the
+//! Envoy is told; `nudges` lets one stream's change reach the others, and
+//! `shared` is what every stream shares.
 
 mod assignment;
 mod nudges;
 mod options;
+mod settle;
+mod shared;
 mod stream;
+mod subscription;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use futures::Stream;
 use tokio::sync::{mpsc, watch};
@@ -24,87 +31,13 @@ use tracing::debug;
 
 pub use self::assignment::Assigned;
 use self::nudges::Nudges;
-pub use self::options::QuotaOptions;
+pub use self::options::{QuotaOptions, QuotaSettings};
+use self::shared::Shared;
 use self::stream::QuotaStream;
-use crate::limit::FailurePolicy;
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
-use crate::quota::QuotaLedger;
+use crate::quota::QuotaLedgers;
 use crate::rules::RulesHandle;
-
-/// Server-wide settings of the quota service.
-#[derive(Debug, Clone)]
-pub struct QuotaSettings {
-    /// How long an assignment holds at an Envoy unless renewed (renewed
-    /// at the Envoy's reports or the rebalance tick, by half-way through
-    /// it: see `Shared::renew_after`).
-    pub assignment_ttl: Duration,
-    /// A bucket not reported for this long is dropped from its stream:
-    /// its share freed, the Envoy told to abandon it.
-    pub subscriber_timeout: Duration,
-    /// What a subscriber wants beyond its demand, per mille.
-    pub headroom_permille: u64,
-    /// How often each stream drops the buckets Envoy stopped reporting and
-    /// settles its contended buckets again.
-    pub rebalance_interval: Duration,
-    /// Most buckets one stream may subscribe to.
-    pub max_buckets_per_stream: usize,
-    /// Most buckets all streams of this instance may subscribe to together.
-    pub max_buckets: usize,
-    /// Most pairs in a `BucketId`.
-    pub max_entries: usize,
-    /// Most bytes in a `BucketId` key or value.
-    pub max_entry_bytes: usize,
-    /// Assignments are worked out and counted, and every Envoy is told to
-    /// allow all.
-    pub shadow_mode: bool,
-    /// What answers while the store cannot.
-    pub failure_policy: FailurePolicy,
-    /// The prefix of every storage key.
-    pub key_prefix: String,
-}
-
-/// What every stream of the service shares.
-struct Shared {
-    ledger: QuotaLedger,
-    /// This instance's own ledger, for the `local` failure policy.
-    local: Option<QuotaLedger>,
-    rules: RulesHandle,
-    settings: QuotaSettings,
-    /// Names this instance's subscribers apart from other instances'.
-    instance: String,
-    next_stream: AtomicU64,
-    /// Subscriptions held by all streams, at most `max_buckets`.
-    subscriptions: AtomicUsize,
-    nudges: Nudges,
-    /// Turns true when the server shuts down.
-    shutdown: watch::Receiver<bool>,
-}
-
-impl Shared {
-    /// How old an assignment may be before it is sent again: half its time
-    /// to live, less one rebalance interval. The rebalance tick is what
-    /// renews, so an assignment that is not yet due at one tick must still
-    /// be sent by half its life at the next; with a time to live of only two
-    /// intervals, that is every tick.
-    fn renew_after(&self) -> Duration {
-        (self.settings.assignment_ttl / 2).saturating_sub(self.settings.rebalance_interval)
-    }
-
-    /// Takes one of the instance's subscriptions, if any is left.
-    fn take_subscription(&self) -> bool {
-        self.subscriptions
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                (held < self.settings.max_buckets).then_some(held + 1)
-            })
-            .is_ok()
-    }
-
-    /// Gives one back.
-    fn give_back_subscription(&self) {
-        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// The quota service.
 #[derive(Clone)]
@@ -116,24 +49,22 @@ pub struct QuotaService {
 const RESPONSE_QUEUE: usize = 16;
 
 impl QuotaService {
-    /// A service settling shares on `ledger` (and, for the `local` failure
-    /// policy, on `local`), under the policies of `rules`. Its streams end
-    /// when `shutdown` turns true.
+    /// A service settling shares on `ledgers` (the shared one, and for the
+    /// `local` failure policy this instance's own), under the policies of
+    /// `rules`. Its streams end when `shutdown` turns true.
     pub fn new(
-        ledger: QuotaLedger,
-        local: Option<QuotaLedger>,
+        ledgers: QuotaLedgers,
         rules: RulesHandle,
         settings: QuotaSettings,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let instance = format!("{:016x}", rand::random::<u64>());
         Self {
             shared: Arc::new(Shared {
-                ledger,
-                local,
+                ledger: ledgers.shared,
+                local: ledgers.own,
                 rules,
                 settings,
-                instance,
+                instance: format!("{:016x}", rand::random::<u64>()),
                 next_stream: AtomicU64::new(1),
                 subscriptions: AtomicUsize::new(0),
                 nudges: Nudges::default(),

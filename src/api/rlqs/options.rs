@@ -1,11 +1,11 @@
-//! The quota service's options: how assignments are made and kept. Its
-//! policies are the configuration's `quota_buckets`; the Envoy face's
-//! shadow mode and the failure policy apply to it too.
+//! The quota service's options: how assignments are made and kept, and the
+//! settings they become. Its policies are the configuration's
+//! `quota_buckets`; the Envoy face's shadow mode and the failure policy
+//! apply to it too.
 
 use clap::builder::TypedValueParser as _;
 use std::time::Duration;
 
-use super::QuotaSettings;
 use crate::api::envoy::RequestBounds;
 use crate::limit::FailurePolicy;
 use crate::options::{positive_duration, whole_seconds};
@@ -83,4 +83,36 @@ impl QuotaOptions {
             key_prefix: key_prefix.to_owned(),
         }
     }
+}
+
+/// Server-wide settings of the quota service.
+#[derive(Debug, Clone)]
+pub struct QuotaSettings {
+    /// How long an assignment holds at an Envoy unless renewed (renewed
+    /// at the Envoy's reports or the rebalance tick, by half-way through
+    /// it: see `Shared::renew_after`).
+    pub assignment_ttl: Duration,
+    /// A bucket not reported for this long is dropped from its stream:
+    /// its share freed, the Envoy told to abandon it.
+    pub subscriber_timeout: Duration,
+    /// What a subscriber wants beyond its demand, per mille.
+    pub headroom_permille: u64,
+    /// How often each stream drops the buckets Envoy stopped reporting and
+    /// settles its contended buckets again.
+    pub rebalance_interval: Duration,
+    /// Most buckets one stream may subscribe to.
+    pub max_buckets_per_stream: usize,
+    /// Most buckets all streams of this instance may subscribe to together.
+    pub max_buckets: usize,
+    /// Most pairs in a `BucketId`.
+    pub max_entries: usize,
+    /// Most bytes in a `BucketId` key or value.
+    pub max_entry_bytes: usize,
+    /// Assignments are worked out and counted, and every Envoy is told to
+    /// allow all.
+    pub shadow_mode: bool,
+    /// What answers while the store cannot.
+    pub failure_policy: FailurePolicy,
+    /// The prefix of every storage key.
+    pub key_prefix: String,
 }

@@ -11,14 +11,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::Shared;
 use super::assignment::{Assigned, time_to_live};
-use crate::error::StoreError;
-use crate::limit::FailurePolicy;
+use super::settle::{self, Plan, Settled};
+use super::shared::Shared;
+use super::subscription::{Subscription, rate_of};
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
@@ -26,69 +25,8 @@ use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::
 };
 use crate::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use crate::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
-use crate::quota::{self, MicroRps, Share, ShareOp, ShareParams};
-use crate::rules::quota::{QuotaDomain, QuotaLimit, QuotaPolicy, QuotaRate};
-
-/// A demand is worked out only over at least this long: a report hard on
-/// the heels of another says little about a rate.
-const MIN_DEMAND_WINDOW: Duration = Duration::from_millis(100);
-
-/// Ledger calls of one report in flight at once.
-const SETTLE_CONCURRENCY: usize = 16;
-
-/// What a share-or-not settles to, per bucket.
-enum Plan {
-    /// The policy decides alone (allow all, deny all).
-    Fixed(Assigned),
-    /// The ledger splits the policy's rate.
-    Share(ShareParams, ShareOp, QuotaRate),
-}
-
-/// What settling one bucket came to.
-struct Settled {
-    key: String,
-    /// What to tell the Envoy; `None`: nothing (the failure policy left it
-    /// to its own fallbacks).
-    assigned: Option<Assigned>,
-    /// The share settled, if any (a shared rate, settled on the store or
-    /// this instance's own ledger).
-    share: Option<Share>,
-    /// Whether the failure policy answered.
-    degraded: bool,
-}
-
-/// One subscribed bucket.
-struct Subscription {
-    /// The `BucketId` as Envoy sent it, echoed in every action.
-    bucket: HashMap<String, String>,
-    /// The governing policy when last settled, for metrics and plans.
-    policy: Arc<QuotaPolicy>,
-    /// The domain of the stream, for metrics labels.
-    domain: String,
-    /// When Envoy last reported it.
-    last_report: Instant,
-    /// The last demand worked out; `None` while unknown.
-    demand: Option<MicroRps>,
-    /// The ledger's grant last settled (0 for fixed policies).
-    grant: MicroRps,
-    /// Whether the last settlement found others subscribed, or left it
-    /// short of its fair share: then it settles again at every rebalance.
-    contended: bool,
-    /// What it was last told, and when.
-    sent: Option<(Assigned, Instant)>,
-    /// What the metrics count as assigned to it, in requests per second.
-    counted_rate: f64,
-    /// Whether the ledger holds an entry of it.
-    in_ledger: bool,
-}
-
-impl Subscription {
-    /// Whether what it was last told is `renew_after` old at `now`.
-    fn renewal_due(&self, now: Instant, renew_after: Duration) -> bool {
-        self.sent
-            .is_some_and(|(_, at)| now.saturating_duration_since(at) >= renew_after)
-    }
-}
+use crate::quota::{self, ShareOp, ShareParams};
+use crate::rules::quota::{QuotaDomain, QuotaLimit};
 
 /// The state of one stream.
 pub(super) struct QuotaStream {
@@ -161,7 +99,11 @@ impl QuotaStream {
         let Some(subscription) = self.buckets.get(&key) else {
             return Vec::new();
         };
-        let plan = self.plan(&subscription.policy, subscription.demand);
+        let plan = settle::plan(
+            &self.shared.settings,
+            &subscription.policy,
+            subscription.demand,
+        );
         self.settle_and_act(vec![(key, plan)], false).await
     }
 
@@ -194,10 +136,12 @@ impl QuotaStream {
                     || subscription.renewal_due(now, renew_after)
             })
             .map(|(key, subscription)| {
-                (
-                    key.clone(),
-                    self.plan(&subscription.policy, subscription.demand),
-                )
+                let plan = settle::plan(
+                    &self.shared.settings,
+                    &subscription.policy,
+                    subscription.demand,
+                );
+                (key.clone(), plan)
             })
             .collect();
         if !plans.is_empty() {
@@ -222,7 +166,7 @@ impl QuotaStream {
         for (key, subscription) in &mut self.buckets {
             let policy = quota.find(&subscription.bucket);
             if **policy != *subscription.policy {
-                recount_policy(subscription, policy.clone());
+                subscription.recount_policy(policy.clone());
                 moved.insert(key.clone());
             }
         }
@@ -243,7 +187,7 @@ impl QuotaStream {
         for (key, subscription) in self.buckets.drain() {
             self.shared.give_back_subscription();
             self.shared.nudges.unsubscribe(&key, self.number);
-            uncount(&subscription);
+            subscription.uncount();
         }
     }
 
@@ -283,7 +227,7 @@ impl QuotaStream {
                 Err(err) => debug!(%err, key, "could not free a quota share"),
             }
         }
-        uncount(&subscription);
+        subscription.uncount();
         abandon.then(|| {
             metrics::quota_assignment(&subscription.domain, &subscription.policy.name, "abandon");
             BucketAction {
@@ -330,23 +274,10 @@ impl QuotaStream {
             .unwrap_or_default();
         let demand = match self.buckets.get_mut(&key) {
             Some(subscription) => {
-                let elapsed = now
-                    .saturating_duration_since(subscription.last_report)
-                    .max(reported_elapsed);
-                subscription.last_report = now;
-                if elapsed >= MIN_DEMAND_WINDOW {
-                    subscription.demand = Some(rate_of(count, elapsed, capacity));
-                }
-                if *policy != *subscription.policy {
-                    recount_policy(subscription, policy.clone());
-                }
-                subscription.demand
+                subscription.reported(now, count, reported_elapsed, capacity, &policy)
             }
             None => {
-                if self.buckets.len() >= self.shared.settings.max_buckets_per_stream
-                    || !self.shared.take_subscription()
-                {
-                    self.ignore("too_many_buckets", 1);
+                if !self.may_subscribe() {
                     return None;
                 }
                 // A bucket's first report on this stream: Envoy's first ever
@@ -354,25 +285,11 @@ impl QuotaStream {
                 // after a reconnect (its elapsed time is real).
                 let demand = (reported_elapsed >= Duration::from_secs(1))
                     .then(|| rate_of(count, reported_elapsed, capacity));
-                metrics::quota_subscribers(domain, &policy.name, 1.0);
                 self.shared
                     .nudges
                     .subscribe(&key, self.number, &self.nudges);
-                self.buckets.insert(
-                    key.clone(),
-                    Subscription {
-                        bucket,
-                        policy: policy.clone(),
-                        domain: domain.to_owned(),
-                        last_report: now,
-                        demand,
-                        grant: 0,
-                        contended: false,
-                        sent: None,
-                        counted_rate: 0.0,
-                        in_ledger: false,
-                    },
-                );
+                let subscription = Subscription::new(bucket, policy.clone(), domain, now, demand);
+                self.buckets.insert(key.clone(), subscription);
                 demand
             }
         };
@@ -382,31 +299,21 @@ impl QuotaStream {
             usage.num_requests_allowed,
             usage.num_requests_denied,
         );
-        let plan = self.plan(&policy, demand);
+        let plan = settle::plan(&self.shared.settings, &policy, demand);
         Some((key, plan))
     }
 
-    /// What settles a bucket under `policy` with `demand`.
-    fn plan(&self, policy: &QuotaPolicy, demand: Option<MicroRps>) -> Plan {
-        let settings = &self.shared.settings;
-        match policy.limit {
-            QuotaLimit::AllowAll => Plan::Fixed(Assigned::AllowAll),
-            QuotaLimit::DenyAll => Plan::Fixed(Assigned::DenyAll),
-            QuotaLimit::Rate(rate) => {
-                let capacity = rate.micro_rps();
-                let params = ShareParams {
-                    capacity,
-                    headroom_permille: settings.headroom_permille,
-                    // A quiet subscriber still asks for a hundredth, so it
-                    // can pick up again without waiting for its report.
-                    min_want: (capacity / 100).max(1),
-                    lease_ms: duration_ms(settings.assignment_ttl + LEASE_MARGIN),
-                    stale_ms: duration_ms(settings.subscriber_timeout),
-                    hysteresis_permille: HYSTERESIS_PERMILLE,
-                };
-                Plan::Share(params, ShareOp::Report(demand), rate)
-            }
+    /// Whether the stream may subscribe to one more bucket: within its own
+    /// bound and the instance's (whose subscription it then holds). A
+    /// report it may not is ignored.
+    fn may_subscribe(&mut self) -> bool {
+        if self.buckets.len() >= self.shared.settings.max_buckets_per_stream
+            || !self.shared.take_subscription()
+        {
+            self.ignore("too_many_buckets", 1);
+            return false;
         }
+        true
     }
 
     /// Settles every plan (the ledger calls concurrently), then works out
@@ -419,103 +326,64 @@ impl QuotaStream {
         plans: Vec<(String, Plan)>,
         may_nudge_when_starved: bool,
     ) -> Vec<BucketAction> {
-        let shared = self.shared.clone();
-        let subscriber = self.subscriber.clone();
-        let settled: Vec<Settled> = futures::stream::iter(plans.into_iter().map(|(key, plan)| {
-            let shared = shared.clone();
-            let subscriber = subscriber.clone();
-            async move {
-                match plan {
-                    Plan::Fixed(assigned) => Settled {
-                        key,
-                        assigned: Some(assigned),
-                        share: None,
-                        degraded: false,
-                    },
-                    Plan::Share(params, op, rate) => {
-                        let (answer, degraded) =
-                            settle_or_fail(&shared, &key, &subscriber, op, &params).await;
-                        match answer {
-                            Ok(share) => Settled {
-                                key,
-                                assigned: Some(Assigned::share(share.grant, &rate)),
-                                share: Some(share),
-                                degraded,
-                            },
-                            Err(policy_answer) => Settled {
-                                key,
-                                assigned: policy_answer,
-                                share: None,
-                                degraded,
-                            },
-                        }
-                    }
-                }
-            }
-        }))
-        .buffered(SETTLE_CONCURRENCY)
-        .collect()
-        .await;
+        let settled = settle::settle_all(&self.shared, &self.subscriber, plans).await;
         let now = Instant::now();
-        let mut actions = Vec::new();
-        for Settled {
+        settled
+            .into_iter()
+            .filter_map(|settled| self.act(settled, now, may_nudge_when_starved))
+            .collect()
+    }
+
+    /// Takes in what settling one bucket came to: its share and metrics,
+    /// and the assignment to send when what its Envoy was told changes or
+    /// is due for renewal.
+    fn act(
+        &mut self,
+        settled: Settled,
+        now: Instant,
+        may_nudge_when_starved: bool,
+    ) -> Option<BucketAction> {
+        let Settled {
             key,
             assigned,
             share,
             degraded,
-        } in settled
-        {
-            let Some(subscription) = self.buckets.get_mut(&key) else {
-                continue;
-            };
-            if degraded {
-                metrics::quota_degraded(&subscription.domain, &subscription.policy.name);
-            }
-            if let Some(share) = share {
-                let shrank = share.grant < subscription.grant;
-                let starved = share.target > share.grant;
-                subscription.grant = share.grant;
-                subscription.contended = share.subscribers > 1 || starved;
-                subscription.in_ledger = true;
-                if shrank || (starved && may_nudge_when_starved) {
-                    self.shared.nudges.nudge(&key, self.number);
-                }
-            }
-            // The failure policy left the Envoy to its own fallbacks.
-            let Some(assigned) = assigned else {
-                continue;
-            };
-            let shadow = subscription.policy.shadow || self.shared.settings.shadow_mode;
-            let counted = assigned.requests_per_second().unwrap_or(0.0);
-            metrics::quota_assigned_rate(
-                &subscription.domain,
-                &subscription.policy.name,
-                counted - subscription.counted_rate,
-            );
-            subscription.counted_rate = counted;
-            let told = if shadow { Assigned::AllowAll } else { assigned };
-            let renew_after = self.shared.renew_after();
-            let changed = subscription.sent.is_none_or(|(sent, _)| sent != told);
-            if !changed && !subscription.renewal_due(now, renew_after) {
-                continue;
-            }
-            subscription.sent = Some((told, now));
-            metrics::quota_assignment(&subscription.domain, &subscription.policy.name, told.kind());
-            actions.push(BucketAction {
-                bucket_id: Some(BucketId {
-                    bucket: subscription.bucket.clone(),
-                }),
-                bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
-                    QuotaAssignmentAction {
-                        assignment_time_to_live: Some(time_to_live(
-                            self.shared.settings.assignment_ttl,
-                        )),
-                        rate_limit_strategy: Some(told.to_strategy()),
-                    },
-                )),
-            });
+        } = settled;
+        let subscription = self.buckets.get_mut(&key)?;
+        if degraded {
+            metrics::quota_degraded(&subscription.domain, &subscription.policy.name);
         }
-        actions
+        if let Some(share) = share {
+            let (shrank, starved) = subscription.record_share(&share);
+            if shrank || (starved && may_nudge_when_starved) {
+                self.shared.nudges.nudge(&key, self.number);
+            }
+        }
+        // `None`: the failure policy left the Envoy to its own fallbacks.
+        let assigned = assigned?;
+        let shadow = subscription.policy.shadow || self.shared.settings.shadow_mode;
+        subscription.count_assigned(&assigned);
+        let told = if shadow { Assigned::AllowAll } else { assigned };
+        let renew_after = self.shared.renew_after();
+        let changed = subscription.sent.is_none_or(|(sent, _)| sent != told);
+        if !changed && !subscription.renewal_due(now, renew_after) {
+            return None;
+        }
+        subscription.sent = Some((told, now));
+        metrics::quota_assignment(&subscription.domain, &subscription.policy.name, told.kind());
+        Some(BucketAction {
+            bucket_id: Some(BucketId {
+                bucket: subscription.bucket.clone(),
+            }),
+            bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+                QuotaAssignmentAction {
+                    assignment_time_to_live: Some(time_to_live(
+                        self.shared.settings.assignment_ttl,
+                    )),
+                    rate_limit_strategy: Some(told.to_strategy()),
+                },
+            )),
+        })
     }
 
     /// Whether a `BucketId` is one Envoy could send and within bounds.
@@ -546,90 +414,5 @@ impl QuotaStream {
                  ratelimitd_quota_reports_ignored_total)"
             );
         }
-    }
-}
-
-/// How long a grant counts beyond the assignment's time to live: the push
-/// reaches the Envoy a moment after the ledger records it.
-const LEASE_MARGIN: Duration = Duration::from_secs(1);
-
-/// A new grant within 5% of the one held keeps the one held.
-const HYSTERESIS_PERMILLE: u64 = 50;
-
-/// Settles on the ledger; when the store fails, the failure policy's
-/// answer instead: `Err(Some(allow all))` open, `Err(None)` closed (the
-/// Envoy's own fallbacks decide), or a share of this instance's own
-/// ledger. With whether the failure policy answered.
-async fn settle_or_fail(
-    shared: &Shared,
-    key: &str,
-    subscriber: &str,
-    op: ShareOp,
-    params: &ShareParams,
-) -> (Result<Share, Option<Assigned>>, bool) {
-    let failed: StoreError = match shared.ledger.settle(key, subscriber, op, params).await {
-        Ok(share) => return (Ok(share), false),
-        Err(err) => err,
-    };
-    debug!(%failed, key, "quota share not settled; the failure policy answers");
-    let answer = match shared.settings.failure_policy {
-        FailurePolicy::FailOpen => Err(Some(Assigned::AllowAll)),
-        FailurePolicy::FailClosed => Err(None),
-        FailurePolicy::Local => match &shared.local {
-            Some(local) => local
-                .settle(key, subscriber, op, params)
-                .await
-                .map_err(|_| None),
-            None => Err(None),
-        },
-    };
-    (answer, true)
-}
-
-/// `count` requests over `elapsed` as µrps, at most four times the
-/// capacity (more says nothing more, and keeps the ledger's arithmetic
-/// exact).
-fn rate_of(count: u64, elapsed: Duration, capacity: MicroRps) -> MicroRps {
-    let micros = elapsed.as_micros().max(1);
-    let rate = u128::from(count) * 1_000_000_000_000 / micros;
-    u64::try_from(rate)
-        .unwrap_or(u64::MAX)
-        .min(capacity.saturating_mul(4))
-}
-
-fn duration_ms(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Takes a subscription out of the metrics.
-fn uncount(subscription: &Subscription) {
-    metrics::quota_subscribers(&subscription.domain, &subscription.policy.name, -1.0);
-    metrics::quota_assigned_rate(
-        &subscription.domain,
-        &subscription.policy.name,
-        -subscription.counted_rate,
-    );
-}
-
-/// Moves a subscription's metrics to the policy that now governs it.
-fn recount_policy(subscription: &mut Subscription, policy: Arc<QuotaPolicy>) {
-    uncount(subscription);
-    subscription.counted_rate = 0.0;
-    subscription.policy = policy;
-    metrics::quota_subscribers(&subscription.domain, &subscription.policy.name, 1.0);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn demand_is_a_rate_capped_at_four_capacities() {
-        assert_eq!(
-            rate_of(500, Duration::from_secs(5), 1_000_000_000),
-            100_000_000
-        );
-        assert_eq!(rate_of(u64::MAX, Duration::from_secs(5), 100), 400);
-        assert_eq!(rate_of(10, Duration::ZERO, 1_000_000_000), 4_000_000_000);
     }
 }

@@ -1,0 +1,54 @@
+//! What every quota stream of the service shares: the ledgers, the rules,
+//! the settings, this instance's subscriptions and nudges.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::nudges::Nudges;
+use super::options::QuotaSettings;
+use crate::quota::QuotaLedger;
+use crate::rules::RulesHandle;
+
+/// What every stream of the service shares.
+pub(super) struct Shared {
+    pub(super) ledger: QuotaLedger,
+    /// This instance's own ledger, for the `local` failure policy.
+    pub(super) local: Option<QuotaLedger>,
+    pub(super) rules: RulesHandle,
+    pub(super) settings: QuotaSettings,
+    /// Names this instance's subscribers apart from other instances'.
+    pub(super) instance: String,
+    pub(super) next_stream: AtomicU64,
+    /// Subscriptions held by all streams, at most `max_buckets`.
+    pub(super) subscriptions: AtomicUsize,
+    pub(super) nudges: Nudges,
+    /// Turns true when the server shuts down.
+    pub(super) shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// How old an assignment may be before it is sent again: half its time
+    /// to live, less one rebalance interval. The rebalance tick is what
+    /// renews, so an assignment that is not yet due at one tick must still
+    /// be sent by half its life at the next; with a time to live of only two
+    /// intervals, that is every tick.
+    pub(super) fn renew_after(&self) -> Duration {
+        (self.settings.assignment_ttl / 2).saturating_sub(self.settings.rebalance_interval)
+    }
+
+    /// Takes one of the instance's subscriptions, if any is left.
+    pub(super) fn take_subscription(&self) -> bool {
+        self.subscriptions
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held < self.settings.max_buckets).then_some(held + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives one back.
+    pub(super) fn give_back_subscription(&self) {
+        self.subscriptions.fetch_sub(1, Ordering::Relaxed);
+    }
+}
