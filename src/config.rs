@@ -15,7 +15,7 @@ use std::ffi::OsString;
 
 use clap::{CommandFactory, Parser};
 
-use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report, UpstreamError};
+use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report};
 use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
 use crate::limiter::LimiterOptions;
@@ -87,12 +87,9 @@ pub struct Config {
 /// A configuration that cannot start ratelimitd.
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidConfig {
-    /// The command line does not parse (clap's message, with usage).
+    /// The command line or upstream's variables do not parse.
     #[error(transparent)]
-    CommandLine(#[from] clap::Error),
-    /// Upstream's variables cannot work.
-    #[error(transparent)]
-    Upstream(#[from] UpstreamError),
+    Parse(#[from] ParseError),
     /// An option's value cannot work.
     #[error("{error}{}", set_by.as_ref().map(|from| format!(" (set by {from})")).unwrap_or_default())]
     Option {
@@ -101,15 +98,6 @@ pub enum InvalidConfig {
         /// The upstream variables that set the flag, if they did.
         set_by: Option<String>,
     },
-}
-
-impl From<ParseError> for InvalidConfig {
-    fn from(err: ParseError) -> Self {
-        match err {
-            ParseError::Clap(err) => Self::CommandLine(err),
-            ParseError::Upstream(err) => Self::Upstream(err),
-        }
-    }
 }
 
 impl Config {
@@ -126,7 +114,7 @@ impl Config {
         let environment: Environment = std::env::vars().collect();
         let args: Vec<OsString> = std::env::args_os().collect();
         match Self::load_from(&args, &environment) {
-            Err(InvalidConfig::CommandLine(err)) => err.exit(),
+            Err(InvalidConfig::Parse(ParseError::Clap(err))) => err.exit(),
             loaded => loaded,
         }
     }

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-use crate::metrics;
+use crate::{incoming, metrics};
 
 /// At most `limit` decisions in flight across all connections, and at most
 /// `per_peer_limit` of them from one IP address.
@@ -52,6 +52,13 @@ impl DecisionSlots {
                 in_flight: Mutex::new(HashMap::new()),
             }),
         }
+    }
+
+    /// A slot for the call `request` makes (its peer read from the
+    /// connection it came on), and the call's message.
+    pub fn admit<T>(&self, request: tonic::Request<T>) -> Result<(InFlight, T), Status> {
+        let in_flight = self.enter(incoming::peer_ip(request.extensions()))?;
+        Ok((in_flight, request.into_inner()))
     }
 
     /// A slot for one decision from `peer` (`None`: not known), held until

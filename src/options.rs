@@ -60,6 +60,29 @@ pub fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, OptionsError
     })
 }
 
+/// A PEM file (CA certificates) that `flag` may name, read whole.
+pub fn read_optional_pem(
+    flag: &'static str,
+    path: Option<&Path>,
+) -> Result<Option<Vec<u8>>, OptionsError> {
+    path.map(|path| read_pem(flag, path)).transpose()
+}
+
+/// A certificate chain and its private key, as PEM.
+pub type PemIdentity = (Vec<u8>, Vec<u8>);
+
+/// A certificate and its key, named by two flags (`[cert flag, key flag]`)
+/// that clap makes go together, read whole.
+pub fn read_identity(
+    flags: [&'static str; 2],
+    [cert, key]: [Option<&Path>; 2],
+) -> Result<Option<PemIdentity>, OptionsError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some((read_pem(flags[0], cert)?, read_pem(flags[1], key)?))),
+        _ => Ok(None),
+    }
+}
+
 /// A value that does not parse, with why: what the parsers below return
 /// (clap prints it after the flag and the value).
 #[derive(Debug, thiserror::Error)]
@@ -179,14 +202,6 @@ impl Secret {
 impl From<String> for Secret {
     fn from(secret: String) -> Self {
         Self(secret)
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(secret: &str) -> Result<Self, Self::Err> {
-        Ok(Self(secret.to_owned()))
     }
 }
 

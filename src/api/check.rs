@@ -15,7 +15,6 @@ use self::answer::several_response;
 pub use self::question::limit_request;
 use self::question::{Form, question};
 use crate::error::Error;
-use crate::incoming;
 use crate::limit::InvalidArgument;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
@@ -123,8 +122,7 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
-        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
-        let request = request.into_inner();
+        let (_in_flight, request) = self.slots.admit(request)?;
         let rules = (!request.policy.is_empty()).then(|| self.rules.current());
         let response = self.answer(request, rules.as_deref()).await?;
         Ok(Response::new(response))
@@ -137,8 +135,8 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitsRequest>,
     ) -> Result<Response<pb::CheckLimitsResponse>, Status> {
-        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
-        let items = request.into_inner().requests;
+        let (_in_flight, batch) = self.slots.admit(request)?;
+        let items = batch.requests;
         if items.is_empty() {
             return Err(Error::from(InvalidArgument::new("requests", "must not be empty")).into());
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::upstream::{Effect, Environment, Report, TABLE, switches_upstream_on};
+use super::upstream::{Effect, Environment, ParseError, Report, TABLE, switches_upstream_on};
 use super::{Config, InvalidConfig};
 use crate::api::envoy::options::ConfigFiles;
 use crate::options::Secret;
@@ -424,7 +424,7 @@ fn an_error_about_a_flag_upstream_set_names_the_variable() {
     );
     assert!(matches!(
         Config::load_from(&["ratelimitd", "--listen"], &Environment::new()),
-        Err(InvalidConfig::CommandLine(_))
+        Err(InvalidConfig::Parse(ParseError::Clap(_)))
     ));
 }
 

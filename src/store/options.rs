@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
-use crate::options::{OptionsError, Secret, memory_budget, positive_duration, read_pem};
+use crate::options::{
+    OptionsError, Secret, memory_budget, positive_duration, read_identity, read_optional_pem,
+};
 
 /// Where counters live: Redis (standalone, Cluster or Sentinel) or, without
 /// --redis-url, the embedded store.
@@ -157,18 +159,14 @@ impl StoreOptions {
             ));
         }
         let tls = RedisTls {
-            ca: self
-                .redis_tls_ca
-                .as_deref()
-                .map(|path| read_pem("redis_tls_ca", path))
-                .transpose()?,
-            client: match (&self.redis_tls_cert, &self.redis_tls_key) {
-                (Some(cert), Some(key)) => Some((
-                    read_pem("redis_tls_cert", cert)?,
-                    read_pem("redis_tls_key", key)?,
-                )),
-                _ => None,
-            },
+            ca: read_optional_pem("redis_tls_ca", self.redis_tls_ca.as_deref())?,
+            client: read_identity(
+                ["redis_tls_cert", "redis_tls_key"],
+                [
+                    self.redis_tls_cert.as_deref(),
+                    self.redis_tls_key.as_deref(),
+                ],
+            )?,
         };
         Ok(Some(RedisSettings {
             urls: self
@@ -211,11 +209,9 @@ impl PartialEq<&str> for RedisUrl {
     }
 }
 
-impl std::str::FromStr for RedisUrl {
-    type Err = std::convert::Infallible;
-
-    fn from_str(url: &str) -> Result<Self, Self::Err> {
-        Ok(Self(url.to_owned()))
+impl From<String> for RedisUrl {
+    fn from(url: String) -> Self {
+        Self(url)
     }
 }
 

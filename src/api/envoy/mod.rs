@@ -35,7 +35,6 @@ use tracing::debug;
 use self::plan::Plan;
 pub use self::settings::{EnvoySettings, LimitHeaderNames, RequestBounds};
 use crate::error::Error;
-use crate::incoming;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
@@ -89,8 +88,7 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        let _in_flight = self.slots.enter(incoming::peer_ip(request.extensions()))?;
-        let request = request.into_inner();
+        let (_in_flight, request) = self.slots.admit(request)?;
         let answered = self.decide(&request).await;
         metrics::upstream_request(match &answered {
             Ok(_) => None,

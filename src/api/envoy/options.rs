@@ -8,7 +8,8 @@ use std::time::Duration;
 use super::xds::{XdsSettings, XdsTls};
 use super::{EnvoySettings, LimitHeaderNames, RequestBounds};
 use crate::options::{
-    KeyValues, OptionsError, SecretValues, key_values, positive_duration, read_pem, secret_values,
+    KeyValues, OptionsError, SecretValues, key_values, positive_duration, read_identity,
+    read_optional_pem, secret_values,
 };
 use crate::rules::FileSelection;
 
@@ -238,18 +239,11 @@ impl XdsOptions {
         };
         let tls = if self.xds_tls {
             Some(XdsTls {
-                ca: self
-                    .xds_tls_ca
-                    .as_deref()
-                    .map(|path| read_pem("xds_tls_ca", path))
-                    .transpose()?,
-                identity: match (&self.xds_tls_cert, &self.xds_tls_key) {
-                    (Some(cert), Some(key)) => Some((
-                        read_pem("xds_tls_cert", cert)?,
-                        read_pem("xds_tls_key", key)?,
-                    )),
-                    _ => None,
-                },
+                ca: read_optional_pem("xds_tls_ca", self.xds_tls_ca.as_deref())?,
+                identity: read_identity(
+                    ["xds_tls_cert", "xds_tls_key"],
+                    [self.xds_tls_cert.as_deref(), self.xds_tls_key.as_deref()],
+                )?,
                 server_name: self.xds_tls_san.clone(),
             })
         } else {

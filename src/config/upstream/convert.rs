@@ -37,11 +37,7 @@ impl<'a> Upstream<'a> {
     /// A Go boolean (strconv.ParseBool), when set.
     pub fn go_bool(&self, name: &str) -> Result<Option<bool>, UpstreamError> {
         self.get(name)
-            .map(|text| {
-                parse_go_bool(text).ok_or_else(|| {
-                    UpstreamError::value(name, text, "not a boolean (true or false)")
-                })
-            })
+            .map(|text| go_bool_of(name, text))
             .transpose()
     }
 
@@ -74,6 +70,12 @@ impl<'a> Upstream<'a> {
             .iter()
             .any(|variable| self.get(variable.name).is_some())
     }
+}
+
+/// Variable `name`'s `value` as a Go boolean.
+fn go_bool_of(name: &str, value: &str) -> Result<bool, UpstreamError> {
+    parse_go_bool(value)
+        .ok_or_else(|| UpstreamError::value(name, value, "not a boolean (true or false)"))
 }
 
 /// Go's strconv.ParseBool.
@@ -162,9 +164,7 @@ pub(super) fn go_bool(
     row: &Row,
 ) -> Result<Option<Vec<Setting>>, UpstreamError> {
     one(row, upstream, |name, value| {
-        parse_go_bool(value)
-            .map(|flag| flag.to_string())
-            .ok_or_else(|| UpstreamError::value(name, value, "not a boolean (true or false)"))
+        Ok(go_bool_of(name, value)?.to_string())
     })
 }
 
@@ -174,9 +174,7 @@ pub(super) fn inverted_go_bool(
     row: &Row,
 ) -> Result<Option<Vec<Setting>>, UpstreamError> {
     one(row, upstream, |name, value| {
-        parse_go_bool(value)
-            .map(|flag| (!flag).to_string())
-            .ok_or_else(|| UpstreamError::value(name, value, "not a boolean (true or false)"))
+        Ok((!go_bool_of(name, value)?).to_string())
     })
 }
 
