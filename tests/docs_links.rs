@@ -173,3 +173,61 @@ fn anchors_are_named_as_github_names_them() {
         ["x.md", "#f"]
     );
 }
+
+/// CONTRIBUTING.md's layout, the code block under its "Layout" heading.
+fn layout() -> String {
+    let contributing =
+        std::fs::read_to_string(root().join("CONTRIBUTING.md")).expect("CONTRIBUTING.md");
+    let section = contributing
+        .split("## Layout\n")
+        .nth(1)
+        .expect("a Layout section");
+    section
+        .split("```")
+        .nth(1)
+        .expect("the layout's code block")
+        .to_owned()
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("a source folder") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn the_layout_names_every_source_file_and_only_paths_that_exist() {
+    let layout = layout();
+    for word in layout.split_whitespace() {
+        let path = word.trim_end_matches([',', ';', ')', ':']);
+        if ["src/", "tests/", "proto/", "clients/", "benches/", "examples/"]
+            .iter()
+            .any(|prefix| path.starts_with(prefix))
+        {
+            assert!(root().join(path).exists(), "the layout names {path}, which is gone");
+        }
+    }
+    let mut missing = Vec::new();
+    for file in files_under(&root().join("src")) {
+        let name = file.file_name().map(|name| name.to_string_lossy().into_owned());
+        let stem = file.file_stem().map(|stem| stem.to_string_lossy().into_owned());
+        let (Some(name), Some(stem)) = (name, stem) else {
+            continue;
+        };
+        if name == "mod.rs" {
+            continue;
+        }
+        if !layout.contains(&name) && !layout.contains(&stem) {
+            missing.push(file.strip_prefix(root()).unwrap_or(&file).display().to_string());
+        }
+    }
+    assert!(missing.is_empty(), "CONTRIBUTING.md's layout does not name: {missing:?}");
+}
