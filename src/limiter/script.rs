@@ -9,6 +9,7 @@ use std::sync::LazyLock;
 use redis::{Script, ScriptInvocation};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::store::CLOCK_LUA;
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -28,9 +29,6 @@ pub const ALGORITHMS_LUA: &str = concat!(
     include_str!("../algorithm/gcra.lua"),
     include_str!("../algorithm/sliding_window_counter.lua"),
 );
-
-/// The production clock: `now` from Redis `TIME`.
-pub const CLOCK_LUA: &str = include_str!("script/clock.lua");
 
 /// The driver that decides a call's limits in a [`Mode`]; it needs the
 /// algorithms and a clock defined above it.

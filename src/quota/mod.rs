@@ -17,8 +17,7 @@ use redis::Script;
 
 use crate::error::StoreError;
 use crate::limit::{CallerKey, KeyOrigin};
-use crate::limiter::script::CLOCK_LUA;
-use crate::store::{Clock, RedisStore, SystemClock};
+use crate::store::{CLOCK_LUA, Clock, RedisStore, SystemClock};
 pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 
 /// The share script's own part; a clock must be defined above it.

@@ -1,11 +1,15 @@
 //! Where the embedded store and this process's quota ledgers read the
-//! time. Redis reads its own clock; here a trait lets unit tests drive the
-//! time by hand.
+//! time, and the script part through which Redis reads its own. Here a
+//! trait lets unit tests drive the time by hand.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::limit::Micros;
+
+/// Redis's clock for every script that decides there: `now` from its
+/// `TIME`, read once per call. The decision and quota scripts start with it.
+pub const CLOCK_LUA: &str = include_str!("clock.lua");
 
 /// The time, as the embedded store and the quota ledgers read it.
 pub trait Clock: Send + Sync + 'static {
