@@ -36,10 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let by_log = sliding_window::decide(&log, &mut log_state, now, 1, true).0;
             let by_counter =
                 sliding_window_counter::decide(&counter, &mut counter_state, now, 1, true).0;
-            log_admitted += u64::from(by_log.allowed);
-            counter_admitted += u64::from(by_counter.allowed);
-            differ += u64::from(by_log.allowed != by_counter.allowed);
-            if by_counter.allowed {
+            log_admitted += u64::from(by_log.is_allowed());
+            counter_admitted += u64::from(by_counter.is_allowed());
+            differ += u64::from(by_log.is_allowed() != by_counter.is_allowed());
+            if by_counter.is_allowed() {
                 admitted_at.push(now);
             }
         }

@@ -9,8 +9,10 @@
 use std::fmt;
 use std::time::Duration;
 
+mod decision;
 mod parameters;
 
+pub use decision::{Decision, RetryAfter};
 pub use parameters::{
     Algorithm, FixedWindow, Gcra, LimitPerWindow, SlidingWindow, SlidingWindowCounter, TokenBucket,
     Window,
@@ -253,15 +255,6 @@ pub struct LimitRequest {
     pub shadow: bool,
 }
 
-/// When a denied request could be retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryAfter {
-    /// After this long (zero when allowed).
-    After(Micros),
-    /// Never: the cost exceeds the limit or capacity itself.
-    Never,
-}
-
 /// What to answer when the store cannot decide in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailurePolicy {
@@ -271,23 +264,6 @@ pub enum FailurePolicy {
     FailOpen,
     /// Decide on this instance's embedded store, marked degraded.
     Local,
-}
-
-/// The answer. Being over the limit is a decision, not an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the cost may be spent now (it was, unless a look or denied).
-    pub allowed: bool,
-    /// The limit or capacity in force.
-    pub limit: u64,
-    /// Units left after this decision.
-    pub remaining: u64,
-    /// Until the key is back to its full quota.
-    pub reset_after: Micros,
-    /// When the cost could pass.
-    pub retry_after: RetryAfter,
-    /// Decided by the failure policy, without the shared store.
-    pub degraded: bool,
 }
 
 #[cfg(test)]

@@ -230,7 +230,7 @@ impl Twins {
                             Mode::Look => dry(i, 0),
                             _ => {
                                 let decision = dry(i, requests[i].cost);
-                                if decision.allowed {
+                                if decision.is_allowed() {
                                     dry(i, 0)
                                 } else {
                                     decision

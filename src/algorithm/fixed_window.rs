@@ -6,7 +6,7 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use super::{Spend, allowed, denied, redis_expiry_at};
+use super::{Spend, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -142,14 +142,20 @@ pub fn decide(
         } else {
             RetryAfter::After(reset_after.max(1000))
         };
-        return (denied(limit, remaining, reset_after, retry_after), change);
+        return (
+            Decision::denied(limit, remaining, reset_after, retry_after),
+            change,
+        );
     }
     let (reset_after, change) = if cost > 0 && spend != Spend::Dry {
         found.record(params, state, now, cost)
     } else {
         (found.reset_after, MemoryChange::None)
     };
-    (allowed(limit, limit - used - cost, reset_after), change)
+    (
+        Decision::allowed(limit, limit - used - cost, reset_after),
+        change,
+    )
 }
 
 #[cfg(test)]
@@ -167,7 +173,7 @@ mod tests {
         let p = FixedWindow::aligned(2, Duration::from_millis(1000)).unwrap();
         let mut state = None;
         let (d, change) = decide(&p, &mut state, 2_300_000, 1, Spend::IfAllowed);
-        assert_eq!(d.reset_after, 700_000);
+        assert_eq!(d.reset_after(), 700_000);
         assert_eq!(
             change,
             MemoryChange::Written {
@@ -181,8 +187,8 @@ mod tests {
         let p = params(2, 1000);
         let mut state = None;
         let (d, change) = decide(&p, &mut state, 0, 2, Spend::Dry);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }
@@ -193,13 +199,13 @@ mod tests {
         let mut state = None;
         for expected_remaining in [2, 1, 0] {
             let (d, _) = decide(&p, &mut state, 5_000, 1, Spend::IfAllowed);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, expected_remaining);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), expected_remaining);
         }
         let (d, change) = decide(&p, &mut state, 205_000, 1, Spend::IfAllowed);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(800_000));
-        assert_eq!(d.reset_after, 800_000);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(800_000));
+        assert_eq!(d.reset_after(), 800_000);
         assert_eq!(change, MemoryChange::None);
     }
 
@@ -208,8 +214,8 @@ mod tests {
         let p = params(3, 1000);
         let mut state = None;
         let (d, _) = decide(&p, &mut state, 0, 4, Spend::IfAllowed);
-        assert_eq!(d.retry_after, RetryAfter::Never);
-        assert_eq!(d.remaining, 3);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
+        assert_eq!(d.remaining(), 3);
         assert!(state.is_none());
     }
 
@@ -218,8 +224,8 @@ mod tests {
         let p = params(3, 1000);
         let mut state = None;
         let (d, change) = decide(&p, &mut state, 0, 0, Spend::IfAllowed);
-        assert!(d.allowed);
-        assert_eq!((d.remaining, d.reset_after), (3, 0));
+        assert!(d.is_allowed());
+        assert_eq!((d.remaining(), d.reset_after()), (3, 0));
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }
@@ -231,7 +237,7 @@ mod tests {
         for (cost, allowed, remaining) in [(1, true, 1), (2, false, 0), (0, false, 0)] {
             let (d, _) = decide(&p, &mut state, 100_000, cost, Spend::Always);
             assert_eq!(
-                (d.allowed, d.remaining),
+                (d.is_allowed(), d.remaining()),
                 (allowed, remaining),
                 "cost {cost}"
             );
@@ -241,7 +247,7 @@ mod tests {
         let mut fresh = None;
         let (d, change) = decide(&p, &mut fresh, 100_000, 5, Spend::Always);
         assert_eq!(
-            (d.allowed, d.retry_after, d.reset_after),
+            (d.is_allowed(), d.retry_after(), d.reset_after()),
             (false, RetryAfter::Never, 900_000)
         );
         assert_eq!(

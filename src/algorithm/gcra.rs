@@ -3,7 +3,7 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -33,7 +33,7 @@ pub fn decide(
     let tat = state.as_ref().map_or(now, |s| s.tat).max(now);
     let remaining_at = |at: Micros| (now + tolerance).saturating_sub(at) / interval;
     let denied =
-        |retry_after| super::denied(params.burst(), remaining_at(tat), tat - now, retry_after);
+        |retry_after| Decision::denied(params.burst(), remaining_at(tat), tat - now, retry_after);
     if cost > params.burst() {
         return (denied(RetryAfter::Never), MemoryChange::None);
     }
@@ -46,7 +46,7 @@ pub fn decide(
             MemoryChange::None,
         );
     }
-    let decision = allowed(params.burst(), remaining_at(new_tat), new_tat - now);
+    let decision = Decision::allowed(params.burst(), remaining_at(new_tat), new_tat - now);
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
@@ -71,19 +71,19 @@ mod tests {
         let mut state = None;
         for left in [2, 1, 0] {
             let (d, _) = decide(&p, &mut state, 0, 1, true);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, left);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), left);
         }
         let (d, _) = decide(&p, &mut state, 0, 1, true);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(100_000));
-        assert_eq!(d.reset_after, 300_000);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(100_000));
+        assert_eq!(d.reset_after(), 300_000);
         // One interval later exactly one more passes.
-        assert!(decide(&p, &mut state, 100_000, 1, true).0.allowed);
-        assert!(!decide(&p, &mut state, 100_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, 100_000, 1, true).0.is_allowed());
+        assert!(!decide(&p, &mut state, 100_000, 1, true).0.is_allowed());
         // Idle long enough, the whole burst is back.
         let (d, _) = decide(&p, &mut state, 10_000_000, 0, true);
-        assert_eq!(d.remaining, 3);
+        assert_eq!(d.remaining(), 3);
     }
 
     #[test]
@@ -91,14 +91,14 @@ mod tests {
         let p = params(10, 1000, 5);
         let mut state = None;
         let (d, _) = decide(&p, &mut state, 0, 4, true);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 1);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 1);
         let (d, _) = decide(&p, &mut state, 0, 3, true);
-        assert!(!d.allowed);
+        assert!(!d.is_allowed());
         // Two more intervals must pass first.
-        assert_eq!(d.retry_after, RetryAfter::After(200_000));
+        assert_eq!(d.retry_after(), RetryAfter::After(200_000));
         let (d, _) = decide(&p, &mut state, 0, 6, true);
-        assert_eq!(d.retry_after, RetryAfter::Never);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
     }
 
     #[test]
@@ -114,7 +114,7 @@ mod tests {
         let p = params(10, 1000, 2);
         let mut state = None;
         let (d, change) = decide(&p, &mut state, 0, 1, false);
-        assert!(d.allowed);
+        assert!(d.is_allowed());
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }

@@ -13,7 +13,7 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::limit::{Algorithm, Decision, Micros};
 use crate::store::MemoryChange;
 
 /// What one decision may write.
@@ -128,33 +128,6 @@ fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
     }
 }
 
-/// An algorithm's answer that lets the cost pass: `remaining` is what is
-/// left after it, and the key is back to its whole `limit` in
-/// `reset_after`.
-fn allowed(limit: u64, remaining: u64, reset_after: Micros) -> Decision {
-    Decision {
-        allowed: true,
-        limit,
-        remaining,
-        reset_after,
-        retry_after: RetryAfter::After(0),
-        degraded: false,
-    }
-}
-
-/// An algorithm's answer that refuses the cost: it could pass after
-/// `retry_after`, or never (a cost above the limit).
-fn denied(limit: u64, remaining: u64, reset_after: Micros, retry_after: RetryAfter) -> Decision {
-    Decision {
-        allowed: false,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        degraded: false,
-    }
-}
-
 /// The tag in the storage key's hash tag, one per kind of state, so the same
 /// caller key under two algorithms names two different keys.
 pub fn key_tag(algorithm: &Algorithm) -> &'static str {
@@ -231,10 +204,10 @@ pub fn decide_together(
     let all_allow = dry
         .iter()
         .zip(shadow)
-        .all(|(decision, &shadow)| decision.allowed || shadow);
+        .all(|(decision, &shadow)| decision.is_allowed() || shadow);
     dry.into_iter()
         .enumerate()
-        .map(|(i, decision)| match (decision.allowed, all_allow) {
+        .map(|(i, decision)| match (decision.is_allowed(), all_allow) {
             (false, _) => decision,
             (true, true) => decide(i, costs[i], Spend::IfAllowed),
             (true, false) => decide(i, 0, Spend::Dry),

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 use crate::store::MemoryChange;
 
@@ -118,7 +118,7 @@ pub fn decide(
     } else {
         MemoryChange::None
     };
-    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
+    let denied = |retry_after| Decision::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
         return (denied(RetryAfter::Never), unchanged);
     }
@@ -131,7 +131,10 @@ pub fn decide(
         return (denied(RetryAfter::After(leaves_at - now)), unchanged);
     }
     if cost == 0 || !spend {
-        return (allowed(limit, remaining - cost, reset_after), unchanged);
+        return (
+            Decision::allowed(limit, remaining - cost, reset_after),
+            unchanged,
+        );
     }
     let stamp = match newest {
         Some(newest) if newest >= now => newest + 1,
@@ -140,7 +143,7 @@ pub fn decide(
     state.get_or_insert_with(State::default).push(stamp, cost);
     let reset_after = stamp + window - now;
     (
-        allowed(limit, remaining - cost, reset_after),
+        Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
 }
@@ -159,16 +162,16 @@ mod tests {
     fn units_leave_the_window_one_entry_at_a_time() {
         let p = params(3, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 2, true).0.allowed);
-        assert!(decide(&p, &mut state, 400_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, 0, 2, true).0.is_allowed());
+        assert!(decide(&p, &mut state, 400_000, 1, true).0.is_allowed());
         let (d, _) = decide(&p, &mut state, 500_000, 1, true);
-        assert!(!d.allowed);
+        assert!(!d.is_allowed());
         // The two units spent at 0 leave at 1 s.
-        assert_eq!(d.retry_after, RetryAfter::After(500_000));
-        assert_eq!(d.reset_after, 900_000);
+        assert_eq!(d.retry_after(), RetryAfter::After(500_000));
+        assert_eq!(d.reset_after(), 900_000);
         let (d, _) = decide(&p, &mut state, 1_000_000, 2, true);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
     }
 
     #[test]
@@ -176,27 +179,27 @@ mod tests {
         let p = params(4, 1000);
         let mut state = None;
         for t in [0, 100_000, 200_000, 300_000] {
-            assert!(decide(&p, &mut state, t, 1, true).0.allowed);
+            assert!(decide(&p, &mut state, t, 1, true).0.is_allowed());
         }
         // Cost 3 needs the three oldest gone: the one stamped 200 ms.
         let (d, _) = decide(&p, &mut state, 300_000, 3, true);
-        assert_eq!(d.retry_after, RetryAfter::After(900_000));
+        assert_eq!(d.retry_after(), RetryAfter::After(900_000));
     }
 
     #[test]
     fn after_pruning_the_next_entry_is_the_oldest() {
         let p = params(2, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
-        assert!(decide(&p, &mut state, 500_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, 0, 1, true).0.is_allowed());
+        assert!(decide(&p, &mut state, 500_000, 1, true).0.is_allowed());
         // The entry at 0 leaves; the one at 500 ms is now the first to go.
-        assert!(decide(&p, &mut state, 1_000_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, 1_000_000, 1, true).0.is_allowed());
         let (d, _) = decide(&p, &mut state, 1_200_000, 1, true);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(300_000));
-        assert_eq!(d.reset_after, 800_000);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(300_000));
+        assert_eq!(d.reset_after(), 800_000);
         let (d, _) = decide(&p, &mut state, 1_200_000, 2, true);
-        assert_eq!(d.retry_after, RetryAfter::After(800_000));
+        assert_eq!(d.retry_after(), RetryAfter::After(800_000));
     }
 
     #[test]
@@ -205,10 +208,10 @@ mod tests {
         let mut state = None;
         decide(&p, &mut state, 500_000, 1, true);
         let (d, change) = decide(&p, &mut state, 400_000, 1, true);
-        assert!(d.allowed);
+        assert!(d.is_allowed());
         // Stamped 500 001, the entry counts until 1 500 001; the key, like
         // Redis's (PEXPIRE 1101 ms at 400 ms), lives through 1 501 ms.
-        assert_eq!(d.reset_after, 1_100_001);
+        assert_eq!(d.reset_after(), 1_100_001);
         assert_eq!(
             change,
             MemoryChange::Written {
@@ -223,7 +226,7 @@ mod tests {
         let mut state = None;
         decide(&p, &mut state, 0, 1, true);
         let (d, _) = decide(&p, &mut state, 10_000, 0, true);
-        assert!(d.allowed);
+        assert!(d.is_allowed());
         assert!(state.is_none());
     }
 
@@ -231,9 +234,9 @@ mod tests {
     fn a_request_is_one_entry_whatever_its_cost() {
         let p = params(100_000, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 100_000, true).0.allowed);
+        assert!(decide(&p, &mut state, 0, 100_000, true).0.is_allowed());
         assert_eq!(state.as_ref().map(|log| log.entries.len()), Some(1));
         let (d, _) = decide(&p, &mut state, 10, 1, true);
-        assert_eq!(d.retry_after, RetryAfter::After(999_990));
+        assert_eq!(d.retry_after(), RetryAfter::After(999_990));
     }
 }

@@ -6,7 +6,7 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
 use crate::store::MemoryChange;
 
@@ -88,7 +88,7 @@ pub fn decide(
     } else {
         0
     };
-    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
+    let denied = |retry_after| Decision::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
         return (denied(RetryAfter::Never), MemoryChange::None);
     }
@@ -102,7 +102,7 @@ pub fn decide(
     }
     if cost == 0 || !spend {
         return (
-            allowed(limit, remaining - cost, reset_after),
+            Decision::allowed(limit, remaining - cost, reset_after),
             MemoryChange::None,
         );
     }
@@ -113,7 +113,7 @@ pub fn decide(
     });
     let reset_after = next_start + window;
     (
-        allowed(limit, remaining - cost, reset_after),
+        Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
 }
@@ -136,43 +136,43 @@ mod tests {
         let mut state = None;
         // 10 in window 5, all at its start.
         for _ in 0..10 {
-            assert!(decide(&p, &mut state, 5 * SECOND, 1, true).0.allowed);
+            assert!(decide(&p, &mut state, 5 * SECOND, 1, true).0.is_allowed());
         }
         let (d, _) = decide(&p, &mut state, 5 * SECOND, 1, true);
-        assert!(!d.allowed);
+        assert!(!d.is_allowed());
         // Nothing fits until window 6, where the share of window 5 falls
         // below 10 (to 9, rounded down) a microsecond in.
-        assert_eq!(d.retry_after, RetryAfter::After(SECOND + 1));
+        assert_eq!(d.retry_after(), RetryAfter::After(SECOND + 1));
         // A quarter into window 6, the estimate is 10 * 0.75 = 7.5 -> 7.
         let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 0, true);
-        assert_eq!(d.remaining, 3);
+        assert_eq!(d.remaining(), 3);
         for _ in 0..3 {
             assert!(
                 decide(&p, &mut state, 6 * SECOND + 250_000, 1, true)
                     .0
-                    .allowed
+                    .is_allowed()
             );
         }
         let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 1, true);
-        assert!(!d.allowed);
+        assert!(!d.is_allowed());
         // One more fits once the share falls to 6: 30 % into window 6.
-        assert_eq!(d.retry_after, RetryAfter::After(50_001));
-        let RetryAfter::After(retry) = d.retry_after else {
+        assert_eq!(d.retry_after(), RetryAfter::After(50_001));
+        let RetryAfter::After(retry) = d.retry_after() else {
             panic!("never")
         };
         assert!(
             decide(&p, &mut state, 6 * SECOND + 250_000 + retry, 1, false)
                 .0
-                .allowed
+                .is_allowed()
         );
         assert!(
             !decide(&p, &mut state, 6 * SECOND + 250_000 + retry - 1, 1, false)
                 .0
-                .allowed
+                .is_allowed()
         );
         // Two windows on, nothing of window 5 counts.
         let (d, _) = decide(&p, &mut state, 8 * SECOND, 0, true);
-        assert_eq!(d.remaining, 10);
+        assert_eq!(d.remaining(), 10);
     }
 
     #[test]
@@ -184,23 +184,23 @@ mod tests {
                 assert!(
                     decide(&p, &mut state, 3 * SECOND + 17, spent, true)
                         .0
-                        .allowed
+                        .is_allowed()
                 );
                 let asked_at = 3 * SECOND + 400_000;
                 let (d, _) = decide(&p, &mut state, asked_at, limit, false);
-                if d.allowed {
+                if d.is_allowed() {
                     continue;
                 }
-                let RetryAfter::After(retry) = d.retry_after else {
+                let RetryAfter::After(retry) = d.retry_after() else {
                     panic!("never")
                 };
                 let at = asked_at + retry;
                 assert!(
-                    decide(&p, &mut state, at, limit, false).0.allowed,
+                    decide(&p, &mut state, at, limit, false).0.is_allowed(),
                     "{limit} {spent}"
                 );
                 assert!(
-                    !decide(&p, &mut state, at - 1, limit, false).0.allowed,
+                    !decide(&p, &mut state, at - 1, limit, false).0.is_allowed(),
                     "{limit} {spent}"
                 );
             }
@@ -220,7 +220,7 @@ mod tests {
                 .map(|i| end - 1000 + i * 20)
                 .chain((1..50).map(|i| end + i * 19_000))
             {
-                if decide(&p, &mut state, at, 1, true).0.allowed {
+                if decide(&p, &mut state, at, 1, true).0.is_allowed() {
                     admitted.push(at);
                 }
             }
@@ -244,9 +244,9 @@ mod tests {
         let p = params(5);
         let mut state = None;
         let (d, _) = decide(&p, &mut state, SECOND, 6, true);
-        assert_eq!(d.retry_after, RetryAfter::Never);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
         let (d, change) = decide(&p, &mut state, SECOND, 1, false);
-        assert!(d.allowed);
+        assert!(d.is_allowed());
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }

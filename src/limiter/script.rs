@@ -237,22 +237,23 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
     let non_negative = |name: &str, value: i64| {
         u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
     };
-    let allowed = match allowed {
-        0 => false,
-        1 => true,
-        other => return Err(format!("script replied allowed = {other}")),
-    };
-    let retry_after = match retry_after {
-        -1 => RetryAfter::Never,
-        value => RetryAfter::After(non_negative("retry_after", value)?),
-    };
-    let decision = Decision {
-        allowed,
-        limit: algorithm.limit(),
-        remaining: non_negative("remaining", remaining)?,
-        reset_after: non_negative("reset_after", reset_after)?,
-        retry_after,
-        degraded: false,
+    let limit = algorithm.limit();
+    let remaining = non_negative("remaining", remaining)?;
+    let reset_after = non_negative("reset_after", reset_after)?;
+    let decision = match (allowed, retry_after) {
+        // An allowed limit has nothing to wait for.
+        (1, 0) => Decision::allowed(limit, remaining, reset_after),
+        (1, other) => {
+            return Err(format!(
+                "script replied allowed = 1 with retry_after = {other}"
+            ));
+        }
+        (0, -1) => Decision::denied(limit, remaining, reset_after, RetryAfter::Never),
+        (0, value) => {
+            let retry_after = RetryAfter::After(non_negative("retry_after", value)?);
+            Decision::denied(limit, remaining, reset_after, retry_after)
+        }
+        (other, _) => return Err(format!("script replied allowed = {other}")),
     };
     Ok(Decided {
         decision,
@@ -285,8 +286,27 @@ mod tests {
         assert!(decode(&limits[..1], &[2, 2, 0, 0, 0]).is_err());
         assert!(decode(&limits[..1], &[1, -1, 0, 0, 0]).is_err());
         let decided = decode(&limits[..1], &[0, 0, 5, -1, 0]).expect("valid");
-        assert_eq!(decided[0].decision.retry_after, RetryAfter::Never);
-        assert_eq!(decided[0].decision.limit, 3);
+        assert_eq!(decided[0].decision.retry_after(), RetryAfter::Never);
+        assert_eq!(decided[0].decision.limit(), 3);
         assert_eq!(decided[0].mark, SpendMark::Unmarked);
+    }
+
+    #[test]
+    fn an_allowed_reply_with_a_wait_is_an_error_not_a_decision() {
+        let algorithm = fixed();
+        let limits = [ScriptLimit {
+            key: "k",
+            algorithm: &algorithm,
+            cost: 1,
+            shadow: false,
+        }];
+        for wait in [-1, 1] {
+            let err = decode(&limits, &[1, 2, 0, wait, 0]).expect_err("allowed with a wait");
+            assert!(err.contains("retry_after"), "{err}");
+        }
+        assert!(decode(&limits, &[0, 2, 0, -2, 0]).is_err());
+        let allowed = decode(&limits, &[1, 2, 7, 0, 0]).expect("valid")[0].decision;
+        assert!(allowed.is_allowed());
+        assert_eq!((allowed.remaining(), allowed.reset_after()), (2, 7));
     }
 }

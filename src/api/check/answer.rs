@@ -13,13 +13,13 @@ use crate::pb::ratelimitd::v1 as pb;
 pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
     let (retry_after, cost_exceeds_limit) = retry(decision);
     pb::CheckLimitResponse {
-        allowed: decision.allowed,
-        limit: decision.limit,
-        remaining: decision.remaining,
-        reset_after: Some(micros_to_duration(decision.reset_after)),
+        allowed: decision.is_allowed(),
+        limit: decision.limit(),
+        remaining: decision.remaining(),
+        reset_after: Some(micros_to_duration(decision.reset_after())),
         retry_after,
         cost_exceeds_limit,
-        degraded: decision.degraded,
+        degraded: decision.is_degraded(),
         limits: Vec::new(),
         most_restrictive: 0,
     }
@@ -31,16 +31,16 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
     let enforcing: Vec<usize> = (0..decisions.len())
         .filter(|&i| !labels[i].shadow)
         .collect();
-    let allowed = enforcing.iter().all(|&i| decisions[i].allowed);
+    let allowed = enforcing.iter().all(|&i| decisions[i].is_allowed());
     // Denied: the denying limit with the longest wait (never is longest).
     // Allowed: the fewest units left, then the longest reset. Ties go to
     // the first, as `min_by_key` keeps it. (The Envoy face orders one
     // descriptor's limits the same way.)
     let restrictiveness = |decision: &Decision| {
-        if allowed || decision.allowed {
-            (1, decision.remaining, Reverse(decision.reset_after))
+        if allowed || decision.is_allowed() {
+            (1, decision.remaining(), Reverse(decision.reset_after()))
         } else {
-            let wait = match decision.retry_after {
+            let wait = match decision.retry_after() {
                 RetryAfter::After(micros) => micros,
                 RetryAfter::Never => Micros::MAX,
             };
@@ -57,7 +57,7 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
         .into_iter()
         .min_by_key(|&i| restrictiveness(&decisions[i]))
         .map(|i| (i, &decisions[i]));
-    let degraded = decisions.iter().any(|decision| decision.degraded);
+    let degraded = decisions.iter().any(Decision::is_degraded);
     let Some((most_restrictive, top)) = chosen else {
         // No limits: `question` never builds such a request.
         return pb::CheckLimitResponse {
@@ -107,7 +107,7 @@ fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
 
 /// A decision's `retry_after` and `cost_exceeds_limit`.
 fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
-    match decision.retry_after {
+    match decision.retry_after() {
         RetryAfter::After(micros) => (Some(micros_to_duration(micros)), false),
         RetryAfter::Never => (None, true),
     }
@@ -123,27 +123,23 @@ mod tests {
 
     #[test]
     fn never_is_an_unset_retry_after_and_a_flag() {
-        let response = response(&Decision {
-            allowed: false,
-            limit: 1,
-            remaining: 1,
-            reset_after: 1_500_000,
-            retry_after: RetryAfter::Never,
-            degraded: false,
-        });
+        let response = response(&Decision::denied(1, 1, 1_500_000, RetryAfter::Never));
         assert!(response.cost_exceeds_limit);
         assert_eq!(response.retry_after, None);
         assert_eq!(response.reset_after, secs(1, 500_000_000));
     }
 
+    /// An allowed decision (`retry` is then `After(0)`) or a denied one.
     fn decided(allowed: bool, remaining: u64, reset: Micros, retry: RetryAfter) -> Decision {
-        Decision {
-            allowed,
-            limit: 10,
-            remaining,
-            reset_after: reset,
-            retry_after: retry,
-            degraded: false,
+        if allowed {
+            assert_eq!(
+                retry,
+                RetryAfter::After(0),
+                "an allowed decision waits for nothing"
+            );
+            Decision::allowed(10, remaining, reset)
+        } else {
+            Decision::denied(10, remaining, reset, retry)
         }
     }
 

@@ -191,14 +191,14 @@ fn status(governed: &Governed, decisions: &[Decision], now: Micros) -> Descripto
             let decision = &decisions[*index];
             // Denied: when this cost could pass again. Allowed: when the
             // limit is whole again.
-            let reset = match (decision.allowed, decision.retry_after) {
+            let reset = match (decision.is_allowed(), decision.retry_after()) {
                 (false, RetryAfter::After(retry)) => retry,
-                _ => decision.reset_after,
+                _ => decision.reset_after(),
             };
             DescriptorStatus {
                 code: code(governed.denies(decisions) && !rule.shadow()),
                 current_limit: current_limit(rule),
-                limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+                limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
                 duration_until_reset: Some(whole_seconds(reset)),
                 quota: None,
             }
@@ -345,23 +345,12 @@ mod tests {
     }
 
     fn allowed(remaining: u64, reset_seconds: u64) -> Decision {
-        Decision {
-            allowed: true,
-            limit: 10,
-            remaining,
-            reset_after: reset_seconds * MICROS_PER_SECOND,
-            retry_after: RetryAfter::After(0),
-            degraded: false,
-        }
+        Decision::allowed(10, remaining, reset_seconds * MICROS_PER_SECOND)
     }
 
     fn denied(retry_seconds: u64) -> Decision {
-        Decision {
-            allowed: false,
-            remaining: 0,
-            retry_after: RetryAfter::After(retry_seconds * MICROS_PER_SECOND),
-            ..allowed(0, 1)
-        }
+        let retry_after = RetryAfter::After(retry_seconds * MICROS_PER_SECOND);
+        Decision::denied(10, 0, MICROS_PER_SECOND, retry_after)
     }
 
     /// The answer to `keys` given each counted limit's decision.
