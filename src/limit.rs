@@ -10,18 +10,15 @@ use std::fmt;
 use std::time::Duration;
 
 mod decision;
+mod micros;
 mod parameters;
 
 pub use decision::{Decision, RetryAfter};
+pub use micros::Micros;
 pub use parameters::{
     Algorithm, FixedWindow, Gcra, LimitPerWindow, SlidingWindow, SlidingWindowCounter, TokenBucket,
     Window,
 };
-
-/// Time inside the decision core: microseconds. Redis `TIME` gives
-/// microseconds, and 2^53 µs (the exact range of a Lua number) is 285 years,
-/// so the same arithmetic runs in Lua and in Rust without rounding.
-pub type Micros = u64;
 
 /// Longest caller key, in bytes. Keys longer than this are almost always a
 /// bug in the caller (a whole header or body used as a key), and each key is

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{RedisServer, TestServer, check, duration, sliding_window};
-use ratelimitd::limit::{Algorithm, SlidingWindow};
+use ratelimitd::limit::{Algorithm, Micros, SlidingWindow};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use redis::aio::MultiplexedConnection;
 
@@ -84,7 +84,7 @@ async fn entries_past_the_window_are_skipped_and_pruned_128_per_call() {
     );
     common::eventually(
         "half the window to pass",
-        look_at_marker(|look| look.reset_after() <= 500_000),
+        look_at_marker(|look| look.reset_after() <= Micros::from_millis(500)),
     )
     .await;
     // One more entry keeps the key alive while the 300 leave the window.

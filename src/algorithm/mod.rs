@@ -109,14 +109,14 @@ pub enum Snapshot {
 /// `now`: see [`redis_expiry_at`]. The twins expire their state at that
 /// same instant, so the embedded store's keys live exactly as long.
 pub fn redis_expiry_after(now: Micros, ttl_ms: u64) -> Micros {
-    redis_expiry_at(now / 1000 + ttl_ms)
+    redis_expiry_at(now.as_millis() + ttl_ms)
 }
 
 /// When Redis drops a key that expires at `at_ms` (`PEXPIREAT`): Redis
 /// keeps expiry in whole milliseconds of its clock and drops a key once its
 /// clock is past that millisecond, so the key lives through all of it.
 pub fn redis_expiry_at(at_ms: u64) -> Micros {
-    (at_ms + 1) * 1000
+    Micros::from_millis(at_ms + 1)
 }
 
 /// What the store does for a spend its algorithm wrote with a time to live
@@ -124,7 +124,7 @@ pub fn redis_expiry_at(at_ms: u64) -> Micros {
 /// (rounded up) has Redis do.
 fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
     MemoryChange::Written {
-        expires_at: redis_expiry_after(now, reset_after.div_ceil(1000)),
+        expires_at: redis_expiry_after(now, reset_after.as_millis_rounded_up()),
     }
 }
 

@@ -93,7 +93,7 @@ impl Decision {
     /// When the cost could pass: at once (after zero) when allowed.
     pub fn retry_after(&self) -> RetryAfter {
         match self.verdict {
-            Verdict::Allowed => RetryAfter::After(0),
+            Verdict::Allowed => RetryAfter::After(Micros::ZERO),
             Verdict::Denied(retry_after) => retry_after,
         }
     }
@@ -110,10 +110,10 @@ mod tests {
 
     #[test]
     fn an_allowed_decision_never_waits_and_a_denied_one_says_how_long() {
-        let allowed = Decision::allowed(5, 4, 1_000);
+        let allowed = Decision::allowed(5, 4, Micros::from_millis(1));
         assert!(allowed.is_allowed() && !allowed.is_degraded());
-        assert_eq!(allowed.retry_after(), RetryAfter::After(0));
-        let never = Decision::denied(5, 5, 0, RetryAfter::Never);
+        assert_eq!(allowed.retry_after(), RetryAfter::After(Micros::ZERO));
+        let never = Decision::denied(5, 5, Micros::ZERO, RetryAfter::Never);
         assert!(!never.is_allowed());
         assert_eq!(never.retry_after(), RetryAfter::Never);
         let degraded = never.marked_degraded();

@@ -17,7 +17,7 @@
 //! had not seen the spending, and the refunds of a request spanning Redis
 //! Cluster nodes (it holds units only between its spend and its refund).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
@@ -113,9 +113,9 @@ impl DenialCache {
         Some(Decision::denied(
             algorithm.limit(),
             denial.remaining,
-            micros(denial.reset_at.saturating_duration_since(now)),
+            Micros::from_duration(denial.reset_at.saturating_duration_since(now)),
             // At least 1 µs: a denial always says to wait.
-            RetryAfter::After(micros(retry_at - now).max(1)),
+            RetryAfter::After(Micros::from_duration(retry_at - now).max(Micros::from_micros(1))),
         ))
     }
 
@@ -134,14 +134,14 @@ impl DenialCache {
             // about the key to remember.
             return;
         };
-        if decision.is_allowed() || decision.is_degraded() || retry_after == 0 {
+        if decision.is_allowed() || decision.is_degraded() || retry_after == Micros::ZERO {
             return;
         }
         let denial = Denial {
             algorithm: *algorithm,
             cost,
-            until: sent + Duration::from_micros(retry_after),
-            reset_at: sent + Duration::from_micros(decision.reset_after()),
+            until: sent + retry_after.as_duration(),
+            reset_at: sent + decision.reset_after().as_duration(),
             remaining: decision.remaining(),
         };
         // The newest denial replaces an older one: each is true on its own.
@@ -159,12 +159,10 @@ impl DenialCache {
     }
 }
 
-fn micros(duration: Duration) -> Micros {
-    Micros::try_from(duration.as_micros()).unwrap_or(Micros::MAX)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::limit::{FixedWindow, TokenBucket};
 
@@ -173,7 +171,7 @@ mod tests {
     }
 
     fn denied(remaining: u64, retry_after_ms: u64) -> Decision {
-        let wait = retry_after_ms * 1000;
+        let wait = Micros::from_millis(retry_after_ms);
         Decision::denied(10, remaining, wait, RetryAfter::After(wait))
     }
 
@@ -182,13 +180,24 @@ mod tests {
         let cache = DenialCache::new(10, 1 << 20).unwrap();
         let sent = Instant::now();
         // Cost 2 fits in 200 ms; the key is whole again in 900 ms.
-        let decision = Decision::denied(10, 1, 900_000, RetryAfter::After(200_000));
+        let decision = Decision::denied(
+            10,
+            1,
+            Micros::from_millis(900),
+            RetryAfter::After(Micros::from_millis(200)),
+        );
         cache.remember("k", &fixed(10), 2, &decision, sent);
         let later = sent + Duration::from_millis(100);
         let same = cache.denial("k", &fixed(10), 2, later).unwrap();
-        assert_eq!(same.retry_after(), RetryAfter::After(100_000));
+        assert_eq!(
+            same.retry_after(),
+            RetryAfter::After(Micros::from_millis(100))
+        );
         let larger = cache.denial("k", &fixed(10), 5, later).unwrap();
-        assert_eq!(larger.retry_after(), RetryAfter::After(800_000));
+        assert_eq!(
+            larger.retry_after(),
+            RetryAfter::After(Micros::from_millis(800))
+        );
     }
 
     #[test]
@@ -200,7 +209,10 @@ mod tests {
         let decision = cache.denial("k", &fixed(10), 5, soon).unwrap();
         assert!(!decision.is_allowed());
         assert_eq!(decision.remaining(), 3);
-        assert_eq!(decision.retry_after(), RetryAfter::After(600_000));
+        assert_eq!(
+            decision.retry_after(),
+            RetryAfter::After(Micros::from_millis(600))
+        );
         assert!(cache.denial("k", &fixed(10), 7, soon).is_some());
         // Above the limit the answer is "never", not "later": Redis's.
         assert!(cache.denial("k", &fixed(10), 11, soon).is_none());
@@ -228,8 +240,8 @@ mod tests {
     fn only_denials_that_time_lifts_are_remembered() {
         let cache = DenialCache::new(10, 1 << 20).unwrap();
         let now = Instant::now();
-        let allowed = Decision::allowed(10, 5, 0);
-        let never = Decision::denied(10, 10, 0, RetryAfter::Never);
+        let allowed = Decision::allowed(10, 5, Micros::ZERO);
+        let never = Decision::denied(10, 10, Micros::ZERO, RetryAfter::Never);
         let degraded = denied(0, 1000).marked_degraded();
         for decision in [allowed, never, degraded] {
             cache.remember("k", &fixed(10), 1, &decision, now);

@@ -8,7 +8,7 @@ use super::in_memory;
 use super::keys::{Combination, GroupDecisions, Groups};
 use crate::algorithm::State;
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, RetryAfter};
+use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, Micros, RetryAfter};
 use crate::store::MemoryStore;
 
 /// The failure policy's answer while Redis cannot decide (`err`): the error
@@ -40,9 +40,9 @@ pub(super) fn answer(
 fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
     let limit = algorithm.limit();
     let decision = if cost <= limit {
-        Decision::allowed(limit, limit - cost, 0)
+        Decision::allowed(limit, limit - cost, Micros::ZERO)
     } else {
-        Decision::denied(limit, 0, 0, RetryAfter::Never)
+        Decision::denied(limit, 0, Micros::ZERO, RetryAfter::Never)
     };
     decision.marked_degraded()
 }
@@ -51,5 +51,5 @@ fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
 /// has: its whole limit, the most it could have (marked degraded).
 pub(super) fn unknown_remaining(algorithm: &Algorithm) -> Decision {
     let limit = algorithm.limit();
-    Decision::allowed(limit, limit, 0).marked_degraded()
+    Decision::allowed(limit, limit, Micros::ZERO).marked_degraded()
 }

@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 use crate::store::CLOCK_LUA;
@@ -118,7 +118,7 @@ impl SpendMark {
         Ok(match algorithm {
             Algorithm::FixedWindow(p) if p.is_aligned() => Self::Window(unsigned),
             Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
-            Algorithm::SlidingWindow(_) => Self::Entry(unsigned),
+            Algorithm::SlidingWindow(_) => Self::Entry(Micros::from_micros(unsigned)),
             _ => Self::Unmarked,
         })
     }
@@ -127,7 +127,7 @@ impl SpendMark {
         match self {
             Self::Unmarked => 0,
             Self::Window(window) => window,
-            Self::Entry(stamp) => stamp,
+            Self::Entry(stamp) => stamp.as_micros(),
         }
     }
 }
@@ -176,6 +176,14 @@ pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'
         push_limit(&mut invocation, limit.algorithm, limit.cost, mark.arg());
     }
     invocation
+}
+
+/// A time goes to a script as its whole microseconds, the unit every
+/// script counts time in.
+impl ToRedisArgs for Micros {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.as_micros().write_redis_args(out);
+    }
 }
 
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
@@ -239,7 +247,7 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
     };
     let limit = algorithm.limit();
     let remaining = non_negative("remaining", remaining)?;
-    let reset_after = non_negative("reset_after", reset_after)?;
+    let reset_after = Micros::from_micros(non_negative("reset_after", reset_after)?);
     let decision = match (allowed, retry_after) {
         // An allowed limit has nothing to wait for.
         (1, 0) => Decision::allowed(limit, remaining, reset_after),
@@ -250,7 +258,8 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
         }
         (0, -1) => Decision::denied(limit, remaining, reset_after, RetryAfter::Never),
         (0, value) => {
-            let retry_after = RetryAfter::After(non_negative("retry_after", value)?);
+            let wait = Micros::from_micros(non_negative("retry_after", value)?);
+            let retry_after = RetryAfter::After(wait);
             Decision::denied(limit, remaining, reset_after, retry_after)
         }
         (other, _) => return Err(format!("script replied allowed = {other}")),
@@ -307,6 +316,9 @@ mod tests {
         assert!(decode(&limits, &[0, 2, 0, -2, 0]).is_err());
         let allowed = decode(&limits, &[1, 2, 7, 0, 0]).expect("valid")[0].decision;
         assert!(allowed.is_allowed());
-        assert_eq!((allowed.remaining(), allowed.reset_after()), (2, 7));
+        assert_eq!(
+            (allowed.remaining(), allowed.reset_after()),
+            (2, Micros::from_micros(7))
+        );
     }
 }

@@ -29,16 +29,16 @@ impl Clock for SystemClock {
     fn now(&self) -> Micros {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as Micros);
+            .map_or(0, |since| Micros::from_duration(since).as_micros());
         // A clock step backwards must not shorten anyone's window. Writing
         // only when time moved on spares threads deciding within the same
         // microsecond from taking the line from each other.
         let previous = self.latest.load(Ordering::Relaxed);
         if wall <= previous {
-            return previous;
+            return Micros::from_micros(previous);
         }
         let previous = self.latest.fetch_max(wall, Ordering::Relaxed);
-        previous.max(wall)
+        Micros::from_micros(previous.max(wall))
     }
 }
 
@@ -49,12 +49,13 @@ pub struct ManualClock(AtomicU64);
 impl ManualClock {
     /// Moves the clock on by `by`.
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+        self.0
+            .fetch_add(Micros::from_duration(by).as_micros(), Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Micros {
-        self.0.load(Ordering::SeqCst)
+        Micros::from_micros(self.0.load(Ordering::SeqCst))
     }
 }

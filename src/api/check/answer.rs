@@ -67,7 +67,7 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
         };
     };
     let (retry_after, cost_exceeds_limit) = if allowed {
-        (Some(micros_to_duration(0)), false)
+        (Some(micros_to_duration(Micros::ZERO)), false)
     } else {
         retry(top)
     };
@@ -117,26 +117,31 @@ fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
 mod tests {
     use super::*;
 
+    const NOW: RetryAfter = RetryAfter::After(Micros::ZERO);
+
     fn secs(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
         Some(prost_types::Duration { seconds, nanos })
     }
 
     #[test]
     fn never_is_an_unset_retry_after_and_a_flag() {
-        let response = response(&Decision::denied(1, 1, 1_500_000, RetryAfter::Never));
+        let response = response(&Decision::denied(
+            1,
+            1,
+            Micros::from_micros(1_500_000),
+            RetryAfter::Never,
+        ));
         assert!(response.cost_exceeds_limit);
         assert_eq!(response.retry_after, None);
         assert_eq!(response.reset_after, secs(1, 500_000_000));
     }
 
-    /// An allowed decision (`retry` is then `After(0)`) or a denied one.
-    fn decided(allowed: bool, remaining: u64, reset: Micros, retry: RetryAfter) -> Decision {
+    /// An allowed decision (`retry` is then `After(0)`) or a denied one,
+    /// whole again in `reset_us` microseconds.
+    fn decided(allowed: bool, remaining: u64, reset_us: u64, retry: RetryAfter) -> Decision {
+        let reset = Micros::from_micros(reset_us);
         if allowed {
-            assert_eq!(
-                retry,
-                RetryAfter::After(0),
-                "an allowed decision waits for nothing"
-            );
+            assert_eq!(retry, NOW, "an allowed decision waits for nothing");
             Decision::allowed(10, remaining, reset)
         } else {
             Decision::denied(10, remaining, reset, retry)
@@ -156,7 +161,7 @@ mod tests {
 
     #[test]
     fn allowed_the_fewest_left_speaks_ties_to_the_longest_reset() {
-        let ok = RetryAfter::After(0);
+        let ok = NOW;
         let answer = several_response(
             &labels(&[false, false, false]),
             &[
@@ -173,7 +178,7 @@ mod tests {
 
     #[test]
     fn denied_the_longest_wait_speaks_and_never_is_longest() {
-        let wait = |seconds: u64| RetryAfter::After(seconds * 1_000_000);
+        let wait = |seconds: u64| RetryAfter::After(Micros::from_secs(seconds));
         let answer = several_response(
             &labels(&[false, false, false]),
             &[
@@ -202,8 +207,8 @@ mod tests {
         let answer = several_response(
             &labels(&[true, false]),
             &[
-                decided(false, 0, 1, RetryAfter::After(5_000_000)),
-                decided(true, 4, 1, RetryAfter::After(0)),
+                decided(false, 0, 1, RetryAfter::After(Micros::from_secs(5))),
+                decided(true, 4, 1, NOW),
             ],
         );
         assert!(answer.allowed);
@@ -213,8 +218,8 @@ mod tests {
         let all = several_response(
             &labels(&[true, true]),
             &[
-                decided(true, 4, 1, RetryAfter::After(0)),
-                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+                decided(true, 4, 1, NOW),
+                decided(false, 0, 1, RetryAfter::After(Micros::from_secs(5))),
             ],
         );
         assert!(all.allowed, "shadow limits never deny");

@@ -95,13 +95,13 @@ pub fn rule_hits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::RetryAfter;
+    use crate::limit::{Micros, RetryAfter};
 
     fn decision(allowed: bool, remaining: u64) -> Decision {
         if allowed {
-            Decision::allowed(10, remaining, 0)
+            Decision::allowed(10, remaining, Micros::ZERO)
         } else {
-            Decision::denied(10, remaining, 0, RetryAfter::After(0))
+            Decision::denied(10, remaining, Micros::ZERO, RetryAfter::After(Micros::ZERO))
         }
     }
 
