@@ -91,7 +91,7 @@ fn run(limiter: &Limiter, requests: &[LimitRequest], start: usize, count: u64) -
     let mut next = start % requests.len();
     let mut allowed = 0;
     for _ in 0..count {
-        allowed += u64::from(decide(limiter, black_box(&requests[next])).allowed);
+        allowed += u64::from(decide(limiter, black_box(&requests[next])).is_allowed());
         next += 1;
         if next == requests.len() {
             next = 0;

@@ -14,7 +14,8 @@ use ratelimitd::algorithm::{sliding_window, sliding_window_counter};
 use ratelimitd::limit::{Micros, SlidingWindow, SlidingWindowCounter};
 
 const LIMIT: u64 = 100;
-const WINDOW: Micros = 1_000_000;
+/// One second, in microseconds: the generated traffic counts in those.
+const WINDOW: u64 = 1_000_000;
 const SECONDS: u64 = 600;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,15 +33,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut log_state, mut counter_state) = (None, None);
         let (mut log_admitted, mut counter_admitted, mut differ) = (0u64, 0u64, 0u64);
         let mut admitted_at = Vec::new();
-        for &now in &arrivals {
+        for &at in &arrivals {
+            let now = Micros::from_micros(at);
             let by_log = sliding_window::decide(&log, &mut log_state, now, 1, true).0;
             let by_counter =
                 sliding_window_counter::decide(&counter, &mut counter_state, now, 1, true).0;
-            log_admitted += u64::from(by_log.allowed);
-            counter_admitted += u64::from(by_counter.allowed);
-            differ += u64::from(by_log.allowed != by_counter.allowed);
-            if by_counter.allowed {
-                admitted_at.push(now);
+            log_admitted += u64::from(by_log.is_allowed());
+            counter_admitted += u64::from(by_counter.is_allowed());
+            differ += u64::from(by_log.is_allowed() != by_counter.is_allowed());
+            if by_counter.is_allowed() {
+                admitted_at.push(at);
             }
         }
         let difference = (counter_admitted as f64 - log_admitted as f64) / log_admitted as f64;
@@ -56,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Arrival instants (microseconds, ascending) for each kind of traffic.
-fn patterns() -> Vec<(&'static str, Vec<Micros>)> {
+fn patterns() -> Vec<(&'static str, Vec<u64>)> {
     let mut rng = SmallRng::seed_from_u64(2026);
     vec![
         ("steady, 0.8 × limit (Poisson)", poisson(&mut rng, 0.8)),
@@ -67,7 +69,7 @@ fn patterns() -> Vec<(&'static str, Vec<Micros>)> {
     ]
 }
 
-fn poisson(rng: &mut SmallRng, load: f64) -> Vec<Micros> {
+fn poisson(rng: &mut SmallRng, load: f64) -> Vec<u64> {
     let per_micro = load * LIMIT as f64 / WINDOW as f64;
     let gaps = Exp::new(per_micro).expect("positive rate");
     let mut now = WINDOW as f64 * 10.0;
@@ -75,17 +77,17 @@ fn poisson(rng: &mut SmallRng, load: f64) -> Vec<Micros> {
     let mut arrivals = Vec::new();
     while now < end {
         now += gaps.sample(rng);
-        arrivals.push(now as Micros);
+        arrivals.push(now as u64);
     }
     arrivals
 }
 
-fn bursts(rng: &mut SmallRng) -> Vec<Micros> {
+fn bursts(rng: &mut SmallRng) -> Vec<u64> {
     let mut start = WINDOW * 10;
     let end = start + SECONDS * 1_000_000;
     let mut arrivals = Vec::new();
     while start < end {
-        let mut burst: Vec<Micros> = (0..150)
+        let mut burst: Vec<u64> = (0..150)
             .map(|_| start + rng.random_range(0..20_000))
             .collect();
         burst.sort_unstable();
@@ -97,7 +99,7 @@ fn bursts(rng: &mut SmallRng) -> Vec<Micros> {
 
 /// The counter's worst case: everything at the very end of each window, so
 /// the next window's estimate weighs it as if spread evenly.
-fn adversarial() -> Vec<Micros> {
+fn adversarial() -> Vec<u64> {
     let mut arrivals = Vec::new();
     for window in 10..10 + SECONDS {
         let end = (window + 1) * WINDOW;
@@ -110,7 +112,7 @@ fn adversarial() -> Vec<Micros> {
 }
 
 /// The most instants in any span of one window.
-fn most_in_any_window(admitted_at: &[Micros]) -> usize {
+fn most_in_any_window(admitted_at: &[u64]) -> usize {
     let mut most = 0;
     let mut first = 0;
     for (last, &at) in admitted_at.iter().enumerate() {

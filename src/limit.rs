@@ -9,17 +9,16 @@
 use std::fmt;
 use std::time::Duration;
 
+mod decision;
+mod micros;
 mod parameters;
 
+pub use decision::{Decision, RetryAfter};
+pub use micros::Micros;
 pub use parameters::{
     Algorithm, FixedWindow, Gcra, LimitPerWindow, SlidingWindow, SlidingWindowCounter, TokenBucket,
     Window,
 };
-
-/// Time inside the decision core: microseconds. Redis `TIME` gives
-/// microseconds, and 2^53 µs (the exact range of a Lua number) is 285 years,
-/// so the same arithmetic runs in Lua and in Rust without rounding.
-pub type Micros = u64;
 
 /// Longest caller key, in bytes. Keys longer than this are almost always a
 /// bug in the caller (a whole header or body used as a key), and each key is
@@ -253,15 +252,6 @@ pub struct LimitRequest {
     pub shadow: bool,
 }
 
-/// When a denied request could be retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetryAfter {
-    /// After this long (zero when allowed).
-    After(Micros),
-    /// Never: the cost exceeds the limit or capacity itself.
-    Never,
-}
-
 /// What to answer when the store cannot decide in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailurePolicy {
@@ -271,23 +261,6 @@ pub enum FailurePolicy {
     FailOpen,
     /// Decide on this instance's embedded store, marked degraded.
     Local,
-}
-
-/// The answer. Being over the limit is a decision, not an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the cost may be spent now (it was, unless a look or denied).
-    pub allowed: bool,
-    /// The limit or capacity in force.
-    pub limit: u64,
-    /// Units left after this decision.
-    pub remaining: u64,
-    /// Until the key is back to its full quota.
-    pub reset_after: Micros,
-    /// When the cost could pass.
-    pub retry_after: RetryAfter,
-    /// Decided by the failure policy, without the shared store.
-    pub degraded: bool,
 }
 
 #[cfg(test)]

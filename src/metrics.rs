@@ -55,7 +55,7 @@ impl Api {
 
 /// One decision: allowed, denied, or degraded (made by the failure policy).
 pub fn decision(api: Api, algorithm: &'static str, decision: &Decision) {
-    let outcome = outcome(decision.allowed, decision.degraded);
+    let outcome = outcome(decision.is_allowed(), decision.is_degraded());
     counter!(
         "ratelimitd_decisions_total",
         "api" => api.label(),

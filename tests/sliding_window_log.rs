@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{RedisServer, TestServer, check, duration, sliding_window};
-use ratelimitd::limit::{Algorithm, SlidingWindow};
+use ratelimitd::limit::{Algorithm, Micros, SlidingWindow};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use redis::aio::MultiplexedConnection;
 
@@ -72,7 +72,7 @@ async fn entries_past_the_window_are_skipped_and_pruned_128_per_call() {
         }
     };
     for _ in 0..300 {
-        assert!(spend(&mut connection, &log, &limit, 1).await.0.allowed);
+        assert!(spend(&mut connection, &log, &limit, 1).await.0.is_allowed());
     }
     // Spent after every entry of "log", on the same Redis clock: its age is
     // at most theirs.
@@ -80,19 +80,19 @@ async fn entries_past_the_window_are_skipped_and_pruned_128_per_call() {
         spend(&mut connection, &storage_key("marker"), &limit, 1)
             .await
             .0
-            .allowed
+            .is_allowed()
     );
     common::eventually(
         "half the window to pass",
-        look_at_marker(|look| look.reset_after <= 500_000),
+        look_at_marker(|look| look.reset_after() <= Micros::from_millis(500)),
     )
     .await;
     // One more entry keeps the key alive while the 300 leave the window.
-    assert!(spend(&mut connection, &log, &limit, 1).await.0.allowed);
+    assert!(spend(&mut connection, &log, &limit, 1).await.0.is_allowed());
     assert_eq!(members(&redis, "log").await, 301);
     common::eventually(
         "the 300 to leave the window",
-        look_at_marker(|look| look.remaining == 1000),
+        look_at_marker(|look| look.remaining() == 1000),
     )
     .await;
 
@@ -100,8 +100,8 @@ async fn entries_past_the_window_are_skipped_and_pruned_128_per_call() {
     // and adds its own.
     for (remaining, left) in [(998, 172 + 2), (997, 44 + 3), (996, 4)] {
         let (decision, _) = spend(&mut connection, &log, &limit, 1).await;
-        assert!(decision.allowed);
-        assert_eq!(decision.remaining, remaining);
+        assert!(decision.is_allowed());
+        assert_eq!(decision.remaining(), remaining);
         assert_eq!(members(&redis, "log").await, left);
     }
     redis.assert_every_key_expires().await;
@@ -160,8 +160,8 @@ async fn a_refund_takes_back_one_entry_and_its_units_from_the_later_totals() {
     let (first, _) = spend(&mut connection, key, &limit, 3).await;
     let (_, middle) = spend(&mut connection, key, &limit, 4).await;
     let (last, _) = spend(&mut connection, key, &limit, 2).await;
-    assert!(first.allowed && last.allowed);
-    assert_eq!(last.remaining, 1);
+    assert!(first.is_allowed() && last.is_allowed());
+    assert_eq!(last.remaining(), 1);
     assert_eq!(refund(&mut connection, key, &limit, 4, middle).await, 1);
     assert_eq!(
         refund(&mut connection, key, &limit, 4, middle).await,
@@ -171,23 +171,23 @@ async fn a_refund_takes_back_one_entry_and_its_units_from_the_later_totals() {
 
     // 3 + 2 units are left: 5 remain, and the entries' totals agree.
     let (look, _) = spend(&mut connection, key, &limit, 0).await;
-    assert_eq!(look.remaining, 5);
+    assert_eq!(look.remaining(), 5);
     // Cost 8 needs 3 units to leave: the first entry. Cost 9 needs 4: the
     // last one, whose leaving is also the key's reset.
     let (needs_first, _) = spend(&mut connection, key, &limit, 8).await;
     let (needs_last, _) = spend(&mut connection, key, &limit, 9).await;
-    assert!(!needs_first.allowed && !needs_last.allowed);
-    let ratelimitd::limit::RetryAfter::After(first_leaves) = needs_first.retry_after else {
+    assert!(!needs_first.is_allowed() && !needs_last.is_allowed());
+    let ratelimitd::limit::RetryAfter::After(first_leaves) = needs_first.retry_after() else {
         panic!("cost 8 of 10 can pass: {needs_first:?}");
     };
-    assert!(first_leaves < needs_first.reset_after, "{needs_first:?}");
+    assert!(first_leaves < needs_first.reset_after(), "{needs_first:?}");
     assert_eq!(
-        needs_last.retry_after,
-        ratelimitd::limit::RetryAfter::After(needs_last.reset_after)
+        needs_last.retry_after(),
+        ratelimitd::limit::RetryAfter::After(needs_last.reset_after())
     );
     let (fits, _) = spend(&mut connection, key, &limit, 5).await;
-    assert!(fits.allowed);
-    assert_eq!(fits.remaining, 0);
+    assert!(fits.is_allowed());
+    assert_eq!(fits.remaining(), 0);
     redis.assert_every_key_expires().await;
 }
 
@@ -207,7 +207,7 @@ async fn a_refund_with_many_later_entries_over_counts_never_under() {
     // than a refund rewrites (64), so its unit still counts until the entry
     // before it leaves the window.
     let (look, _) = spend(&mut connection, key, &limit, 0).await;
-    assert_eq!(look.remaining, 1000 - 72);
+    assert_eq!(look.remaining(), 1000 - 72);
 
     // Refunding the oldest entry needs no rewrite at all.
     let other = &storage_key("oldest");
@@ -217,7 +217,7 @@ async fn a_refund_with_many_later_entries_over_counts_never_under() {
     }
     assert_eq!(refund(&mut connection, other, &limit, 5, oldest).await, 1);
     let (look, _) = spend(&mut connection, other, &limit, 0).await;
-    assert_eq!(look.remaining, 1000 - 70);
+    assert_eq!(look.remaining(), 1000 - 70);
     redis.assert_every_key_expires().await;
 }
 

@@ -55,7 +55,7 @@ async fn remaining(limiter: &Limiter, key: &str, algorithm: Algorithm) -> u64 {
         .check(&limit(key, algorithm, 0), None)
         .await
         .expect("look")
-        .remaining
+        .remaining()
 }
 
 async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
@@ -72,12 +72,16 @@ async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
             )
             .await
             .expect("decide");
-        assert!(decisions[0].allowed, "the roomy limit alone would allow");
+        assert!(
+            decisions[0].is_allowed(),
+            "the roomy limit alone would allow"
+        );
         assert_eq!(
-            decisions[0].remaining, 5,
+            decisions[0].remaining(),
+            5,
             "and reports what it has, unspent"
         );
-        assert!(!decisions[1].allowed);
+        assert!(!decisions[1].is_allowed());
         assert_eq!(
             remaining(limiter, &roomy, algorithm).await,
             5,
@@ -94,8 +98,8 @@ async fn a_denial_by_one_limit_spends_nothing_on_the_others(limiter: &Limiter) {
             )
             .await
             .expect("decide");
-        assert!(both.iter().all(|d| d.allowed));
-        assert_eq!(both[0].remaining, 3, "spent when every limit allows");
+        assert!(both.iter().all(|d| d.is_allowed()));
+        assert_eq!(both[0].remaining(), 3, "spent when every limit allows");
     }
 }
 
@@ -112,9 +116,9 @@ async fn a_shadow_limit_never_denies(limiter: &Limiter) {
         .check_all(&[limit("enforced", fixed(3), 1), shadowed], None)
         .await
         .expect("decide");
-    assert!(decisions[0].allowed);
+    assert!(decisions[0].is_allowed());
     assert!(
-        !decisions[1].allowed,
+        !decisions[1].is_allowed(),
         "the shadow limit reports its own denial"
     );
     assert_eq!(
@@ -132,7 +136,7 @@ async fn one_key_twice_is_counted_once_with_both_costs(limiter: &Limiter) {
         )
         .await
         .expect("decide");
-    assert!(decisions.iter().all(|d| !d.allowed), "2 + 2 exceeds 3");
+    assert!(decisions.iter().all(|d| !d.is_allowed()), "2 + 2 exceeds 3");
     assert_eq!(remaining(limiter, "twice", fixed(3)).await, 3);
     let decisions = limiter
         .check_all(
@@ -141,7 +145,7 @@ async fn one_key_twice_is_counted_once_with_both_costs(limiter: &Limiter) {
         )
         .await
         .expect("decide");
-    assert!(decisions.iter().all(|d| d.allowed));
+    assert!(decisions.iter().all(|d| d.is_allowed()));
     assert_eq!(remaining(limiter, "twice", fixed(3)).await, 0);
 }
 
@@ -161,7 +165,7 @@ async fn concurrent_groups_admit_exactly_and_denials_leave_no_trace(limiter: &Li
         let mut allowed = 0;
         for result in join_all(calls).await {
             let decisions = result.expect("task").expect("decided");
-            if decisions.iter().all(|d| d.allowed) {
+            if decisions.iter().all(|d| d.is_allowed()) {
                 allowed += 1;
             }
         }

@@ -46,8 +46,9 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Where every sequence starts: a real epoch in microseconds, so values are
-/// as large as Redis `TIME` gives (and stay exact below 2^53).
-const START: Micros = 1_764_806_400_000_000;
+/// as large as Redis `TIME` gives (and stay exact below 2^53). The test's
+/// own schedule counts plain microseconds.
+const START: u64 = 1_764_806_400_000_000;
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -89,7 +90,7 @@ fn random_algorithm(random: &mut Random, kind: Kind) -> Algorithm {
 
 /// A span that finds the edges: none, a few microseconds, around a
 /// millisecond boundary, within or across windows.
-fn random_step(random: &mut Random, now: Micros, window: Micros) -> Micros {
+fn random_step(random: &mut Random, now: u64, window: u64) -> u64 {
     match random.upto(9) {
         0 | 1 => 0,
         2 => 1 + random.upto(2),
@@ -120,8 +121,10 @@ fn window_of(algorithm: &Algorithm) -> Micros {
         Algorithm::FixedWindow(p) => p.window().as_micros(),
         Algorithm::SlidingWindow(p) => p.window().as_micros(),
         Algorithm::SlidingWindowCounter(p) => p.window().as_micros(),
-        Algorithm::Gcra(p) => p.burst() * p.interval(),
-        Algorithm::TokenBucket(p) => (p.capacity() as f64 / p.refill_per_second() * 1e6) as Micros,
+        Algorithm::Gcra(p) => p.interval() * p.burst(),
+        Algorithm::TokenBucket(p) => {
+            Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
+        }
     }
 }
 
@@ -131,7 +134,7 @@ struct Twins {
     clock: Arc<ManualClock>,
     memory: Arc<MemoryStore<State>>,
     limiter: Limiter,
-    now: Micros,
+    now: u64,
 }
 
 impl Twins {
@@ -148,7 +151,7 @@ impl Twins {
         }
     }
 
-    fn advance(&mut self, by: Micros) {
+    fn advance(&mut self, by: u64) {
         self.now += by;
         self.clock.advance(Duration::from_micros(by));
     }
@@ -230,7 +233,7 @@ impl Twins {
                             Mode::Look => dry(i, 0),
                             _ => {
                                 let decision = dry(i, requests[i].cost);
-                                if decision.allowed {
+                                if decision.is_allowed() {
                                     dry(i, 0)
                                 } else {
                                     decision
@@ -309,12 +312,13 @@ impl Twins {
                     .expect("ZRANGE");
                 // Entries that left the window wait to be pruned; they
                 // count for nothing, and the twin drops them at once.
+                let window = p.window().as_micros().as_micros();
                 let entries: Vec<(Micros, u64)> = members
                     .into_iter()
-                    .filter(|&(_, stamp)| stamp + p.window().as_micros() > self.now)
+                    .filter(|&(_, stamp)| stamp + window > self.now)
                     .map(|(member, stamp)| {
                         let (_, units) = member.split_once(':').expect("before:units");
-                        (stamp, units.parse().expect("units"))
+                        (Micros::from_micros(stamp), units.parse().expect("units"))
                     })
                     .collect();
                 if entries.is_empty() {
@@ -327,7 +331,7 @@ impl Twins {
                 let tokens: f64 = values[0].as_deref()?.parse().expect("tokens");
                 Snapshot::TokenBucket {
                     tokens,
-                    stamp: number(&values[1]),
+                    stamp: Micros::from_micros(number(&values[1])),
                 }
             }
             Algorithm::Gcra(_) => {
@@ -337,7 +341,7 @@ impl Twins {
                     .await
                     .expect("GET");
                 Snapshot::Gcra {
-                    tat: number(&Some(tat?)),
+                    tat: Micros::from_micros(number(&Some(tat?))),
                 }
             }
             Algorithm::SlidingWindowCounter(_) => {
@@ -375,7 +379,11 @@ async fn run_sequence(redis: &RedisServer, seed: u64, limits: usize, steps: usiz
             random_algorithm(&mut random, kind)
         })
         .collect();
-    let shortest = algorithms.iter().map(window_of).min().unwrap_or(1000);
+    let shortest = algorithms
+        .iter()
+        .map(window_of)
+        .min()
+        .map_or(1000, Micros::as_micros);
     let mut history = Vec::new();
     for step in 0..steps {
         let by = random_step(&mut random, twins.now, shortest.max(1));

@@ -6,7 +6,7 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use super::{Spend, allowed, denied, redis_expiry_at};
+use super::{Spend, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -57,10 +57,13 @@ impl Found {
         };
         let (used, reset_after) = match (state, current) {
             (Some(stored), Some(window)) if in_window => {
-                (stored.used, (window + 1) * window_us - now)
+                (stored.used, window_us * (window + 1) - now)
             }
-            (Some(stored), None) => (stored.used, (stored.expires_ms - now / 1000) * 1000),
-            _ => (0, 0),
+            (Some(stored), None) => (
+                stored.used,
+                Micros::from_millis(stored.expires_ms - now.as_millis()),
+            ),
+            _ => (0, Micros::ZERO),
         };
         Self {
             current,
@@ -82,8 +85,8 @@ impl Found {
         let window_us = params.window().as_micros();
         let (used, window, expires_ms, reset_after) = match self.current {
             Some(window) => {
-                let end = (window + 1) * window_us;
-                (self.used + cost, Some(window), end / 1000, end - now)
+                let end = window_us * (window + 1);
+                (self.used + cost, Some(window), end.as_millis(), end - now)
             }
             None if self.in_window => {
                 if let Some(stored) = state.as_mut() {
@@ -94,7 +97,7 @@ impl Found {
             None => (
                 cost,
                 None,
-                now / 1000 + params.window().as_millis(),
+                now.as_millis() + params.window().as_millis(),
                 window_us,
             ),
         };
@@ -140,16 +143,22 @@ pub fn decide(
         let retry_after = if cost > limit {
             RetryAfter::Never
         } else {
-            RetryAfter::After(reset_after.max(1000))
+            RetryAfter::After(reset_after.max(Micros::from_millis(1)))
         };
-        return (denied(limit, remaining, reset_after, retry_after), change);
+        return (
+            Decision::denied(limit, remaining, reset_after, retry_after),
+            change,
+        );
     }
     let (reset_after, change) = if cost > 0 && spend != Spend::Dry {
         found.record(params, state, now, cost)
     } else {
         (found.reset_after, MemoryChange::None)
     };
-    (allowed(limit, limit - used - cost, reset_after), change)
+    (
+        Decision::allowed(limit, limit - used - cost, reset_after),
+        change,
+    )
 }
 
 #[cfg(test)]
@@ -157,6 +166,11 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A time of `micros` microseconds.
+    const fn us(micros: u64) -> Micros {
+        Micros::from_micros(micros)
+    }
 
     fn params(limit: u64, window_ms: u64) -> FixedWindow {
         FixedWindow::new(limit, Duration::from_millis(window_ms)).unwrap()
@@ -166,12 +180,12 @@ mod tests {
     fn aligned_windows_end_on_multiples_of_the_window() {
         let p = FixedWindow::aligned(2, Duration::from_millis(1000)).unwrap();
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 2_300_000, 1, Spend::IfAllowed);
-        assert_eq!(d.reset_after, 700_000);
+        let (d, change) = decide(&p, &mut state, us(2_300_000), 1, Spend::IfAllowed);
+        assert_eq!(d.reset_after(), us(700_000));
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 3_001_000
+                expires_at: us(3_001_000)
             }
         );
     }
@@ -180,9 +194,9 @@ mod tests {
     fn a_dry_run_decides_without_spending() {
         let p = params(2, 1000);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 2, Spend::Dry);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
+        let (d, change) = decide(&p, &mut state, Micros::ZERO, 2, Spend::Dry);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }
@@ -192,14 +206,14 @@ mod tests {
         let p = params(3, 1000);
         let mut state = None;
         for expected_remaining in [2, 1, 0] {
-            let (d, _) = decide(&p, &mut state, 5_000, 1, Spend::IfAllowed);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, expected_remaining);
+            let (d, _) = decide(&p, &mut state, us(5_000), 1, Spend::IfAllowed);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), expected_remaining);
         }
-        let (d, change) = decide(&p, &mut state, 205_000, 1, Spend::IfAllowed);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(800_000));
-        assert_eq!(d.reset_after, 800_000);
+        let (d, change) = decide(&p, &mut state, us(205_000), 1, Spend::IfAllowed);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(us(800_000)));
+        assert_eq!(d.reset_after(), us(800_000));
         assert_eq!(change, MemoryChange::None);
     }
 
@@ -207,9 +221,9 @@ mod tests {
     fn a_cost_above_the_limit_is_never_allowed_and_spends_nothing() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, _) = decide(&p, &mut state, 0, 4, Spend::IfAllowed);
-        assert_eq!(d.retry_after, RetryAfter::Never);
-        assert_eq!(d.remaining, 3);
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 4, Spend::IfAllowed);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
+        assert_eq!(d.remaining(), 3);
         assert!(state.is_none());
     }
 
@@ -217,9 +231,9 @@ mod tests {
     fn cost_zero_looks_without_starting_a_window() {
         let p = params(3, 1000);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 0, Spend::IfAllowed);
-        assert!(d.allowed);
-        assert_eq!((d.remaining, d.reset_after), (3, 0));
+        let (d, change) = decide(&p, &mut state, Micros::ZERO, 0, Spend::IfAllowed);
+        assert!(d.is_allowed());
+        assert_eq!((d.remaining(), d.reset_after()), (3, Micros::ZERO));
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }
@@ -229,9 +243,9 @@ mod tests {
         let p = FixedWindow::aligned(2, Duration::from_millis(1000)).unwrap();
         let mut state = None;
         for (cost, allowed, remaining) in [(1, true, 1), (2, false, 0), (0, false, 0)] {
-            let (d, _) = decide(&p, &mut state, 100_000, cost, Spend::Always);
+            let (d, _) = decide(&p, &mut state, us(100_000), cost, Spend::Always);
             assert_eq!(
-                (d.allowed, d.remaining),
+                (d.is_allowed(), d.remaining()),
                 (allowed, remaining),
                 "cost {cost}"
             );
@@ -239,15 +253,15 @@ mod tests {
         assert_eq!(state.as_ref().map(|s| s.used), Some(3));
         // Over the limit from the start, it still starts the window.
         let mut fresh = None;
-        let (d, change) = decide(&p, &mut fresh, 100_000, 5, Spend::Always);
+        let (d, change) = decide(&p, &mut fresh, us(100_000), 5, Spend::Always);
         assert_eq!(
-            (d.allowed, d.retry_after, d.reset_after),
-            (false, RetryAfter::Never, 900_000)
+            (d.is_allowed(), d.retry_after(), d.reset_after()),
+            (false, RetryAfter::Never, us(900_000))
         );
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 1_001_000
+                expires_at: us(1_001_000)
             }
         );
     }

@@ -3,7 +3,7 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
@@ -29,15 +29,15 @@ pub fn decide(
     spend: bool,
 ) -> (Decision, MemoryChange) {
     let interval = params.interval();
-    let tolerance = params.burst() * interval;
+    let tolerance = interval * params.burst();
     let tat = state.as_ref().map_or(now, |s| s.tat).max(now);
     let remaining_at = |at: Micros| (now + tolerance).saturating_sub(at) / interval;
     let denied =
-        |retry_after| super::denied(params.burst(), remaining_at(tat), tat - now, retry_after);
+        |retry_after| Decision::denied(params.burst(), remaining_at(tat), tat - now, retry_after);
     if cost > params.burst() {
         return (denied(RetryAfter::Never), MemoryChange::None);
     }
-    let new_tat = tat + cost * interval;
+    let new_tat = tat + interval * cost;
     // Lua's is negative near time 0 (the embedded store's test clocks).
     let allow_at = new_tat.saturating_sub(tolerance);
     if allow_at > now {
@@ -46,7 +46,7 @@ pub fn decide(
             MemoryChange::None,
         );
     }
-    let decision = allowed(params.burst(), remaining_at(new_tat), new_tat - now);
+    let decision = Decision::allowed(params.burst(), remaining_at(new_tat), new_tat - now);
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
@@ -60,6 +60,11 @@ mod tests {
 
     use super::*;
 
+    /// A time of `micros` microseconds.
+    const fn us(micros: u64) -> Micros {
+        Micros::from_micros(micros)
+    }
+
     fn params(rate: u64, period_ms: u64, burst: u64) -> Gcra {
         Gcra::new(rate, Duration::from_millis(period_ms), burst).unwrap()
     }
@@ -70,41 +75,41 @@ mod tests {
         let p = params(10, 1000, 3);
         let mut state = None;
         for left in [2, 1, 0] {
-            let (d, _) = decide(&p, &mut state, 0, 1, true);
-            assert!(d.allowed);
-            assert_eq!(d.remaining, left);
+            let (d, _) = decide(&p, &mut state, Micros::ZERO, 1, true);
+            assert!(d.is_allowed());
+            assert_eq!(d.remaining(), left);
         }
-        let (d, _) = decide(&p, &mut state, 0, 1, true);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(100_000));
-        assert_eq!(d.reset_after, 300_000);
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 1, true);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(us(100_000)));
+        assert_eq!(d.reset_after(), us(300_000));
         // One interval later exactly one more passes.
-        assert!(decide(&p, &mut state, 100_000, 1, true).0.allowed);
-        assert!(!decide(&p, &mut state, 100_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, us(100_000), 1, true).0.is_allowed());
+        assert!(!decide(&p, &mut state, us(100_000), 1, true).0.is_allowed());
         // Idle long enough, the whole burst is back.
-        let (d, _) = decide(&p, &mut state, 10_000_000, 0, true);
-        assert_eq!(d.remaining, 3);
+        let (d, _) = decide(&p, &mut state, us(10_000_000), 0, true);
+        assert_eq!(d.remaining(), 3);
     }
 
     #[test]
     fn costs_take_several_intervals_and_a_cost_above_the_burst_never_passes() {
         let p = params(10, 1000, 5);
         let mut state = None;
-        let (d, _) = decide(&p, &mut state, 0, 4, true);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 1);
-        let (d, _) = decide(&p, &mut state, 0, 3, true);
-        assert!(!d.allowed);
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 4, true);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 1);
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 3, true);
+        assert!(!d.is_allowed());
         // Two more intervals must pass first.
-        assert_eq!(d.retry_after, RetryAfter::After(200_000));
-        let (d, _) = decide(&p, &mut state, 0, 6, true);
-        assert_eq!(d.retry_after, RetryAfter::Never);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(200_000)));
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 6, true);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
     }
 
     #[test]
     fn the_interval_is_rounded_up_never_down() {
         // 3 a second: one every 333 334 µs, never faster than asked.
-        assert_eq!(params(3, 1000, 1).interval(), 333_334);
+        assert_eq!(params(3, 1000, 1).interval(), us(333_334));
         assert!(Gcra::new(2_000_000, Duration::from_secs(1), 1).is_err());
         assert!(Gcra::new(1, Duration::from_secs(86_400), 400).is_err());
     }
@@ -113,8 +118,8 @@ mod tests {
     fn a_look_spends_nothing() {
         let p = params(10, 1000, 2);
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 1, false);
-        assert!(d.allowed);
+        let (d, change) = decide(&p, &mut state, Micros::ZERO, 1, false);
+        assert!(d.is_allowed());
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }

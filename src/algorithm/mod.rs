@@ -13,7 +13,7 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::limit::{Algorithm, Decision, Micros};
 use crate::store::MemoryChange;
 
 /// What one decision may write.
@@ -109,14 +109,14 @@ pub enum Snapshot {
 /// `now`: see [`redis_expiry_at`]. The twins expire their state at that
 /// same instant, so the embedded store's keys live exactly as long.
 pub fn redis_expiry_after(now: Micros, ttl_ms: u64) -> Micros {
-    redis_expiry_at(now / 1000 + ttl_ms)
+    redis_expiry_at(now.as_millis() + ttl_ms)
 }
 
 /// When Redis drops a key that expires at `at_ms` (`PEXPIREAT`): Redis
 /// keeps expiry in whole milliseconds of its clock and drops a key once its
 /// clock is past that millisecond, so the key lives through all of it.
 pub fn redis_expiry_at(at_ms: u64) -> Micros {
-    (at_ms + 1) * 1000
+    Micros::from_millis(at_ms + 1)
 }
 
 /// What the store does for a spend its algorithm wrote with a time to live
@@ -124,34 +124,7 @@ pub fn redis_expiry_at(at_ms: u64) -> Micros {
 /// (rounded up) has Redis do.
 fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
     MemoryChange::Written {
-        expires_at: redis_expiry_after(now, reset_after.div_ceil(1000)),
-    }
-}
-
-/// An algorithm's answer that lets the cost pass: `remaining` is what is
-/// left after it, and the key is back to its whole `limit` in
-/// `reset_after`.
-fn allowed(limit: u64, remaining: u64, reset_after: Micros) -> Decision {
-    Decision {
-        allowed: true,
-        limit,
-        remaining,
-        reset_after,
-        retry_after: RetryAfter::After(0),
-        degraded: false,
-    }
-}
-
-/// An algorithm's answer that refuses the cost: it could pass after
-/// `retry_after`, or never (a cost above the limit).
-fn denied(limit: u64, remaining: u64, reset_after: Micros, retry_after: RetryAfter) -> Decision {
-    Decision {
-        allowed: false,
-        limit,
-        remaining,
-        reset_after,
-        retry_after,
-        degraded: false,
+        expires_at: redis_expiry_after(now, reset_after.as_millis_rounded_up()),
     }
 }
 
@@ -231,10 +204,10 @@ pub fn decide_together(
     let all_allow = dry
         .iter()
         .zip(shadow)
-        .all(|(decision, &shadow)| decision.allowed || shadow);
+        .all(|(decision, &shadow)| decision.is_allowed() || shadow);
     dry.into_iter()
         .enumerate()
-        .map(|(i, decision)| match (decision.allowed, all_allow) {
+        .map(|(i, decision)| match (decision.is_allowed(), all_allow) {
             (false, _) => decision,
             (true, true) => decide(i, costs[i], Spend::IfAllowed),
             (true, false) => decide(i, 0, Spend::Dry),

@@ -302,7 +302,10 @@ mod tests {
         let Ok(Algorithm::Gcra(gcra)) = Kind::Gcra.build(bursty, WindowStart::FirstRequest) else {
             panic!("gcra");
         };
-        assert_eq!((gcra.burst(), gcra.interval()), (3, 100_000));
+        assert_eq!(
+            (gcra.burst(), gcra.interval()),
+            (3, crate::limit::Micros::from_millis(100))
+        );
         let err = Kind::SlidingWindow
             .build(bursty, WindowStart::FirstRequest)
             .unwrap_err();

@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 use crate::store::MemoryChange;
 
@@ -109,7 +109,7 @@ pub fn decide(
     let newest = (!log.entries.is_empty()).then_some(log.newest.0);
     let used = log.used();
     let remaining = limit.saturating_sub(used);
-    let reset_after = newest.map_or(0, |stamp| stamp + window - now);
+    let reset_after = newest.map_or(Micros::ZERO, |stamp| stamp + window - now);
     let unchanged = if log.entries.is_empty() {
         *state = None;
         MemoryChange::Updated
@@ -118,7 +118,7 @@ pub fn decide(
     } else {
         MemoryChange::None
     };
-    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
+    let denied = |retry_after| Decision::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
         return (denied(RetryAfter::Never), unchanged);
     }
@@ -131,16 +131,20 @@ pub fn decide(
         return (denied(RetryAfter::After(leaves_at - now)), unchanged);
     }
     if cost == 0 || !spend {
-        return (allowed(limit, remaining - cost, reset_after), unchanged);
+        return (
+            Decision::allowed(limit, remaining - cost, reset_after),
+            unchanged,
+        );
     }
     let stamp = match newest {
-        Some(newest) if newest >= now => newest + 1,
+        // Stamps only move forward, whatever the clock does.
+        Some(newest) if newest >= now => newest + Micros::from_micros(1),
         _ => now,
     };
     state.get_or_insert_with(State::default).push(stamp, cost);
     let reset_after = stamp + window - now;
     (
-        allowed(limit, remaining - cost, reset_after),
+        Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
 }
@@ -151,6 +155,11 @@ mod tests {
 
     use super::*;
 
+    /// A time of `micros` microseconds.
+    const fn us(micros: u64) -> Micros {
+        Micros::from_micros(micros)
+    }
+
     fn params(limit: u64, window_ms: u64) -> SlidingWindow {
         SlidingWindow::new(limit, Duration::from_millis(window_ms)).unwrap()
     }
@@ -159,60 +168,65 @@ mod tests {
     fn units_leave_the_window_one_entry_at_a_time() {
         let p = params(3, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 2, true).0.allowed);
-        assert!(decide(&p, &mut state, 400_000, 1, true).0.allowed);
-        let (d, _) = decide(&p, &mut state, 500_000, 1, true);
-        assert!(!d.allowed);
+        assert!(decide(&p, &mut state, Micros::ZERO, 2, true).0.is_allowed());
+        assert!(decide(&p, &mut state, us(400_000), 1, true).0.is_allowed());
+        let (d, _) = decide(&p, &mut state, us(500_000), 1, true);
+        assert!(!d.is_allowed());
         // The two units spent at 0 leave at 1 s.
-        assert_eq!(d.retry_after, RetryAfter::After(500_000));
-        assert_eq!(d.reset_after, 900_000);
-        let (d, _) = decide(&p, &mut state, 1_000_000, 2, true);
-        assert!(d.allowed);
-        assert_eq!(d.remaining, 0);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(500_000)));
+        assert_eq!(d.reset_after(), us(900_000));
+        let (d, _) = decide(&p, &mut state, us(1_000_000), 2, true);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
     }
 
     #[test]
     fn a_denial_names_the_time_enough_units_have_left() {
         let p = params(4, 1000);
         let mut state = None;
-        for t in [0, 100_000, 200_000, 300_000] {
-            assert!(decide(&p, &mut state, t, 1, true).0.allowed);
+        for t in [0, 100, 200, 300] {
+            let t = Micros::from_millis(t);
+            assert!(decide(&p, &mut state, t, 1, true).0.is_allowed());
         }
         // Cost 3 needs the three oldest gone: the one stamped 200 ms.
-        let (d, _) = decide(&p, &mut state, 300_000, 3, true);
-        assert_eq!(d.retry_after, RetryAfter::After(900_000));
+        let (d, _) = decide(&p, &mut state, us(300_000), 3, true);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(900_000)));
     }
 
     #[test]
     fn after_pruning_the_next_entry_is_the_oldest() {
         let p = params(2, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
-        assert!(decide(&p, &mut state, 500_000, 1, true).0.allowed);
+        assert!(decide(&p, &mut state, Micros::ZERO, 1, true).0.is_allowed());
+        assert!(decide(&p, &mut state, us(500_000), 1, true).0.is_allowed());
         // The entry at 0 leaves; the one at 500 ms is now the first to go.
-        assert!(decide(&p, &mut state, 1_000_000, 1, true).0.allowed);
-        let (d, _) = decide(&p, &mut state, 1_200_000, 1, true);
-        assert!(!d.allowed);
-        assert_eq!(d.retry_after, RetryAfter::After(300_000));
-        assert_eq!(d.reset_after, 800_000);
-        let (d, _) = decide(&p, &mut state, 1_200_000, 2, true);
-        assert_eq!(d.retry_after, RetryAfter::After(800_000));
+        assert!(
+            decide(&p, &mut state, us(1_000_000), 1, true)
+                .0
+                .is_allowed()
+        );
+        let (d, _) = decide(&p, &mut state, us(1_200_000), 1, true);
+        assert!(!d.is_allowed());
+        assert_eq!(d.retry_after(), RetryAfter::After(us(300_000)));
+        assert_eq!(d.reset_after(), us(800_000));
+        let (d, _) = decide(&p, &mut state, us(1_200_000), 2, true);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(800_000)));
     }
 
     #[test]
     fn stamps_never_go_backwards_when_the_clock_does() {
         let p = params(10, 1000);
         let mut state = None;
-        decide(&p, &mut state, 500_000, 1, true);
-        let (d, change) = decide(&p, &mut state, 400_000, 1, true);
-        assert!(d.allowed);
+        decide(&p, &mut state, us(500_000), 1, true);
+        let (d, change) = decide(&p, &mut state, us(400_000), 1, true);
+        assert!(d.is_allowed());
         // Stamped 500 001, the entry counts until 1 500 001; the key, like
         // Redis's (PEXPIRE 1101 ms at 400 ms), lives through 1 501 ms.
-        assert_eq!(d.reset_after, 1_100_001);
+        assert_eq!(d.reset_after(), us(1_100_001));
         assert_eq!(
             change,
             MemoryChange::Written {
-                expires_at: 1_502_000
+                expires_at: us(1_502_000)
             }
         );
     }
@@ -221,9 +235,9 @@ mod tests {
     fn an_emptied_log_is_dropped() {
         let p = params(1, 10);
         let mut state = None;
-        decide(&p, &mut state, 0, 1, true);
-        let (d, _) = decide(&p, &mut state, 10_000, 0, true);
-        assert!(d.allowed);
+        decide(&p, &mut state, Micros::ZERO, 1, true);
+        let (d, _) = decide(&p, &mut state, us(10_000), 0, true);
+        assert!(d.is_allowed());
         assert!(state.is_none());
     }
 
@@ -231,9 +245,13 @@ mod tests {
     fn a_request_is_one_entry_whatever_its_cost() {
         let p = params(100_000, 1000);
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 100_000, true).0.allowed);
+        assert!(
+            decide(&p, &mut state, Micros::ZERO, 100_000, true)
+                .0
+                .is_allowed()
+        );
         assert_eq!(state.as_ref().map(|log| log.entries.len()), Some(1));
-        let (d, _) = decide(&p, &mut state, 10, 1, true);
-        assert_eq!(d.retry_after, RetryAfter::After(999_990));
+        let (d, _) = decide(&p, &mut state, us(10), 1, true);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(999_990)));
     }
 }

@@ -6,7 +6,7 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
 use crate::store::MemoryChange;
 
@@ -32,7 +32,8 @@ impl State {
 /// The previous window's share of `count` at `into` microseconds into the
 /// current window, rounded down.
 fn share(count: u64, into: Micros, window: Micros) -> u64 {
-    (count as f64 * ((window - into) as f64 / window as f64)).floor() as u64
+    let left = (window - into).as_micros() as f64;
+    (count as f64 * (left / window.as_micros() as f64)).floor() as u64
 }
 
 /// The first instant (microseconds into a window, `from` or later) at which
@@ -41,15 +42,16 @@ fn first_fit(count: u64, allowed: u64, from: Micros, window: Micros) -> Micros {
     if share(count, from, window) <= allowed {
         return from;
     }
-    let guess = (window as f64 - (allowed + 1) as f64 * window as f64 / count as f64).floor();
-    let mut into = if guess < from as f64 {
+    let window_us = window.as_micros() as f64;
+    let guess = (window_us - (allowed + 1) as f64 * window_us / count as f64).floor();
+    let mut into = if guess < from.as_micros() as f64 {
         from
     } else {
-        guess as Micros
+        Micros::from_micros(guess as u64)
     };
     let mut steps = 0;
     while into < window && steps < 16 && share(count, into, window) > allowed {
-        into += 1;
+        into += Micros::from_micros(1);
         steps += 1;
     }
     into
@@ -77,7 +79,7 @@ pub fn decide(
             previous = stored.current;
         }
     }
-    let elapsed = now.saturating_sub(index * window);
+    let elapsed = now.saturating_sub(window * index);
     let estimate = share(previous, elapsed, window) + current;
     let remaining = limit.saturating_sub(estimate);
     let next_start = window - elapsed;
@@ -86,9 +88,9 @@ pub fn decide(
     } else if previous > 0 {
         next_start
     } else {
-        0
+        Micros::ZERO
     };
-    let denied = |retry_after| super::denied(limit, remaining, reset_after, retry_after);
+    let denied = |retry_after| Decision::denied(limit, remaining, reset_after, retry_after);
     if cost > limit {
         return (denied(RetryAfter::Never), MemoryChange::None);
     }
@@ -96,13 +98,13 @@ pub fn decide(
         let retry_after = if current + cost <= limit {
             first_fit(previous, limit - cost - current, elapsed, window) - elapsed
         } else {
-            next_start + first_fit(current, limit - cost, 0, window)
+            next_start + first_fit(current, limit - cost, Micros::ZERO, window)
         };
         return (denied(RetryAfter::After(retry_after)), MemoryChange::None);
     }
     if cost == 0 || !spend {
         return (
-            allowed(limit, remaining - cost, reset_after),
+            Decision::allowed(limit, remaining - cost, reset_after),
             MemoryChange::None,
         );
     }
@@ -113,7 +115,7 @@ pub fn decide(
     });
     let reset_after = next_start + window;
     (
-        allowed(limit, remaining - cost, reset_after),
+        Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
 }
@@ -124,7 +126,12 @@ mod tests {
 
     use super::*;
 
-    const SECOND: Micros = 1_000_000;
+    const SECOND: Micros = Micros::from_secs(1);
+
+    /// A time of `micros` microseconds.
+    const fn us(micros: u64) -> Micros {
+        Micros::from_micros(micros)
+    }
 
     fn params(limit: u64) -> SlidingWindowCounter {
         SlidingWindowCounter::new(limit, Duration::from_secs(1)).unwrap()
@@ -136,43 +143,49 @@ mod tests {
         let mut state = None;
         // 10 in window 5, all at its start.
         for _ in 0..10 {
-            assert!(decide(&p, &mut state, 5 * SECOND, 1, true).0.allowed);
+            assert!(decide(&p, &mut state, SECOND * 5, 1, true).0.is_allowed());
         }
-        let (d, _) = decide(&p, &mut state, 5 * SECOND, 1, true);
-        assert!(!d.allowed);
+        let (d, _) = decide(&p, &mut state, SECOND * 5, 1, true);
+        assert!(!d.is_allowed());
         // Nothing fits until window 6, where the share of window 5 falls
         // below 10 (to 9, rounded down) a microsecond in.
-        assert_eq!(d.retry_after, RetryAfter::After(SECOND + 1));
+        assert_eq!(d.retry_after(), RetryAfter::After(SECOND + us(1)));
         // A quarter into window 6, the estimate is 10 * 0.75 = 7.5 -> 7.
-        let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 0, true);
-        assert_eq!(d.remaining, 3);
+        let (d, _) = decide(&p, &mut state, SECOND * 6 + us(250_000), 0, true);
+        assert_eq!(d.remaining(), 3);
         for _ in 0..3 {
             assert!(
-                decide(&p, &mut state, 6 * SECOND + 250_000, 1, true)
+                decide(&p, &mut state, SECOND * 6 + us(250_000), 1, true)
                     .0
-                    .allowed
+                    .is_allowed()
             );
         }
-        let (d, _) = decide(&p, &mut state, 6 * SECOND + 250_000, 1, true);
-        assert!(!d.allowed);
+        let (d, _) = decide(&p, &mut state, SECOND * 6 + us(250_000), 1, true);
+        assert!(!d.is_allowed());
         // One more fits once the share falls to 6: 30 % into window 6.
-        assert_eq!(d.retry_after, RetryAfter::After(50_001));
-        let RetryAfter::After(retry) = d.retry_after else {
+        assert_eq!(d.retry_after(), RetryAfter::After(us(50_001)));
+        let RetryAfter::After(retry) = d.retry_after() else {
             panic!("never")
         };
         assert!(
-            decide(&p, &mut state, 6 * SECOND + 250_000 + retry, 1, false)
+            decide(&p, &mut state, SECOND * 6 + us(250_000) + retry, 1, false)
                 .0
-                .allowed
+                .is_allowed()
         );
         assert!(
-            !decide(&p, &mut state, 6 * SECOND + 250_000 + retry - 1, 1, false)
-                .0
-                .allowed
+            !decide(
+                &p,
+                &mut state,
+                SECOND * 6 + us(250_000) + retry - us(1),
+                1,
+                false
+            )
+            .0
+            .is_allowed()
         );
         // Two windows on, nothing of window 5 counts.
-        let (d, _) = decide(&p, &mut state, 8 * SECOND, 0, true);
-        assert_eq!(d.remaining, 10);
+        let (d, _) = decide(&p, &mut state, SECOND * 8, 0, true);
+        assert_eq!(d.remaining(), 10);
     }
 
     #[test]
@@ -182,25 +195,27 @@ mod tests {
             for spent in 1..=limit.min(20) {
                 let mut state = None;
                 assert!(
-                    decide(&p, &mut state, 3 * SECOND + 17, spent, true)
+                    decide(&p, &mut state, SECOND * 3 + us(17), spent, true)
                         .0
-                        .allowed
+                        .is_allowed()
                 );
-                let asked_at = 3 * SECOND + 400_000;
+                let asked_at = SECOND * 3 + us(400_000);
                 let (d, _) = decide(&p, &mut state, asked_at, limit, false);
-                if d.allowed {
+                if d.is_allowed() {
                     continue;
                 }
-                let RetryAfter::After(retry) = d.retry_after else {
+                let RetryAfter::After(retry) = d.retry_after() else {
                     panic!("never")
                 };
                 let at = asked_at + retry;
                 assert!(
-                    decide(&p, &mut state, at, limit, false).0.allowed,
+                    decide(&p, &mut state, at, limit, false).0.is_allowed(),
                     "{limit} {spent}"
                 );
                 assert!(
-                    !decide(&p, &mut state, at - 1, limit, false).0.allowed,
+                    !decide(&p, &mut state, at - us(1), limit, false)
+                        .0
+                        .is_allowed(),
                     "{limit} {spent}"
                 );
             }
@@ -215,12 +230,12 @@ mod tests {
         let mut state = None;
         let mut admitted = Vec::new();
         for window in 1..20 {
-            let end = (window + 1) * SECOND;
+            let end = SECOND * (window + 1);
             for at in (0..50)
-                .map(|i| end - 1000 + i * 20)
-                .chain((1..50).map(|i| end + i * 19_000))
+                .map(|i| end - us(1000) + us(20) * i)
+                .chain((1..50).map(|i| end + us(19_000) * i))
             {
-                if decide(&p, &mut state, at, 1, true).0.allowed {
+                if decide(&p, &mut state, at, 1, true).0.is_allowed() {
                     admitted.push(at);
                 }
             }
@@ -244,9 +259,9 @@ mod tests {
         let p = params(5);
         let mut state = None;
         let (d, _) = decide(&p, &mut state, SECOND, 6, true);
-        assert_eq!(d.retry_after, RetryAfter::Never);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
         let (d, change) = decide(&p, &mut state, SECOND, 1, false);
-        assert!(d.allowed);
+        assert!(d.is_allowed());
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }

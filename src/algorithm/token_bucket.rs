@@ -4,7 +4,7 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
-use super::{allowed, written_for};
+use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
 use crate::store::MemoryChange;
 
@@ -40,16 +40,17 @@ pub fn decide(
         tokens = s.tokens;
         stamp = s.stamp;
         if now > stamp {
-            tokens += (now - stamp) as f64 * rate / 1_000_000.0;
+            tokens += (now - stamp).as_micros() as f64 * rate / 1_000_000.0;
             stamp = now;
         }
         tokens = tokens.min(capacity);
     }
-    let micros_to_refill = |amount: f64| (amount / rate * 1_000_000.0).ceil() as Micros;
+    let micros_to_refill =
+        |amount: f64| Micros::from_micros((amount / rate * 1_000_000.0).ceil() as u64);
     let ahead = stamp - now;
     let denied = |retry_after| {
         let reset_after = ahead + micros_to_refill(capacity - tokens);
-        super::denied(
+        Decision::denied(
             params.capacity(),
             tokens.floor() as u64,
             reset_after,
@@ -66,7 +67,7 @@ pub fn decide(
     }
     tokens -= cost_tokens;
     let reset_after = ahead + micros_to_refill(capacity - tokens);
-    let decision = allowed(params.capacity(), tokens.floor() as u64, reset_after);
+    let decision = Decision::allowed(params.capacity(), tokens.floor() as u64, reset_after);
     if cost == 0 || !spend {
         return (decision, MemoryChange::None);
     }
@@ -78,37 +79,46 @@ pub fn decide(
 mod tests {
     use super::*;
 
+    /// A time of `micros` microseconds.
+    const fn us(micros: u64) -> Micros {
+        Micros::from_micros(micros)
+    }
+
     #[test]
     fn starts_full_and_refills_at_fractional_rates() {
         let p = TokenBucket::new(2, 0.5).unwrap();
         let mut state = None;
-        assert!(decide(&p, &mut state, 0, 1, true).0.allowed);
-        let (d, _) = decide(&p, &mut state, 0, 1, true);
-        assert!(d.allowed);
-        assert_eq!(d.reset_after, 4_000_000);
-        let (d, _) = decide(&p, &mut state, 1_000_000, 1, true);
-        assert!(!d.allowed);
+        assert!(decide(&p, &mut state, Micros::ZERO, 1, true).0.is_allowed());
+        let (d, _) = decide(&p, &mut state, Micros::ZERO, 1, true);
+        assert!(d.is_allowed());
+        assert_eq!(d.reset_after(), us(4_000_000));
+        let (d, _) = decide(&p, &mut state, us(1_000_000), 1, true);
+        assert!(!d.is_allowed());
         // Half a token is back after 1 s at 0.5/s; the other half takes 1 s.
-        assert_eq!(d.retry_after, RetryAfter::After(1_000_000));
-        assert!(decide(&p, &mut state, 2_000_000, 1, true).0.allowed);
+        assert_eq!(d.retry_after(), RetryAfter::After(us(1_000_000)));
+        assert!(
+            decide(&p, &mut state, us(2_000_000), 1, true)
+                .0
+                .is_allowed()
+        );
     }
 
     #[test]
     fn never_refills_above_capacity() {
         let p = TokenBucket::new(3, 100.0).unwrap();
         let mut state = None;
-        decide(&p, &mut state, 0, 3, true);
-        let (d, _) = decide(&p, &mut state, 3_600_000_000, 0, true);
-        assert_eq!(d.remaining, 3);
-        assert_eq!(d.reset_after, 0);
+        decide(&p, &mut state, Micros::ZERO, 3, true);
+        let (d, _) = decide(&p, &mut state, us(3_600_000_000), 0, true);
+        assert_eq!(d.remaining(), 3);
+        assert_eq!(d.reset_after(), Micros::ZERO);
     }
 
     #[test]
     fn a_cost_above_capacity_is_never_allowed() {
         let p = TokenBucket::new(3, 1.0).unwrap();
         let mut state = None;
-        let (d, change) = decide(&p, &mut state, 0, 4, true);
-        assert_eq!(d.retry_after, RetryAfter::Never);
+        let (d, change) = decide(&p, &mut state, Micros::ZERO, 4, true);
+        assert_eq!(d.retry_after(), RetryAfter::Never);
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
     }

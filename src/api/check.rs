@@ -86,8 +86,8 @@ impl CheckService {
                 metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
                 debug!(
                     algorithm = request.algorithm.name(),
-                    allowed = decision.allowed,
-                    remaining = decision.remaining,
+                    allowed = decision.is_allowed(),
+                    remaining = decision.remaining(),
                     "decided"
                 );
                 Ok(response(&decision))

@@ -44,9 +44,10 @@ impl Window {
         self.0.as_millis() as u64
     }
 
-    /// The window in microseconds.
+    /// The window's length.
     pub fn as_micros(self) -> Micros {
-        self.0.as_micros() as Micros
+        // At most 366 days, so this is exact.
+        Micros::from_duration(self.0)
     }
 }
 
@@ -212,7 +213,7 @@ impl Gcra {
         let rate = quantity("rate", rate, MAX_QUANTITY)?;
         let period = Window::new(period).map_err(|err| InvalidArgument::new("period", err.rule))?;
         let burst = quantity("burst", burst, MAX_QUANTITY)?;
-        let period_us = period.as_micros();
+        let period_us = period.as_micros().as_micros();
         if rate > period_us {
             return Err(InvalidArgument::new(
                 "rate",
@@ -233,7 +234,10 @@ impl Gcra {
                 ),
             ));
         }
-        Ok(Self { burst, interval })
+        Ok(Self {
+            burst,
+            interval: Micros::from_micros(interval),
+        })
     }
 
     /// Requests that may pass at once.
@@ -241,7 +245,7 @@ impl Gcra {
         self.burst
     }
 
-    /// Microseconds between requests at the sustained rate: at least 1.
+    /// The time between requests at the sustained rate: at least 1 µs.
     pub fn interval(&self) -> Micros {
         self.interval
     }

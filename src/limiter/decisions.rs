@@ -246,7 +246,7 @@ impl Limiter {
             return;
         };
         for (group, decision) in groups.unique.iter().zip(decisions.by_group()) {
-            if !decision.allowed {
+            if !decision.is_allowed() {
                 let algorithm = group.algorithm(requests);
                 cache.remember(&group.key, algorithm, group.cost, decision, sent);
             }

@@ -17,7 +17,7 @@
 //! had not seen the spending, and the refunds of a request spanning Redis
 //! Cluster nodes (it holds units only between its spend and its refund).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
@@ -110,15 +110,13 @@ impl DenialCache {
         } else {
             denial.until.max(denial.reset_at)
         };
-        Some(Decision {
-            allowed: false,
-            limit: algorithm.limit(),
-            remaining: denial.remaining,
-            reset_after: micros(denial.reset_at.saturating_duration_since(now)),
+        Some(Decision::denied(
+            algorithm.limit(),
+            denial.remaining,
+            Micros::from_duration(denial.reset_at.saturating_duration_since(now)),
             // At least 1 µs: a denial always says to wait.
-            retry_after: RetryAfter::After(micros(retry_at - now).max(1)),
-            degraded: false,
-        })
+            RetryAfter::After(Micros::from_duration(retry_at - now).max(Micros::from_micros(1))),
+        ))
     }
 
     /// Remembers Redis's `decision` on `key` for `cost` under `algorithm`,
@@ -131,20 +129,20 @@ impl DenialCache {
         decision: &Decision,
         sent: Instant,
     ) {
-        let RetryAfter::After(retry_after) = decision.retry_after else {
+        let RetryAfter::After(retry_after) = decision.retry_after() else {
             // A cost above the limit is denied whatever the state: nothing
             // about the key to remember.
             return;
         };
-        if decision.allowed || decision.degraded || retry_after == 0 {
+        if decision.is_allowed() || decision.is_degraded() || retry_after == Micros::ZERO {
             return;
         }
         let denial = Denial {
             algorithm: *algorithm,
             cost,
-            until: sent + Duration::from_micros(retry_after),
-            reset_at: sent + Duration::from_micros(decision.reset_after),
-            remaining: decision.remaining,
+            until: sent + retry_after.as_duration(),
+            reset_at: sent + decision.reset_after().as_duration(),
+            remaining: decision.remaining(),
         };
         // The newest denial replaces an older one: each is true on its own.
         self.denials.insert(key.to_owned(), denial);
@@ -161,12 +159,10 @@ impl DenialCache {
     }
 }
 
-fn micros(duration: Duration) -> Micros {
-    Micros::try_from(duration.as_micros()).unwrap_or(Micros::MAX)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::limit::{FixedWindow, TokenBucket};
 
@@ -175,14 +171,8 @@ mod tests {
     }
 
     fn denied(remaining: u64, retry_after_ms: u64) -> Decision {
-        Decision {
-            allowed: false,
-            limit: 10,
-            remaining,
-            reset_after: retry_after_ms * 1000,
-            retry_after: RetryAfter::After(retry_after_ms * 1000),
-            degraded: false,
-        }
+        let wait = Micros::from_millis(retry_after_ms);
+        Decision::denied(10, remaining, wait, RetryAfter::After(wait))
     }
 
     #[test]
@@ -190,17 +180,24 @@ mod tests {
         let cache = DenialCache::new(10, 1 << 20).unwrap();
         let sent = Instant::now();
         // Cost 2 fits in 200 ms; the key is whole again in 900 ms.
-        let decision = Decision {
-            reset_after: 900_000,
-            retry_after: RetryAfter::After(200_000),
-            ..denied(1, 200)
-        };
+        let decision = Decision::denied(
+            10,
+            1,
+            Micros::from_millis(900),
+            RetryAfter::After(Micros::from_millis(200)),
+        );
         cache.remember("k", &fixed(10), 2, &decision, sent);
         let later = sent + Duration::from_millis(100);
         let same = cache.denial("k", &fixed(10), 2, later).unwrap();
-        assert_eq!(same.retry_after, RetryAfter::After(100_000));
+        assert_eq!(
+            same.retry_after(),
+            RetryAfter::After(Micros::from_millis(100))
+        );
         let larger = cache.denial("k", &fixed(10), 5, later).unwrap();
-        assert_eq!(larger.retry_after, RetryAfter::After(800_000));
+        assert_eq!(
+            larger.retry_after(),
+            RetryAfter::After(Micros::from_millis(800))
+        );
     }
 
     #[test]
@@ -210,9 +207,12 @@ mod tests {
         cache.remember("k", &fixed(10), 5, &denied(3, 1000), sent);
         let soon = sent + Duration::from_millis(400);
         let decision = cache.denial("k", &fixed(10), 5, soon).unwrap();
-        assert!(!decision.allowed);
-        assert_eq!(decision.remaining, 3);
-        assert_eq!(decision.retry_after, RetryAfter::After(600_000));
+        assert!(!decision.is_allowed());
+        assert_eq!(decision.remaining(), 3);
+        assert_eq!(
+            decision.retry_after(),
+            RetryAfter::After(Micros::from_millis(600))
+        );
         assert!(cache.denial("k", &fixed(10), 7, soon).is_some());
         // Above the limit the answer is "never", not "later": Redis's.
         assert!(cache.denial("k", &fixed(10), 11, soon).is_none());
@@ -240,19 +240,9 @@ mod tests {
     fn only_denials_that_time_lifts_are_remembered() {
         let cache = DenialCache::new(10, 1 << 20).unwrap();
         let now = Instant::now();
-        let allowed = Decision {
-            allowed: true,
-            retry_after: RetryAfter::After(0),
-            ..denied(5, 0)
-        };
-        let never = Decision {
-            retry_after: RetryAfter::Never,
-            ..denied(10, 0)
-        };
-        let degraded = Decision {
-            degraded: true,
-            ..denied(0, 1000)
-        };
+        let allowed = Decision::allowed(10, 5, Micros::ZERO);
+        let never = Decision::denied(10, 10, Micros::ZERO, RetryAfter::Never);
+        let degraded = denied(0, 1000).marked_degraded();
         for decision in [allowed, never, degraded] {
             cache.remember("k", &fixed(10), 1, &decision, now);
         }

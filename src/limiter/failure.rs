@@ -8,7 +8,7 @@ use super::in_memory;
 use super::keys::{Combination, GroupDecisions, Groups};
 use crate::algorithm::State;
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, RetryAfter};
+use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, Micros, RetryAfter};
 use crate::store::MemoryStore;
 
 /// The failure policy's answer while Redis cannot decide (`err`): the error
@@ -32,40 +32,24 @@ pub(super) fn answer(
             in_memory::decide(local, groups, requests, combination)?
         }
     };
-    Ok(decisions.map(|decision| Decision {
-        degraded: true,
-        ..decision
-    }))
+    Ok(decisions.map(Decision::marked_degraded))
 }
 
 /// Failing open: allowed, with the whole limit said to remain (nothing is
 /// known), except a cost no state could ever allow.
 fn fail_open(algorithm: &Algorithm, cost: u64) -> Decision {
     let limit = algorithm.limit();
-    Decision {
-        allowed: cost <= limit,
-        limit,
-        remaining: limit.saturating_sub(cost),
-        reset_after: 0,
-        retry_after: if cost <= limit {
-            RetryAfter::After(0)
-        } else {
-            RetryAfter::Never
-        },
-        degraded: true,
-    }
+    let decision = if cost <= limit {
+        Decision::allowed(limit, limit - cost, Micros::ZERO)
+    } else {
+        Decision::denied(limit, 0, Micros::ZERO, RetryAfter::Never)
+    };
+    decision.marked_degraded()
 }
 
 /// What a limit of a cached denial reports when Redis cannot say what it
 /// has: its whole limit, the most it could have (marked degraded).
 pub(super) fn unknown_remaining(algorithm: &Algorithm) -> Decision {
     let limit = algorithm.limit();
-    Decision {
-        allowed: true,
-        limit,
-        remaining: limit,
-        reset_after: 0,
-        retry_after: RetryAfter::After(0),
-        degraded: true,
-    }
+    Decision::allowed(limit, limit, Micros::ZERO).marked_degraded()
 }

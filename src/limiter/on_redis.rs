@@ -8,7 +8,7 @@ use futures::future::join_all;
 use super::keys::{Combination, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::error::StoreError;
-use crate::limit::LimitRequest;
+use crate::limit::{Decision, LimitRequest};
 use crate::store::RedisStore;
 
 /// Decides the groups on Redis: one script call when every key lives on
@@ -43,7 +43,7 @@ pub(super) async fn decide(
     }
     let denies = |answers: &Answers| -> Result<bool, StoreError> {
         for (g, group) in groups.unique.iter().enumerate() {
-            if !group.shadow && !answers.get(g)?.decision.allowed {
+            if !group.shadow && !answers.get(g)?.decision.is_allowed() {
                 return Ok(true);
             }
         }
@@ -55,7 +55,7 @@ pub(super) async fn decide(
         let looks = everywhere(Mode::Look).await?;
         return groups.decide(|g, _| {
             let decision = dry.get(g)?.decision;
-            if decision.allowed {
+            if decision.is_allowed() {
                 Ok(looks.get(g)?.decision)
             } else {
                 Ok(decision)
@@ -73,7 +73,7 @@ pub(super) async fn decide(
     for members in &partitions {
         let mut spent_here = true;
         for &g in members {
-            spent_here &= groups.unique[g].shadow || spent.get(g)?.decision.allowed;
+            spent_here &= groups.unique[g].shadow || spent.get(g)?.decision.is_allowed();
         }
         if spent_here {
             refund(redis, groups, requests, members, &spent).await?;
@@ -84,12 +84,13 @@ pub(super) async fn decide(
     }
     groups.decide(|g, group| {
         let decision = spent.get(g)?.decision;
-        Ok(if decision.allowed && refunded[g] {
+        Ok(if decision.is_allowed() && refunded[g] {
             // Given back: what is left is as before this request.
-            crate::limit::Decision {
-                remaining: decision.remaining + group.cost,
-                ..decision
-            }
+            Decision::allowed(
+                decision.limit(),
+                decision.remaining() + group.cost,
+                decision.reset_after(),
+            )
         } else {
             decision
         })
@@ -105,7 +106,7 @@ pub(super) async fn answer_denied(
     groups: &Groups,
     requests: &[LimitRequest],
     members: &[usize],
-) -> Result<Vec<crate::limit::Decision>, StoreError> {
+) -> Result<Vec<Decision>, StoreError> {
     let partitions = script_partitions(redis, groups, members.iter().copied());
     let answers = on_every_node(redis, groups, requests, &partitions, Mode::Denied).await?;
     members
@@ -221,7 +222,7 @@ async fn refund(
         .zip(members)
     {
         let decided = spent.get(g)?;
-        if decided.decision.allowed && limit.cost > 0 {
+        if decided.decision.is_allowed() && limit.cost > 0 {
             given_back.push((limit, decided.mark));
         }
     }

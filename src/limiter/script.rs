@@ -6,9 +6,10 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::store::CLOCK_LUA;
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -28,9 +29,6 @@ pub const ALGORITHMS_LUA: &str = concat!(
     include_str!("../algorithm/gcra.lua"),
     include_str!("../algorithm/sliding_window_counter.lua"),
 );
-
-/// The production clock: `now` from Redis `TIME`.
-pub const CLOCK_LUA: &str = include_str!("script/clock.lua");
 
 /// The driver that decides a call's limits in a [`Mode`]; it needs the
 /// algorithms and a clock defined above it.
@@ -120,7 +118,7 @@ impl SpendMark {
         Ok(match algorithm {
             Algorithm::FixedWindow(p) if p.is_aligned() => Self::Window(unsigned),
             Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
-            Algorithm::SlidingWindow(_) => Self::Entry(unsigned),
+            Algorithm::SlidingWindow(_) => Self::Entry(Micros::from_micros(unsigned)),
             _ => Self::Unmarked,
         })
     }
@@ -129,7 +127,7 @@ impl SpendMark {
         match self {
             Self::Unmarked => 0,
             Self::Window(window) => window,
-            Self::Entry(stamp) => stamp,
+            Self::Entry(stamp) => stamp.as_micros(),
         }
     }
 }
@@ -178,6 +176,14 @@ pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'
         push_limit(&mut invocation, limit.algorithm, limit.cost, mark.arg());
     }
     invocation
+}
+
+/// A time goes to a script as its whole microseconds, the unit every
+/// script counts time in.
+impl ToRedisArgs for Micros {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.as_micros().write_redis_args(out);
+    }
 }
 
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
@@ -239,22 +245,24 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
     let non_negative = |name: &str, value: i64| {
         u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
     };
-    let allowed = match allowed {
-        0 => false,
-        1 => true,
-        other => return Err(format!("script replied allowed = {other}")),
-    };
-    let retry_after = match retry_after {
-        -1 => RetryAfter::Never,
-        value => RetryAfter::After(non_negative("retry_after", value)?),
-    };
-    let decision = Decision {
-        allowed,
-        limit: algorithm.limit(),
-        remaining: non_negative("remaining", remaining)?,
-        reset_after: non_negative("reset_after", reset_after)?,
-        retry_after,
-        degraded: false,
+    let limit = algorithm.limit();
+    let remaining = non_negative("remaining", remaining)?;
+    let reset_after = Micros::from_micros(non_negative("reset_after", reset_after)?);
+    let decision = match (allowed, retry_after) {
+        // An allowed limit has nothing to wait for.
+        (1, 0) => Decision::allowed(limit, remaining, reset_after),
+        (1, other) => {
+            return Err(format!(
+                "script replied allowed = 1 with retry_after = {other}"
+            ));
+        }
+        (0, -1) => Decision::denied(limit, remaining, reset_after, RetryAfter::Never),
+        (0, value) => {
+            let wait = Micros::from_micros(non_negative("retry_after", value)?);
+            let retry_after = RetryAfter::After(wait);
+            Decision::denied(limit, remaining, reset_after, retry_after)
+        }
+        (other, _) => return Err(format!("script replied allowed = {other}")),
     };
     Ok(Decided {
         decision,
@@ -287,8 +295,30 @@ mod tests {
         assert!(decode(&limits[..1], &[2, 2, 0, 0, 0]).is_err());
         assert!(decode(&limits[..1], &[1, -1, 0, 0, 0]).is_err());
         let decided = decode(&limits[..1], &[0, 0, 5, -1, 0]).expect("valid");
-        assert_eq!(decided[0].decision.retry_after, RetryAfter::Never);
-        assert_eq!(decided[0].decision.limit, 3);
+        assert_eq!(decided[0].decision.retry_after(), RetryAfter::Never);
+        assert_eq!(decided[0].decision.limit(), 3);
         assert_eq!(decided[0].mark, SpendMark::Unmarked);
+    }
+
+    #[test]
+    fn an_allowed_reply_with_a_wait_is_an_error_not_a_decision() {
+        let algorithm = fixed();
+        let limits = [ScriptLimit {
+            key: "k",
+            algorithm: &algorithm,
+            cost: 1,
+            shadow: false,
+        }];
+        for wait in [-1, 1] {
+            let err = decode(&limits, &[1, 2, 0, wait, 0]).expect_err("allowed with a wait");
+            assert!(err.contains("retry_after"), "{err}");
+        }
+        assert!(decode(&limits, &[0, 2, 0, -2, 0]).is_err());
+        let allowed = decode(&limits, &[1, 2, 7, 0, 0]).expect("valid")[0].decision;
+        assert!(allowed.is_allowed());
+        assert_eq!(
+            (allowed.remaining(), allowed.reset_after()),
+            (2, Micros::from_micros(7))
+        );
     }
 }

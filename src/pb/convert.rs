@@ -14,8 +14,9 @@ use super::ratelimitd::v1::limit::Algorithm as OfSeveral;
 use crate::limit::{InvalidArgument, Micros};
 use crate::spec::Unit;
 
-/// Microseconds as a protobuf duration, exactly.
+/// A time in microseconds as a protobuf duration, exactly.
 pub fn micros_to_duration(micros: Micros) -> prost_types::Duration {
+    let micros = micros.as_micros();
     prost_types::Duration {
         seconds: (micros / 1_000_000) as i64,
         nanos: ((micros % 1_000_000) * 1000) as i32,
@@ -162,7 +163,7 @@ mod tests {
 
     #[test]
     fn micros_convert_exactly() {
-        let duration = micros_to_duration(1_500_001);
+        let duration = micros_to_duration(Micros::from_micros(1_500_001));
         assert_eq!((duration.seconds, duration.nanos), (1, 500_001_000));
     }
 

@@ -156,7 +156,7 @@ mod tests {
             ("fast", Scope::Policy, true)
         );
         assert!(
-            matches!(fast.algorithm, Algorithm::Gcra(g) if g.burst() == 1 && g.interval() == 250_000)
+            matches!(fast.algorithm, Algorithm::Gcra(g) if g.burst() == 1 && g.interval() == limit::Micros::from_millis(250))
         );
     }
 

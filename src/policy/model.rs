@@ -128,7 +128,10 @@ mod tests {
         let Algorithm::Gcra(gcra) = algorithm(Some("gcra"), 10, SECOND, Some(3)).unwrap() else {
             panic!("not gcra")
         };
-        assert_eq!((gcra.burst(), gcra.interval()), (3, 100_000));
+        assert_eq!(
+            (gcra.burst(), gcra.interval()),
+            (3, crate::limit::Micros::from_millis(100))
+        );
         assert!(matches!(
             algorithm(None, 1000, Duration::from_secs(3600), None).unwrap(),
             Algorithm::FixedWindow(fixed) if fixed.limit() == 1000 && !fixed.is_aligned()

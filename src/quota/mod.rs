@@ -17,8 +17,7 @@ use redis::Script;
 
 use crate::error::StoreError;
 use crate::limit::{CallerKey, KeyOrigin};
-use crate::limiter::script::CLOCK_LUA;
-use crate::store::{Clock, RedisStore, SystemClock};
+use crate::store::{CLOCK_LUA, Clock, RedisStore, SystemClock};
 pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 
 /// The share script's own part; a clock must be defined above it.
@@ -192,7 +191,7 @@ impl MemoryLedger {
 
     /// [`share::settle`] on the bucket at `key`, now.
     pub fn settle(&self, key: &str, subscriber: &str, op: ShareOp, params: &ShareParams) -> Share {
-        let now = self.clock.now() / 1000;
+        let now = self.clock.now().as_millis();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if now >= state.next_sweep {
             state.buckets.retain(|_, entries| {

@@ -1,11 +1,15 @@
 //! Where the embedded store and this process's quota ledgers read the
-//! time. Redis reads its own clock; here a trait lets unit tests drive the
-//! time by hand.
+//! time, and the script part through which Redis reads its own. Here a
+//! trait lets unit tests drive the time by hand.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::limit::Micros;
+
+/// Redis's clock for every script that decides there: `now` from its
+/// `TIME`, read once per call. The decision and quota scripts start with it.
+pub const CLOCK_LUA: &str = include_str!("clock.lua");
 
 /// The time, as the embedded store and the quota ledgers read it.
 pub trait Clock: Send + Sync + 'static {
@@ -25,16 +29,16 @@ impl Clock for SystemClock {
     fn now(&self) -> Micros {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as Micros);
+            .map_or(0, |since| Micros::from_duration(since).as_micros());
         // A clock step backwards must not shorten anyone's window. Writing
         // only when time moved on spares threads deciding within the same
         // microsecond from taking the line from each other.
         let previous = self.latest.load(Ordering::Relaxed);
         if wall <= previous {
-            return previous;
+            return Micros::from_micros(previous);
         }
         let previous = self.latest.fetch_max(wall, Ordering::Relaxed);
-        previous.max(wall)
+        Micros::from_micros(previous.max(wall))
     }
 }
 
@@ -45,12 +49,13 @@ pub struct ManualClock(AtomicU64);
 impl ManualClock {
     /// Moves the clock on by `by`.
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+        self.0
+            .fetch_add(Micros::from_duration(by).as_micros(), Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Micros {
-        self.0.load(Ordering::SeqCst)
+        Micros::from_micros(self.0.load(Ordering::SeqCst))
     }
 }

@@ -5,7 +5,8 @@
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
 //! for a pinned server certificate), behind a `breaker`, as
 //! `redis_settings` say; `memory` keeps state in this process, reading the
-//! time from `clock`; `options` turns the command line into settings.
+//! time from `clock` (beside the script part that reads Redis's); `options`
+//! turns the command line into settings.
 
 pub mod breaker;
 mod clock;
@@ -16,7 +17,7 @@ mod pinned_tls;
 pub mod redis;
 mod redis_settings;
 
-pub use self::clock::{Clock, ManualClock, SystemClock};
+pub use self::clock::{CLOCK_LUA, Clock, ManualClock, SystemClock};
 pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
 pub use self::redis::RedisStore;

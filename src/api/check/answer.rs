@@ -13,13 +13,13 @@ use crate::pb::ratelimitd::v1 as pb;
 pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
     let (retry_after, cost_exceeds_limit) = retry(decision);
     pb::CheckLimitResponse {
-        allowed: decision.allowed,
-        limit: decision.limit,
-        remaining: decision.remaining,
-        reset_after: Some(micros_to_duration(decision.reset_after)),
+        allowed: decision.is_allowed(),
+        limit: decision.limit(),
+        remaining: decision.remaining(),
+        reset_after: Some(micros_to_duration(decision.reset_after())),
         retry_after,
         cost_exceeds_limit,
-        degraded: decision.degraded,
+        degraded: decision.is_degraded(),
         limits: Vec::new(),
         most_restrictive: 0,
     }
@@ -31,16 +31,16 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
     let enforcing: Vec<usize> = (0..decisions.len())
         .filter(|&i| !labels[i].shadow)
         .collect();
-    let allowed = enforcing.iter().all(|&i| decisions[i].allowed);
+    let allowed = enforcing.iter().all(|&i| decisions[i].is_allowed());
     // Denied: the denying limit with the longest wait (never is longest).
     // Allowed: the fewest units left, then the longest reset. Ties go to
     // the first, as `min_by_key` keeps it. (The Envoy face orders one
     // descriptor's limits the same way.)
     let restrictiveness = |decision: &Decision| {
-        if allowed || decision.allowed {
-            (1, decision.remaining, Reverse(decision.reset_after))
+        if allowed || decision.is_allowed() {
+            (1, decision.remaining(), Reverse(decision.reset_after()))
         } else {
-            let wait = match decision.retry_after {
+            let wait = match decision.retry_after() {
                 RetryAfter::After(micros) => micros,
                 RetryAfter::Never => Micros::MAX,
             };
@@ -57,7 +57,7 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
         .into_iter()
         .min_by_key(|&i| restrictiveness(&decisions[i]))
         .map(|i| (i, &decisions[i]));
-    let degraded = decisions.iter().any(|decision| decision.degraded);
+    let degraded = decisions.iter().any(Decision::is_degraded);
     let Some((most_restrictive, top)) = chosen else {
         // No limits: `question` never builds such a request.
         return pb::CheckLimitResponse {
@@ -67,7 +67,7 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
         };
     };
     let (retry_after, cost_exceeds_limit) = if allowed {
-        (Some(micros_to_duration(0)), false)
+        (Some(micros_to_duration(Micros::ZERO)), false)
     } else {
         retry(top)
     };
@@ -107,7 +107,7 @@ fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
 
 /// A decision's `retry_after` and `cost_exceeds_limit`.
 fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
-    match decision.retry_after {
+    match decision.retry_after() {
         RetryAfter::After(micros) => (Some(micros_to_duration(micros)), false),
         RetryAfter::Never => (None, true),
     }
@@ -117,33 +117,34 @@ fn retry(decision: &Decision) -> (Option<prost_types::Duration>, bool) {
 mod tests {
     use super::*;
 
+    const NOW: RetryAfter = RetryAfter::After(Micros::ZERO);
+
     fn secs(seconds: i64, nanos: i32) -> Option<prost_types::Duration> {
         Some(prost_types::Duration { seconds, nanos })
     }
 
     #[test]
     fn never_is_an_unset_retry_after_and_a_flag() {
-        let response = response(&Decision {
-            allowed: false,
-            limit: 1,
-            remaining: 1,
-            reset_after: 1_500_000,
-            retry_after: RetryAfter::Never,
-            degraded: false,
-        });
+        let response = response(&Decision::denied(
+            1,
+            1,
+            Micros::from_micros(1_500_000),
+            RetryAfter::Never,
+        ));
         assert!(response.cost_exceeds_limit);
         assert_eq!(response.retry_after, None);
         assert_eq!(response.reset_after, secs(1, 500_000_000));
     }
 
-    fn decided(allowed: bool, remaining: u64, reset: Micros, retry: RetryAfter) -> Decision {
-        Decision {
-            allowed,
-            limit: 10,
-            remaining,
-            reset_after: reset,
-            retry_after: retry,
-            degraded: false,
+    /// An allowed decision (`retry` is then `After(0)`) or a denied one,
+    /// whole again in `reset_us` microseconds.
+    fn decided(allowed: bool, remaining: u64, reset_us: u64, retry: RetryAfter) -> Decision {
+        let reset = Micros::from_micros(reset_us);
+        if allowed {
+            assert_eq!(retry, NOW, "an allowed decision waits for nothing");
+            Decision::allowed(10, remaining, reset)
+        } else {
+            Decision::denied(10, remaining, reset, retry)
         }
     }
 
@@ -160,7 +161,7 @@ mod tests {
 
     #[test]
     fn allowed_the_fewest_left_speaks_ties_to_the_longest_reset() {
-        let ok = RetryAfter::After(0);
+        let ok = NOW;
         let answer = several_response(
             &labels(&[false, false, false]),
             &[
@@ -177,7 +178,7 @@ mod tests {
 
     #[test]
     fn denied_the_longest_wait_speaks_and_never_is_longest() {
-        let wait = |seconds: u64| RetryAfter::After(seconds * 1_000_000);
+        let wait = |seconds: u64| RetryAfter::After(Micros::from_secs(seconds));
         let answer = several_response(
             &labels(&[false, false, false]),
             &[
@@ -206,8 +207,8 @@ mod tests {
         let answer = several_response(
             &labels(&[true, false]),
             &[
-                decided(false, 0, 1, RetryAfter::After(5_000_000)),
-                decided(true, 4, 1, RetryAfter::After(0)),
+                decided(false, 0, 1, RetryAfter::After(Micros::from_secs(5))),
+                decided(true, 4, 1, NOW),
             ],
         );
         assert!(answer.allowed);
@@ -217,8 +218,8 @@ mod tests {
         let all = several_response(
             &labels(&[true, true]),
             &[
-                decided(true, 4, 1, RetryAfter::After(0)),
-                decided(false, 0, 1, RetryAfter::After(5_000_000)),
+                decided(true, 4, 1, NOW),
+                decided(false, 0, 1, RetryAfter::After(Micros::from_secs(5))),
             ],
         );
         assert!(all.allowed, "shadow limits never deny");

@@ -50,7 +50,7 @@ impl Governed {
     pub(super) fn denies(&self, decisions: &[Decision]) -> bool {
         match self {
             Self::Blocked { cost, .. } => *cost > 0,
-            Self::Counted { index, .. } => !decisions[*index].allowed,
+            Self::Counted { index, .. } => !decisions[*index].is_allowed(),
             Self::Nothing | Self::Unlimited => false,
         }
     }

@@ -19,7 +19,7 @@ use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use crate::rules::{Period, Rule};
 
-const MICROS_PER_SECOND: Micros = 1_000_000;
+const MICROS_PER_SECOND: u64 = 1_000_000;
 
 /// One descriptor's answer: its status, and which of its limits speaks for
 /// it (the most restrictive; see [`most_restrictive`]).
@@ -191,14 +191,14 @@ fn status(governed: &Governed, decisions: &[Decision], now: Micros) -> Descripto
             let decision = &decisions[*index];
             // Denied: when this cost could pass again. Allowed: when the
             // limit is whole again.
-            let reset = match (decision.allowed, decision.retry_after) {
+            let reset = match (decision.is_allowed(), decision.retry_after()) {
                 (false, RetryAfter::After(retry)) => retry,
-                _ => decision.reset_after,
+                _ => decision.reset_after(),
             };
             DescriptorStatus {
                 code: code(governed.denies(decisions) && !rule.shadow()),
                 current_limit: current_limit(rule),
-                limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+                limit_remaining: u32::try_from(decision.remaining()).unwrap_or(u32::MAX),
                 duration_until_reset: Some(whole_seconds(reset)),
                 quota: None,
             }
@@ -219,18 +219,17 @@ fn current_limit(rule: &Rule) -> Option<CurrentLimit> {
 
 /// Rounded up to whole seconds: Envoy reads only the seconds, and a client
 /// told "0" would retry too early.
-fn whole_seconds(micros: Micros) -> prost_types::Duration {
-    convert::micros_to_duration(
-        micros
-            .div_ceil(MICROS_PER_SECOND)
-            .saturating_mul(MICROS_PER_SECOND),
-    )
+fn whole_seconds(span: Micros) -> prost_types::Duration {
+    let seconds = span.as_micros().div_ceil(MICROS_PER_SECOND);
+    convert::micros_to_duration(Micros::from_micros(
+        seconds.saturating_mul(MICROS_PER_SECOND),
+    ))
 }
 
 /// Until the end of the current aligned window of `period`, at `now`.
 fn until_window_end(period: Period, now: Micros) -> Micros {
-    let window = period.seconds() * MICROS_PER_SECOND;
-    window - now % window
+    let window = Micros::from_secs(period.seconds());
+    window * (now / window + 1) - now
 }
 
 /// Upstream's headers: limit, remaining and seconds to the end of the
@@ -259,7 +258,7 @@ fn upstream_headers(
         return Vec::new();
     };
     let unit_seconds = period.unit().seconds();
-    let now_seconds = now / MICROS_PER_SECOND;
+    let now_seconds = now.as_secs();
     vec![
         header(&names.limit, requests_per_unit.to_string()),
         header(&names.remaining, status.limit_remaining.to_string()),
@@ -323,7 +322,7 @@ mod tests {
     const RULES: &str = "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, name: per-second}\n      - {unit: minute, requests_per_unit: 5, name: per-minute}\n  - key: q\n    quota_mode: true\n    metadata: {tier: gold}\n    rate_limit: {unit: hour, requests_per_unit: 2}\n  - key: closed\n    rate_limit: {unit: minute, requests_per_unit: 0}\n";
 
     /// 90.25 s after the epoch: 30 s into a minute, 0.75 s to a second.
-    const NOW: Micros = 90_250_000;
+    const NOW: Micros = Micros::from_micros(90_250_000);
 
     fn rules() -> Rules {
         rules::compile(&[("limits.yaml".into(), RULES.to_owned())]).unwrap()
@@ -345,23 +344,12 @@ mod tests {
     }
 
     fn allowed(remaining: u64, reset_seconds: u64) -> Decision {
-        Decision {
-            allowed: true,
-            limit: 10,
-            remaining,
-            reset_after: reset_seconds * MICROS_PER_SECOND,
-            retry_after: RetryAfter::After(0),
-            degraded: false,
-        }
+        Decision::allowed(10, remaining, Micros::from_secs(reset_seconds))
     }
 
     fn denied(retry_seconds: u64) -> Decision {
-        Decision {
-            allowed: false,
-            remaining: 0,
-            retry_after: RetryAfter::After(retry_seconds * MICROS_PER_SECOND),
-            ..allowed(0, 1)
-        }
+        let retry_after = RetryAfter::After(Micros::from_secs(retry_seconds));
+        Decision::denied(10, 0, Micros::from_secs(1), retry_after)
     }
 
     /// The answer to `keys` given each counted limit's decision.

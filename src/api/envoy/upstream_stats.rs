@@ -55,7 +55,7 @@ pub(super) fn record(plan: &Plan, answers: &[Answer], decisions: &[Decision]) {
 
 /// The hits of a descriptor that asked for `hits` under a limit of `limit`
 /// and got `decision`. `counted_denied`: a denied descriptor spent its hits
-/// (counting denied hits), so `decision.remaining` is what is left after.
+/// (counting denied hits), so `decision.remaining()` is what is left after.
 pub fn rule_hits(
     limit: u64,
     hits: u64,
@@ -68,8 +68,8 @@ pub fn rule_hits(
         total: hits,
         ..RuleHits::default()
     };
-    if decision.allowed {
-        let after = limit.saturating_sub(decision.remaining);
+    if decision.is_allowed() {
+        let after = limit.saturating_sub(decision.remaining());
         let before = after.saturating_sub(hits);
         counted.within = hits;
         if after > near_threshold {
@@ -79,7 +79,7 @@ pub fn rule_hits(
     }
     // Denied: `remaining` is what was left before these hits, unless they
     // were spent anyway; then all that is known is that they went over.
-    let before = limit.saturating_sub(decision.remaining);
+    let before = limit.saturating_sub(decision.remaining());
     if counted_denied || before >= limit {
         counted.over = hits;
     } else {
@@ -95,16 +95,13 @@ pub fn rule_hits(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::RetryAfter;
+    use crate::limit::{Micros, RetryAfter};
 
     fn decision(allowed: bool, remaining: u64) -> Decision {
-        Decision {
-            allowed,
-            limit: 10,
-            remaining,
-            reset_after: 0,
-            retry_after: RetryAfter::After(0),
-            degraded: false,
+        if allowed {
+            Decision::allowed(10, remaining, Micros::ZERO)
+        } else {
+            Decision::denied(10, remaining, Micros::ZERO, RetryAfter::After(Micros::ZERO))
         }
     }
 

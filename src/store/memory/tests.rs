@@ -22,7 +22,7 @@ fn count(state: &mut Option<u64>, now: Micros) -> (u64, MemoryChange) {
     (
         *n,
         MemoryChange::Written {
-            expires_at: now + 10,
+            expires_at: now + Micros::from_micros(10),
         },
     )
 }
@@ -108,12 +108,16 @@ fn past_its_budget_the_store_evicts_the_keys_closest_to_expiry() {
     let store: Arc<MemoryStore<u64>> =
         MemoryStore::with_max_bytes(Arc::new(ManualClock::default()), budget);
     for i in 0..100 {
-        write_until(&store, &format!("long-{i}"), 1_000_000_000);
+        write_until(&store, &format!("long-{i}"), Micros::from_secs(1000));
     }
     let padding = "p".repeat(200);
     let written = 20_000;
     for i in 0..written {
-        write_until(&store, &format!("{padding}-{i}"), 1_000 + i);
+        write_until(
+            &store,
+            &format!("{padding}-{i}"),
+            Micros::from_micros(1_000 + i),
+        );
         assert!(store.bytes() <= budget, "{} bytes held", store.bytes());
     }
     let held = store.len();
