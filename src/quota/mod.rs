@@ -17,7 +17,7 @@ use redis::Script;
 
 use crate::error::StoreError;
 use crate::limit::{CallerKey, KeyOrigin};
-use crate::store::{CLOCK_LUA, Clock, RedisStore, SystemClock};
+use crate::store::{Backend, CLOCK_LUA, Clock, RedisStore, SystemClock};
 pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 
 /// The share script's own part; a clock must be defined above it.
@@ -27,14 +27,9 @@ pub const SHARE_LUA: &str = include_str!("share.lua");
 pub static SHARE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&[CLOCK_LUA, SHARE_LUA].concat()));
 
-/// Where the ledgers of quota buckets live.
-#[derive(Clone)]
-pub enum QuotaLedger {
-    /// On Redis, shared by every instance.
-    Redis(RedisStore),
-    /// In this process: one instance's subscribers only.
-    Memory(Arc<MemoryLedger>),
-}
+/// Where the ledgers of quota buckets live: on Redis, shared by every
+/// instance, or in this process (one instance's subscribers only).
+pub type QuotaLedger = Backend<MemoryLedger>;
 
 impl QuotaLedger {
     /// A new ledger of this process's own, on the system's clock.

@@ -1,6 +1,7 @@
 //! Where decisions keep their state: Redis, shared by every ratelimitd
-//! instance, or the embedded in-process store. Knows nothing of the
-//! algorithms: the limiter chooses which (`limiter::Store`).
+//! instance, or the embedded in-process store ([`Backend`], one or the
+//! other). Knows nothing of the algorithms: the limiter chooses which
+//! (`limiter::Store`).
 //!
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
 //! for a pinned server certificate), behind a `breaker`, as
@@ -8,6 +9,7 @@
 //! time from `clock` (beside the script part that reads Redis's); `options`
 //! turns the command line into settings.
 
+mod backend;
 pub mod breaker;
 mod clock;
 mod managers;
@@ -17,6 +19,7 @@ mod pinned_tls;
 pub mod redis;
 mod redis_settings;
 
+pub use self::backend::Backend;
 pub use self::clock::{CLOCK_LUA, Clock, ManualClock, SystemClock};
 pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};
