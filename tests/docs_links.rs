@@ -208,17 +208,31 @@ fn the_layout_names_every_source_file_and_only_paths_that_exist() {
     let layout = layout();
     for word in layout.split_whitespace() {
         let path = word.trim_end_matches([',', ';', ')', ':']);
-        if ["src/", "tests/", "proto/", "clients/", "benches/", "examples/"]
-            .iter()
-            .any(|prefix| path.starts_with(prefix))
+        if [
+            "src/",
+            "tests/",
+            "proto/",
+            "clients/",
+            "benches/",
+            "examples/",
+        ]
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
         {
-            assert!(root().join(path).exists(), "the layout names {path}, which is gone");
+            assert!(
+                root().join(path).exists(),
+                "the layout names {path}, which is gone"
+            );
         }
     }
     let mut missing = Vec::new();
     for file in files_under(&root().join("src")) {
-        let name = file.file_name().map(|name| name.to_string_lossy().into_owned());
-        let stem = file.file_stem().map(|stem| stem.to_string_lossy().into_owned());
+        let name = file
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned());
+        let stem = file
+            .file_stem()
+            .map(|stem| stem.to_string_lossy().into_owned());
         let (Some(name), Some(stem)) = (name, stem) else {
             continue;
         };
@@ -226,8 +240,16 @@ fn the_layout_names_every_source_file_and_only_paths_that_exist() {
             continue;
         }
         if !layout.contains(&name) && !layout.contains(&stem) {
-            missing.push(file.strip_prefix(root()).unwrap_or(&file).display().to_string());
+            missing.push(
+                file.strip_prefix(root())
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string(),
+            );
         }
     }
-    assert!(missing.is_empty(), "CONTRIBUTING.md's layout does not name: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "CONTRIBUTING.md's layout does not name: {missing:?}"
+    );
 }

@@ -182,7 +182,8 @@ impl Twins {
             .invoke_async(&mut self.redis)
             .await
             .map_err(|err| format!("script: {err}"))?;
-        let lua: Vec<Decision> = script::decode(&limits, &reply)?
+        let lua: Vec<Decision> = script::decode(&limits, &reply)
+            .map_err(|err| err.to_string())?
             .into_iter()
             .map(|decided| decided.decision)
             .collect();

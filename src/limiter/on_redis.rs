@@ -205,7 +205,7 @@ async fn run_decide(
     let reply: Vec<i64> = redis
         .run_script(&script::decide_call(mode, &limits))
         .await?;
-    script::decode(&limits, &reply).map_err(StoreError::Reply)
+    script::decode(&limits, &reply)
 }
 
 /// Gives back what the groups `members` (all on one node) spent.

@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 
 use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
+use crate::error::StoreError;
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 use crate::store::CLOCK_LUA;
 
@@ -113,8 +114,9 @@ pub enum SpendMark {
 
 impl SpendMark {
     /// Reads the mark the script replied for `algorithm`.
-    fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, String> {
-        let unsigned = u64::try_from(mark).map_err(|_| format!("script replied mark = {mark}"))?;
+    fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, StoreError> {
+        let unsigned = u64::try_from(mark)
+            .map_err(|_| StoreError::Reply(format!("script replied mark = {mark}")))?;
         Ok(match algorithm {
             Algorithm::FixedWindow(p) if p.is_aligned() => Self::Window(unsigned),
             Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
@@ -218,13 +220,13 @@ fn push_limit(invocation: &mut ScriptInvocation<'_>, algorithm: &Algorithm, cost
 
 /// Reads [`DECIDE`]'s reply for `limits`: exactly one [`Decided`] per
 /// limit, in order, or an error saying what was out of range.
-pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>, String> {
+pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>, StoreError> {
     if reply.len() != REPLY_PER_LIMIT * limits.len() {
-        return Err(format!(
+        return Err(StoreError::Reply(format!(
             "script replied {} values for {} limits",
             reply.len(),
             limits.len()
-        ));
+        )));
     }
     limits
         .iter()
@@ -235,15 +237,16 @@ pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>,
 
 /// One limit's part of the reply, `{allowed, remaining, reset_after_us,
 /// retry_after_us (-1: never), mark}`.
-fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
+fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, StoreError> {
     let &[allowed, remaining, reset_after, retry_after, mark] = reply else {
-        return Err(format!(
+        return Err(StoreError::Reply(format!(
             "script replied {} values, not {REPLY_PER_LIMIT}",
             reply.len()
-        ));
+        )));
     };
     let non_negative = |name: &str, value: i64| {
-        u64::try_from(value).map_err(|_| format!("script replied {name} = {value}"))
+        u64::try_from(value)
+            .map_err(|_| StoreError::Reply(format!("script replied {name} = {value}")))
     };
     let limit = algorithm.limit();
     let remaining = non_negative("remaining", remaining)?;
@@ -252,9 +255,9 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
         // An allowed limit has nothing to wait for.
         (1, 0) => Decision::allowed(limit, remaining, reset_after),
         (1, other) => {
-            return Err(format!(
+            return Err(StoreError::Reply(format!(
                 "script replied allowed = 1 with retry_after = {other}"
-            ));
+            )));
         }
         (0, -1) => Decision::denied(limit, remaining, reset_after, RetryAfter::Never),
         (0, value) => {
@@ -262,7 +265,11 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, String> {
             let retry_after = RetryAfter::After(wait);
             Decision::denied(limit, remaining, reset_after, retry_after)
         }
-        (other, _) => return Err(format!("script replied allowed = {other}")),
+        (other, _) => {
+            return Err(StoreError::Reply(format!(
+                "script replied allowed = {other}"
+            )));
+        }
     };
     Ok(Decided {
         decision,
@@ -311,7 +318,7 @@ mod tests {
         }];
         for wait in [-1, 1] {
             let err = decode(&limits, &[1, 2, 0, wait, 0]).expect_err("allowed with a wait");
-            assert!(err.contains("retry_after"), "{err}");
+            assert!(err.to_string().contains("retry_after"), "{err}");
         }
         assert!(decode(&limits, &[0, 2, 0, -2, 0]).is_err());
         let allowed = decode(&limits, &[1, 2, 7, 0, 0]).expect("valid")[0].decision;

@@ -106,6 +106,32 @@ pub async fn watch(settings: XdsSettings, rules: RulesHandle) {
     }
 }
 
+/// Why a stream to the management server ended, or could not start.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// `--xds-server` is not an address tonic can dial.
+    #[error("server address: {0}")]
+    Address(#[source] tonic::transport::Error),
+    /// The TLS settings do not make a client configuration.
+    #[error("TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    /// The connection could not be made.
+    #[error("cannot connect: {0}")]
+    Connect(#[source] tonic::transport::Error),
+    /// A header of `--xds-headers` cannot be sent as gRPC metadata.
+    #[error("header {0:?} cannot be sent as gRPC metadata")]
+    Header(String),
+    /// The stream's own request queue is gone or full.
+    #[error("cannot queue a request: {0}")]
+    Queue(String),
+    /// The server refused the stream.
+    #[error("stream refused: {0}")]
+    Refused(tonic::Status),
+    /// The stream broke.
+    #[error("stream failed: {0}")]
+    Failed(tonic::Status),
+}
+
 /// One stream: connect, ask, and answer every response until the stream
 /// ends (`Ok`) or fails (`Err`). `answered` is set once a response came.
 async fn session(
@@ -113,11 +139,11 @@ async fn session(
     rules: &RulesHandle,
     accepted: &mut String,
     answered: &mut bool,
-) -> Result<(), String> {
+) -> Result<(), StreamError> {
     let channel = endpoint(settings)?
         .connect()
         .await
-        .map_err(|err| format!("cannot connect: {err}"))?;
+        .map_err(StreamError::Connect)?;
     // A large deployment's configuration can pass tonic's 4 MiB default.
     let mut client = AggregatedDiscoveryServiceClient::new(channel)
         .max_decoding_message_size(MAX_RESPONSE_BYTES);
@@ -141,27 +167,26 @@ async fn session(
     let send = |request: DiscoveryRequest| {
         requests
             .try_send(request)
-            .map_err(|err| format!("cannot queue a request: {err}"))
+            .map_err(|err| StreamError::Queue(err.to_string()))
     };
     send(ask(accepted, "", None))?;
     let mut call = tonic::Request::new(outgoing);
     for (name, value) in &settings.headers {
-        let name: tonic::metadata::MetadataKey<tonic::metadata::Ascii> =
-            name.parse().map_err(|_| format!("header name {name:?}"))?;
-        let value = value.parse().map_err(|_| format!("header {name} value"))?;
+        let name: tonic::metadata::MetadataKey<tonic::metadata::Ascii> = name
+            .parse()
+            .map_err(|_| StreamError::Header(name.clone()))?;
+        let value = value
+            .parse()
+            .map_err(|_| StreamError::Header(name.to_string()))?;
         call.metadata_mut().insert(name, value);
     }
     let mut responses = client
         .stream_aggregated_resources(call)
         .await
-        .map_err(|status| format!("stream refused: {status}"))?
+        .map_err(StreamError::Refused)?
         .into_inner();
     info!(server = %settings.server, "xDS stream open");
-    while let Some(response) = responses
-        .message()
-        .await
-        .map_err(|status| format!("stream failed: {status}"))?
-    {
+    while let Some(response) = responses.message().await.map_err(StreamError::Failed)? {
         *answered = true;
         if response.type_url != RATE_LIMIT_CONFIG_TYPE {
             debug!(type_url = %response.type_url, "xDS response of another type, ignored");
@@ -174,7 +199,7 @@ async fn session(
 }
 
 /// Where the management server is, with TLS when the settings ask for it.
-fn endpoint(settings: &XdsSettings) -> Result<Endpoint, String> {
+fn endpoint(settings: &XdsSettings) -> Result<Endpoint, StreamError> {
     let uri = if settings.server.contains("://") {
         settings.server.clone()
     } else if settings.tls.is_some() {
@@ -183,7 +208,7 @@ fn endpoint(settings: &XdsSettings) -> Result<Endpoint, String> {
         format!("http://{}", settings.server)
     };
     let endpoint = Endpoint::from_shared(uri)
-        .map_err(|err| format!("server address: {err}"))?
+        .map_err(StreamError::Address)?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
     let Some(tls) = &settings.tls else {
@@ -199,9 +224,7 @@ fn endpoint(settings: &XdsSettings) -> Result<Endpoint, String> {
     if let Some(name) = &tls.server_name {
         config = config.domain_name(name.clone());
     }
-    endpoint
-        .tls_config(config)
-        .map_err(|err| format!("TLS: {err}"))
+    endpoint.tls_config(config).map_err(StreamError::Tls)
 }
 
 /// Puts a response's configuration in force if it compiles (its version
