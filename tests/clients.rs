@@ -46,7 +46,7 @@ fn node_client_and_express_middleware() {
 
 /// The Node package as its README installs it: packed by `npm pack`,
 /// installed from the tarball into a fresh app outside the checkout, the
-/// seed's scenario on every algorithm, and a stopped server under each
+/// basic scenario (five requests per 10 s, then 429) on every algorithm, and a stopped server under each
 /// failure option (`clients/node/ci-install.sh`).
 #[test]
 fn node_package_installs_from_its_tarball_into_a_fresh_app() {
@@ -70,7 +70,7 @@ fn python_client_and_asgi_middleware() {
 
 /// The Python package as its README installs it: a wheel built from its
 /// sdist, installed with its `asgi` extra into a fresh venv outside the
-/// checkout, the README's apps run as written, the seed's scenario on every
+/// checkout, the README's apps run as written, the basic scenario on every
 /// algorithm, and a stopped server under each failure option
 /// (`clients/python/ci-install.sh`).
 #[test]

@@ -3,7 +3,7 @@
 # `npm pack` here, then `npm install <tarball> express` in a fresh app outside
 # the checkout, an app written as the README shows, against a real ratelimitd
 # ($RATELIMITD_BIN, embedded store, a policies file, a free loopback port).
-# Checks the seed's scenario (5 requests per 10 s: five 200s, then 429 with
+# Checks the basic scenario (5 requests per 10 s: five 200s, then 429 with
 # Retry-After and the RateLimit headers) for every algorithm and a policy,
 # then, with ratelimitd stopped, onServiceError 'allow' (200,
 # RateLimit-Degraded, stats.failOpen) and 'deny' (503).
@@ -98,16 +98,16 @@ const { rateLimiter } = require('ratelimitd-client');
 const app = express();
 const ok = (req, res) => res.json({ ok: true });
 
-// The seed's scenario on every algorithm: 5 requests per 10 s per client.
+// The basic scenario on every algorithm: 5 requests per 10 s per client.
 // ratelimitd's address comes from RATELIMITD_ADDRESS.
 app.get('/api/fixed_window', rateLimiter({ type: 'fixed_window', limit: 5, windowMs: 10_000 }), ok);
 app.get('/api/sliding_window', rateLimiter({ type: 'sliding_window', limit: 5, windowMs: 10_000 }), ok);
 app.get('/api/sliding_window_counter', rateLimiter({ type: 'sliding_window_counter', limit: 5, windowMs: 10_000 }), ok);
 app.get('/api/gcra', rateLimiter({ type: 'gcra', limit: 5, windowMs: 10_000 }), ok);
 app.get('/api/token_bucket', rateLimiter({ type: 'token_bucket', capacity: 5, refillRate: 0.5 }), ok);
-// The seed's short name and option, kept as aliases. The same limit as
+// The short name and option of a single-node Redis middleware, kept as aliases. The same limit as
 // /api/fixed_window: without its own `name` it would share that counter.
-app.get('/api/fixed', rateLimiter({ name: 'seed', type: 'fixed', limit: 5, windowSize: 10_000 }), ok);
+app.get('/api/fixed', rateLimiter({ name: 'short', type: 'fixed', limit: 5, windowSize: 10_000 }), ok);
 // The operator's policy (policies.yaml in ratelimitd's --config directory).
 app.get('/api/policy', rateLimiter({ policy: 'five-per-10s', key: (req) => req.ip }), ok);
 
@@ -220,8 +220,8 @@ done
 [[ -n "$port" ]] || fail "the app did not listen within 10 s"
 say "the app serves on 127.0.0.1:$port (RATELIMITD_ADDRESS=$address)"
 
-# ---- 4. the seed's scenario, every algorithm and a policy ----
-say "the seed's scenario, 5 requests per 10 s, on every algorithm:"
+# ---- 4. the basic scenario, every algorithm and a policy ----
+say "the basic scenario, 5 requests per 10 s, on every algorithm:"
 node check.js "http://127.0.0.1:$port" scenario
 
 # ---- 5. ratelimitd stopped: onServiceError ----

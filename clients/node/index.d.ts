@@ -9,13 +9,13 @@ import type { ChannelCredentials, ChannelOptions } from '@grpc/grpc-js';
  */
 export type RateLimitType = 'fixed_window' | 'sliding_window' | 'token_bucket' | 'gcra' | 'sliding_window_counter';
 
-/** The seed's short names, accepted for migration: fixed = fixed_window, sliding = sliding_window, token = token_bucket. */
+/** The short names, accepted for migration: fixed = fixed_window, sliding = sliding_window, token = token_bucket. */
 export type RateLimitTypeAlias = 'fixed' | 'sliding' | 'token';
 
 /** Every `type` by the server's names, in the order the package knows them. */
 export declare const TYPES: readonly RateLimitType[];
 
-/** The window in whole milliseconds, 1 ms to 366 days: `windowMs` (express-rate-limit's name) or `windowSize` (the seed's). */
+/** The window in whole milliseconds, 1 ms to 366 days: `windowMs` (express-rate-limit's name) or `windowSize` (a single-node Redis middleware's). */
 export type Window =
   | { windowMs: number; windowSize?: never }
   | { windowSize: number; windowMs?: never };
@@ -412,7 +412,7 @@ export interface RateLimitMiddleware<Req = any, Res = any> {
 }
 
 /**
- * The seed's middleware, on ratelimitd: `rateLimiter({ address, type, limit, windowMs })`,
+ * A single-node Redis middleware's interface, on ratelimitd: `rateLimiter({ address, type, limit, windowMs })`,
  * or `rateLimiter({ address, policy: 'free-tier', keyGenerator })`, or
  * `rateLimiter({ address, limits: [...] })`.
  * Options are checked here; an invalid one throws a TypeError or RangeError.

@@ -6,7 +6,7 @@
 -- the last `window` still covers: prev * (window - elapsed) / window,
 -- rounded down. It assumes the previous window's requests were spread
 -- evenly, so it can admit more than `limit` in some span of `window` when
--- they were not (the README states the bound and the measured error).
+-- they were not (docs/semantics.md states the bound and the measured error).
 --
 -- KEY is a hash: w = the current window's index, c = its count, p = the
 -- previous window's count. The key expires when its count no longer

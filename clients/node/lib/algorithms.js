@@ -91,7 +91,7 @@ const ALGORITHMS = {
 /** Every `type`, by the server's names. */
 const TYPES = Object.keys(ALGORITHMS);
 
-/** The seed's short names, kept for migration. */
+/** The short names (`fixed`, `sliding`, `token`), kept for migration. */
 const ALIASES = { fixed: 'fixed_window', sliding: 'sliding_window', token: 'token_bucket' };
 
 /** Spellings this package no longer takes (it is unpublished 0.x), and the name to use. */
@@ -137,7 +137,7 @@ function resolve(options, where) {
   const type = options.type;
   if (!Object.prototype.hasOwnProperty.call(ALGORITHMS, type)) {
     throw new TypeError(
-      `${where}: \`type\` must be one of ${TYPES.map((t) => `'${t}'`).join(', ')} (or the seed's ${Object.keys(ALIASES)
+      `${where}: \`type\` must be one of ${TYPES.map((t) => `'${t}'`).join(', ')} (or the short names ${Object.keys(ALIASES)
         .map((a) => `'${a}'`)
         .join(', ')}), got ${show(type)}`,
     );

@@ -44,7 +44,7 @@ const OPTIONS = new Set([
   'requestPropertyName',
   'logger',
 ]);
-// Options of the seed or of express-rate-limit this middleware does not
+// Options of a single-node Redis middleware or of express-rate-limit this middleware does not
 // take, and what to do instead.
 const NOT_OPTIONS = {
   redis: "counters live in ratelimitd; pass `address` (e.g. '127.0.0.1:50051') or `client` (a RateLimitClient)",
@@ -67,7 +67,7 @@ const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 const DEFAULT_MESSAGE = { error: 'Rate limit exceeded' };
 
 /**
- * Express middleware: the seed's `rateLimiter({ redis, type, limit, windowSize })`
+ * Express middleware: the single-node Redis middleware's `rateLimiter({ redis, type, limit, windowSize })`
  * with `client` or `address` in place of `redis`, with express-rate-limit's
  * options; or, in place of `type` and its parameters, several limits decided
  * together (`limits`) or a policy of ratelimitd's policies file (`policy`).

@@ -146,7 +146,7 @@ test('a request ratelimitd rejects becomes a RateLimitError with code INVALID_AR
 
 test('invalid options are refused before anything is sent', async () => {
   const cases = [
-    [{ type: 'leaky', limit: 1, windowSize: 1 }, TypeError, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the seed's 'fixed', 'sliding', 'token'\), got "leaky"/],
+    [{ type: 'leaky', limit: 1, windowSize: 1 }, TypeError, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the short names 'fixed', 'sliding', 'token'\), got "leaky"/],
     [{ type: 'fixed', limit: 0, windowSize: 1000 }, RangeError, /`limit` must be a whole number from 1/],
     [{ type: 'fixed', limit: 1, windowSize: 1.5 }, RangeError, /`windowSize` must be a whole number of milliseconds/],
     [{ type: 'fixed', limit: 1 }, TypeError, /`windowSize` must be .* got undefined/],

@@ -25,10 +25,10 @@ after(async () => {
 });
 
 
-test("the seed's scenario: 5 requests per 10 s, five 200s then 429", async () => {
-  // As in the seed, with `redis` replaced by `address`.
+test("the basic scenario: 5 requests per 10 s, five 200s then 429", async () => {
+  // As with a single-node Redis middleware, with `redis` replaced by `address`.
   await withApp(
-    { address: server.address, type: 'fixed', limit: 5, windowSize: 10000, prefix: prefix('seed') },
+    { address: server.address, type: 'fixed', limit: 5, windowSize: 10000, prefix: prefix('basic') },
     async (app) => {
       for (let i = 1; i <= 5; i++) {
         const res = await app.get();
@@ -199,7 +199,7 @@ test('options are checked when the middleware is created, with clear errors', ()
     [{ ...base, address: undefined, redis: {} }, /`redis` is not used: counters live in ratelimitd; pass `address`/],
     [{ ...base, client }, /pass one of `address`.*and `client`.*not both/],
     [{ ...base, client: {}, address: undefined }, /`client` must be a RateLimitClient/],
-    [{ ...base, type: 'leaky' }, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the seed's 'fixed', 'sliding', 'token'\), got "leaky"/],
+    [{ ...base, type: 'leaky' }, /`type` must be one of 'fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter' \(or the short names 'fixed', 'sliding', 'token'\), got "leaky"/],
     [{ ...base, type: 'slidingCounter' }, /`type` "slidingCounter" is now spelled 'sliding_window_counter'/],
     [{ ...base, limit: -1 }, /`limit` must be a whole number from 1 to 1000000000000000, got -1/],
     [{ ...base, limit: '5' }, /`limit` must be a whole number .* got "5"/],

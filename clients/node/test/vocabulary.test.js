@@ -49,7 +49,7 @@ async function withEnv(vars, fn) {
   }
 }
 
-test("the algorithms are the server's names; the seed's fixed, sliding and token are aliases", async () => {
+test("the algorithms are the server's names; the short names fixed, sliding and token are aliases", async () => {
   assert.deepEqual(TYPES, ['fixed_window', 'sliding_window', 'token_bucket', 'gcra', 'sliding_window_counter']);
   const params = {
     fixed_window: { limit: 2, windowMs: 10000 },
@@ -145,7 +145,7 @@ test('namespaces: two limiters with different limits on the same key count apart
   try {
     assert.equal((await appSmall.get()).status, 200);
     assert.equal((await appSmall.get()).status, 429);
-    // The seed (and ratelimitd by key and algorithm) would have shared one counter here.
+    // A single-node Redis middleware (and ratelimitd by key and algorithm) would have shared one counter here.
     assert.equal((await appLarge.get()).status, 200);
     assert.equal((await appLarge.get()).status, 200);
     assert.equal((await appLarge.get()).status, 429);

@@ -18,7 +18,7 @@ LIMITS = {
         "params": {"type": "token_bucket", "capacity": 5, "refill_rate": 0.5},
         "retry_max_ms": 2_000,
     },
-    # The seed's short names are aliases of the server's.
+    # The short names are aliases of the server's.
     "fixed (alias)": {"params": {"type": "fixed", "limit": 5, "window_ms": 10_000}, "retry_max_ms": 10_000},
     "token (alias)": {"params": {"type": "token", "capacity": 5, "refill_rate": 0.5}, "retry_max_ms": 2_000},
     # 5 per 10 s, bursts of 5: one more every 2 s.

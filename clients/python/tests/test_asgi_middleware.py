@@ -39,7 +39,7 @@ def http(app, peer):
     return httpx.AsyncClient(transport=transport, base_url="http://testserver")
 
 
-async def test_the_seed_scenario_five_per_ten_seconds_then_429(ratelimitd, peer):
+async def test_the_basic_scenario_five_per_ten_seconds_then_429(ratelimitd, peer):
     # examples/app.py: fixed window, 5 requests per 10 s per client IP on /.
     async with http(create_app(ratelimitd.address, deadline=DEADLINE), peer) as client:
         responses = [await client.get("/") for _ in range(6)]

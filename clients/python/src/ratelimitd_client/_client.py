@@ -155,7 +155,7 @@ class Client:
     ) -> Decision:
         """May `key` spend `cost` units now?
 
-        `type`, by the server's names (the seed's aliases in brackets):
+        `type`, by the server's names (the short aliases in brackets):
         - `"fixed_window"` (`"fixed"`, the default): `limit` per `window_ms`;
         - `"sliding_window"` (`"sliding"`): at most `limit` in any `window_ms`;
         - `"token_bucket"` (`"token"`): `capacity` tokens, refilled at

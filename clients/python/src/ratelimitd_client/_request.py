@@ -2,7 +2,7 @@
 algorithms, and the conversions between protobuf and Python. No I/O here.
 
 Arguments are checked here, before any call, against the same rules the
-server applies (README "Input rules"), so a mistake is a `ValueError` naming
+server applies (docs/api.md, "Input rules"), so a mistake is a `ValueError` naming
 the argument at the line that made it, not an INVALID_ARGUMENT later.
 """
 
@@ -206,7 +206,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     ),
 }
 
-#: The seed's short names, kept as aliases (the Node client takes the same).
+#: The short names (`fixed`, `sliding`, `token`), kept as aliases (the Node client takes the same).
 ALGORITHM_ALIASES = {
     "fixed": "fixed_window",
     "sliding": "sliding_window",
