@@ -19,7 +19,7 @@ CONNECTIONS=${CONNECTIONS:-2}
 KEYS=${KEYS:-10000}
 ALGORITHMS=${ALGORITHMS:-fixed-window sliding-window token-bucket gcra sliding-window-counter}
 
-cargo build --release --bins --quiet
+cargo build --release --features bench --bins --quiet
 BIN=target/release
 WORK=$(mktemp -d)
 PIDS=()
