@@ -132,6 +132,13 @@ pub fn duration_or_off(text: &str) -> Result<DurationOrOff, BadValue> {
     Ok(DurationOrOff((!duration.is_zero()).then_some(duration)))
 }
 
+/// A count of things, at least one (and at most `u32::MAX`, so that it
+/// fits every platform's `usize`).
+pub fn count() -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser as _;
+    clap::value_parser!(u32).range(1..).map(|n| n as usize)
+}
+
 /// A size such as `256MiB`, `1GB` or `65536`, in bytes; 0 allowed (off).
 pub fn byte_size(text: &str) -> Result<usize, BadValue> {
     let size: bytesize::ByteSize = text.parse().map_err(BadValue::new)?;

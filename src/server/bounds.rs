@@ -2,14 +2,13 @@
 //! settings of each part that enforces them: the accept loop, the
 //! decision slots, the HTTP/2 server, and each API's request checks.
 
-use clap::builder::TypedValueParser as _;
 use std::time::Duration;
 
 use crate::api::check::CheckBounds;
 use crate::api::envoy::RequestBounds;
 use crate::incoming::{IncomingSettings, ShutdownStarted};
 use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
-use crate::options::{DurationOrOff, duration_or_off, positive_duration};
+use crate::options::{DurationOrOff, count, duration_or_off, positive_duration};
 
 /// Bounds per peer, connection and request.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
@@ -36,7 +35,7 @@ pub struct BoundsOptions {
     /// Most client connections open at once; at the cap new connections
     /// wait in the kernel's backlog until one closes.
     #[arg(long, env = "RATELIMITD_MAX_CONNECTIONS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_connections: usize,
 
     /// Most calls one HTTP/2 connection may have open at once
@@ -77,18 +76,18 @@ pub struct BoundsOptions {
     /// Most descriptors one ShouldRateLimit may carry (more:
     /// INVALID_ARGUMENT). Envoy sends a handful.
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTORS", default_value_t = RequestBounds::DEFAULT_MAX_DESCRIPTORS,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_descriptors: usize,
 
     /// Most entries one descriptor may carry (more: INVALID_ARGUMENT).
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRIES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRIES,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_descriptor_entries: usize,
 
     /// Longest descriptor entry key or value, in bytes (longer:
     /// INVALID_ARGUMENT).
     #[arg(long, env = "RATELIMITD_MAX_DESCRIPTOR_ENTRY_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRY_BYTES,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_descriptor_entry_bytes: usize,
 
     /// Most limits one CheckLimit may carry in `limits` (more:
@@ -96,14 +95,14 @@ pub struct BoundsOptions {
     /// script when its keys share a node; the default is what one script
     /// decides.
     #[arg(long, env = "RATELIMITD_MAX_LIMITS_PER_REQUEST", default_value_t = MAX_LIMITS_PER_SCRIPT,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_limits_per_request: usize,
 
     /// Most requests one CheckLimits batch may carry (more:
     /// INVALID_ARGUMENT for the whole call), as gubernator bounds its
     /// batches.
     #[arg(long, env = "RATELIMITD_MAX_BATCH_SIZE", default_value_t = 1000,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub max_batch_size: usize,
 }
 

@@ -3,12 +3,11 @@
 //! `quota_buckets`; the Envoy face's shadow mode and the failure policy
 //! apply to it too.
 
-use clap::builder::TypedValueParser as _;
 use std::time::Duration;
 
 use crate::api::envoy::RequestBounds;
 use crate::limit::FailurePolicy;
-use crate::options::{positive_duration, whole_seconds};
+use crate::options::{count, positive_duration, whole_seconds};
 
 /// The Envoy quota service (RLQS): how assignments are made and kept.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
@@ -47,14 +46,14 @@ pub struct QuotaOptions {
     /// Most buckets one Envoy stream may subscribe to; reports of more are
     /// ignored (and counted).
     #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub quota_max_buckets_per_stream: usize,
 
     /// Most buckets all Envoy streams of this instance may subscribe to
     /// together (about 1.4 KiB each on the embedded store); reports of more
     /// are ignored (and counted).
     #[arg(long, env = "RATELIMITD_QUOTA_MAX_BUCKETS", default_value_t = 100_000,
-          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+          value_parser = count())]
     pub quota_max_buckets: usize,
 }
 
