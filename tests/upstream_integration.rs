@@ -16,7 +16,7 @@ mod common;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::prometheus;
-use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security};
+use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security, SentinelPassword};
 use common::rls::descriptor;
 use common::tls::self_signed_ca_certificate;
 use common::{RedisServer, ServerProcess, free_port};
@@ -358,6 +358,34 @@ async fn basic_config_with_auth_on_sentinel() {
         ),
         ("REDIS_AUTH", PASSWORD.to_owned()),
         ("REDIS_SENTINEL_AUTH", PASSWORD.to_owned()),
+    ];
+    basic_base_config(&settings, Variant::default()).await;
+}
+
+/// As upstream's Makefile runs Sentinel: the primary and its replica
+/// demand a password, the sentinels none, and only REDIS_AUTH is set. It
+/// goes to the primary, never to the sentinels (which would refuse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_auth_on_sentinels_without_a_password() {
+    let sentinel = RedisSentinel::start_with(Security {
+        password: Some(PASSWORD.to_owned()),
+        sentinels: SentinelPassword::Open,
+        ..Security::default()
+    })
+    .await;
+    assert_eq!(sentinel.sentinel_auth(), None);
+    let sentinels: Vec<String> = sentinel
+        .sentinel_urls()
+        .iter()
+        .map(|url| address(url))
+        .collect();
+    let settings = vec![
+        ("REDIS_TYPE", "sentinel".to_owned()),
+        (
+            "REDIS_URL",
+            format!("{},{}", sentinel.master_name(), sentinels.join(",")),
+        ),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
     ];
     basic_base_config(&settings, Variant::default()).await;
 }
