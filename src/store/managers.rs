@@ -111,7 +111,7 @@ impl<O: Open> managed::Manager for Connections<O> {
 }
 
 /// Connections to one Redis server: deadpool-redis's manager opens them,
-/// or, over TLS with CA certificates of our own, [`PinnedTls`] does.
+/// or, over TLS (verified), [`PinnedTls`] does.
 pub(super) enum Standalone {
     Plain(deadpool_redis::Manager),
     Pinned(PinnedTls),
