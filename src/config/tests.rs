@@ -309,6 +309,33 @@ fn grpc_tls_takes_the_client_ca_and_san() {
 }
 
 #[test]
+fn envoy_gateways_server_ca_asks_no_client_certificate_as_upstream_and_says_so() {
+    let (config, report) = load(
+        &[],
+        &[
+            ("USE_STATSD", "false"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/tls/ca.pem"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.tls.tls_cert, Some(PathBuf::from("/tls/cert.pem")));
+    assert_eq!(config.tls.tls_client_ca, None);
+    let warning = report
+        .warnings
+        .iter()
+        .find(|w| w.starts_with("GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem has no effect"))
+        .unwrap_or_else(|| panic!("no warning: {report:?}"));
+    assert!(
+        warning.contains("not asked for a certificate")
+            && warning.contains("GRPC_CLIENT_TLS_CACERT (--tls-client-ca)"),
+        "{warning}"
+    );
+}
+
+#[test]
 fn tuning_knobs_are_accepted_with_a_warning() {
     let (_, report) = load(
         &[],
@@ -569,9 +596,30 @@ const UPSTREAM_SETTINGS: &[&str] = &[
     "TRACING_SAMPLING_RATE",
 ];
 
+/// Variables upstream does not read that its deployments set anyway (Envoy
+/// Gateway's GRPC_SERVER_TLS_CA_CERT): each has a row too, so that the
+/// start says what it does not do.
+const SET_BESIDE_UPSTREAM: &[&str] = &["GRPC_SERVER_TLS_CA_CERT"];
+
+#[test]
+fn every_row_names_variables_upstream_reads_or_ones_set_beside_them() {
+    for row in TABLE {
+        for variable in row.variables {
+            let name = variable.name;
+            if name.ends_with('*') {
+                continue;
+            }
+            assert!(
+                UPSTREAM_SETTINGS.contains(&name) != SET_BESIDE_UPSTREAM.contains(&name),
+                "{name}: in upstream's settings, or set beside them (exactly one)"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_upstream_variable_has_one_row_and_switches_upstream_on() {
-    for name in UPSTREAM_SETTINGS {
+    for name in UPSTREAM_SETTINGS.iter().chain(SET_BESIDE_UPSTREAM) {
         let exact = TABLE
             .iter()
             .filter(|row| row.variables.iter().any(|variable| variable.name == *name))

@@ -1,6 +1,8 @@
 //! The table itself: every variable upstream's settings read, in the
-//! order of upstream's settings, with what it does here. A new variable of
-//! upstream's is one row here (and its test in `config/tests.rs`).
+//! order of upstream's settings, with what it does here, and the variables
+//! deployments of upstream set beside them that upstream does not read. A
+//! new variable of upstream's is one row here (and its test in
+//! `config/tests.rs`).
 
 use super::convert::{
     Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, metrics, number, path,
@@ -102,7 +104,9 @@ const XDS_TLS: When = When::True("CONFIG_GRPC_XDS_SERVER_USE_TLS");
 const REDIS_TLS: When = When::True("REDIS_TLS");
 
 /// Every variable upstream's settings read (src/settings/settings.go), and
-/// what it does here. One row a line or two, so it reads as a table.
+/// what it does here; and those that deployments set beside them though
+/// upstream reads none (said at start). One row a line or two, so it reads
+/// as a table.
 #[rustfmt::skip]
 pub const TABLE: &[Row] = &[
     // The gRPC listener.
@@ -119,6 +123,11 @@ pub const TABLE: &[Row] = &[
     sets(&[var("GRPC_CLIENT_TLS_SAN", "")], &["tls_client_san"],
         "a name (DNS or IP) the client certificate must carry", path)
         .when(&[SERVER_TLS]),
+    // Not upstream's: Envoy Gateway sets it beside GRPC_SERVER_USE_TLS.
+    warns(&[var("GRPC_SERVER_TLS_CA_CERT", "")],
+        "envoyproxy/ratelimit does not read it either, so gRPC clients are not asked for a \
+         certificate; GRPC_CLIENT_TLS_CACERT (--tls-client-ca) names the CA that would ask for \
+         one"),
     warns(&[var("GRPC_MAX_CONNECTION_AGE", "24h"), var("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")],
         "connections are not closed for age (idle ones after --idle-timeout)"),
     // The HTTP and debug listeners.
