@@ -8,7 +8,7 @@ use super::convert::{
     Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, metrics, number, path,
     positive_go_duration, redis, required_path, runtime_directory, text,
 };
-use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Variable, When};
+use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Value, Variable, When};
 
 const fn var(name: &'static str, default: &'static str) -> Variable {
     Variable { name, default }
@@ -233,10 +233,13 @@ pub const TABLE: &[Row] = &[
             var("REDIS_STARTUP_MAX_ELAPSED_TIME", "0")],
         "start-up does not wait for Redis; health says NOT_SERVING until it answers"),
     // Keys and counting.
-    sets(&[var("CACHE_KEY_PREFIX", "")], &["key_prefix"], "as it is", text),
+    sets(&[var("CACHE_KEY_PREFIX", "")], &["key_prefix", "envoy_key_layout"],
+        "as it is; and Envoy's fixed windows named and counted as upstream's, so that both share \
+         one count while a deployment moves over (--envoy-key-layout upstream)", cache_keys),
     sets(&[var("LOCAL_CACHE_SIZE_IN_BYTES", "0")], &["local_cache_max_bytes"], "bytes", number),
     warns(&[var("EXPIRATION_JITTER_MAX_SECONDS", "300")],
-        "keys expire exactly at their window's end"),
+        "no jitter is added: a counter named as upstream's lives one unit from its last count, \
+         other keys expire at their window's end"),
     warns(&[var("NEAR_LIMIT_RATIO", "0.8")], "only upstream's near_limit statistic uses it"),
     sets(&[var("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")], &["envoy_count_denied_hits"],
         "negated", inverted_go_bool),
@@ -276,6 +279,21 @@ pub const TABLE: &[Row] = &[
     ignores(&[var("CONFIG_GRPC_XDS_*", ""), var("XDS_CLIENT_*", "")], Accepts::Any,
         "not a variable this version of upstream reads"),
 ];
+
+/// The key prefix (CACHE_KEY_PREFIX or upstream's empty default), and
+/// upstream's key layout for Envoy's fixed windows, as a default of ours
+/// (our own --envoy-key-layout, when given, wins).
+fn cache_keys(upstream: &Upstream<'_>, row: &Row) -> Result<Option<Vec<Setting>>, UpstreamError> {
+    let mut settings = text(upstream, row)?.unwrap_or_default();
+    settings.push(Setting {
+        flag: "envoy_key_layout",
+        value: Value::Args(vec!["upstream".into()]),
+        given: false,
+        from: row.variables[0].name.to_owned(),
+        secret: false,
+    });
+    Ok(Some(settings))
+}
 
 /// The xDS server: CONFIG_GRPC_XDS_SERVER_URL or its default, given either
 /// way (CONFIG_TYPE=GRPC_XDS_SOTW asked for it), so that it conflicts with
