@@ -137,6 +137,28 @@ impl ServerProcess {
         Self::launch(command, true, "ratelimitd (started the upstream way)").await
     }
 
+    /// As [`ServerProcess::start_logged`], with `environment` set too.
+    pub async fn start_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+        let command = Self::command_with_environment(flags, environment);
+        Self::launch(command, true, "the ratelimitd process").await
+    }
+
+    /// As [`ServerProcess::start_with_environment`], but returned as soon
+    /// as it listens, SERVING or not (for a store it cannot reach).
+    pub async fn listening_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+        let command = Self::command_with_environment(flags, environment);
+        Self::bind(command, true, "the ratelimitd process").await
+    }
+
+    fn command_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command
+            .args(flags)
+            .args(["--listen", "127.0.0.1:0"])
+            .envs(environment.iter().copied());
+        command
+    }
+
     /// Everything the process has logged so far.
     pub fn log(&self) -> String {
         let (_, path) = self.log.as_ref().expect("started with start_logged");
@@ -160,10 +182,25 @@ impl ServerProcess {
         Self::launch(command, logged, "the ratelimitd process").await
     }
 
-    /// Runs `command` with `--address-file`, learns the port it bound from
-    /// that file, and waits until it serves; panics, with its log when
-    /// kept, if it exits first or does neither in time.
-    async fn launch(mut command: Command, logged: bool, what: &str) -> Self {
+    /// [`ServerProcess::bind`], then waits until it serves; panics, with
+    /// its log when kept, if it exits first or does not in time.
+    async fn launch(command: Command, logged: bool, what: &str) -> Self {
+        let mut server = Self::bind(command, logged, what).await;
+        if !server.serving_or_exited(what).await {
+            let log = server
+                .log
+                .as_ref()
+                .map(|_| server.log())
+                .unwrap_or_default();
+            panic!("{what} exited before serving; its log: {log}");
+        }
+        server
+    }
+
+    /// Runs `command` with `--address-file` and learns the port it bound
+    /// from that file; panics, with its log when kept, if it exits first or
+    /// does not bind in time.
+    async fn bind(mut command: Command, logged: bool, what: &str) -> Self {
         let dir = tempfile::tempdir().expect("a directory for the process's files");
         let address_file = dir.path().join("address");
         let log_path = dir.path().join("ratelimitd.log");
@@ -208,20 +245,11 @@ impl ServerProcess {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        let mut server = Self {
+        Self {
             address,
             process,
             log: logged.then_some((dir, log_path)),
-        };
-        if !server.serving_or_exited(what).await {
-            let log = server
-                .log
-                .as_ref()
-                .map(|_| server.log())
-                .unwrap_or_default();
-            panic!("{what} exited before serving; its log: {log}");
         }
-        server
     }
 
     /// Waits until the process serves (`true`) or exits first (`false`);
