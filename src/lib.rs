@@ -52,6 +52,7 @@ pub mod quota;
 pub mod rules;
 pub mod server;
 pub mod spec;
+pub mod stats;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
