@@ -157,6 +157,11 @@ fn upstreams_default_mapping_names_upstreams_statistics() {
         .0,
         "ratelimit_service_rate_limit_d_a_over_limit_with_local_cache"
     );
+}
+
+#[test]
+fn upstreams_default_mapping_names_the_server_and_service_statistics() {
+    let mapping = Mapping::parse(super::super::options::DEFAULT_MAPPING).unwrap();
     assert_eq!(
         series(
             &mapping,
