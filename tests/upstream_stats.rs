@@ -117,9 +117,12 @@ async fn exercise(server: &ServerProcess) {
     call(ask("", &[("k", "v")])).await;
 }
 
+/// A series: its name, labels, and value (`None`: only present).
+type Expected = (&'static str, Vec<(&'static str, &'static str)>, Option<f64>);
+
 /// What Envoy Gateway's mapping makes of [`exercise`]'s statistics:
 /// series name, labels, value (counters; `None`: only present).
-fn expected() -> Vec<(&'static str, Vec<(&'static str, &'static str)>, Option<f64>)> {
+fn expected() -> Vec<Expected> {
     let one = |key1| vec![("domain", "d"), ("key1", key1)];
     let two = vec![("domain", "d"), ("key1", "a_x"), ("key2", "b")];
     vec![

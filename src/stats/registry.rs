@@ -162,10 +162,10 @@ impl Timer {
         if let Some(series) = cell.prometheus.get(Prometheus::timer) {
             series.handle.record(millis as f64 * series.scale);
         }
-        if let Some(queue) = &cell.queue {
-            if queue.try_send((cell.clone(), millis)).is_err() {
-                cell.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(queue) = &cell.queue
+            && queue.try_send((cell.clone(), millis)).is_err()
+        {
+            cell.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

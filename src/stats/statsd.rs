@@ -192,7 +192,7 @@ fn datagrams(lines: &[String]) -> Vec<(String, usize)> {
     let mut datagrams: Vec<(String, usize)> = Vec::new();
     for line in lines {
         match datagrams.last_mut() {
-            Some((datagram, count)) if datagram.len() + line.len() + 1 <= DATAGRAM_BYTES => {
+            Some((datagram, count)) if datagram.len() + line.len() < DATAGRAM_BYTES => {
                 datagram.push_str(line);
                 datagram.push('\n');
                 *count += 1;
