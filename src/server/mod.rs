@@ -33,6 +33,7 @@ use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::rules::ConfigError;
 use crate::rules::{ConfigSource, RulesHandle};
+use crate::stats::{self, ServerStatsLayer};
 use crate::tls::{ServerTls, TlsError};
 
 /// Why the server could not start or stopped with an error.
@@ -61,6 +62,34 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// The metrics endpoint and upstream's statistics, as configured: the
+/// statistics' mapping read first, so that a bad one stops the start.
+fn install_telemetry(config: &Config) -> Result<(), ServeError> {
+    let Some(listen) = config.telemetry.metrics_listen else {
+        stats::install(&config.stats, None);
+        return Ok(());
+    };
+    let mapping = config.stats.mapping().map_err(|err| config.invalid(err))?;
+    let histograms = mapping
+        .histograms()
+        .into_iter()
+        .map(|(name, buckets)| {
+            let matcher = match name {
+                stats::mapper::HistogramName::Full(name) => {
+                    metrics_exporter_prometheus::Matcher::Full(name)
+                }
+                stats::mapper::HistogramName::Prefix(prefix) => {
+                    metrics_exporter_prometheus::Matcher::Prefix(prefix)
+                }
+            };
+            (matcher, buckets)
+        })
+        .collect();
+    metrics::install(listen, histograms)?;
+    stats::install(&config.stats, Some(mapping));
+    Ok(())
+}
+
 /// Serves on `listener` until `shutdown` resolves; then health turns
 /// NOT_SERVING, no new calls are accepted, and calls in flight finish before
 /// this returns (waiting at most the configured grace, so a client holding a
@@ -78,9 +107,7 @@ pub async fn run(
     let store = config.store_settings()?;
     let rules_source = config.rules_source()?;
     // Before the rules are loaded: loading them is counted.
-    if let Some(listen) = config.telemetry.metrics_listen {
-        metrics::install(listen)?;
-    }
+    install_telemetry(&config)?;
     let (rules, rules_task) = follow_rules(rules_source)?;
     let limiter = config.limiter.build(&store)?;
     let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
@@ -115,6 +142,7 @@ pub async fn run(
         .http2_keepalive_interval(config.bounds.http2_keepalive_interval.get())
         .http2_keepalive_timeout(Some(config.bounds.http2_keepalive_timeout))
         .layer(DrainLayer)
+        .layer(ServerStatsLayer)
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)

@@ -239,6 +239,7 @@ fn accept(
         Ok((compiled, resources)) => {
             rules.replace(compiled);
             metrics::config_reload(true);
+            crate::stats::config_load(true);
             info!(
                 version = %response.version_info,
                 resources,
@@ -249,6 +250,7 @@ fn accept(
         }
         Err(reason) => {
             metrics::config_reload(false);
+            crate::stats::config_load(false);
             error!(
                 version = %response.version_info,
                 %reason,
