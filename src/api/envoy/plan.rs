@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use super::settings::EnvoySettings;
 use crate::limit::{self, CallerKey, Decision, InvalidArgument, LimitRequest};
+use crate::limiter::Route;
 use crate::pb::convert;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::rules::{Limit, Rule, Rules};
+use crate::spec::Unit;
 
 /// What governs one limit of a descriptor.
 pub(super) enum Governed {
@@ -70,6 +72,10 @@ pub(super) struct Plan {
     pub(super) descriptors: Vec<Range<usize>>,
     /// What the limiter decides: one per counted limit.
     pub(super) requests: Vec<LimitRequest>,
+    /// The store of each of `requests`: the per-second one for a rule
+    /// whose unit is second (whatever its multiplier), as upstream's
+    /// REDIS_PERSECOND routes them.
+    pub(super) routes: Vec<Route>,
 }
 
 /// A descriptor's governing rules, what its counters' names start with,
@@ -116,6 +122,7 @@ impl Plan {
             parts: Vec::with_capacity(matched.len()),
             descriptors: Vec::with_capacity(matched.len()),
             requests: Vec::new(),
+            routes: Vec::new(),
         };
         plan.govern(&matched, settings);
         Ok(plan)
@@ -185,6 +192,10 @@ impl Plan {
             algorithm: *counted.algorithm(),
             cost,
             shadow: rule.shadow() || settings.shadow_mode || quota,
+        });
+        self.routes.push(match counted.period().unit() {
+            Unit::Second => Route::PerSecond,
+            _ => Route::Main,
         });
         Governed::Counted {
             rule,

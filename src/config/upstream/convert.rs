@@ -365,13 +365,22 @@ pub(super) fn metrics(
     )]))
 }
 
-/// Our Redis URLs, mode and sentinel master from upstream's address list,
-/// socket type, Redis type, password and TLS switch.
+/// Our Redis URLs, mode and sentinel master (the row's three flags, in
+/// that order) from upstream's address list, socket type, Redis type,
+/// password and TLS switch (the row's five variables, in that order): the
+/// main Redis's and the per-second one's alike.
 pub(super) fn redis(
     upstream: &Upstream<'_>,
     row: &Row,
 ) -> Result<Option<Vec<Setting>>, UpstreamError> {
     let [url, socket, kind, auth, tls] = row.variables else {
+        return Ok(None);
+    };
+    let Effect::Sets {
+        flags: &[url_flag, mode_flag, master_flag],
+        ..
+    } = row.effect
+    else {
         return Ok(None);
     };
     let value = |variable: &Variable| upstream.get(variable.name).unwrap_or(variable.default);
@@ -397,31 +406,105 @@ pub(super) fn redis(
             return Err(UpstreamError::value(
                 url.name,
                 list,
-                "with REDIS_TYPE=sentinel, the master's name then the sentinels, as \
-                 mymaster,host:port,...",
+                &format!(
+                    "with {}=sentinel, the master's name then the sentinels, as \
+                     mymaster,host:port,...",
+                    kind.name
+                ),
             ));
         }
         let master = addresses.remove(0);
         settings.push(setting(
-            "redis_sentinel_master",
+            master_flag,
             vec![master.to_owned()],
             given,
             url.name.to_owned(),
         ));
     }
     let password = upstream.get(auth.name).filter(|auth| !auth.is_empty());
+    let names = RedisNames {
+        url: url.name,
+        socket: socket.name,
+        tls: tls.name,
+        auth: auth.name,
+    };
     let urls = addresses
         .iter()
-        .map(|address| redis_url(address, value(socket), password, tls_on))
+        .map(|address| redis_url(address, value(socket), password, tls_on, &names))
         .collect::<Result<Vec<_>, _>>()?;
-    settings.push(setting("redis_url", urls, given, url.name.to_owned()));
+    settings.push(setting(url_flag, urls, given, url.name.to_owned()));
     settings.push(setting(
-        "redis_mode",
+        mode_flag,
         vec![mode.into()],
         given,
         kind.name.to_owned(),
     ));
     Ok(Some(settings))
+}
+
+/// The per-second Redis (with REDIS_PERSECOND=true), as [`redis`] reads
+/// the main one; given even where its variables are left to upstream's
+/// defaults (REDIS_PERSECOND=true asked for a per-second Redis), unless
+/// our own flag names it.
+pub(super) fn per_second_redis(
+    upstream: &Upstream<'_>,
+    row: &Row,
+) -> Result<Option<Vec<Setting>>, UpstreamError> {
+    let given = upstream.any_set(row);
+    Ok(redis(upstream, row)?.map(|settings| {
+        settings
+            .into_iter()
+            .map(|setting| Setting {
+                given: given || !upstream.given(setting.flag),
+                ..setting
+            })
+            .collect()
+    }))
+}
+
+/// A TLS file (REDIS_TLS_CACERT, REDIS_TLS_CLIENT_CERT or
+/// REDIS_TLS_CLIENT_KEY), when set and not empty: upstream reads one set of
+/// files for both Redis deployments, so it goes to the main Redis's flag
+/// (the row's first) with REDIS_TLS, and to the per-second one's (its
+/// second) with REDIS_PERSECOND and REDIS_PERSECOND_TLS.
+pub(super) fn redis_tls_path(
+    upstream: &Upstream<'_>,
+    row: &Row,
+) -> Result<Option<Vec<Setting>>, UpstreamError> {
+    let name = row.variables[0].name;
+    let Some(path) = upstream.get(name).filter(|path| !path.is_empty()) else {
+        return Ok(None);
+    };
+    let Effect::Sets {
+        flags: &[main, per_second],
+        ..
+    } = row.effect
+    else {
+        return Ok(None);
+    };
+    let mut settings = Vec::new();
+    if upstream.go_bool("REDIS_TLS")? == Some(true) {
+        settings.push(setting(main, vec![path.to_owned()], true, name.to_owned()));
+    }
+    if upstream.go_bool("REDIS_PERSECOND")? == Some(true)
+        && upstream.go_bool("REDIS_PERSECOND_TLS")? == Some(true)
+    {
+        settings.push(setting(
+            per_second,
+            vec![path.to_owned()],
+            true,
+            name.to_owned(),
+        ));
+    }
+    Ok(Some(settings))
+}
+
+/// The variables that describe one Redis, for messages.
+struct RedisNames {
+    url: &'static str,
+    socket: &'static str,
+    tls: &'static str,
+    auth: &'static str,
 }
 
 /// What must be escaped in a URL's user or password.
@@ -433,22 +516,24 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
 
 /// One Redis address as upstream writes it (`host:port`, or a socket path
 /// with REDIS_SOCKET_TYPE=unix), as a URL with REDIS_AUTH (`password` or
-/// `user:password`) and REDIS_TLS in it. A `redis://` or `rediss://` URL is
-/// taken as it is.
+/// `user:password`) and REDIS_TLS in it (or the per-second Redis's
+/// variables, as `names` says). A `redis://` or `rediss://` URL is taken as
+/// it is.
 fn redis_url(
     address: &str,
     socket: &str,
     auth: Option<&str>,
     tls: bool,
+    names: &RedisNames,
 ) -> Result<String, UpstreamError> {
     let refuse =
         |name: &'static str, value: &str, why: &str| Err(UpstreamError::value(name, value, why));
     if address.contains("://") {
         if auth.is_some() {
             return refuse(
-                "REDIS_URL",
+                names.url,
                 address,
-                "a URL: put the credentials in it, not in REDIS_AUTH",
+                &format!("a URL: put the credentials in it, not in {}", names.auth),
             );
         }
         return Ok(address.to_owned());
@@ -464,7 +549,7 @@ fn redis_url(
     match socket.to_ascii_lowercase().as_str() {
         "unix" => {
             if tls {
-                return refuse("REDIS_TLS", "true", "needs REDIS_SOCKET_TYPE=tcp");
+                return refuse(names.tls, "true", &format!("needs {}=tcp", names.socket));
             }
             let query: Vec<String> = [("user", user), ("pass", password)]
                 .into_iter()
@@ -477,7 +562,7 @@ fn redis_url(
         }
         "tcp" => {
             if address.is_empty() || !address.contains(':') {
-                return refuse("REDIS_URL", address, "not host:port");
+                return refuse(names.url, address, "not host:port");
             }
             let scheme = if tls { "rediss" } else { "redis" };
             let credentials = match (user, password) {
@@ -487,7 +572,7 @@ fn redis_url(
             };
             Ok(format!("{scheme}://{credentials}{address}"))
         }
-        other => refuse("REDIS_SOCKET_TYPE", other, "not tcp or unix"),
+        other => refuse(names.socket, other, "not tcp or unix"),
     }
 }
 
@@ -497,19 +582,35 @@ mod tests {
 
     #[test]
     fn redis_addresses_become_urls_with_escaped_credentials() {
+        let names = RedisNames {
+            url: "REDIS_PERSECOND_URL",
+            socket: "REDIS_PERSECOND_SOCKET_TYPE",
+            tls: "REDIS_PERSECOND_TLS",
+            auth: "REDIS_PERSECOND_AUTH",
+        };
+        let url = |address, socket, auth, tls| redis_url(address, socket, auth, tls, &names);
         assert_eq!(
-            redis_url("127.0.0.1:1", "tcp", Some("app:p@ss"), true).unwrap(),
+            url("127.0.0.1:1", "tcp", Some("app:p@ss"), true).unwrap(),
             "rediss://app:p%40ss@127.0.0.1:1"
         );
         assert_eq!(
-            redis_url("/tmp/r.sock", "unix", Some("pw"), false).unwrap(),
+            url("/tmp/r.sock", "unix", Some("pw"), false).unwrap(),
             "redis+unix:///tmp/r.sock?pass=pw"
         );
         assert_eq!(
-            redis_url("redis://h:1", "tcp", None, false).unwrap(),
+            url("redis://h:1", "tcp", None, false).unwrap(),
             "redis://h:1"
         );
-        assert!(redis_url("/tmp/r.sock", "unix", None, true).is_err());
-        assert!(redis_url("h", "udp", None, false).is_err());
+        let err = url("/tmp/r.sock", "unix", None, true).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("REDIS_PERSECOND_TLS=true: needs REDIS_PERSECOND_SOCKET_TYPE=tcp"),
+            "{err}"
+        );
+        let err = url("h", "udp", None, false).unwrap_err();
+        assert!(
+            err.to_string().contains("REDIS_PERSECOND_SOCKET_TYPE"),
+            "{err}"
+        );
     }
 }
