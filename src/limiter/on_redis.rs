@@ -3,15 +3,12 @@
 //! decision everywhere, then spending everywhere, with refunds when a node
 //! denies after another has spent.
 
-use futures::future::join_all;
-use tracing::debug;
-
-use super::failure;
 use super::keys::{Combination, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::error::StoreError;
 use crate::limit::{Decision, LimitRequest};
 use crate::store::RedisStore;
+use futures::future::join_all;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
@@ -34,30 +31,70 @@ pub(super) async fn decide(
     requests: &[LimitRequest],
     combination: Combination,
 ) -> Result<GroupDecisions, StoreError> {
-    let scripts = Scripts::new(redis, groups, requests);
     if combination == Combination::Each {
+        let scripts = Scripts::new(redis, groups, requests);
         return scripts.run(Mode::Each).await?.decisions(groups);
     }
+    Ok(decide_together(redis, groups, requests).await?.decisions)
+}
+
+/// A call decided all or nothing on one Redis, and what it spent there, if
+/// it spent: what to give back if another store denies the call.
+pub(super) struct Together {
+    /// One per group.
+    pub(super) decisions: GroupDecisions,
+    /// The answers of the spending scripts, when every enforcing limit
+    /// allowed (and so spent).
+    pub(super) spent: Option<Answers>,
+}
+
+impl Together {
+    /// The call as the spending scripts answered it.
+    fn spending(groups: &Groups, answers: Answers) -> Result<Self, StoreError> {
+        let decisions = answers.decisions(groups)?;
+        let spent = (!decisions.denies(groups)).then_some(answers);
+        Ok(Self { decisions, spent })
+    }
+
+    /// The call, denied, having spent nothing (or all of it given back).
+    fn nothing_spent(decisions: GroupDecisions) -> Self {
+        Self {
+            decisions,
+            spent: None,
+        }
+    }
+}
+
+/// All or nothing on one Redis (see [`decide`]).
+pub(super) async fn decide_together(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+) -> Result<Together, StoreError> {
+    let scripts = Scripts::new(redis, groups, requests);
     if scripts.partitions.len() == 1 {
-        return scripts.run(Mode::Decide).await?.decisions(groups);
+        return Together::spending(groups, scripts.run(Mode::Decide).await?);
     }
     let dry = scripts.run(Mode::Dry).await?;
     if dry.decisions(groups)?.denies(groups) {
         let looks = scripts.run(Mode::Look).await?;
-        return scripts.nothing_spent(&dry, Ok(looks));
+        return Ok(Together::nothing_spent(
+            scripts.nothing_spent(&dry, &looks)?,
+        ));
     }
     let spent = scripts.run(Mode::Decide).await?;
-    let decisions = spent.decisions(groups)?;
-    if !decisions.denies(groups) {
-        return Ok(decisions);
+    if !spent.decisions(groups)?.denies(groups) {
+        return Together::spending(groups, spent);
     }
     let refunded = scripts.give_back(&spent).await?;
-    scripts.after_refund(&spent, &refunded)
+    Ok(Together::nothing_spent(
+        scripts.after_refund(&spent, &refunded)?,
+    ))
 }
 
 /// The scripts that decide one call's groups on one Redis, and the steps
-/// of all or nothing across the scripts (and across Redis deployments:
-/// `split` takes the same steps on two).
+/// of all or nothing across them (`split` gives back across two Redis
+/// deployments with them too).
 pub(super) struct Scripts<'a> {
     redis: &'a RedisStore,
     groups: &'a Groups,
@@ -83,7 +120,7 @@ impl<'a> Scripts<'a> {
     }
 
     /// Runs every script in `mode`, at once.
-    pub(super) async fn run(&self, mode: Mode) -> Result<Answers, StoreError> {
+    async fn run(&self, mode: Mode) -> Result<Answers, StoreError> {
         on_every_node(
             self.redis,
             self.groups,
@@ -96,24 +133,14 @@ impl<'a> Scripts<'a> {
 
     /// The answer of a call that a `dry` run denied, nothing spent: the
     /// denying limits as the dry run answered, the others what they have
-    /// (`looks`; if Redis could not say, their whole limit, the most they
-    /// could have, marked degraded: the call is denied either way).
-    pub(super) fn nothing_spent(
-        &self,
-        dry: &Answers,
-        looks: Result<Answers, StoreError>,
-    ) -> Result<GroupDecisions, StoreError> {
-        let looks = looks
-            .inspect_err(|err| debug!(%err, "Redis cannot say what the allowing limits have"))
-            .ok();
-        self.groups.decide(|g, group| {
+    /// (`looks`).
+    fn nothing_spent(&self, dry: &Answers, looks: &Answers) -> Result<GroupDecisions, StoreError> {
+        self.groups.decide(|g, _| {
             let decision = dry.get(g)?.decision;
-            if !decision.is_allowed() {
-                return Ok(decision);
-            }
-            match &looks {
-                Some(looks) => Ok(looks.get(g)?.decision),
-                None => Ok(failure::unknown_remaining(group.algorithm(self.requests))),
+            if decision.is_allowed() {
+                Ok(looks.get(g)?.decision)
+            } else {
+                Ok(decision)
             }
         })
     }

@@ -1,12 +1,15 @@
 //! A call whose limits live on two Redis deployments: Envoy's rules whose
 //! unit is second on the per-second Redis, the rest on the main one (see
 //! [`Route`]). Each store decides its part as it would a call of its own;
-//! each on its own needs nothing more. All or nothing spans the two as it
-//! spans the nodes of a Redis Cluster (`on_redis`): both stores say what
-//! they would answer, writing nothing; if a limit would deny, nothing is
-//! spent; else both spend, and if one now denies (another call took the
-//! units in between), the other gives back. A cached denial of either
-//! part's limits denies the call, as on one store.
+//! each on its own needs nothing more. All or nothing spans the two in
+//! turn: the per-second part first, all or nothing on its Redis; if it
+//! denies, the main part spends nothing; else the main part, and if it
+//! denies, the per-second part gives back what it spent. No limit admits
+//! more than it allows, and a call denied by the main part held per-second
+//! units only between its spend and its refund (whereas asking both at
+//! once would let calls the per-second part denies fill the main part's
+//! limits meanwhile). A cached denial of either part's limits denies the
+//! call, as on one store.
 //!
 //! While one store cannot answer, the failure policy answers for its part
 //! only, and the other part is decided on its own (a part the `local`
@@ -20,8 +23,7 @@ use tracing::debug;
 use super::decisions::Limiter;
 use super::failure;
 use super::keys::{Combination, GroupDecisions, Groups, Route};
-use super::on_redis::{Answers, Scripts};
-use super::script::Mode;
+use super::on_redis::{self, Answers, Scripts};
 use crate::error::StoreError;
 use crate::limit::{Decision, FailurePolicy, LimitRequest};
 use crate::store::RedisStore;
@@ -36,8 +38,21 @@ struct Part<'a> {
 }
 
 impl Part<'_> {
-    fn scripts(&self) -> Scripts<'_> {
-        Scripts::new(self.redis, &self.groups, &self.requests)
+    /// Gives back what the part `spent` in a call denied elsewhere: its
+    /// decisions after. A refund Redis cannot make is only logged: the
+    /// call is denied either way, and the units come back with the window.
+    async fn give_back(&self, spent: &Answers) -> Result<GroupDecisions, StoreError> {
+        let scripts = Scripts::new(self.redis, &self.groups, &self.requests);
+        let refunded = scripts.give_back(spent).await.unwrap_or_else(|err| {
+            debug!(%err, "Redis cannot give back what a denied call spent");
+            vec![false; self.groups.unique.len()]
+        });
+        scripts.after_refund(spent, &refunded)
+    }
+
+    /// Keeps Redis's denials of the part's limits in `limiter`'s cache.
+    fn remember(&self, limiter: &Limiter, decisions: &GroupDecisions, sent: Instant) {
+        limiter.remember_denials(&self.groups, &self.requests, decisions, sent);
     }
 }
 
@@ -141,7 +156,11 @@ impl Limiter {
         Ok([main?, per_second?])
     }
 
-    /// All or nothing across both stores.
+    /// All or nothing across both stores: the per-second part first (all
+    /// or nothing on its Redis); if it denies, the main part spends
+    /// nothing (it says what each of its limits has, or its denial); else
+    /// the main part, and if that denies (or cannot be decided), the
+    /// per-second part gives back what it spent.
     async fn together(
         &self,
         parts: &[Part<'_>; 2],
@@ -152,107 +171,53 @@ impl Limiter {
         if let Some(denied) = self.cached_denial(parts, sent).await {
             return denied;
         }
-        let scripts = [parts[0].scripts(), parts[1].scripts()];
-        let dry = match join(scripts[0].run(Mode::Dry), scripts[1].run(Mode::Dry)).await {
-            (Ok(main), Ok(per_second)) => [main, per_second],
-            (main, per_second) => {
-                for err in [main.err(), per_second.err()].into_iter().flatten() {
-                    if !err.is_transient() {
-                        return Err(err);
-                    }
-                }
-                debug!("a store cannot answer: each part is decided on its own");
+        let [main, per_second] = parts;
+        let first = match on_redis::decide_together(
+            per_second.redis,
+            &per_second.groups,
+            &per_second.requests,
+        )
+        .await
+        {
+            Ok(first) => first,
+            Err(err) if err.is_transient() => {
+                debug!(%err, "the per-second Redis cannot decide: each part on its own");
                 return self.apart(parts, policy, Combination::AllOrNothing).await;
             }
+            Err(err) => return Err(err),
         };
-        let mut denies = false;
-        for (part, dry) in parts.iter().zip(&dry) {
-            denies |= dry.decisions(&part.groups)?.denies(&part.groups);
-        }
-        if denies {
-            let (main, per_second) =
-                join(scripts[0].run(Mode::Look), scripts[1].run(Mode::Look)).await;
-            let decided = [
-                scripts[0].nothing_spent(&dry[0], main)?,
-                scripts[1].nothing_spent(&dry[1], per_second)?,
-            ];
-            for (part, decided) in parts.iter().zip(&decided) {
-                self.remember_denials(&part.groups, &part.requests, decided, sent);
+        per_second.remember(self, &first.decisions, sent);
+        let Some(spent) = first.spent else {
+            let unknown = vec![None; main.groups.unique.len()];
+            let (redis, groups, requests) = (main.redis, &main.groups, &main.requests);
+            let denied = Box::pin(self.complete_denial(redis, groups, requests, unknown)).await?;
+            return Ok([denied, first.decisions]);
+        };
+        let second = match on_redis::decide_together(main.redis, &main.groups, &main.requests).await
+        {
+            Ok(second) => {
+                main.remember(self, &second.decisions, sent);
+                Ok(second.decisions)
             }
-            return Ok(decided);
-        }
-        let spent = join(scripts[0].run(Mode::Decide), scripts[1].run(Mode::Decide)).await;
-        self.after_spending(parts, &scripts, [spent.0, spent.1], policy, sent)
-            .await
-    }
-
-    /// The call after both stores were asked to spend: each part's
-    /// decisions (the failure policy's for a store that failed as it
-    /// spent), and if one of them denies, or the call fails, what the other
-    /// spent given back.
-    async fn after_spending(
-        &self,
-        parts: &[Part<'_>; 2],
-        scripts: &[Scripts<'_>; 2],
-        spent: [Result<Answers, StoreError>; 2],
-        policy: Option<FailurePolicy>,
-        sent: Instant,
-    ) -> Result<Both, StoreError> {
-        let mut answers: [Option<Answers>; 2] = [None, None];
-        let mut decided: [Option<GroupDecisions>; 2] = [None, None];
-        let mut failed = None;
-        for (i, (part, spent)) in parts.iter().zip(spent).enumerate() {
-            let decisions = match spent {
-                Ok(spent) => {
-                    let decisions = spent.decisions(&part.groups);
-                    answers[i] = Some(spent);
-                    decisions
-                }
-                Err(err) if err.is_transient() => failure::answer(
-                    err,
-                    self.policy(policy),
-                    self.local.as_deref(),
-                    &part.groups,
-                    &part.requests,
-                    Combination::AllOrNothing,
-                ),
-                Err(err) => Err(err),
-            };
-            match decisions {
-                Ok(decisions) => decided[i] = Some(decisions),
-                Err(err) => failed = failed.or(Some(err)),
-            }
-        }
-        let denies = parts.iter().zip(&decided).any(|(part, decided)| {
-            decided
-                .as_ref()
-                .is_some_and(|decided| decided.denies(&part.groups))
-        });
-        if failed.is_some() || denies {
-            for (i, scripts) in scripts.iter().enumerate() {
-                if let Some(spent) = &answers[i] {
-                    let refunded = scripts.give_back(spent).await.unwrap_or_else(|err| {
-                        debug!(%err, "Redis cannot give back what a denied call spent");
-                        vec![false; parts[i].groups.unique.len()]
-                    });
-                    decided[i] = Some(scripts.after_refund(spent, &refunded)?);
-                }
-            }
-        }
-        if let Some(err) = failed {
-            return Err(err);
-        }
-        for (i, part) in parts.iter().enumerate() {
-            if let (Some(_), Some(decided)) = (&answers[i], &decided[i]) {
-                self.remember_denials(&part.groups, &part.requests, decided, sent);
-            }
-        }
-        match decided {
-            [Some(main), Some(per_second)] => Ok([main, per_second]),
-            _ => Err(StoreError::Reply(
-                "a store's part was left undecided".into(),
-            )),
-        }
+            Err(err) if err.is_transient() => failure::answer(
+                err,
+                self.policy(policy),
+                self.local.as_deref(),
+                &main.groups,
+                &main.requests,
+                Combination::AllOrNothing,
+            ),
+            Err(err) => Err(err),
+        };
+        let denied = second
+            .as_ref()
+            .map_or(true, |second| second.denies(&main.groups));
+        let first = if denied {
+            per_second.give_back(&spent).await?
+        } else {
+            first.decisions
+        };
+        Ok([second?, first])
     }
 
     /// When the denial cache knows a limit of either part denies the call:
