@@ -5,7 +5,8 @@
 //! is all or nothing, exactly, under concurrency; and with one store down
 //! the failure policy answers for the limits on it only while health says
 //! NOT_SERVING. The same through upstream's variables, with the binary
-//! started as upstream's deployments start it.
+//! started as upstream's deployments start it, whose Redis metrics say
+//! which store.
 //!
 //! The rules are `tests/fixtures/per_second/ratelimit/config/split.yaml`.
 //! Counting rules there are an hour long (a second rule with
@@ -377,8 +378,27 @@ async fn upstreams_variables_split_the_stores_the_same_way() {
         .iter()
         .map(|(name, value)| (*name, value.as_str()))
         .collect();
+    let metrics = common::free_port();
+    let prometheus = format!("127.0.0.1:{metrics}");
+    let mut environment = environment;
+    environment.extend([("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", &prometheus)]);
     let server = ServerProcess::start_upstream_way(&environment).await;
     assert_keys_on_their_store(server.address, [&main, &per_second]).await;
+    // Redis's metrics say which store.
+    for store in ["main", "per_second"] {
+        let (_, series) = common::prometheus::scrape(metrics).await;
+        let labels = [("store", store)];
+        let calls =
+            common::prometheus::value(&series, "ratelimitd_redis_command_seconds_count", &labels);
+        assert!(calls >= 1.0, "{store}: {calls}");
+        let pool = "ratelimitd_redis_pool_connections";
+        assert!(
+            series
+                .keys()
+                .any(|key| key.starts_with(pool) && key.contains(&format!("store=\"{store}\""))),
+            "{store}'s pool"
+        );
+    }
     // Upstream counts each limit on its own (denied hits too): so does a
     // request spanning both stores.
     let mut envoy = client(server.address).await;
