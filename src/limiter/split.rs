@@ -50,6 +50,15 @@ impl Part<'_> {
         scripts.after_refund(spent, &refunded)
     }
 
+    /// The part's answers in a call denied by the other part: each limit's
+    /// denial of its cost, or what it has; nothing spent.
+    async fn denied_elsewhere(&self, limiter: &Limiter) -> Result<GroupDecisions, StoreError> {
+        let unknown = vec![None; self.groups.unique.len()];
+        limiter
+            .complete_denial(self.redis, &self.groups, &self.requests, unknown)
+            .await
+    }
+
     /// Keeps Redis's denials of the part's limits in `limiter`'s cache.
     fn remember(&self, limiter: &Limiter, decisions: &GroupDecisions, sent: Instant) {
         limiter.remember_denials(&self.groups, &self.requests, decisions, sent);
@@ -181,16 +190,13 @@ impl Limiter {
         {
             Ok(first) => first,
             Err(err) if err.is_transient() => {
-                debug!(%err, "the per-second Redis cannot decide: each part on its own");
-                return self.apart(parts, policy, Combination::AllOrNothing).await;
+                return self.without_per_second(parts, err, policy).await;
             }
             Err(err) => return Err(err),
         };
         per_second.remember(self, &first.decisions, sent);
         let Some(spent) = first.spent else {
-            let unknown = vec![None; main.groups.unique.len()];
-            let (redis, groups, requests) = (main.redis, &main.groups, &main.requests);
-            let denied = Box::pin(self.complete_denial(redis, groups, requests, unknown)).await?;
+            let denied = Box::pin(main.denied_elsewhere(self)).await?;
             return Ok([denied, first.decisions]);
         };
         let second = match on_redis::decide_together(main.redis, &main.groups, &main.requests).await
@@ -218,6 +224,35 @@ impl Limiter {
             first.decisions
         };
         Ok([second?, first])
+    }
+
+    /// The call while the per-second Redis cannot decide (`err`): the
+    /// failure policy answers for its part; if that denies, the main part
+    /// spends nothing, else it is decided on its own.
+    async fn without_per_second(
+        &self,
+        parts: &[Part<'_>; 2],
+        err: StoreError,
+        policy: Option<FailurePolicy>,
+    ) -> Result<Both, StoreError> {
+        let [main, per_second] = parts;
+        debug!(%err, "the per-second Redis cannot decide: the failure policy answers for its limits");
+        let answered = failure::answer(
+            err,
+            self.policy(policy),
+            self.local.as_deref(),
+            &per_second.groups,
+            &per_second.requests,
+            Combination::AllOrNothing,
+        )?;
+        let main = if answered.denies(&per_second.groups) {
+            Box::pin(main.denied_elsewhere(self)).await?
+        } else {
+            let (redis, groups, requests) = (main.redis, &main.groups, &main.requests);
+            let combination = Combination::AllOrNothing;
+            Box::pin(self.decide_on_redis(redis, groups, requests, policy, combination)).await?
+        };
+        Ok([main, answered])
     }
 
     /// When the denial cache knows a limit of either part denies the call:
