@@ -1,8 +1,12 @@
-//! Keeps `grpc.health.v1.Health` truthful: SERVING only while the store
-//! answers, checked every interval, so load balancers and Kubernetes take an
-//! instance whose Redis is gone out of rotation and back in when it returns.
+//! Keeps `grpc.health.v1.Health` truthful: SERVING only while every store
+//! answers (the main one, and the per-second Redis when there is one),
+//! checked every interval, so load balancers and Kubernetes take an
+//! instance whose Redis is gone out of rotation and back in when it
+//! returns.
 
 use std::time::Duration;
+
+use futures::future::join_all;
 
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -25,12 +29,13 @@ pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Probes `store` every `interval` for ever, reporting each change of
-/// state. With `serves_without_store` (a failure policy that answers while
-/// Redis is down) the instance stays SERVING, and the probe only logs. Runs
-/// as a task; the server aborts it at shutdown.
+/// Probes `stores` every `interval` for ever (all at once), reporting
+/// each change of state: SERVING while every one answers. With
+/// `serves_without_store` (a failure policy that answers while Redis is
+/// down) the instance stays SERVING, and the probe only logs. Runs as a
+/// task; the server aborts it at shutdown.
 pub async fn watch(
-    store: Store,
+    stores: Vec<Store>,
     reporter: HealthReporter,
     interval: Duration,
     serves_without_store: bool,
@@ -40,23 +45,27 @@ pub async fn watch(
     let mut serving: Option<bool> = None;
     loop {
         tick.tick().await;
-        store.report_pool();
-        let result = store.ping().await;
-        let now_serving = result.is_ok();
+        stores.iter().for_each(Store::report_pool);
+        let results = join_all(stores.iter().map(Store::ping)).await;
+        let failed = stores
+            .iter()
+            .zip(results)
+            .find_map(|(store, result)| result.err().map(|reason| (store, reason)));
+        let now_serving = failed.is_none();
         if serving == Some(now_serving) {
             continue;
         }
-        match result {
-            Ok(()) => {
-                info!(store = store.kind(), "store answers: health SERVING");
+        match failed {
+            None => {
+                info!(stores = stores.len(), "store answers: health SERVING");
                 report(&reporter, ServingStatus::Serving).await;
             }
-            Err(reason) if serves_without_store => {
-                warn!(store = store.kind(), %reason, "store does not answer: the failure policy answers; health stays SERVING");
+            Some((store, reason)) if serves_without_store => {
+                warn!(store = store.label(), %reason, "store does not answer: the failure policy answers; health stays SERVING");
                 report(&reporter, ServingStatus::Serving).await;
             }
-            Err(reason) => {
-                warn!(store = store.kind(), %reason, "store does not answer: health NOT_SERVING");
+            Some((store, reason)) => {
+                warn!(store = store.label(), %reason, "store does not answer: health NOT_SERVING");
                 report(&reporter, ServingStatus::NotServing).await;
             }
         }

@@ -94,9 +94,10 @@ pub fn denial_cache_hit() {
     counter!("ratelimitd_local_cache_hits_total").increment(1);
 }
 
-/// One script call on Redis: how long it took, and how it failed if it did.
-pub fn redis_command(took: Duration, outcome: Result<(), &StoreError>) {
-    histogram!("ratelimitd_redis_command_seconds").record(took.as_secs_f64());
+/// One script call on Redis `store` (`main`, or `per_second`): how long it
+/// took, and how it failed if it did.
+pub fn redis_command(store: &'static str, took: Duration, outcome: Result<(), &StoreError>) {
+    histogram!("ratelimitd_redis_command_seconds", "store" => store).record(took.as_secs_f64());
     if let Err(err) = outcome {
         let kind = match err {
             StoreError::Timeout(_) => "timeout",
@@ -105,14 +106,16 @@ pub fn redis_command(took: Duration, outcome: Result<(), &StoreError>) {
             StoreError::Reply(_) => "reply",
             StoreError::Config(_) => "config",
         };
-        counter!("ratelimitd_redis_errors_total", "kind" => kind).increment(1);
+        counter!("ratelimitd_redis_errors_total", "kind" => kind, "store" => store).increment(1);
     }
 }
 
-/// The Redis pool's connections now.
-pub fn redis_pool(in_use: usize, idle: usize) {
-    gauge!("ratelimitd_redis_pool_connections", "state" => "in_use").set(in_use as f64);
-    gauge!("ratelimitd_redis_pool_connections", "state" => "idle").set(idle as f64);
+/// The connections of Redis `store`'s pool now.
+pub fn redis_pool(store: &'static str, in_use: usize, idle: usize) {
+    gauge!("ratelimitd_redis_pool_connections", "state" => "in_use", "store" => store)
+        .set(in_use as f64);
+    gauge!("ratelimitd_redis_pool_connections", "state" => "idle", "store" => store)
+        .set(idle as f64);
 }
 
 /// A configuration reload that took, or was refused.

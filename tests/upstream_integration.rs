@@ -1,15 +1,17 @@
 //! envoyproxy/ratelimit's own integration test (`test/integration/
 //! integration_test.go`, its `testBasicBaseConfig`), ported: ratelimitd
 //! started the upstream way, on upstream's integration configuration
-//! unchanged (`tests/fixtures/upstream_integration/`), answering every
-//! assertion upstream makes about statuses, limits, remaining counts and
-//! statistics (under their Prometheus names), in the variants upstream
-//! runs it: both counting modes, with the local cache (its `_local` keys),
-//! with a key prefix, behind a password, over TLS (upstream's pinned
-//! self-signed certificate recipe), on a Redis Cluster and on Sentinel.
-//! Upstream's per-second Redis and memcache variants have no counterpart
-//! (both stop ratelimitd's start, by name); its local-cache hit/miss gauges
-//! are not exported under upstream's names.
+//! unchanged (`tests/fixtures/upstream_integration/`, or the same rules
+//! from an xDS server), answering every assertion upstream makes about
+//! statuses, limits, remaining counts and statistics (under their
+//! Prometheus names), in the variants upstream runs it: both counting
+//! modes, with the local cache (its `_local` keys), with a key prefix,
+//! behind a password, over TLS (upstream's pinned self-signed certificate
+//! recipe), on a Redis Cluster, on Sentinel, with the rules from xDS, and
+//! each `WithPerSecondRedis` (REDIS_PERSECOND: the second-unit rules on a
+//! second Redis of the same kind). Upstream's memcache variants have no
+//! counterpart (BACKEND_TYPE=memcache stops ratelimitd's start, by name);
+//! its local-cache hit/miss gauges are not exported under upstream's names.
 
 mod common;
 
@@ -17,13 +19,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::prometheus;
 use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security, SentinelPassword};
-use common::rls::descriptor;
+use common::rls::{descriptor, with_hits};
 use common::tls::self_signed_ca_certificate;
 use common::{RedisServer, ServerProcess, free_port};
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimitd::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use ratelimitd::pb::ratelimit::config::ratelimit::v3 as conf;
 use tonic::transport::Channel;
 
 /// How upstream's test varies its settings.
@@ -124,11 +127,27 @@ async fn ask(
         .into_inner()
 }
 
+/// Waits until the rules are in force (from xDS they arrive after the
+/// start): a look at a rule no assertion counts.
+async fn await_rules(client: &RateLimitServiceClient<Channel>) {
+    common::eventually("the rules to be in force", || {
+        let mut client = client.clone();
+        async move {
+            let mut look = request("basic", &[&[("one_per_minute", "probe")]], 1);
+            look.descriptors[0] = with_hits(look.descriptors[0].clone(), 0);
+            let response = ask(&mut client, look).await;
+            response.statuses[0].current_limit.is_some()
+        }
+    })
+    .await;
+}
+
 /// `testBasicBaseConfig`, assertion by assertion.
 async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
     let metrics = free_port();
     let server = start(redis, variant, metrics).await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
+    await_rules(&client).await;
 
     // A domain nobody configured: OK, no limit.
     let response = ask(
@@ -539,5 +558,389 @@ async fn config_reload_with_and_without_watch_root() {
         })
         .await;
         server.terminate().await;
+    }
+}
+
+/// REDIS_PERSECOND with a standalone per-second Redis (upstream's
+/// `makeSimpleRedisSettings(…, perSecond=true, …)`).
+fn with_per_second(main: &RedisServer, per_second: &RedisServer) -> Vec<(&'static str, String)> {
+    let mut settings = standalone(main);
+    settings.extend([
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("127.0.0.1:{}", per_second.port()),
+        ),
+    ]);
+    settings
+}
+
+/// Script calls in a Redis's `INFO commandstats`.
+fn script_calls(info: &str) -> u64 {
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            let calls = line.split_once("calls=")?.1;
+            calls.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// What one Redis deployment shows after the runs: its keys, and the
+/// script calls it ran.
+struct Seen {
+    keys: Vec<String>,
+    scripts: u64,
+}
+
+impl Seen {
+    /// A standalone server, through `redis-cli` (which also trusts
+    /// upstream's pinned certificate).
+    async fn standalone(redis: &RedisServer) -> Self {
+        let keys = redis.cli(&["KEYS", "*"]).await.expect("KEYS");
+        let info = redis.cli(&["INFO", "commandstats"]).await.expect("INFO");
+        Self {
+            keys: keys.lines().map(str::to_owned).collect(),
+            scripts: script_calls(&info),
+        }
+    }
+
+    /// Every primary of a Redis Cluster.
+    async fn cluster(cluster: &RedisCluster) -> Self {
+        let mut seen = Self {
+            keys: Vec::new(),
+            scripts: 0,
+        };
+        for (port, _) in cluster.keys_per_primary().await {
+            seen.add(&mut cluster.node_connection(port).await).await;
+        }
+        seen
+    }
+
+    /// The primary a Sentinel group names.
+    async fn sentinel(sentinel: &RedisSentinel) -> Self {
+        let mut seen = Self {
+            keys: Vec::new(),
+            scripts: 0,
+        };
+        seen.add(&mut sentinel.primary_connection().await).await;
+        seen
+    }
+
+    async fn add(&mut self, connection: &mut redis::aio::MultiplexedConnection) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(connection)
+            .await
+            .expect("KEYS");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(connection)
+            .await
+            .expect("INFO");
+        self.keys.extend(keys);
+        self.scripts += script_calls(&info);
+    }
+}
+
+/// The second-unit rule (`key1`) was decided on the per-second Redis, and
+/// the others (`key2`…`key4`, whose windows outlive the runs) only on the
+/// main one. (key1's own keys last a second: they are gone by now.)
+fn assert_split(main: &Seen, per_second: &Seen) {
+    let others = |key: &String| ["key2", "key3", "key4"].iter().any(|k| key.contains(k));
+    assert!(
+        per_second.scripts > 0,
+        "the per-second Redis decided nothing"
+    );
+    assert!(
+        !per_second.keys.iter().any(others),
+        "per-second Redis: {:?}",
+        per_second.keys
+    );
+    assert!(main.keys.iter().any(others), "main Redis: {:?}", main.keys);
+}
+
+/// [`assert_split`] on two standalone servers.
+async fn assert_split_standalone(main: &RedisServer, per_second: &RedisServer) {
+    assert_split(
+        &Seen::standalone(main).await,
+        &Seen::standalone(per_second).await,
+    );
+}
+
+/// `TestBasicConfig`'s four `WithPerSecondRedis…` runs: with and without
+/// the local cache, in both counting modes.
+#[tokio::test]
+async fn basic_config_with_per_second_redis() {
+    for (local_cache, stop_increment) in
+        [(false, false), (true, false), (false, true), (true, true)]
+    {
+        // Two Redis each: upstream's keys repeat between runs.
+        let (main, per_second) = (RedisServer::start().await, RedisServer::start().await);
+        let variant = Variant {
+            local_cache,
+            stop_increment,
+        };
+        basic_base_config(&with_per_second(&main, &per_second), variant).await;
+        assert_split_standalone(&main, &per_second).await;
+    }
+}
+
+/// `testBasicConfigAuth`'s `WithPerSecondRedisAuth` runs: both Redis behind
+/// the password, with and without the local cache.
+#[tokio::test]
+async fn basic_config_with_per_second_redis_and_auth() {
+    let main = RedisServer::with_password(PASSWORD).await;
+    let per_second = RedisServer::with_password(PASSWORD).await;
+    let settings = vec![
+        ("REDIS_URL", address(&main.url())),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_PERSECOND_URL", address(&per_second.url())),
+        ("REDIS_PERSECOND_AUTH", PASSWORD.to_owned()),
+    ];
+    // The local cache's run counts `_local` keys: the same servers serve.
+    for local_cache in [false, true] {
+        let variant = Variant {
+            local_cache,
+            ..Variant::default()
+        };
+        basic_base_config(&settings, variant).await;
+    }
+    assert_split_standalone(&main, &per_second).await;
+}
+
+/// `testBasicConfigAuthTLS`'s `WithPerSecondRedisTLS` runs: both Redis over
+/// TLS (upstream's pinned certificate) behind the password, one set of
+/// REDIS_TLS_* files for both, with and without the local cache.
+#[tokio::test]
+async fn basic_config_with_per_second_redis_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = self_signed_ca_certificate();
+    let cert_path = dir.path().join("cert.pem");
+    std::fs::write(&cert_path, cert).expect("cert");
+    std::fs::write(dir.path().join("key.pem"), key).expect("key");
+    let main = RedisServer::pinned(dir.path(), ClientCertificates::Optional, Some(PASSWORD)).await;
+    let per_second =
+        RedisServer::pinned(dir.path(), ClientCertificates::Optional, Some(PASSWORD)).await;
+    let settings = vec![
+        ("REDIS_URL", format!("localhost:{}", main.port())),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+        ("REDIS_TLS", "true".to_owned()),
+        ("REDIS_TLS_CACERT", cert_path.to_string_lossy().into_owned()),
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+        (
+            "REDIS_PERSECOND_URL",
+            format!("localhost:{}", per_second.port()),
+        ),
+        ("REDIS_PERSECOND_AUTH", PASSWORD.to_owned()),
+        ("REDIS_PERSECOND_TLS", "true".to_owned()),
+    ];
+    for local_cache in [false, true] {
+        let variant = Variant {
+            local_cache,
+            ..Variant::default()
+        };
+        basic_base_config(&settings, variant).await;
+    }
+    assert_split_standalone(&main, &per_second).await;
+}
+
+/// The variables that describe one Redis: the main one's or the
+/// per-second one's.
+struct Names {
+    kind: &'static str,
+    url: &'static str,
+    auth: &'static str,
+    sentinel_auth: &'static str,
+}
+
+const MAIN: Names = Names {
+    kind: "REDIS_TYPE",
+    url: "REDIS_URL",
+    auth: "REDIS_AUTH",
+    sentinel_auth: "REDIS_SENTINEL_AUTH",
+};
+
+const PER_SECOND: Names = Names {
+    kind: "REDIS_PERSECOND_TYPE",
+    url: "REDIS_PERSECOND_URL",
+    auth: "REDIS_PERSECOND_AUTH",
+    sentinel_auth: "REDIS_PERSECOND_SENTINEL_AUTH",
+};
+
+/// REDIS_TYPE=cluster's settings for `cluster`, under `names`.
+fn cluster_settings(names: &Names, cluster: &RedisCluster) -> Vec<(&'static str, String)> {
+    let nodes: Vec<String> = cluster.urls().iter().map(|url| address(url)).collect();
+    vec![
+        (names.kind, "cluster".to_owned()),
+        (names.url, nodes.join(",")),
+        (names.auth, PASSWORD.to_owned()),
+    ]
+}
+
+/// `testBasicConfigAuthWithRedisCluster`'s `WithPerSecondRedisAuth` runs:
+/// the per-second Redis a second Cluster, both behind the password, with
+/// and without the local cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_per_second_redis_on_redis_clusters() {
+    let security = || Security {
+        password: Some(PASSWORD.to_owned()),
+        ..Security::default()
+    };
+    let main = RedisCluster::start_with(security()).await;
+    let per_second = RedisCluster::start_with(security()).await;
+    let mut settings = cluster_settings(&MAIN, &main);
+    settings.extend(cluster_settings(&PER_SECOND, &per_second));
+    settings.extend([
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+    ]);
+    for local_cache in [false, true] {
+        let variant = Variant {
+            local_cache,
+            ..Variant::default()
+        };
+        basic_base_config(&settings, variant).await;
+    }
+    assert_split(
+        &Seen::cluster(&main).await,
+        &Seen::cluster(&per_second).await,
+    );
+}
+
+/// REDIS_TYPE=sentinel's settings for `sentinel`, under `names`.
+fn sentinel_settings(names: &Names, sentinel: &RedisSentinel) -> Vec<(&'static str, String)> {
+    let sentinels: Vec<String> = sentinel
+        .sentinel_urls()
+        .iter()
+        .map(|url| address(url))
+        .collect();
+    vec![
+        (names.kind, "sentinel".to_owned()),
+        (
+            names.url,
+            format!("{},{}", sentinel.master_name(), sentinels.join(",")),
+        ),
+        (names.auth, PASSWORD.to_owned()),
+        (names.sentinel_auth, PASSWORD.to_owned()),
+    ]
+}
+
+/// `testBasicAuthConfigWithRedisSentinel`'s `WithPerSecondRedisAuth` runs:
+/// the per-second Redis a second Sentinel group, both behind the password,
+/// with and without the local cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_per_second_redis_on_sentinel() {
+    let security = || Security {
+        password: Some(PASSWORD.to_owned()),
+        ..Security::default()
+    };
+    let main = RedisSentinel::start_with(security()).await;
+    let per_second = RedisSentinel::start_with(security()).await;
+    let mut settings = sentinel_settings(&MAIN, &main);
+    settings.extend(sentinel_settings(&PER_SECOND, &per_second));
+    settings.extend([
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+    ]);
+    for local_cache in [false, true] {
+        let variant = Variant {
+            local_cache,
+            ..Variant::default()
+        };
+        basic_base_config(&settings, variant).await;
+    }
+    assert_split(
+        &Seen::sentinel(&main).await,
+        &Seen::sentinel(&per_second).await,
+    );
+}
+
+/// go-control-plane's form of a rule: `key` with `requests_per_unit` per
+/// `unit`.
+fn xds_rule(
+    key: &str,
+    unit: conf::RateLimitUnit,
+    requests_per_unit: u32,
+) -> conf::RateLimitDescriptor {
+    conf::RateLimitDescriptor {
+        key: key.into(),
+        rate_limit: Some(conf::RateLimitPolicy {
+            unit: unit as i32,
+            requests_per_unit,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Upstream's `initialXdsBasicConfig`: the `basic` and `another` domains of
+/// its integration configuration, as an xDS server serves them.
+fn upstream_xds_configs() -> Vec<conf::RateLimitConfig> {
+    use conf::RateLimitUnit::{Day, Hour, Minute, Second};
+    let config = |domain: &str, descriptors| conf::RateLimitConfig {
+        name: domain.into(),
+        domain: domain.into(),
+        descriptors,
+    };
+    vec![
+        config(
+            "basic",
+            vec![
+                xds_rule("key1", Second, 50),
+                xds_rule("key1_local", Second, 50),
+                xds_rule("one_per_minute", Minute, 1),
+            ],
+        ),
+        config(
+            "another",
+            vec![
+                xds_rule("key2", Minute, 20),
+                xds_rule("key3", Hour, 10),
+                xds_rule("key2_local", Minute, 20),
+                xds_rule("key3_local", Hour, 10),
+                xds_rule("key4", Day, 20),
+                xds_rule("key4_local", Day, 20),
+            ],
+        ),
+    ]
+}
+
+/// `TestXdsProviderBasicConfig`: the rules from an xDS server
+/// (CONFIG_TYPE=GRPC_XDS_SOTW, upstream's node id), without and with the
+/// per-second Redis, without and with the local cache.
+#[tokio::test]
+async fn xds_provider_basic_config() {
+    let (_xds, xds_address, _publish) =
+        common::xds::serve_configs("1", upstream_xds_configs()).await;
+    let xds = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "init-test-node".to_owned()),
+        ("CONFIG_GRPC_XDS_SERVER_URL", xds_address.to_string()),
+    ];
+    for per_second in [false, true] {
+        // The local cache's run counts `_local` keys: the same servers serve.
+        let (main, fast) = (RedisServer::start().await, RedisServer::start().await);
+        let mut settings = match per_second {
+            true => with_per_second(&main, &fast),
+            false => standalone(&main),
+        };
+        settings.extend(xds.iter().cloned());
+        for local_cache in [false, true] {
+            let variant = Variant {
+                local_cache,
+                ..Variant::default()
+            };
+            basic_base_config(&settings, variant).await;
+        }
+        if per_second {
+            assert_split_standalone(&main, &fast).await;
+        } else {
+            assert_eq!(fast.script_calls().await, 0);
+        }
     }
 }

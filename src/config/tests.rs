@@ -1,5 +1,8 @@
 //! The configuration as a deployment gives it: our flags, upstream's
-//! variables, both together, and what the logs may show of it.
+//! variables, both together, and what the logs may show of it; the
+//! per-second Redis's in `per_second`.
+
+mod per_second;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -268,7 +271,7 @@ fn what_cannot_be_honoured_stops_the_start_by_name() {
         ("TRACING_ENABLED", "true"),
         ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
         ("BACKEND_TYPE", "memcache"),
-        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "ERROR"),
         ("MERGE_DOMAIN_CONFIG", "true"),
     ] {
         let err = load(&[], &[(name, value)]).unwrap_err();

@@ -1,14 +1,16 @@
-//! The limiter: one store, with its key prefix, failure policy and local
-//! over-limit cache, deciding each call's limits together or each on its
-//! own.
+//! The limiter: one store (and, beside a main Redis, a per-second one for
+//! the requests routed there: see `split`), with its key prefix, failure
+//! policy and local over-limit cache, deciding each call's limits together
+//! or each on its own.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{debug, instrument};
 
 use super::denial_cache::DenialCache;
-use super::keys::{Combination, Group, GroupDecisions, Groups};
+use super::keys::{Combination, Group, GroupDecisions, Groups, Route};
 use super::store::Store;
 use super::{failure, in_memory, on_redis};
 use crate::algorithm::State;
@@ -17,14 +19,17 @@ use crate::limit::{Decision, FailurePolicy, LimitRequest};
 use crate::metrics;
 use crate::store::{MemoryStore, RedisStore};
 
-/// Decides requests on one store.
+/// Decides requests on one store (or two: see [`Limiter::with_per_second`]).
 #[derive(Clone)]
 pub struct Limiter {
     store: Store,
+    /// Beside a main Redis, the Redis for requests routed
+    /// [`Route::PerSecond`].
+    per_second: Option<RedisStore>,
     key_prefix: String,
     default_policy: FailurePolicy,
     /// Where `Local` decides while Redis cannot: this instance's own state.
-    local: Option<Arc<MemoryStore<State>>>,
+    pub(super) local: Option<Arc<MemoryStore<State>>>,
     /// Keys Redis denied until a known instant, answered without Redis.
     denials: Option<Arc<DenialCache>>,
 }
@@ -34,6 +39,7 @@ impl Limiter {
     pub fn new(store: Store, key_prefix: impl Into<String>) -> Self {
         Self {
             store,
+            per_second: None,
             key_prefix: key_prefix.into(),
             default_policy: FailurePolicy::FailClosed,
             local: None,
@@ -60,9 +66,26 @@ impl Limiter {
         self
     }
 
-    /// The store it decides on.
+    /// Decides the requests routed [`Route::PerSecond`] on `redis`, with
+    /// the same key prefix, failure policy and denial cache, the rest on
+    /// the main store, which must be Redis too (beside the embedded store,
+    /// the route is not followed).
+    pub fn with_per_second(mut self, redis: RedisStore) -> Self {
+        self.per_second = Some(redis);
+        self
+    }
+
+    /// The (main) store it decides on.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Every store it decides on: the main one, then the per-second Redis
+    /// if there is one.
+    pub fn stores(&self) -> Vec<Store> {
+        std::iter::once(self.store.clone())
+            .chain(self.per_second.clone().map(Store::Redis))
+            .collect()
     }
 
     /// May `request.key` spend `request.cost` now? Over the limit is an
@@ -92,7 +115,32 @@ impl Limiter {
         requests: &[LimitRequest],
         policy: Option<FailurePolicy>,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.decide(requests, policy, Combination::AllOrNothing)
+        self.decide(requests, &[], policy, Combination::AllOrNothing)
+            .await
+    }
+
+    /// As [`Limiter::check_all`], each request decided on the store its
+    /// route names (`routes`, one per request): across two stores, all or
+    /// nothing still, as across the nodes of a Redis Cluster (see `split`).
+    pub async fn check_all_routed(
+        &self,
+        requests: &[LimitRequest],
+        routes: &[Route],
+        policy: Option<FailurePolicy>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.decide(requests, routes, policy, Combination::AllOrNothing)
+            .await
+    }
+
+    /// As [`Limiter::check_each`], each request decided on the store its
+    /// route names.
+    pub async fn check_each_routed(
+        &self,
+        requests: &[LimitRequest],
+        routes: &[Route],
+        policy: Option<FailurePolicy>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.decide(requests, routes, policy, Combination::Each)
             .await
     }
 
@@ -106,18 +154,40 @@ impl Limiter {
         requests: &[LimitRequest],
         policy: Option<FailurePolicy>,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.decide(requests, policy, Combination::Each).await
+        self.decide(requests, &[], policy, Combination::Each).await
     }
 
+    /// Decides `requests` on the stores `routes` name (all on the main
+    /// store without them).
     async fn decide(
         &self,
         requests: &[LimitRequest],
+        routes: &[Route],
         policy: Option<FailurePolicy>,
         combination: Combination,
     ) -> Result<Vec<Decision>, StoreError> {
         let groups = Groups::new(&self.key_prefix, requests);
         let decisions = match &self.store {
-            Store::Redis(redis) => {
+            Store::Redis(main) => {
+                let redis = match (&self.per_second, groups.routes(routes)) {
+                    (None, _) | (_, Ok(Route::Main)) => main,
+                    (Some(per_second), Ok(Route::PerSecond)) => per_second,
+                    (Some(per_second), Err(by_group)) => {
+                        // Boxed as a trait object: the type of the split's
+                        // future, nested in every API's, is too deep for
+                        // the compiler to prove it `Send` otherwise.
+                        let split: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+                            Box::pin(self.decide_split(
+                                [main, per_second],
+                                requests,
+                                &groups,
+                                &by_group,
+                                policy,
+                                combination,
+                            ));
+                        return split.await;
+                    }
+                };
                 self.decide_on_redis(redis, &groups, requests, policy, combination)
                     .await?
             }
@@ -128,7 +198,7 @@ impl Limiter {
 
     /// Decides on Redis, through the denial cache (all or nothing only),
     /// with the failure policy answering while Redis cannot.
-    async fn decide_on_redis(
+    pub(super) async fn decide_on_redis(
         &self,
         redis: &RedisStore,
         groups: &Groups,
@@ -147,17 +217,14 @@ impl Limiter {
         // Boxed: the Redis path's future is kilobytes, and unboxed it would
         // be copied with every embedded-store decision too.
         match Box::pin(on_redis::decide(redis, groups, requests, combination)).await {
-            Err(err) if err.is_transient() => {
-                let policy = policy.unwrap_or(self.default_policy);
-                failure::answer(
-                    err,
-                    policy,
-                    self.local.as_deref(),
-                    groups,
-                    requests,
-                    combination,
-                )
-            }
+            Err(err) if err.is_transient() => failure::answer(
+                err,
+                self.policy(policy),
+                self.local.as_deref(),
+                groups,
+                requests,
+                combination,
+            ),
             decided => {
                 let decisions = decided?;
                 if cached {
@@ -168,10 +235,20 @@ impl Limiter {
         }
     }
 
+    /// What every storage key starts with.
+    pub(super) fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The failure policy of a call that names `policy` (or none).
+    pub(super) fn policy(&self, policy: Option<FailurePolicy>) -> FailurePolicy {
+        policy.unwrap_or(self.default_policy)
+    }
+
     /// The denial cache's answers for the request's groups, when one of
     /// its enforcing limits is known to deny it (so the whole request is
     /// denied): `Some` for each group the cache knows.
-    fn known_denial(
+    pub(super) fn known_denial(
         &self,
         groups: &Groups,
         requests: &[LimitRequest],
@@ -207,7 +284,7 @@ impl Limiter {
     /// reports its real remaining and reset. If Redis cannot answer, they
     /// report their whole limit, the most they could have (marked
     /// degraded): the request is denied either way.
-    async fn complete_denial(
+    pub(super) async fn complete_denial(
         &self,
         redis: &RedisStore,
         groups: &Groups,
@@ -238,7 +315,7 @@ impl Limiter {
     }
 
     /// Keeps Redis's denials of `groups` (asked at `sent`) in the cache.
-    fn remember_denials(
+    pub(super) fn remember_denials(
         &self,
         groups: &Groups,
         requests: &[LimitRequest],

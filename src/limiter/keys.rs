@@ -222,9 +222,48 @@ impl GroupDecisions {
         &self.0
     }
 
+    /// Does one of `groups` not in shadow mode deny?
+    pub(super) fn denies(&self, groups: &Groups) -> bool {
+        groups
+            .unique
+            .iter()
+            .zip(&self.0)
+            .any(|(group, decision)| !group.shadow && !decision.is_allowed())
+    }
+
     /// Changes every decision with `change`.
     pub(super) fn map(self, change: impl FnMut(Decision) -> Decision) -> Self {
         Self(self.0.into_iter().map(change).collect())
+    }
+}
+
+/// Which store decides a request, when there are two.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Route {
+    /// The main store: every limit but Envoy's per-second rules.
+    #[default]
+    Main,
+    /// The per-second Redis, when one is configured (the main store
+    /// otherwise): Envoy's rules whose unit is second.
+    PerSecond,
+}
+
+impl Groups {
+    /// The store of each group, by its first request's route (`routes`,
+    /// one per request; `Main` where missing): one route for them all, or
+    /// each group's.
+    pub(super) fn routes(&self, routes: &[Route]) -> Result<Route, Vec<Route>> {
+        let of = |group: &Group| routes.get(group.first).copied().unwrap_or_default();
+        let first = self.unique.first().map(of).unwrap_or_default();
+        if self.unique.iter().all(|group| of(group) == first) {
+            return Ok(first);
+        }
+        Err(self.unique.iter().map(of).collect())
+    }
+
+    /// The index of request `request`'s group.
+    pub(super) fn group_of(&self, request: usize) -> Option<usize> {
+        self.of_request.get(request).copied()
     }
 }
 

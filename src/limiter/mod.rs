@@ -5,7 +5,8 @@
 //!
 //! [`Limiter`] (`decisions`) decides on a [`Store`] (`store`): `keys` names
 //! and groups a call's keys, `on_redis` and `in_memory` drive the two
-//! stores (the scripts' side in `script`), `failure` answers while Redis
+//! stores (the scripts' side in `script`), `split` decides a call across
+//! the main Redis and the per-second one, `failure` answers while Redis
 //! cannot, and `denial_cache` remembers what Redis denied.
 
 mod decisions;
@@ -16,10 +17,11 @@ mod keys;
 mod on_redis;
 mod options;
 pub mod script;
+mod split;
 mod store;
 
 pub use self::decisions::Limiter;
 pub use self::denial_cache::DenialCache;
-pub use self::keys::storage_key;
+pub use self::keys::{Route, storage_key};
 pub use self::options::{DEFAULT_KEY_PREFIX, LimiterOptions};
 pub use self::store::Store;

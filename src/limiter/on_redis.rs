@@ -3,13 +3,12 @@
 //! decision everywhere, then spending everywhere, with refunds when a node
 //! denies after another has spent.
 
-use futures::future::join_all;
-
 use super::keys::{Combination, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::error::StoreError;
 use crate::limit::{Decision, LimitRequest};
 use crate::store::RedisStore;
+use futures::future::join_all;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
@@ -32,69 +31,160 @@ pub(super) async fn decide(
     requests: &[LimitRequest],
     combination: Combination,
 ) -> Result<GroupDecisions, StoreError> {
-    let partitions = script_partitions(redis, groups, 0..groups.unique.len());
-    let everywhere = |mode| on_every_node(redis, groups, requests, &partitions, mode);
-    let decisions_of = |answers: &Answers| groups.decide(|g, _| Ok(answers.get(g)?.decision));
     if combination == Combination::Each {
-        return decisions_of(&everywhere(Mode::Each).await?);
+        let scripts = Scripts::new(redis, groups, requests);
+        return scripts.run(Mode::Each).await?.decisions(groups);
     }
-    if partitions.len() == 1 {
-        return decisions_of(&everywhere(Mode::Decide).await?);
+    Ok(decide_together(redis, groups, requests).await?.decisions)
+}
+
+/// A call decided all or nothing on one Redis, and what it spent there, if
+/// it spent: what to give back if another store denies the call.
+pub(super) struct Together {
+    /// One per group.
+    pub(super) decisions: GroupDecisions,
+    /// The answers of the spending scripts, when every enforcing limit
+    /// allowed (and so spent).
+    pub(super) spent: Option<Answers>,
+}
+
+impl Together {
+    /// The call as the spending scripts answered it.
+    fn spending(groups: &Groups, answers: Answers) -> Result<Self, StoreError> {
+        let decisions = answers.decisions(groups)?;
+        let spent = (!decisions.denies(groups)).then_some(answers);
+        Ok(Self { decisions, spent })
     }
-    let denies = |answers: &Answers| -> Result<bool, StoreError> {
-        for (g, group) in groups.unique.iter().enumerate() {
-            if !group.shadow && !answers.get(g)?.decision.is_allowed() {
-                return Ok(true);
-            }
+
+    /// The call, denied, having spent nothing (or all of it given back).
+    fn nothing_spent(decisions: GroupDecisions) -> Self {
+        Self {
+            decisions,
+            spent: None,
         }
-        Ok(false)
-    };
-    let dry = everywhere(Mode::Dry).await?;
-    if denies(&dry)? {
-        // Nothing is spent; the limits that would allow report what they have.
-        let looks = everywhere(Mode::Look).await?;
-        return groups.decide(|g, _| {
+    }
+}
+
+/// All or nothing on one Redis (see [`decide`]).
+pub(super) async fn decide_together(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+) -> Result<Together, StoreError> {
+    let scripts = Scripts::new(redis, groups, requests);
+    if scripts.partitions.len() == 1 {
+        return Together::spending(groups, scripts.run(Mode::Decide).await?);
+    }
+    let dry = scripts.run(Mode::Dry).await?;
+    if dry.decisions(groups)?.denies(groups) {
+        let looks = scripts.run(Mode::Look).await?;
+        return Ok(Together::nothing_spent(
+            scripts.nothing_spent(&dry, &looks)?,
+        ));
+    }
+    let spent = scripts.run(Mode::Decide).await?;
+    if !spent.decisions(groups)?.denies(groups) {
+        return Together::spending(groups, spent);
+    }
+    let refunded = scripts.give_back(&spent).await?;
+    Ok(Together::nothing_spent(
+        scripts.after_refund(&spent, &refunded)?,
+    ))
+}
+
+/// The scripts that decide one call's groups on one Redis, and the steps
+/// of all or nothing across them (`split` gives back across two Redis
+/// deployments with them too).
+pub(super) struct Scripts<'a> {
+    redis: &'a RedisStore,
+    groups: &'a Groups,
+    requests: &'a [LimitRequest],
+    /// The groups of each script (see [`script_partitions`]).
+    partitions: Vec<Vec<usize>>,
+}
+
+impl<'a> Scripts<'a> {
+    /// The scripts of every group of the call, on `redis`.
+    pub(super) fn new(
+        redis: &'a RedisStore,
+        groups: &'a Groups,
+        requests: &'a [LimitRequest],
+    ) -> Self {
+        let partitions = script_partitions(redis, groups, 0..groups.unique.len());
+        Self {
+            redis,
+            groups,
+            requests,
+            partitions,
+        }
+    }
+
+    /// Runs every script in `mode`, at once.
+    async fn run(&self, mode: Mode) -> Result<Answers, StoreError> {
+        on_every_node(
+            self.redis,
+            self.groups,
+            self.requests,
+            &self.partitions,
+            mode,
+        )
+        .await
+    }
+
+    /// The answer of a call that a `dry` run denied, nothing spent: the
+    /// denying limits as the dry run answered, the others what they have
+    /// (`looks`).
+    fn nothing_spent(&self, dry: &Answers, looks: &Answers) -> Result<GroupDecisions, StoreError> {
+        self.groups.decide(|g, _| {
             let decision = dry.get(g)?.decision;
             if decision.is_allowed() {
                 Ok(looks.get(g)?.decision)
             } else {
                 Ok(decision)
             }
-        });
+        })
     }
-    let spent = everywhere(Mode::Decide).await?;
-    if !denies(&spent)? {
-        return decisions_of(&spent);
-    }
-    // A node denied after others spent: those give the units back. A node
-    // spent only if none of its own enforcing limits denied (otherwise its
-    // allowing limits answered with a look, spending nothing).
-    let mut refunded = vec![false; groups.unique.len()];
-    for members in &partitions {
-        let mut spent_here = true;
-        for &g in members {
-            spent_here &= groups.unique[g].shadow || spent.get(g)?.decision.is_allowed();
-        }
-        if spent_here {
-            refund(redis, groups, requests, members, &spent).await?;
+
+    /// Gives back what the scripts that spent (none of whose enforcing
+    /// limits denied: the others answered with a look, spending nothing)
+    /// spent: which groups were given back.
+    pub(super) async fn give_back(&self, spent: &Answers) -> Result<Vec<bool>, StoreError> {
+        let mut refunded = vec![false; self.groups.unique.len()];
+        for members in &self.partitions {
+            let mut spent_here = true;
             for &g in members {
-                refunded[g] = true;
+                spent_here &= self.groups.unique[g].shadow || spent.get(g)?.decision.is_allowed();
+            }
+            if spent_here {
+                refund(self.redis, self.groups, self.requests, members, spent).await?;
+                for &g in members {
+                    refunded[g] = true;
+                }
             }
         }
+        Ok(refunded)
     }
-    groups.decide(|g, group| {
-        let decision = spent.get(g)?.decision;
-        Ok(if decision.is_allowed() && refunded[g] {
-            // Given back: what is left is as before this request.
-            Decision::allowed(
-                decision.limit(),
-                decision.remaining() + group.cost,
-                decision.reset_after(),
-            )
-        } else {
-            decision
+
+    /// The decisions after [`Scripts::give_back`]: a limit given back has
+    /// what it had before the call.
+    pub(super) fn after_refund(
+        &self,
+        spent: &Answers,
+        refunded: &[bool],
+    ) -> Result<GroupDecisions, StoreError> {
+        self.groups.decide(|g, group| {
+            let decision = spent.get(g)?.decision;
+            Ok(if decision.is_allowed() && refunded[g] {
+                Decision::allowed(
+                    decision.limit(),
+                    decision.remaining() + group.cost,
+                    decision.reset_after(),
+                )
+            } else {
+                decision
+            })
         })
-    })
+    }
 }
 
 /// What the groups `members` answer in a request that a cached denial of
@@ -135,7 +225,7 @@ fn script_partitions(
 }
 
 /// What the scripts of one step answered, by group index.
-struct Answers(Vec<Option<Decided>>);
+pub(super) struct Answers(Vec<Option<Decided>>);
 
 impl Answers {
     /// Group `g`'s answer; an error if no script answered for it.
@@ -145,6 +235,11 @@ impl Answers {
             .copied()
             .flatten()
             .ok_or_else(|| StoreError::Reply(format!("no script answered for limit {g}")))
+    }
+
+    /// The answers as decisions of `groups`.
+    pub(super) fn decisions(&self, groups: &Groups) -> Result<GroupDecisions, StoreError> {
+        groups.decide(|g, _| Ok(self.get(g)?.decision))
     }
 }
 

@@ -13,6 +13,7 @@ use crate::algorithm::State;
 use crate::error::StoreError;
 use crate::limit::FailurePolicy;
 use crate::options::byte_size;
+use crate::store::redis::PER_SECOND;
 use crate::store::{
     EmbeddedSettings, MemoryStore, RedisStore, StoreSettings, SystemClock, redacted_url,
 };
@@ -63,7 +64,11 @@ impl LimiterOptions {
     /// stores start their eviction task).
     pub fn build(&self, store: &StoreSettings) -> Result<Limiter, StoreError> {
         match store {
-            StoreSettings::Redis { redis, local } => {
+            StoreSettings::Redis {
+                redis,
+                per_second,
+                local,
+            } => {
                 info!(
                     urls = ?redis.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
                     topology = ?redis.topology,
@@ -71,12 +76,22 @@ impl LimiterOptions {
                     "using Redis"
                 );
                 let store = Store::Redis(RedisStore::new(redis)?);
-                Ok(Limiter::new(store, self.key_prefix.clone())
+                let limiter = Limiter::new(store, self.key_prefix.clone())
                     .with_failure_policy(self.failure_policy, embedded(local))
                     .with_denial_cache(DenialCache::new(
                         self.local_cache_size,
                         self.local_cache_max_bytes,
-                    )))
+                    ));
+                let Some(per_second) = per_second else {
+                    return Ok(limiter);
+                };
+                info!(
+                    urls = ?per_second.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
+                    topology = ?per_second.topology,
+                    "using a per-second Redis for Envoy's rules whose unit is second"
+                );
+                let per_second = RedisStore::new(per_second)?.labelled(PER_SECOND);
+                Ok(limiter.with_per_second(per_second))
             }
             StoreSettings::Embedded(settings) => {
                 warn!(

@@ -171,8 +171,8 @@ pub async fn run(
     Ok(())
 }
 
-/// Reports NOT_SERVING until the store is seen to answer, then follows it
-/// (see [`health::watch`]): the task doing so.
+/// Reports NOT_SERVING until the stores are seen to answer, then follows
+/// them (see [`health::watch`]): the task doing so.
 async fn watch_health(
     config: &Config,
     limiter: &Limiter,
@@ -183,7 +183,7 @@ async fn watch_health(
     // while Redis is down.
     let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
     tokio::spawn(health::watch(
-        limiter.store().clone(),
+        limiter.stores(),
         reporter.clone(),
         config.store.health_interval,
         serves_without_store,

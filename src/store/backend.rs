@@ -36,6 +36,15 @@ impl<M> Backend<M> {
         }
     }
 
+    /// Which store it is, for logs: the Redis's label (`main`,
+    /// `per_second`), or `embedded`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Redis(redis) => redis.label(),
+            Self::Memory(_) => "embedded",
+        }
+    }
+
     /// Does it answer now? Asks Redis for `PING`, whatever the circuit
     /// breaker says (the answer also closes or opens it); this process's
     /// memory answers while we do.

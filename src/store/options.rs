@@ -1,10 +1,11 @@
-//! The store's options (`--redis-*`, `--memory-*`) and what they become at
-//! start: Redis settings, with the TLS files read, or the embedded store
-//! alone when no Redis URL is given. URLs are logged with their
-//! credentials hidden.
+//! The store's options (`--redis-*`, `--redis-persecond-*`, `--memory-*`)
+//! and what they become at start: Redis settings (the main Redis, and the
+//! per-second one when given, each described the same way), with the TLS
+//! files read, or the embedded store alone when no Redis URL is given. URLs
+//! are logged with their credentials hidden.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
@@ -70,6 +71,78 @@ pub struct StoreOptions {
           value_parser = clap::value_parser!(u16).range(1..))]
     pub redis_pool_size: u16,
 
+    /// A second Redis for the Envoy rules whose unit is second (files and
+    /// xDS alike; every other limit stays on --redis-url), given as
+    /// --redis-url is. Needs --redis-url. Timeouts, breaker, key prefix,
+    /// local cache and failure policy are the main Redis's.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_URL",
+        value_delimiter = ',',
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_url: Vec<RedisUrl>,
+
+    /// What --redis-persecond-url names, as --redis-mode.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_MODE",
+        value_enum,
+        default_value = "standalone",
+        requires = "redis_persecond_url",
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_mode: Topology,
+
+    /// As --redis-sentinel-master, for the per-second Redis.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_SENTINEL_MASTER",
+        default_value = "mymaster",
+        requires = "redis_persecond_url",
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_sentinel_master: String,
+
+    /// As --redis-sentinel-auth, for the per-second Redis's sentinels.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_SENTINEL_AUTH",
+        requires = "redis_persecond_url",
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_sentinel_auth: Option<Secret>,
+
+    /// As --redis-tls-ca, for a rediss:// per-second Redis.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_TLS_CA",
+        requires = "redis_persecond_url",
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_tls_ca: Option<PathBuf>,
+
+    /// As --redis-tls-cert, for a rediss:// per-second Redis.
+    #[arg(long, env = "RATELIMITD_REDIS_PERSECOND_TLS_CERT",
+          requires_all = ["redis_persecond_tls_key", "redis_persecond_url"],
+          help_heading = "Per-second store")]
+    pub redis_persecond_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --redis-persecond-tls-cert.
+    #[arg(
+        long,
+        env = "RATELIMITD_REDIS_PERSECOND_TLS_KEY",
+        requires = "redis_persecond_tls_cert",
+        help_heading = "Per-second store"
+    )]
+    pub redis_persecond_tls_key: Option<PathBuf>,
+
+    /// Most connections to the per-second Redis held open at once (unset:
+    /// --redis-pool-size).
+    #[arg(long, env = "RATELIMITD_REDIS_PERSECOND_POOL_SIZE", requires = "redis_persecond_url",
+          value_parser = clap::value_parser!(u16).range(1..), help_heading = "Per-second store")]
+    pub redis_persecond_pool_size: Option<u16>,
+
     /// Longest wait to open a Redis connection.
     #[arg(long, env = "RATELIMITD_REDIS_CONNECT_TIMEOUT", default_value = "1s",
           value_parser = positive_duration)]
@@ -117,6 +190,9 @@ pub enum StoreSettings {
         /// The Redis deployment and its TLS (boxed: the variants' sizes
         /// differ by hundreds of bytes).
         redis: Box<RedisSettings>,
+        /// The Redis for the Envoy rules whose unit is second, if one is
+        /// given.
+        per_second: Option<Box<RedisSettings>>,
         /// The instance's own store, for `--failure-policy local`.
         local: EmbeddedSettings,
     },
@@ -139,58 +215,137 @@ impl StoreOptions {
             max_bytes: self.memory_max_bytes,
             sweep_interval: self.memory_sweep_interval,
         };
-        Ok(match self.redis_settings()? {
-            Some(redis) => StoreSettings::Redis {
+        let redis = self.redis_settings(&self.main_redis())?;
+        let per_second = self.redis_settings(&self.per_second_redis())?;
+        Ok(match (redis, per_second) {
+            (Some(redis), per_second) => StoreSettings::Redis {
                 redis: Box::new(redis),
+                per_second: per_second.map(Box::new),
                 local: embedded,
             },
-            None => StoreSettings::Embedded(embedded),
+            (None, Some(_)) => {
+                return Err(OptionsError::invalid(
+                    "redis_persecond_url",
+                    "a per-second Redis needs a main one (--redis-url): without it every limit \
+                     is on the embedded store",
+                ));
+            }
+            (None, None) => StoreSettings::Embedded(embedded),
         })
     }
 
-    /// The Redis settings, when a Redis URL is given.
-    fn redis_settings(&self) -> Result<Option<RedisSettings>, OptionsError> {
-        if self.redis_url.is_empty() {
+    /// The main Redis, as its flags describe it.
+    fn main_redis(&self) -> Described<'_> {
+        Described {
+            ids: RedisFlagIds {
+                url: "redis_url",
+                mode: "redis-mode",
+                tls: ["redis_tls_ca", "redis_tls_cert", "redis_tls_key"],
+            },
+            urls: &self.redis_url,
+            mode: self.redis_mode,
+            master: &self.redis_sentinel_master,
+            sentinel_auth: self.redis_sentinel_auth.as_ref(),
+            tls: [
+                self.redis_tls_ca.as_deref(),
+                self.redis_tls_cert.as_deref(),
+                self.redis_tls_key.as_deref(),
+            ],
+            pool_size: self.redis_pool_size,
+        }
+    }
+
+    /// The per-second Redis, as its flags describe it.
+    fn per_second_redis(&self) -> Described<'_> {
+        Described {
+            ids: RedisFlagIds {
+                url: "redis_persecond_url",
+                mode: "redis-persecond-mode",
+                tls: [
+                    "redis_persecond_tls_ca",
+                    "redis_persecond_tls_cert",
+                    "redis_persecond_tls_key",
+                ],
+            },
+            urls: &self.redis_persecond_url,
+            mode: self.redis_persecond_mode,
+            master: &self.redis_persecond_sentinel_master,
+            sentinel_auth: self.redis_persecond_sentinel_auth.as_ref(),
+            tls: [
+                self.redis_persecond_tls_ca.as_deref(),
+                self.redis_persecond_tls_cert.as_deref(),
+                self.redis_persecond_tls_key.as_deref(),
+            ],
+            pool_size: self
+                .redis_persecond_pool_size
+                .unwrap_or(self.redis_pool_size),
+        }
+    }
+
+    /// The settings of the Redis `redis` describes, when it has a URL; the
+    /// timeouts and the breaker are the store's, whichever Redis.
+    fn redis_settings(&self, redis: &Described<'_>) -> Result<Option<RedisSettings>, OptionsError> {
+        let ids = &redis.ids;
+        if redis.urls.is_empty() {
             return Ok(None);
         }
-        if self.redis_mode == Topology::Standalone && self.redis_url.len() > 1 {
+        if redis.mode == Topology::Standalone && redis.urls.len() > 1 {
             return Err(OptionsError::invalid(
-                "redis_url",
-                "a standalone Redis takes one URL (several are for --redis-mode cluster or \
-                 sentinel)",
+                ids.url,
+                format!(
+                    "a standalone Redis takes one URL (several are for --{} cluster or sentinel)",
+                    ids.mode
+                ),
             ));
         }
+        let [ca, cert, key] = redis.tls;
         let tls = RedisTls {
-            ca: read_optional_pem("redis_tls_ca", self.redis_tls_ca.as_deref())?,
-            client: read_identity(
-                ["redis_tls_cert", "redis_tls_key"],
-                [
-                    self.redis_tls_cert.as_deref(),
-                    self.redis_tls_key.as_deref(),
-                ],
-            )?,
+            ca: read_optional_pem(ids.tls[0], ca)?,
+            client: read_identity([ids.tls[1], ids.tls[2]], [cert, key])?,
         };
         Ok(Some(RedisSettings {
-            urls: self
-                .redis_url
+            urls: redis
+                .urls
                 .iter()
                 .map(|url| url.as_str().to_owned())
                 .collect(),
-            topology: self.redis_mode,
+            topology: redis.mode,
             sentinel: Sentinel {
-                master: self.redis_sentinel_master.clone(),
-                credentials: self
-                    .redis_sentinel_auth
-                    .as_ref()
+                master: redis.master.to_owned(),
+                credentials: redis
+                    .sentinel_auth
                     .map(|auth| Credentials::parse(auth.expose())),
             },
-            pool_size: usize::from(self.redis_pool_size),
+            pool_size: usize::from(redis.pool_size),
             connect_timeout: self.redis_connect_timeout,
             command_timeout: self.redis_command_timeout,
             breaker_threshold: self.redis_breaker_threshold,
             tls,
         }))
     }
+}
+
+/// The ids of the flags that describe one Redis, for errors.
+struct RedisFlagIds {
+    /// Its URLs' flag.
+    url: &'static str,
+    /// Its mode's flag, by its long name.
+    mode: &'static str,
+    /// Its TLS CA, certificate and key flags.
+    tls: [&'static str; 3],
+}
+
+/// One Redis as its flags describe it: the main one, or the per-second
+/// one, told apart only by their flags.
+struct Described<'a> {
+    ids: RedisFlagIds,
+    urls: &'a [RedisUrl],
+    mode: Topology,
+    master: &'a str,
+    sentinel_auth: Option<&'a Secret>,
+    /// CA, certificate, key.
+    tls: [Option<&'a Path>; 3],
+    pool_size: u16,
 }
 
 /// A Redis URL as given. Its `Debug` hides every credential in it (see

@@ -48,6 +48,12 @@ macro_rules! on_shared_connection {
     }};
 }
 
+/// The label of the main Redis (see [`RedisStore::labelled`]).
+pub const MAIN: &str = "main";
+
+/// The label of the per-second Redis.
+pub const PER_SECOND: &str = "per_second";
+
 /// The pool for each topology.
 #[derive(Clone)]
 enum Pools {
@@ -73,12 +79,15 @@ pub struct RedisStore {
     pools: Pools,
     command_timeout: Duration,
     breaker: Arc<CircuitBreaker>,
+    /// Which Redis it is, for metrics and logs: `main` or `per_second`.
+    label: &'static str,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let status = self.pools.status();
         f.debug_struct("RedisStore")
+            .field("label", &self.label)
             .field("pool", &status)
             .field("command_timeout", &self.command_timeout)
             .finish()
@@ -152,7 +161,19 @@ impl RedisStore {
             pools,
             command_timeout: settings.command_timeout,
             breaker: Arc::new(CircuitBreaker::new(settings.breaker_threshold)),
+            label: MAIN,
         })
+    }
+
+    /// The same store, named `label` in metrics and logs (`main` unless
+    /// said otherwise).
+    pub fn labelled(self, label: &'static str) -> Self {
+        Self { label, ..self }
+    }
+
+    /// Its name in metrics and logs.
+    pub fn label(&self) -> &'static str {
+        self.label
     }
 
     /// Runs a prepared script call (by SHA, loading the script on
@@ -163,7 +184,7 @@ impl RedisStore {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         if !self.breaker.allows() {
-            metrics::redis_command(Duration::ZERO, Err(&StoreError::CircuitOpen));
+            metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
         let started = std::time::Instant::now();
@@ -174,7 +195,7 @@ impl RedisStore {
                 .map_err(classify)
             })
             .await;
-        metrics::redis_command(started.elapsed(), reply.as_ref().map(drop));
+        metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
         reply
     }
 
@@ -182,6 +203,7 @@ impl RedisStore {
     pub fn report_pool(&self) {
         let status = self.pools.status();
         metrics::redis_pool(
+            self.label,
             status.size.saturating_sub(status.available),
             status.available,
         );

@@ -118,9 +118,15 @@ impl EnvoyService {
         let decisions = if plan.requests.is_empty() {
             Vec::new()
         } else if plan.count_denied_hits {
-            self.limiter.check_each(&plan.requests, None).await?
+            let (requests, routes) = (&plan.requests, &plan.routes);
+            self.limiter
+                .check_each_routed(requests, routes, None)
+                .await?
         } else {
-            self.limiter.check_all(&plan.requests, None).await?
+            let (requests, routes) = (&plan.requests, &plan.routes);
+            self.limiter
+                .check_all_routed(requests, routes, None)
+                .await?
         };
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);

@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use super::settings::{EnvoySettings, KeyLayout};
 use crate::limit::{self, Algorithm, CallerKey, Decision, InvalidArgument, LimitRequest, Micros};
+use crate::limiter::Route;
 use crate::pb::convert;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use crate::rules::{Counted, DescriptorSettings, Limit, Period, Rule, Rules};
+use crate::spec::Unit;
 use crate::stats::{self, RuleStats};
 
 /// What governs one limit of a descriptor.
@@ -75,6 +77,10 @@ pub(super) struct Plan {
     /// Per request descriptor, in order: upstream's statistics for it,
     /// when statistics are on and a limit governs it.
     pub(super) stats: Vec<Option<Arc<RuleStats>>>,
+    /// The store of each of `requests`: the per-second one for a rule
+    /// whose unit is second (whatever its multiplier), as upstream's
+    /// REDIS_PERSECOND routes them.
+    pub(super) routes: Vec<Route>,
 }
 
 /// A descriptor's governing rules, what its counters' names start with,
@@ -137,6 +143,7 @@ impl Plan {
             descriptors: Vec::with_capacity(matched.len()),
             requests: Vec::new(),
             stats: Vec::with_capacity(matched.len()),
+            routes: Vec::new(),
         };
         plan.govern(&matched, settings, now);
         plan.stats = matched.into_iter().map(|matched| matched.stats).collect();
@@ -210,6 +217,10 @@ impl Plan {
             algorithm,
             cost,
             shadow: rule.shadow() || settings.shadow_mode || quota,
+        });
+        self.routes.push(match counted.period().unit() {
+            Unit::Second => Route::PerSecond,
+            _ => Route::Main,
         });
         Governed::Counted {
             rule,

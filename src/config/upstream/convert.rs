@@ -1,18 +1,20 @@
 //! How upstream's values become ours: Go's booleans and durations, logrus's
 //! level names, and the composite variables (an address from a host and a
-//! port, a Redis URL from an address, a socket type, a password and TLS,
-//! the rules directory from three parts, the metrics address).
+//! port, the rules directory from three parts, the metrics address; Redis
+//! URLs from addresses, socket types, passwords and TLS in `redis_urls`).
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-
 mod stats;
 
 pub(super) use self::stats::{mapping_milliseconds, mogrifiers, statsd};
 use super::{Effect, Environment, Row, Setting, UpstreamError, Value, Variable, When};
+
+mod redis_urls;
+
+pub(super) use self::redis_urls::{per_second_redis, redis, redis_tls_path};
 
 /// Upstream's variables as set, and which of our flags were given.
 pub struct Upstream<'a> {
@@ -366,153 +368,4 @@ pub(super) fn metrics(
         true,
         names_of(&[*prometheus, *address]),
     )]))
-}
-
-/// Our Redis URLs, mode and sentinel master from upstream's address list,
-/// socket type, Redis type, password and TLS switch.
-pub(super) fn redis(
-    upstream: &Upstream<'_>,
-    row: &Row,
-) -> Result<Option<Vec<Setting>>, UpstreamError> {
-    let [url, socket, kind, auth, tls] = row.variables else {
-        return Ok(None);
-    };
-    let value = |variable: &Variable| upstream.get(variable.name).unwrap_or(variable.default);
-    let given = upstream.any_set(row);
-    let tls_on = upstream.go_bool(tls.name)?.unwrap_or(false);
-    let mode = match value(kind).to_ascii_lowercase().as_str() {
-        "single" => "standalone",
-        "cluster" => "cluster",
-        "sentinel" => "sentinel",
-        other => {
-            return Err(UpstreamError::value(
-                kind.name,
-                other,
-                "not single, cluster or sentinel",
-            ));
-        }
-    };
-    let list = value(url);
-    let mut addresses: Vec<&str> = list.split(',').map(str::trim).collect();
-    let mut settings = Vec::new();
-    if mode == "sentinel" {
-        if addresses.len() < 2 {
-            return Err(UpstreamError::value(
-                url.name,
-                list,
-                "with REDIS_TYPE=sentinel, the master's name then the sentinels, as \
-                 mymaster,host:port,...",
-            ));
-        }
-        let master = addresses.remove(0);
-        settings.push(setting(
-            "redis_sentinel_master",
-            vec![master.to_owned()],
-            given,
-            url.name.to_owned(),
-        ));
-    }
-    let password = upstream.get(auth.name).filter(|auth| !auth.is_empty());
-    let urls = addresses
-        .iter()
-        .map(|address| redis_url(address, value(socket), password, tls_on))
-        .collect::<Result<Vec<_>, _>>()?;
-    settings.push(setting("redis_url", urls, given, url.name.to_owned()));
-    settings.push(setting(
-        "redis_mode",
-        vec![mode.into()],
-        given,
-        kind.name.to_owned(),
-    ));
-    Ok(Some(settings))
-}
-
-/// What must be escaped in a URL's user or password.
-const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// One Redis address as upstream writes it (`host:port`, or a socket path
-/// with REDIS_SOCKET_TYPE=unix), as a URL with REDIS_AUTH (`password` or
-/// `user:password`) and REDIS_TLS in it. A `redis://` or `rediss://` URL is
-/// taken as it is.
-fn redis_url(
-    address: &str,
-    socket: &str,
-    auth: Option<&str>,
-    tls: bool,
-) -> Result<String, UpstreamError> {
-    let refuse =
-        |name: &'static str, value: &str, why: &str| Err(UpstreamError::value(name, value, why));
-    if address.contains("://") {
-        if auth.is_some() {
-            return refuse(
-                "REDIS_URL",
-                address,
-                "a URL: put the credentials in it, not in REDIS_AUTH",
-            );
-        }
-        return Ok(address.to_owned());
-    }
-    let (user, password) = match auth {
-        Some(auth) => match auth.split_once(':') {
-            Some((user, password)) => (Some(user), Some(password)),
-            None => (None, Some(auth)),
-        },
-        None => (None, None),
-    };
-    let escape = |text: &str| utf8_percent_encode(text, USERINFO).to_string();
-    match socket.to_ascii_lowercase().as_str() {
-        "unix" => {
-            if tls {
-                return refuse("REDIS_TLS", "true", "needs REDIS_SOCKET_TYPE=tcp");
-            }
-            let query: Vec<String> = [("user", user), ("pass", password)]
-                .into_iter()
-                .filter_map(|(key, value)| value.map(|value| format!("{key}={}", escape(value))))
-                .collect();
-            Ok(match query.is_empty() {
-                true => format!("redis+unix://{address}"),
-                false => format!("redis+unix://{address}?{}", query.join("&")),
-            })
-        }
-        "tcp" => {
-            if address.is_empty() || !address.contains(':') {
-                return refuse("REDIS_URL", address, "not host:port");
-            }
-            let scheme = if tls { "rediss" } else { "redis" };
-            let credentials = match (user, password) {
-                (Some(user), Some(password)) => format!("{}:{}@", escape(user), escape(password)),
-                (None, Some(password)) => format!(":{}@", escape(password)),
-                _ => String::new(),
-            };
-            Ok(format!("{scheme}://{credentials}{address}"))
-        }
-        other => refuse("REDIS_SOCKET_TYPE", other, "not tcp or unix"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redis_addresses_become_urls_with_escaped_credentials() {
-        assert_eq!(
-            redis_url("127.0.0.1:1", "tcp", Some("app:p@ss"), true).unwrap(),
-            "rediss://app:p%40ss@127.0.0.1:1"
-        );
-        assert_eq!(
-            redis_url("/tmp/r.sock", "unix", Some("pw"), false).unwrap(),
-            "redis+unix:///tmp/r.sock?pass=pw"
-        );
-        assert_eq!(
-            redis_url("redis://h:1", "tcp", None, false).unwrap(),
-            "redis://h:1"
-        );
-        assert!(redis_url("/tmp/r.sock", "unix", None, true).is_err());
-        assert!(redis_url("h", "udp", None, false).is_err());
-    }
 }

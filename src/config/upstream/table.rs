@@ -6,8 +6,8 @@
 
 use super::convert::{
     Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, mapping_milliseconds,
-    metrics, mogrifiers, number, path, positive_go_duration, redis, required_path,
-    runtime_directory, statsd, text,
+    metrics, mogrifiers, number, path, per_second_redis, positive_go_duration, redis,
+    redis_tls_path, required_path, runtime_directory, statsd, text,
 };
 use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Value, Variable, When};
 
@@ -102,7 +102,11 @@ const XDS: When = When::Is("CONFIG_TYPE", "GRPC_XDS_SOTW");
 const FILES: When = When::IsNot("CONFIG_TYPE", "GRPC_XDS_SOTW");
 const SERVER_TLS: When = When::True("GRPC_SERVER_USE_TLS");
 const XDS_TLS: When = When::True("CONFIG_GRPC_XDS_SERVER_USE_TLS");
-const REDIS_TLS: When = When::True("REDIS_TLS");
+const PER_SECOND: When = When::True("REDIS_PERSECOND");
+
+/// How the Redis TLS files convert.
+const TLS_PATH: &str = "the path, to the main Redis's flag with REDIS_TLS and to the per-second \
+    one's with REDIS_PERSECOND and REDIS_PERSECOND_TLS (upstream reads one set of files for both)";
 
 /// Every variable upstream's settings read (src/settings/settings.go), and
 /// what it does here; and those that deployments set beside them though
@@ -205,11 +209,12 @@ pub const TABLE: &[Row] = &[
     sets(&[var("REDIS_SENTINEL_AUTH", "")], &["redis_sentinel_auth"],
         "password or user:password; empty: sentinels without a password", text)
         .when(&[When::Is("REDIS_TYPE", "sentinel")]).secret(),
-    sets(&[var("REDIS_TLS_CACERT", "")], &["redis_tls_ca"], "the path", path).when(&[REDIS_TLS]),
-    sets(&[var("REDIS_TLS_CLIENT_CERT", "")], &["redis_tls_cert"], "the path", path)
-        .when(&[REDIS_TLS]),
-    sets(&[var("REDIS_TLS_CLIENT_KEY", "")], &["redis_tls_key"], "the path", path)
-        .when(&[REDIS_TLS]),
+    sets(&[var("REDIS_TLS_CACERT", "")], &["redis_tls_ca", "redis_persecond_tls_ca"],
+        TLS_PATH, redis_tls_path),
+    sets(&[var("REDIS_TLS_CLIENT_CERT", "")], &["redis_tls_cert", "redis_persecond_tls_cert"],
+        TLS_PATH, redis_tls_path),
+    sets(&[var("REDIS_TLS_CLIENT_KEY", "")], &["redis_tls_key", "redis_persecond_tls_key"],
+        TLS_PATH, redis_tls_path),
     refuses(&[var("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")], Accepts::False,
         "TLS always verifies the server's name"),
     sets(&[var("REDIS_POOL_SIZE", "10")], &["redis_pool_size"], "as it is", number),
@@ -219,9 +224,32 @@ pub const TABLE: &[Row] = &[
          up a connection", positive_go_duration),
     refuses(&[var("REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT")], Accepts::OneOf(&["WAIT"]),
         "a full pool waits, up to --redis-command-timeout"),
-    refuses(&[var("REDIS_PERSECOND", "false")], Accepts::False, "one Redis holds every limit"),
-    ignores(&[var("REDIS_PERSECOND_*", "")], Accepts::Any,
-        "per-second Redis is off (REDIS_PERSECOND=true is refused)"),
+    // The per-second Redis.
+    switches(&[var("REDIS_PERSECOND", "false")],
+        "a second Redis for the rules whose unit is second (the rows that follow)"),
+    sets(&[var("REDIS_PERSECOND_URL", "/var/run/nutcracker/ratelimitpersecond.sock"),
+            var("REDIS_PERSECOND_SOCKET_TYPE", "unix"), var("REDIS_PERSECOND_TYPE", "SINGLE"),
+            var("REDIS_PERSECOND_AUTH", ""), var("REDIS_PERSECOND_TLS", "false")],
+        &["redis_persecond_url", "redis_persecond_mode", "redis_persecond_sentinel_master"],
+        "as REDIS_URL and its companions are (rediss:// with REDIS_PERSECOND_TLS, \
+         redis+unix:// with REDIS_PERSECOND_SOCKET_TYPE=unix, REDIS_PERSECOND_AUTH in it)",
+        per_second_redis)
+        .when(&[PER_SECOND]).secret(),
+    sets(&[var("REDIS_PERSECOND_SENTINEL_AUTH", "")], &["redis_persecond_sentinel_auth"],
+        "password or user:password; empty: sentinels without a password", text)
+        .when(&[PER_SECOND, When::Is("REDIS_PERSECOND_TYPE", "sentinel")]).secret(),
+    sets(&[var("REDIS_PERSECOND_POOL_SIZE", "10")], &["redis_persecond_pool_size"], "as it is",
+        number)
+        .when(&[PER_SECOND]),
+    warns(&[var("REDIS_PERSECOND_TIMEOUT", "10s")],
+        "the per-second Redis waits as long as the main one (REDIS_TIMEOUT, \
+         --redis-connect-timeout and --redis-command-timeout)"),
+    refuses(&[var("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT")], Accepts::OneOf(&["WAIT"]),
+        "a full pool waits, up to --redis-command-timeout"),
+    warns(&[var("REDIS_PERSECOND_PIPELINE_WINDOW", "0"), var("REDIS_PERSECOND_PIPELINE_LIMIT", "0")],
+        "each decision is one script call on a multiplexed connection"),
+    warns(&[var("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "1")],
+        "cluster nodes are called in parallel"),
     refuses(&[var("BACKEND_TYPE", "redis")], Accepts::OneOf(&["redis"]),
         "the only backend is redis"),
     ignores(&[var("MEMCACHE_*", "")], Accepts::Any, "the backend is Redis"),
