@@ -1,4 +1,5 @@
-//! Prometheus metrics, off unless `--metrics-listen` names an address.
+//! Prometheus metrics, off unless `--metrics-listen` (or the debug
+//! listener, `--debug-listen`) names an address.
 //! Every metric's name and labels live here, so what is exported is read in
 //! one place. Labels stay bounded: APIs, algorithms, outcomes, error kinds
 //! and configured Envoy domains and rules, never a caller's key or a
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::StoreError;
 use crate::limit::Decision;
@@ -19,20 +20,40 @@ use crate::limit::Decision;
 /// labels per request, which is skipped when nothing would read them.
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Serves `/metrics` on `listen`. Call once, inside the tokio runtime,
-/// before anything is counted.
-pub fn install(listen: SocketAddr) -> Result<(), BuildError> {
+/// Installs the recorder, serving `/metrics` on `listen` when given; the
+/// handle renders the same text (the debug listener's `/metrics`). Call
+/// once, inside the tokio runtime, before anything is counted.
+pub fn install(listen: Option<SocketAddr>) -> Result<PrometheusHandle, BuildError> {
     INSTALLED.store(true, Ordering::Relaxed);
-    tracing::info!(%listen, "serving Prometheus metrics at /metrics");
-    PrometheusBuilder::new()
-        .with_http_listener(listen)
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Full("ratelimitd_redis_command_seconds".into()),
-            &[
-                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
-            ],
-        )?
-        .install()
+    let builder = PrometheusBuilder::new().set_buckets_for_metric(
+        metrics_exporter_prometheus::Matcher::Full("ratelimitd_redis_command_seconds".into()),
+        &[
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+        ],
+    )?;
+    let recorder = match listen {
+        Some(listen) => {
+            tracing::info!(%listen, "serving Prometheus metrics at /metrics");
+            // Builds the exporter, and spawns the recorder's upkeep.
+            let (recorder, exporter) = builder.with_http_listener(listen).build()?;
+            tokio::spawn(exporter);
+            recorder
+        }
+        None => {
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    handle.run_upkeep();
+                }
+            });
+            recorder
+        }
+    };
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    Ok(handle)
 }
 
 /// Which face a decision came through.

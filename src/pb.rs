@@ -87,7 +87,10 @@ pub mod json {
         pub mod service {
             pub mod ratelimit {
                 pub mod v3 {
-                    include!(concat!(env!("OUT_DIR"), "/json/envoy.service.ratelimit.v3.rs"));
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/json/envoy.service.ratelimit.v3.rs"
+                    ));
                     include!(concat!(
                         env!("OUT_DIR"),
                         "/json/envoy.service.ratelimit.v3.serde.rs"
@@ -121,7 +124,10 @@ pub mod json {
             pub mod core {
                 pub mod v3 {
                     include!(concat!(env!("OUT_DIR"), "/json/envoy.config.core.v3.rs"));
-                    include!(concat!(env!("OUT_DIR"), "/json/envoy.config.core.v3.serde.rs"));
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/json/envoy.config.core.v3.serde.rs"
+                    ));
                 }
             }
         }

@@ -48,7 +48,11 @@ fn line(domain: &str, rule: &Rule) -> String {
             if !matches!(counted.algorithm(), Algorithm::FixedWindow(_)) {
                 extensions.push_str(&format!(", algorithm: {}", counted.algorithm().name()));
             }
-            (unit_name(period.unit()), counted.requests_per_unit(), extensions)
+            (
+                unit_name(period.unit()),
+                counted.requests_per_unit(),
+                extensions,
+            )
         }
     };
     format!(

@@ -10,44 +10,53 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ratelimitd::config::Config;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use ratelimitd::server::Listeners;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::grpc::{await_health, channel, health_status};
-use super::process::{ChildProcess, send_signal};
+use super::process::{ChildProcess, free_port, send_signal};
 use super::redis::RedisServer;
 use super::wait::PATIENCE;
 
 /// A ratelimitd server running in this test process, on port 0.
 pub struct TestServer {
     pub address: SocketAddr,
+    /// The HTTP listener (`/healthcheck`, `/json`), when the flags asked
+    /// for one (`--http-listen 127.0.0.1:0`); off otherwise.
+    pub http: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl TestServer {
-    /// Starts with these command-line flags (as after `ratelimitd`).
+    /// Starts with these command-line flags (as after `ratelimitd`), on
+    /// `--listen 127.0.0.1:0`, and without an HTTP listener unless they
+    /// name one.
     pub async fn start(flags: &[&str]) -> Self {
-        let config =
-            Config::try_parse_from(std::iter::once("ratelimitd").chain(flags.iter().copied()))
-                .expect("test flags parse");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let address = listener.local_addr().expect("local address");
+        let mut args = vec!["ratelimitd", "--listen", "127.0.0.1:0"];
+        if !names_http_listener(flags) {
+            args.push("--http-listen=");
+        }
+        args.extend_from_slice(flags);
+        let config = Config::try_parse_from(args).expect("test flags parse");
+        let listeners = Listeners::bind(&config).await.expect("bind");
+        let address = listeners.grpc_address().expect("local address");
+        let http = listeners.http_address();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = stopped.await;
             };
-            ratelimitd::server::run(config, listener, stop)
+            ratelimitd::server::run(config, listeners, stop)
                 .await
                 .expect("server runs");
         });
         Self {
             address,
+            http,
             shutdown: Some(shutdown),
             task: Some(task),
         }
@@ -93,6 +102,11 @@ impl Drop for TestServer {
 /// A ratelimitd server as a separate process, killed when dropped.
 pub struct ServerProcess {
     pub address: SocketAddr,
+    /// The HTTP listener, when it has one (started the upstream way, or
+    /// with `--http-listen`).
+    pub http: Option<SocketAddr>,
+    /// The debug listener, when it has one (started the upstream way).
+    pub debug: Option<SocketAddr>,
     process: ChildProcess,
     /// Where its log goes, when the test reads it.
     log: Option<(tempfile::TempDir, std::path::PathBuf)>,
@@ -109,8 +123,11 @@ impl ServerProcess {
     /// a process that is gone, to start it again where its clients are).
     pub async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
-        command.args(flags).args(["--listen", &address.to_string()]);
-        Self::launch(command, false, "the ratelimitd process").await
+        command
+            .args(flags)
+            .args(["--listen", &address.to_string()])
+            .args(http_off(flags));
+        Self::launch(command, false, Started::Serving, "the ratelimitd process").await
     }
 
     /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
@@ -126,15 +143,42 @@ impl ServerProcess {
 
     /// Starts the binary as upstream's deployments do: no flags but
     /// `--address-file`, only envoyproxy/ratelimit's variables
-    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback), and
-    /// waits until SERVING.
+    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback, and the
+    /// HTTP and debug listeners on free loopback ports unless it sets
+    /// them), and waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
+        Self::upstream_way(environment, Started::Serving).await
+    }
+
+    /// As [`ServerProcess::start_upstream_way`], with its log kept, and
+    /// waiting only until the gRPC port is bound (not until it accepts
+    /// calls, nor until SERVING).
+    pub async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
+        Self::upstream_way(environment, Started::Bound).await
+    }
+
+    async fn upstream_way(environment: &[(&str, &str)], started: Started) -> Self {
+        let set = |name: &str| environment.iter().any(|(set, _)| *set == name);
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
-        command
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", "0")
-            .envs(environment.iter().copied());
-        Self::launch(command, true, "ratelimitd (started the upstream way)").await
+        command.env("GRPC_HOST", "127.0.0.1").env("GRPC_PORT", "0");
+        let mut http = None;
+        let mut debug = None;
+        for (host, port, address) in [
+            ("HOST", "PORT", &mut http),
+            ("DEBUG_HOST", "DEBUG_PORT", &mut debug),
+        ] {
+            if !set(host) && !set(port) {
+                let free = free_port();
+                command.env(host, "127.0.0.1").env(port, free.to_string());
+                *address = Some(SocketAddr::from(([127, 0, 0, 1], free)));
+            }
+        }
+        command.envs(environment.iter().copied());
+        let what = "ratelimitd (started the upstream way)";
+        let mut server = Self::launch(command, true, started, what).await;
+        server.http = http;
+        server.debug = debug;
+        server
     }
 
     /// Everything the process has logged so far.
@@ -156,14 +200,18 @@ impl ServerProcess {
             }
             None => Command::new(binary),
         };
-        command.args(flags).args(["--listen", "127.0.0.1:0"]);
-        Self::launch(command, logged, "the ratelimitd process").await
+        command
+            .args(flags)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(http_off(flags));
+        Self::launch(command, logged, Started::Serving, "the ratelimitd process").await
     }
 
     /// Runs `command` with `--address-file`, learns the port it bound from
-    /// that file, and waits until it serves; panics, with its log when
-    /// kept, if it exits first or does neither in time.
-    async fn launch(mut command: Command, logged: bool, what: &str) -> Self {
+    /// that file, and waits until it serves (or only until that file is
+    /// written, with [`Started::Bound`]); panics, with its log when kept,
+    /// if it exits first or does neither in time.
+    async fn launch(mut command: Command, logged: bool, started: Started, what: &str) -> Self {
         let dir = tempfile::tempdir().expect("a directory for the process's files");
         let address_file = dir.path().join("address");
         let log_path = dir.path().join("ratelimitd.log");
@@ -210,10 +258,12 @@ impl ServerProcess {
         };
         let mut server = Self {
             address,
+            http: None,
+            debug: None,
             process,
             log: logged.then_some((dir, log_path)),
         };
-        if !server.serving_or_exited(what).await {
+        if started == Started::Serving && !server.serving_or_exited(what).await {
             let log = server
                 .log
                 .as_ref()
@@ -268,6 +318,26 @@ impl ServerProcess {
         .expect("join")
         .expect("wait for ratelimitd")
     }
+}
+
+/// How far [`ServerProcess::launch`] waits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Started {
+    /// Until the gRPC port is bound (its address file written).
+    Bound,
+    /// Until gRPC health says SERVING.
+    Serving,
+}
+
+/// Does a test's command line name the HTTP listener?
+fn names_http_listener(flags: &[&str]) -> bool {
+    flags.iter().any(|flag| flag.starts_with("--http-listen"))
+}
+
+/// `--http-listen=` (no HTTP listener: its default port would be shared
+/// by every test), unless the flags name one.
+fn http_off(flags: &[&str]) -> Option<&'static str> {
+    (!names_http_listener(flags)).then_some("--http-listen=")
 }
 
 /// A server on `redis` that notices quickly when Redis fails (a 300 ms

@@ -248,6 +248,7 @@ fn accept(
             None
         }
         Err(reason) => {
+            rules.rejected();
             metrics::config_reload(false);
             error!(
                 version = %response.version_info,
