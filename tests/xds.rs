@@ -8,203 +8,15 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use common::TestServer;
 use common::rls::{descriptor, with_hits};
-use futures::Stream;
-use prost::Message;
-use ratelimitd::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
-use ratelimitd::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use common::xds::{Seen, TYPE_URL, TestAds, listen, serve, serve_over, snapshot};
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimitd::pb::ratelimit::config::ratelimit::v3 as conf;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
-use tonic::transport::server::TcpIncoming;
-use tonic::{Request, Response, Status, Streaming};
-
-const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
-
-/// One version of the configuration: `requests_per_unit` per hour for
-/// `user`, with `unit` (HOUR unless a bad one is wanted).
-fn snapshot(
-    version: &str,
-    requests_per_unit: u32,
-    unit: conf::RateLimitUnit,
-) -> (String, Vec<conf::RateLimitConfig>) {
-    let config = conf::RateLimitConfig {
-        name: "xds-config".into(),
-        domain: "xds".into(),
-        descriptors: vec![conf::RateLimitDescriptor {
-            key: "user".into(),
-            rate_limit: Some(conf::RateLimitPolicy {
-                unit: unit as i32,
-                requests_per_unit,
-                name: "per-user".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-    };
-    (version.to_owned(), vec![config])
-}
-
-/// What the test's management server has seen.
-#[derive(Default)]
-struct Seen {
-    requests: Vec<DiscoveryRequest>,
-    tokens: Vec<String>,
-}
-
-#[derive(Clone)]
-struct TestAds {
-    current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>,
-    seen: Arc<Mutex<Seen>>,
-    /// Turns false when this server instance stops: its streams end, as
-    /// a process that exits ends them.
-    alive: watch::Receiver<bool>,
-}
-
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for TestAds {
-    type StreamAggregatedResourcesStream = ResponseStream;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<ResponseStream>, Status> {
-        let token = request
-            .metadata()
-            .get("x-token")
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        self.seen.lock().unwrap().tokens.push(token);
-        let mut incoming = request.into_inner();
-        let mut current = self.current.clone();
-        let mut alive = self.alive.clone();
-        let seen = self.seen.clone();
-        let (responses, outgoing) = mpsc::channel(8);
-        tokio::spawn(async move {
-            let mut nonce = 0u32;
-            let mut send = |snapshot: &(String, Vec<conf::RateLimitConfig>)| {
-                nonce += 1;
-                DiscoveryResponse {
-                    version_info: snapshot.0.clone(),
-                    resources: snapshot
-                        .1
-                        .iter()
-                        .map(|config| prost_types::Any {
-                            type_url: TYPE_URL.into(),
-                            value: config.encode_to_vec(),
-                        })
-                        .collect(),
-                    type_url: TYPE_URL.into(),
-                    nonce: nonce.to_string(),
-                    ..Default::default()
-                }
-            };
-            // The first request asks; the snapshot follows at once.
-            match incoming.message().await {
-                Ok(Some(first)) => seen.lock().unwrap().requests.push(first),
-                _ => return,
-            }
-            let first = send(&current.borrow_and_update());
-            if responses.send(Ok(first)).await.is_err() {
-                return;
-            }
-            loop {
-                tokio::select! {
-                    message = incoming.message() => match message {
-                        Ok(Some(request)) => seen.lock().unwrap().requests.push(request),
-                        _ => return,
-                    },
-                    _ = async { alive.wait_for(|alive| !alive).await.is_ok() } => return,
-                    changed = current.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let response = send(&current.borrow_and_update());
-                        if responses.send(Ok(response)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        let stream = futures::stream::unfold(outgoing, |mut outgoing| async move {
-            outgoing.recv().await.map(|item| (item, outgoing))
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
-}
-
-/// A running test management server; `stop` ends it and its streams.
-struct Running {
-    stop: oneshot::Sender<()>,
-    alive: watch::Sender<bool>,
-}
-
-impl Running {
-    fn stop(self) {
-        let _ = self.alive.send(false);
-        let _ = self.stop.send(());
-    }
-}
-
-/// The management server on `address`, until stopped.
-async fn serve(listener: TcpListener, ads: TestAds) -> Running {
-    serve_over(listener, ads, None).await
-}
-
-/// A listener on `address` (port 0: one the system chooses) and its address.
-async fn listen(address: &str) -> (TcpListener, SocketAddr) {
-    let listener = TcpListener::bind(address)
-        .await
-        .expect("bind the test xDS server");
-    let address = listener.local_addr().expect("its address");
-    (listener, address)
-}
-
-/// As [`serve`], over TLS with this certificate and key when given.
-async fn serve_over(
-    listener: TcpListener,
-    mut ads: TestAds,
-    tls: Option<(Vec<u8>, Vec<u8>)>,
-) -> Running {
-    let address = listener.local_addr().expect("its address");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let (alive, alive_now) = watch::channel(true);
-    ads.alive = alive_now;
-    tokio::spawn(async move {
-        let mut builder = tonic::transport::Server::builder();
-        if let Some((cert, key)) = tls {
-            let identity = tonic::transport::Identity::from_pem(cert, key);
-            builder = builder
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-                .expect("TLS for the test xDS server");
-        }
-        builder
-            .add_service(AggregatedDiscoveryServiceServer::new(ads))
-            .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("the test xDS server runs");
-    });
-    common::eventually("the test xDS server to listen", || async {
-        tokio::net::TcpStream::connect(address).await.is_ok()
-    })
-    .await;
-    Running { stop, alive }
-}
+use tokio::sync::watch;
 
 /// The limit ratelimitd applies to `user` in domain `xds` now, if any.
 async fn applied_limit(
@@ -373,11 +185,11 @@ async fn rules_from_an_xds_server_over_tls() {
         Some((read(&files.server_cert), read(&files.server_key))),
     )
     .await;
-    let server_for = |ca: &std::path::Path| {
+    let server_for = |ca: &std::path::Path, waits: bool| {
         let ca = ca.to_string_lossy().into_owned();
         let server = format!("localhost:{}", address.port());
         async move {
-            TestServer::start(&[
+            let mut flags = vec![
                 "--xds-server",
                 &server,
                 "--xds-tls",
@@ -387,11 +199,15 @@ async fn rules_from_an_xds_server_over_tls() {
                 "50ms",
                 "--xds-retry-max",
                 "100ms",
-            ])
-            .await
+            ];
+            if !waits {
+                // Else its port would stay closed: nothing ever arrives.
+                flags.push("--start-without-rules");
+            }
+            TestServer::start(&flags).await
         }
     };
-    let trusting = server_for(&files.ca_cert).await;
+    let trusting = server_for(&files.ca_cert, true).await;
     let mut client = RateLimitServiceClient::new(common::channel(trusting.address).await);
     common::eventually("the limit from the TLS xDS server", || {
         let mut client = client.clone();
@@ -399,7 +215,7 @@ async fn rules_from_an_xds_server_over_tls() {
     })
     .await;
     trusting.stop().await;
-    let distrusting = server_for(&stranger.ca_cert).await;
+    let distrusting = server_for(&stranger.ca_cert, false).await;
     client = RateLimitServiceClient::new(common::channel(distrusting.address).await);
     // Several reconnects' worth of time: still no configuration.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

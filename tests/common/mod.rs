@@ -1,7 +1,8 @@
 //! What the integration tests start for themselves, and how they talk to it:
 //! `redis-server` processes in every topology (`redis/`), ratelimitd in
 //! process or as a child process (`ratelimitd.rs`), a real Envoy
-//! (`envoy.rs`), and the clients and waits around them. Every process is on
+//! (`envoy.rs`), a small xDS management server (`xds.rs`), and the clients
+//! and waits around them. Every process is on
 //! a free loopback port in a temporary directory and is killed when the test
 //! lets go of it; nothing here touches the machine's own Redis on 6379.
 //!
@@ -27,6 +28,7 @@ pub mod redis;
 pub mod rls;
 pub mod tls;
 pub mod wait;
+pub mod xds;
 
 // The helpers most tests use, by their short names; a test binary that
 // uses none of some would otherwise be told so.

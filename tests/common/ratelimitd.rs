@@ -54,6 +54,19 @@ impl TestServer {
                 .await
                 .expect("server runs");
         });
+        // The port is bound at once, and accepts once the server is ready.
+        let deadline = Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            if task.is_finished() {
+                task.await.expect("the server task");
+                panic!("the server stopped before it served");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the gRPC port to open"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Self {
             address,
             http,
