@@ -36,7 +36,7 @@ fn environment<'a>(redis: &'a str, more: &[(&'a str, &'a str)]) -> Vec<(&'a str,
 }
 
 /// Upstream's variables for rules from the xDS server at `xds`.
-fn xds_environment<'a>(xds: &'a str) -> [(&'a str, &'a str); 4] {
+fn xds_environment(xds: &str) -> [(&str, &str); 4] {
     [
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("CONFIG_GRPC_XDS_SERVER_URL", xds),

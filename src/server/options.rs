@@ -17,7 +17,8 @@ pub struct ListenerOptions {
 
     /// Once the gRPC listener is bound, write its address (`host:port`) to
     /// this file: with `--listen 127.0.0.1:0`, how a supervisor or a test
-    /// learns the port the system chose. Written whole (to a temporary file
+    /// learns the port the system chose (with --xds-server it takes
+    /// connections once the first configuration came). Written whole (to a temporary file
     /// beside it, then renamed), so a reader never sees half of it.
     #[arg(long, env = "RATELIMITD_ADDRESS_FILE")]
     pub address_file: Option<PathBuf>,
