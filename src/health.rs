@@ -33,7 +33,7 @@ pub struct State {
     pub store: bool,
     /// Rules are in force, or health does not require them.
     pub rules: bool,
-    /// The gRPC port accepts calls.
+    /// The gRPC port accepts calls (opened, and not yet closing).
     pub open: bool,
     /// Shutdown has begun: never serving again.
     pub stopping: bool,
@@ -74,6 +74,12 @@ impl Health {
         self.state.borrow().serving()
     }
 
+    /// Is the gRPC port open? What `/json` asks before deciding, so that
+    /// it answers only when gRPC would.
+    pub fn is_open(&self) -> bool {
+        self.state.borrow().open
+    }
+
     /// The state, told again at each change.
     pub fn subscribe(&self) -> watch::Receiver<State> {
         self.state.subscribe()
@@ -101,6 +107,11 @@ impl Health {
     /// The gRPC port accepts calls.
     pub fn opened(&self) {
         self.update(|state| state.open = true);
+    }
+
+    /// The gRPC port stops taking calls (shutdown, after its delay).
+    pub fn closed(&self) {
+        self.update(|state| state.open = false);
     }
 
     /// Shutdown has begun: not serving, for good.
@@ -206,5 +217,10 @@ mod tests {
         relaxed.opened();
         relaxed.set_rules(false);
         assert!(relaxed.serving(), "rules not required");
+        assert!(relaxed.is_open());
+        relaxed.stop();
+        assert!(relaxed.is_open(), "open through the shutdown delay");
+        relaxed.closed();
+        assert!(!relaxed.is_open());
     }
 }

@@ -148,6 +148,8 @@ async fn json_answers_as_upstream_with_its_statuses_and_shapes() {
     }
     let empty = get(port, "/json", &[]).await.expect("an answer");
     assert_go_error(&empty, 400, "Bad Request");
+    let elsewhere = get(port, "/nothing-here", &[]).await.expect("an answer");
+    assert_go_error(&elsewhere, 404, "404 page not found");
 
     // The store gone with a policy that does not answer: 500, and health
     // says so until it is back.

@@ -11,7 +11,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::http::get;
+use common::http::{get, post};
 use common::rls::descriptor;
 use common::xds::{Seen, TestAds, serve, snapshot};
 use common::{RedisServer, ServerProcess, free_port};
@@ -90,6 +90,14 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
         TcpStream::connect(server.address).await.is_err(),
         "the gRPC port accepted before any configuration"
     );
+    let port = server.http.expect("an HTTP listener").port();
+    let ask = r#"{"domain": "xds", "descriptors": [{"entries": [{"key": "user", "value": "u"}]}]}"#;
+    let early = post(port, "/json", ask).await.expect("an answer");
+    assert_eq!(
+        (early.status, early.body.as_str()),
+        (503, "Service Unavailable\n"),
+        "/json decides only when gRPC would"
+    );
 
     let (_publish, current) = watch::channel(snapshot("1", 3, conf::RateLimitUnit::Hour));
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -106,6 +114,8 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
     .await;
     assert_eq!(xds_limit(&server).await, Some(3), "the first configuration");
     assert_eq!(healthcheck(&server).await, Some(200));
+    let answered = post(port, "/json", ask).await.expect("an answer");
+    assert_eq!(answered.status, 200, "{answered:?}");
     server.terminate().await;
 }
 

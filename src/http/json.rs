@@ -11,8 +11,9 @@
 //! for a request the service refuses (no domain, no descriptors, beyond
 //! the bounds); 429 when the overall code is OVER_LIMIT; 500 when the
 //! overall code is UNKNOWN or the service failed (the store, with a failure
-//! policy that does not answer); else 200. Errors are a status line's text,
-//! as Go's `http.Error` writes them.
+//! policy that does not answer); 503 while the gRPC port is not open
+//! (upstream's HTTP port is not open either then); else 200. Errors are a
+//! status line's text, as Go's `http.Error` writes them.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -27,19 +28,30 @@ use tracing::{debug, warn};
 
 use super::status_only;
 use crate::api::envoy::EnvoyService;
+use crate::health::Health;
 use crate::pb::envoy::service::ratelimit::v3 as rls;
 use crate::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use crate::pb::json::envoy::service::ratelimit::v3 as json;
 
-/// `/json` on `envoy`, with bodies of up to `max_body` bytes. Any method,
-/// as upstream.
-pub fn routes(envoy: EnvoyService, max_body: usize) -> Router {
+/// `/json` on `envoy`, with bodies of up to `max_body` bytes, answering
+/// only while `health` says the gRPC port is open. Any method, as
+/// upstream.
+pub fn routes(envoy: EnvoyService, health: Health, max_body: usize) -> Router {
     Router::new()
-        .route("/json", any(move |body: Bytes| answer(envoy.clone(), body)))
+        .route(
+            "/json",
+            any(move |body: Bytes| answer(envoy.clone(), health.clone(), body)),
+        )
         .layer(DefaultBodyLimit::max(max_body))
 }
 
-async fn answer(envoy: EnvoyService, body: Bytes) -> Response {
+async fn answer(envoy: EnvoyService, health: Health, body: Bytes) -> Response {
+    // Before the gRPC port opens (waiting for the first xDS
+    // configuration) and once it closes at shutdown, gRPC would not
+    // answer either.
+    if !health.is_open() {
+        return status_only(StatusCode::SERVICE_UNAVAILABLE);
+    }
     let request = match read(&body) {
         Ok(request) => request,
         Err(err) => {

@@ -84,11 +84,28 @@ impl Served {
 }
 
 /// The service listener's routes: `/healthcheck` and `/json` (with bodies
-/// of up to `max_body` bytes).
+/// of up to `max_body` bytes); any other path is 404, as upstream's. A
+/// feature adds its own routes with `merge` (a router without a fallback
+/// of its own).
 pub fn service_routes(health: Health, envoy: EnvoyService, max_body: usize) -> Router {
+    let for_json = health.clone();
     Router::new()
         .route("/healthcheck", any(move || healthcheck(health.clone())))
-        .merge(json::routes(envoy, max_body))
+        .merge(json::routes(envoy, for_json, max_body))
+        .fallback(|| async { not_found() })
+}
+
+/// Go's `http.NotFound`, as upstream's router answers an unknown path.
+fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [
+            (CONTENT_TYPE, TEXT_PLAIN),
+            (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        "404 page not found\n",
+    )
+        .into_response()
 }
 
 /// As envoyproxy/ratelimit answers it: 200 `OK` while serving, else 500

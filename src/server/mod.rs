@@ -113,7 +113,9 @@ pub async fn run(
     let grace = config.listener.shutdown_grace;
     let mut shutdown = std::pin::pin!(shutdown);
     if waits_for_rules && !first_configuration(&rules, shutdown.as_mut()).await {
+        health.stop();
         background.abort();
+        background.grpc_health.abort();
         http_side.stop(grace).await;
         info!("stopped before the first configuration came");
         return Ok(());
@@ -383,6 +385,7 @@ impl Stopping {
         // Before tonic sends GOAWAY: from now on a connection closes as
         // soon as it has no call in flight.
         let _ = self.shutting_down.set(Instant::now());
+        self.health.closed();
         info!("shutting down: health NOT_SERVING, finishing calls in flight");
         self.background.tasks.iter().for_each(JoinHandle::abort);
         // Quota streams never finish by themselves: end them, so the
