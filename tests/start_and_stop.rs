@@ -183,7 +183,7 @@ async fn shutdown_turns_health_off_before_the_port_closes() {
         &[
             ("RUNTIME_ROOT", fixture),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-            ("RATELIMITD_SHUTDOWN_DELAY", "3s"),
+            ("RATELIMITD_SHUTDOWN_DELAY", "5s"),
         ],
     );
     let server = ServerProcess::start_upstream_way(&variables).await;
@@ -205,7 +205,7 @@ async fn shutdown_turns_health_off_before_the_port_closes() {
     let status = server.wait().await;
     assert!(status.success(), "{status}");
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(15),
         "stopped after the delay"
     );
     assert!(
