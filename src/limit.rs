@@ -16,8 +16,8 @@ mod parameters;
 pub use decision::{Decision, RetryAfter};
 pub use micros::Micros;
 pub use parameters::{
-    Algorithm, FixedWindow, Gcra, LimitPerWindow, SlidingWindow, SlidingWindowCounter, TokenBucket,
-    Window,
+    Algorithm, FixedWindow, FixedWindowMode, Gcra, LimitPerWindow, SlidingWindow,
+    SlidingWindowCounter, TokenBucket, Window,
 };
 
 /// Longest caller key, in bytes. Keys longer than this are almost always a
@@ -103,6 +103,9 @@ pub enum KeyOrigin {
     /// `<policy>/<limit>` for one counter shared by every key
     /// ([`CallerKey::policy`]).
     Policy,
+    /// Named from an Envoy descriptor as envoyproxy/ratelimit names its
+    /// counters, window start and all ([`CallerKey::upstream`]).
+    Upstream,
 }
 
 impl CallerKey {
@@ -153,6 +156,18 @@ impl CallerKey {
         Self {
             text,
             origin: KeyOrigin::EnvoyDigest,
+        }
+    }
+
+    /// A counter named as envoyproxy/ratelimit names it, after the key
+    /// prefix (`domain_key_value_..._windowstart`): stored under exactly
+    /// that name, so that upstream's instances count on the same key. Kept
+    /// whole, however long (the request bounds cap it), as upstream keeps
+    /// it.
+    pub fn upstream(name: String) -> Self {
+        Self {
+            text: name,
+            origin: KeyOrigin::Upstream,
         }
     }
 

@@ -37,6 +37,8 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),
         ("REDIS_PIPELINE_WINDOW", "150us"),
+        // Envoy Gateway's, which upstream does not read.
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
     ])
     .await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
@@ -72,6 +74,11 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
     );
     assert!(
         log.contains("REDIS_PIPELINE_WINDOW=150us has no effect"),
+        "{log}"
+    );
+    assert!(
+        log.contains("GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt has no effect here")
+            && log.contains("GRPC_CLIENT_TLS_CACERT (--tls-client-ca)"),
         "{log}"
     );
     assert!(log.contains("DEBUG"), "LOG_LEVEL=debug: {log}");

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use common::redis::{ClientCertificates, RedisServer, Secured};
 use common::tls::self_signed_ca_certificate;
-use common::{TestServer, fixed_window};
+use common::{ServerProcess, TestServer, fixed_window};
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::Code;
+use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 /// Exactly two of three allowed on a fresh key.
@@ -28,9 +30,11 @@ async fn serving(server: &TestServer) {
 /// A call gets no decision: the store does not answer (UNAVAILABLE, or
 /// INTERNAL for a store that refuses the connection), never a crash.
 async fn no_decision(server: &TestServer, why: &str) {
-    let status = server
-        .client()
-        .await
+    no_decision_from(server.client().await, why).await;
+}
+
+async fn no_decision_from(mut client: RateLimiterClient<Channel>, why: &str) {
+    let status = client
         .check_limit(common::request(
             "k",
             fixed_window(2, Duration::from_secs(60)),
@@ -176,6 +180,67 @@ async fn tls_with_upstreams_pinned_self_signed_certificate() {
     refused(
         format!("rediss://127.0.0.1:{}", redis.port()),
         pem("cert.pem"),
+    )
+    .await;
+}
+
+/// Upstream's CI recipe: the self-signed certificate (CA:TRUE) used as the
+/// server's is added to the system's trust store, and REDIS_TLS is on with
+/// no CA file. ratelimitd trusts what the system trusts (SSL_CERT_FILE
+/// stands for the system's store here) and accepts a certificate of that
+/// store presented as the server's own, its name checked; a self-signed
+/// certificate the store does not hold stays refused, and an ordinary
+/// chain to a CA in the store is verified as always.
+#[tokio::test]
+async fn tls_trusted_through_the_system_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (cert, key) = self_signed_ca_certificate();
+    std::fs::write(dir.path().join("cert.pem"), &cert).expect("cert");
+    std::fs::write(dir.path().join("key.pem"), &key).expect("key");
+    let (other, _) = self_signed_ca_certificate();
+    std::fs::write(dir.path().join("other.pem"), &other).expect("other cert");
+    let pinned = RedisServer::pinned(dir.path(), ClientCertificates::NotAsked, None).await;
+    let signed = RedisServer::with_tls().await;
+    let ca = std::fs::read_to_string(signed.ca_cert_path()).expect("the test CA");
+    std::fs::write(dir.path().join("store.pem"), format!("{cert}{ca}")).expect("store");
+    let pem = |name: &str| path(&dir.path().join(name));
+    let store = pem("store.pem");
+
+    // The self-signed certificate, trusted only through the system's store.
+    let url = format!("rediss://localhost:{}", pinned.port());
+    let server =
+        ServerProcess::start_with_environment(&["--redis-url", &url], &[("SSL_CERT_FILE", &store)])
+            .await;
+    common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
+    server.terminate().await;
+
+    // An ordinary chain to a CA in the store.
+    let url = signed.url();
+    let server =
+        ServerProcess::start_with_environment(&["--redis-url", &url], &[("SSL_CERT_FILE", &store)])
+            .await;
+    common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
+    server.terminate().await;
+
+    let refused = |url: String, store: String| async move {
+        let flags = ["--redis-url", &url, "--health-interval", "100ms"];
+        let server =
+            ServerProcess::listening_with_environment(&flags, &[("SSL_CERT_FILE", &store)]).await;
+        no_decision_from(server.client().await, "the certificate must be refused").await;
+        let log = server.log();
+        assert!(log.contains("invalid peer certificate"), "{log}");
+        server.terminate().await;
+    };
+    // A store without the server's certificate (another self-signed one).
+    refused(
+        format!("rediss://localhost:{}", pinned.port()),
+        pem("other.pem"),
+    )
+    .await;
+    // The server's certificate in the store, but not for this name.
+    refused(
+        format!("rediss://127.0.0.1:{}", pinned.port()),
+        store.clone(),
     )
     .await;
 }

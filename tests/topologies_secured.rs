@@ -33,8 +33,10 @@ fn cluster_flags(cluster: &RedisCluster) -> Vec<String> {
     ]
 }
 
+/// The flags for `sentinel`: the URLs with the primary's credentials, and
+/// the sentinels' own, if they demand any, in `--redis-sentinel-auth`.
 fn sentinel_flags(sentinel: &RedisSentinel) -> Vec<String> {
-    vec![
+    let mut flags: Vec<String> = vec![
         "--redis-mode".into(),
         "sentinel".into(),
         "--redis-url".into(),
@@ -43,7 +45,11 @@ fn sentinel_flags(sentinel: &RedisSentinel) -> Vec<String> {
         sentinel.master_name().into(),
         "--redis-command-timeout".into(),
         "10s".into(),
-    ]
+    ];
+    if let Some(auth) = sentinel.sentinel_auth() {
+        flags.push(format!("--redis-sentinel-auth={auth}"));
+    }
+    flags
 }
 
 async fn start(flags: &[String]) -> ServerProcess {
@@ -65,23 +71,27 @@ async fn sentinel_with_a_password() {
     decides_exactly(&server).await;
 }
 
-/// Sentinels with a password of their own, or none, beside a primary with
-/// one: the URLs carry the primary's, `--redis-sentinel-auth` the
-/// sentinels' (upstream's REDIS_AUTH and REDIS_SENTINEL_AUTH).
+/// Sentinels with no password, or one of their own, beside a primary with
+/// one: the URLs carry the primary's, which never goes to the sentinels;
+/// `--redis-sentinel-auth` carries the sentinels' (upstream's REDIS_AUTH
+/// and REDIS_SENTINEL_AUTH), and unset or empty, none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sentinels_with_credentials_of_their_own() {
-    for (sentinels, auth) in [
-        (SentinelPassword::Open, ""),
-        (SentinelPassword::Own("sentinel pw".into()), "sentinel pw"),
+    for (sentinels, empty_flag) in [
+        (SentinelPassword::Open, false),
+        (SentinelPassword::Open, true),
+        (SentinelPassword::Own("sentinel pw".into()), false),
     ] {
         let sentinel = RedisSentinel::start_with(Security {
-            sentinels: sentinels.clone(),
+            sentinels,
             ..password()
         })
         .await;
         let mut flags = sentinel_flags(&sentinel);
-        flags[3] = sentinel.sentinel_urls_with_data_credentials().join(",");
-        flags.push(format!("--redis-sentinel-auth={auth}"));
+        assert!(flags[3].contains('@'), "the primary's password in the URLs");
+        if empty_flag {
+            flags.push("--redis-sentinel-auth=".into());
+        }
         let server = start(&flags).await;
         decides_exactly(&server).await;
         server.terminate().await;

@@ -2,8 +2,9 @@
 //! its Rust twin in the embedded store give identical decisions (allowed,
 //! remaining, reset_after, retry_after) and keep identical state (values
 //! and expiry) after every step of random sequences of (time, cost,
-//! parameters), for all five algorithms, alone and several per call, in
-//! every script mode.
+//! parameters), for all five algorithms (the fixed window anchored,
+//! aligned, and aligned by name), alone and several per call, in every
+//! script mode.
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
@@ -22,8 +23,8 @@ use common::RedisServer;
 use common::random::Random;
 use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
 use ratelimitd::limit::{
-    Algorithm, CallerKey, Decision, FixedWindow, Gcra, LimitRequest, Micros, SlidingWindow,
-    SlidingWindowCounter, TokenBucket,
+    Algorithm, CallerKey, Decision, FixedWindow, FixedWindowMode, Gcra, LimitRequest, Micros,
+    SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
@@ -54,15 +55,18 @@ const START: u64 = 1_764_806_400_000_000;
 enum Kind {
     FixedWindow,
     AlignedFixedWindow,
+    /// Aligned, named by its window as envoyproxy/ratelimit names it.
+    FixedWindowByName,
     SlidingWindow,
     TokenBucket,
     Gcra,
     SlidingWindowCounter,
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind::FixedWindow,
     Kind::AlignedFixedWindow,
+    Kind::FixedWindowByName,
     Kind::SlidingWindow,
     Kind::TokenBucket,
     Kind::Gcra,
@@ -75,6 +79,8 @@ fn random_algorithm(random: &mut Random, kind: Kind) -> Algorithm {
     let made = match kind {
         Kind::FixedWindow => FixedWindow::new(limit, window).map(Algorithm::FixedWindow),
         Kind::AlignedFixedWindow => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
+        Kind::FixedWindowByName => FixedWindow::aligned(limit, window)
+            .map(|fixed| Algorithm::FixedWindow(fixed.aligned_by_name())),
         Kind::SlidingWindow => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
         Kind::TokenBucket => {
             let rate = random.pick(&[0.5, 1.0, 1.0 / 3.0, 3.7, 100.0, 1000.0, 12_345.6]);
@@ -283,7 +289,7 @@ impl Twins {
             value as u64
         };
         let snapshot = match algorithm {
-            Algorithm::FixedWindow(p) if p.is_aligned() => {
+            Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
                 let values = hash(&["w", "n"]).await;
                 values[0].as_ref()?;
                 Snapshot::FixedWindow {

@@ -16,7 +16,7 @@ mod common;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::prometheus;
-use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security};
+use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security, SentinelPassword};
 use common::rls::descriptor;
 use common::tls::self_signed_ca_certificate;
 use common::{RedisServer, ServerProcess, free_port};
@@ -362,9 +362,40 @@ async fn basic_config_with_auth_on_sentinel() {
     basic_base_config(&settings, Variant::default()).await;
 }
 
+/// As upstream's Makefile runs Sentinel: the primary and its replica
+/// demand a password, the sentinels none, and only REDIS_AUTH is set. It
+/// goes to the primary, never to the sentinels (which would refuse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn basic_config_with_auth_on_sentinels_without_a_password() {
+    let sentinel = RedisSentinel::start_with(Security {
+        password: Some(PASSWORD.to_owned()),
+        sentinels: SentinelPassword::Open,
+        ..Security::default()
+    })
+    .await;
+    assert_eq!(sentinel.sentinel_auth(), None);
+    let sentinels: Vec<String> = sentinel
+        .sentinel_urls()
+        .iter()
+        .map(|url| address(url))
+        .collect();
+    let settings = vec![
+        ("REDIS_TYPE", "sentinel".to_owned()),
+        (
+            "REDIS_URL",
+            format!("{},{}", sentinel.master_name(), sentinels.join(",")),
+        ),
+        ("REDIS_AUTH", PASSWORD.to_owned()),
+    ];
+    basic_base_config(&settings, Variant::default()).await;
+}
+
 /// `testBasicConfigAuthTLS` / `…WithClientCert`: upstream's stunnel recipe,
-/// one self-signed certificate as CA file, server and client certificate,
-/// in front of a Redis with a password.
+/// one self-signed certificate as the server's and the client's, in front
+/// of a Redis with a password. Without the client certificate it is
+/// trusted as upstream's CI trusts it, through the system's store
+/// (SSL_CERT_FILE here, no REDIS_TLS_CACERT); with it, REDIS_TLS_CACERT
+/// names it.
 #[tokio::test]
 async fn basic_config_with_auth_over_tls() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -382,11 +413,13 @@ async fn basic_config_with_auth_over_tls() {
             ("REDIS_URL", format!("localhost:{port}")),
             ("REDIS_AUTH", PASSWORD.to_owned()),
             ("REDIS_TLS", "true".to_owned()),
-            ("REDIS_TLS_CACERT", path(&cert_path)),
         ];
         if client_cert {
+            settings.push(("REDIS_TLS_CACERT", path(&cert_path)));
             settings.push(("REDIS_TLS_CLIENT_CERT", path(&cert_path)));
             settings.push(("REDIS_TLS_CLIENT_KEY", path(&key_path)));
+        } else {
+            settings.push(("SSL_CERT_FILE", path(&cert_path)));
         }
         basic_base_config(&settings, Variant::default()).await;
         drop(redis);

@@ -13,23 +13,37 @@
 -- start time while `now` is read from TIME a moment later: a key left from
 -- the previous window is recognised by its number, not counted.
 --
+-- Aligned by name (aligned = 2), kept as envoyproxy/ratelimit keeps it, so
+-- that its instances and these share one count: the caller names KEY with
+-- the window's start (upstream's key text), KEY is a plain counter counted
+-- with INCRBY, and each count gives it a window to live (upstream's EXPIRE
+-- of the unit's seconds, here PEXPIRE of the same). A new window is a new
+-- key; the window's end, for reset_after, is the aligned one at `now`.
+--
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
--- window (0 when anchored). With `spend` DRY it decides the same and
--- writes nothing; with ALWAYS it counts a denied cost too (as
+-- window (0 when anchored or by name). With `spend` DRY it decides the
+-- same and writes nothing; with ALWAYS it counts a denied cost too (as
 -- envoyproxy/ratelimit does), and `remaining` is what is left after it.
 local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   local used = 0
   local reset_after = 0
   local window, window_end_ms, in_window
-  if aligned == 1 then
+  if aligned == 1 or aligned == 2 then
     window = math.floor(now / (window_ms * 1000))
     window_end_ms = (window + 1) * window_ms
+  end
+  if aligned == 1 then
     local stored = redis.call('HMGET', key, 'w', 'n')
     in_window = tonumber(stored[1]) == window
     if in_window then
       used = tonumber(stored[2]) or 0
-      reset_after = window_end_ms * 1000 - now
+    end
+  elseif aligned == 2 then
+    local stored = redis.call('GET', key)
+    in_window = stored ~= false
+    if in_window then
+      used = tonumber(stored) or 0
     end
   else
     local ttl_ms = redis.call('PTTL', key)
@@ -41,11 +55,18 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
       reset_after = ttl_ms * 1000
     end
   end
+  if in_window and window_end_ms then
+    reset_after = window_end_ms * 1000 - now
+  end
 
   local function record()
     if aligned == 1 then
       redis.call('HSET', key, 'w', window, 'n', used + cost)
       redis.call('PEXPIREAT', key, window_end_ms)
+      reset_after = window_end_ms * 1000 - now
+    elseif aligned == 2 then
+      redis.call('INCRBY', key, cost)
+      redis.call('PEXPIRE', key, window_ms)
       reset_after = window_end_ms * 1000 - now
     elseif in_window then
       redis.call('INCRBY', key, cost)
@@ -71,5 +92,9 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   if cost > 0 and spend ~= DRY then
     record()
   end
-  return 1, remaining - cost, reset_after, 0, window or 0
+  local mark = 0
+  if aligned == 1 then
+    mark = window
+  end
+  return 1, remaining - cost, reset_after, 0, mark
 end

@@ -1,13 +1,15 @@
 //! Fixed window: a counter per key, either anchored (the window starts at
 //! the key's first spending request; `CheckLimit`) or aligned to multiples
-//! of the window since the Unix epoch (as envoyproxy/ratelimit does). The
+//! of the window since the Unix epoch (as envoyproxy/ratelimit does), and
+//! then kept with its window's number or, by name, as envoyproxy/ratelimit
+//! keeps it (a plain counter in a key named with the window's start). The
 //! Lua side is `fixed_window.lua`; this file holds its in-memory twin.
 //!
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
 use super::{Spend, redis_expiry_at};
-use crate::limit::{Decision, FixedWindow, Micros, RetryAfter};
+use crate::limit::{Decision, FixedWindow, FixedWindowMode, Micros, RetryAfter};
 use crate::store::MemoryChange;
 
 /// The in-memory state of one key, as the script keeps it.
@@ -16,10 +18,10 @@ pub struct State {
     used: u64,
     /// Aligned: the number of the window `used` counts (a key left from the
     /// previous window, still alive in its last millisecond, counts
-    /// nothing). Anchored: `None`.
+    /// nothing). Anchored and by name: `None`.
     window: Option<u64>,
     /// When the counter expires, in whole milliseconds, as Redis keeps it:
-    /// the window's end.
+    /// the window's end (by name: a window after the last count).
     expires_ms: u64,
 }
 
@@ -34,8 +36,8 @@ impl State {
 
 /// What a decision finds of a key's counter at an instant.
 struct Found {
-    /// Aligned: the number of the window the instant is in, counted from
-    /// the Unix epoch. Anchored: `None`.
+    /// Aligned (by name too): the number of the window the instant is in,
+    /// counted from the Unix epoch. Anchored: `None`.
     current: Option<u64>,
     /// Whether the stored counter counts at the instant.
     in_window: bool,
@@ -50,10 +52,11 @@ impl Found {
     fn at(params: &FixedWindow, state: Option<&State>, now: Micros) -> Self {
         let window_us = params.window().as_micros();
         let current = params.is_aligned().then(|| now / window_us);
-        let in_window = match (state, current) {
-            (Some(stored), Some(window)) => stored.window == Some(window),
-            (Some(_), None) => true,
+        let in_window = match (state, params.mode()) {
             (None, _) => false,
+            (Some(stored), FixedWindowMode::Aligned) => stored.window == current,
+            // A key named by its window counts while it lives.
+            (Some(_), FixedWindowMode::AlignedByName | FixedWindowMode::Anchored) => true,
         };
         let (used, reset_after) = match (state, current) {
             (Some(stored), Some(window)) if in_window => {
@@ -83,18 +86,23 @@ impl Found {
         cost: u64,
     ) -> (Micros, MemoryChange) {
         let window_us = params.window().as_micros();
-        let (used, window, expires_ms, reset_after) = match self.current {
-            Some(window) => {
+        let (used, window, expires_ms, reset_after) = match (self.current, params.mode()) {
+            (Some(window), FixedWindowMode::AlignedByName) => {
+                let end = window_us * (window + 1);
+                let lives_until = now.as_millis() + params.window().as_millis();
+                (self.used + cost, None, lives_until, end - now)
+            }
+            (Some(window), _) => {
                 let end = window_us * (window + 1);
                 (self.used + cost, Some(window), end.as_millis(), end - now)
             }
-            None if self.in_window => {
+            (None, _) if self.in_window => {
                 if let Some(stored) = state.as_mut() {
                     stored.used += cost;
                 }
                 return (self.reset_after, MemoryChange::Updated);
             }
-            None => (
+            (None, _) => (
                 cost,
                 None,
                 now.as_millis() + params.window().as_millis(),
@@ -188,6 +196,29 @@ mod tests {
                 expires_at: us(3_001_000)
             }
         );
+    }
+
+    #[test]
+    fn by_name_a_counter_counts_while_it_lives_and_lives_a_window_from_its_last_count() {
+        let p = FixedWindow::aligned(2, Duration::from_millis(1000))
+            .unwrap()
+            .aligned_by_name();
+        let mut state = None;
+        let (d, change) = decide(&p, &mut state, us(2_300_000), 1, Spend::IfAllowed);
+        assert_eq!((d.remaining(), d.reset_after()), (1, us(700_000)));
+        assert_eq!(
+            change,
+            MemoryChange::Written {
+                expires_at: us(3_301_000)
+            }
+        );
+        // Into the next window the same key still counts: its caller names
+        // each window's key, so a key is only ever asked in its own window.
+        let (d, _) = decide(&p, &mut state, us(3_100_000), 1, Spend::IfAllowed);
+        assert_eq!((d.remaining(), d.reset_after()), (0, us(900_000)));
+        let (d, change) = decide(&p, &mut state, us(3_200_000), 1, Spend::IfAllowed);
+        assert!(!d.is_allowed());
+        assert_eq!(change, MemoryChange::None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-use crate::limit::{Algorithm, Decision, Micros};
+use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros};
 use crate::store::MemoryChange;
 
 /// What one decision may write.
@@ -72,7 +72,7 @@ impl State {
 pub enum Snapshot {
     /// A fixed window's count.
     FixedWindow {
-        /// An aligned window's number (`None`: anchored).
+        /// An aligned window's number (`None`: anchored, or by name).
         window: Option<u64>,
         /// Units counted.
         used: u64,
@@ -132,8 +132,11 @@ fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
 /// caller key under two algorithms names two different keys.
 pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     match algorithm {
-        Algorithm::FixedWindow(p) if p.is_aligned() => "fa",
-        Algorithm::FixedWindow(_) => "fw",
+        Algorithm::FixedWindow(p) => match p.mode() {
+            FixedWindowMode::Anchored => "fw",
+            FixedWindowMode::Aligned => "fa",
+            FixedWindowMode::AlignedByName => "fn",
+        },
         Algorithm::SlidingWindow(_) => "sl",
         Algorithm::TokenBucket(_) => "tb",
         Algorithm::Gcra(_) => "gc",

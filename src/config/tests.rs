@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::upstream::{Effect, Environment, ParseError, Report, TABLE, switches_upstream_on};
+use super::upstream::{Effect, Environment, ParseError, Report, TABLE};
 use super::{Config, InvalidConfig};
+use crate::api::envoy::KeyLayout;
 use crate::api::envoy::options::ConfigFiles;
 use crate::options::Secret;
 use crate::store::{StoreSettings, Topology};
@@ -115,6 +116,23 @@ fn upstream_deployment_gets_upstream_defaults() {
     assert!(!config.envoy.config_dotfiles);
     assert_eq!(config.origins.of("redis_url"), Some("REDIS_URL"));
     assert_eq!(config.origins.of("key_prefix"), Some("CACHE_KEY_PREFIX"));
+    assert_eq!(config.envoy.envoy_key_layout, KeyLayout::Upstream);
+}
+
+#[test]
+fn upstreams_key_layout_is_a_default_our_flag_overrides() {
+    let upstream = [("USE_STATSD", "false"), ("CACHE_KEY_PREFIX", "rl_")];
+    let (config, _) = load(&[], &upstream).unwrap();
+    assert_eq!(config.limiter.key_prefix, "rl_");
+    assert_eq!(config.envoy.envoy_key_layout, KeyLayout::Upstream);
+    assert_eq!(
+        config.origins.of("envoy_key_layout"),
+        Some("CACHE_KEY_PREFIX")
+    );
+    let (config, _) = load(&["--envoy-key-layout", "ratelimitd"], &upstream).unwrap();
+    assert_eq!(config.envoy.envoy_key_layout, KeyLayout::Ratelimitd);
+    let (config, _) = load(&[], &[]).unwrap();
+    assert_eq!(config.envoy.envoy_key_layout, KeyLayout::Ratelimitd);
 }
 
 #[test]
@@ -310,6 +328,33 @@ fn grpc_tls_takes_the_client_ca_and_san() {
 }
 
 #[test]
+fn envoy_gateways_server_ca_asks_no_client_certificate_as_upstream_and_says_so() {
+    let (config, report) = load(
+        &[],
+        &[
+            ("USE_STATSD", "false"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/tls/ca.pem"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.tls.tls_cert, Some(PathBuf::from("/tls/cert.pem")));
+    assert_eq!(config.tls.tls_client_ca, None);
+    let warning = report
+        .warnings
+        .iter()
+        .find(|w| w.starts_with("GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem has no effect"))
+        .unwrap_or_else(|| panic!("no warning: {report:?}"));
+    assert!(
+        warning.contains("not asked for a certificate")
+            && warning.contains("GRPC_CLIENT_TLS_CACERT (--tls-client-ca)"),
+        "{warning}"
+    );
+}
+
+#[test]
 fn tuning_knobs_are_accepted_with_a_warning() {
     let (_, report) = load(
         &[],
@@ -448,148 +493,4 @@ fn the_table_names_only_flags_we_have_and_help_names_the_variables() {
         "{help}"
     );
     assert!(help.contains("REDIS_TIMEOUT"), "{help}");
-}
-
-/// Every variable upstream's settings.go reads (at envoyproxy/ratelimit's
-/// main of 2026-07), and so every one a deployment may set.
-#[rustfmt::skip]
-const UPSTREAM_SETTINGS: &[&str] = &[
-    "HOST",
-    "PORT",
-    "DEBUG_HOST",
-    "DEBUG_PORT",
-    "GRPC_UDS",
-    "GRPC_HOST",
-    "GRPC_PORT",
-    "GRPC_MAX_CONNECTION_AGE",
-    "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "GRPC_SERVER_USE_TLS",
-    "GRPC_SERVER_TLS_CERT",
-    "GRPC_SERVER_TLS_KEY",
-    "GRPC_CLIENT_TLS_CACERT",
-    "GRPC_CLIENT_TLS_SAN",
-    "LOG_LEVEL",
-    "LOG_FORMAT",
-    "CONFIG_TYPE",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "CONFIG_GRPC_XDS_NODE_ID",
-    "CONFIG_GRPC_XDS_NODE_METADATA",
-    "CONFIG_GRPC_XDS_SERVER_URL",
-    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-    "XDS_CLIENT_BACKOFF_JITTER",
-    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-    "USE_DOG_STATSD",
-    "USE_DOG_STATSD_MOGRIFIERS",
-    "USE_STATSD",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "EXTRA_TAGS",
-    "STATS_FLUSH_INTERVAL",
-    "DISABLE_STATS",
-    "USE_PROMETHEUS",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_PATH",
-    "PROMETHEUS_MAPPER_YAML",
-    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-    "RUNTIME_ROOT",
-    "RUNTIME_SUBDIRECTORY",
-    "RUNTIME_APPDIRECTORY",
-    "RUNTIME_IGNOREDOTFILES",
-    "RUNTIME_WATCH_ROOT",
-    "EXPIRATION_JITTER_MAX_SECONDS",
-    "LOCAL_CACHE_SIZE_IN_BYTES",
-    "NEAR_LIMIT_RATIO",
-    "CACHE_KEY_PREFIX",
-    "BACKEND_TYPE",
-    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-    "LIMIT_RESPONSE_HEADERS_ENABLED",
-    "LIMIT_LIMIT_HEADER",
-    "LIMIT_REMAINING_HEADER",
-    "LIMIT_RESET_HEADER",
-    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-    "REDIS_SOCKET_TYPE",
-    "REDIS_TYPE",
-    "REDIS_URL",
-    "REDIS_POOL_SIZE",
-    "REDIS_AUTH",
-    "REDIS_TLS",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-    "REDIS_TLS_CACERT",
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-    "REDIS_PIPELINE_WINDOW",
-    "REDIS_PIPELINE_LIMIT",
-    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-    "REDIS_PERSECOND",
-    "REDIS_PERSECOND_SOCKET_TYPE",
-    "REDIS_PERSECOND_TYPE",
-    "REDIS_PERSECOND_URL",
-    "REDIS_PERSECOND_POOL_SIZE",
-    "REDIS_PERSECOND_AUTH",
-    "REDIS_PERSECOND_TLS",
-    "REDIS_SENTINEL_AUTH",
-    "REDIS_PERSECOND_SENTINEL_AUTH",
-    "REDIS_PERSECOND_PIPELINE_WINDOW",
-    "REDIS_PERSECOND_PIPELINE_LIMIT",
-    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
-    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-    "REDIS_TIMEOUT",
-    "REDIS_PERSECOND_TIMEOUT",
-    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
-    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
-    "REDIS_STARTUP_INITIAL_INTERVAL",
-    "REDIS_STARTUP_MAX_INTERVAL",
-    "REDIS_STARTUP_MAX_ELAPSED_TIME",
-    "MEMCACHE_HOST_PORT",
-    "MEMCACHE_MAX_IDLE_CONNS",
-    "MEMCACHE_SRV",
-    "MEMCACHE_SRV_REFRESH",
-    "MEMCACHE_TLS",
-    "MEMCACHE_TLS_CLIENT_CERT",
-    "MEMCACHE_TLS_CLIENT_KEY",
-    "MEMCACHE_TLS_CACERT",
-    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
-    "SHADOW_MODE",
-    "QUOTA_MODE",
-    "RESPONSE_DYNAMIC_METADATA",
-    "MERGE_DOMAIN_CONFIG",
-    "TRACING_ENABLED",
-    "TRACING_SERVICE_NAME",
-    "TRACING_SERVICE_NAMESPACE",
-    "TRACING_SERVICE_INSTANCE_ID",
-    "TRACING_EXPORTER_PROTOCOL",
-    "TRACING_SAMPLING_RATE",
-];
-
-#[test]
-fn every_upstream_variable_has_one_row_and_switches_upstream_on() {
-    for name in UPSTREAM_SETTINGS {
-        let exact = TABLE
-            .iter()
-            .filter(|row| row.variables.iter().any(|variable| variable.name == *name))
-            .count();
-        let by_prefix = TABLE.iter().any(|row| {
-            row.variables.iter().any(|variable| {
-                variable
-                    .name
-                    .strip_suffix('*')
-                    .is_some_and(|prefix| name.starts_with(prefix))
-            })
-        });
-        assert!(
-            exact == 1 || (exact == 0 && by_prefix),
-            "{name}: {exact} rows"
-        );
-        let shared = super::upstream::SHARED_NAMES.contains(name);
-        assert_eq!(switches_upstream_on(name), !shared, "{name}");
-    }
 }

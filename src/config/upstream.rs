@@ -14,6 +14,8 @@
 mod convert;
 mod plan;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 

@@ -70,10 +70,23 @@ fn quantity(field: &str, value: u64, max: u64) -> Result<u64, InvalidArgument> {
 pub struct FixedWindow {
     limit: u64,
     window: Window,
-    /// `false`: the window starts at the key's first spending request
-    /// (`CheckLimit`). `true`: windows are the multiples of `window` since
-    /// the Unix epoch, as envoyproxy/ratelimit counts them.
-    aligned: bool,
+    mode: FixedWindowMode,
+}
+
+/// Where a fixed window starts, and how its count is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixedWindowMode {
+    /// The window starts at the key's first spending request
+    /// (`CheckLimit`).
+    Anchored,
+    /// Windows are the multiples of the window's length since the Unix
+    /// epoch, as envoyproxy/ratelimit counts them; the key keeps the number
+    /// of the window it counts.
+    Aligned,
+    /// Aligned, and kept as envoyproxy/ratelimit keeps it: a plain counter
+    /// in a key that its caller names with the window's start, living one
+    /// window from its last count (`--envoy-key-layout upstream`).
+    AlignedByName,
 }
 
 impl FixedWindow {
@@ -82,16 +95,25 @@ impl FixedWindow {
         Ok(Self {
             limit: quantity("limit", limit, MAX_QUANTITY)?,
             window: Window::new(window)?,
-            aligned: false,
+            mode: FixedWindowMode::Anchored,
         })
     }
 
     /// A window aligned to multiples of its length since the Unix epoch.
     pub fn aligned(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
         Ok(Self {
-            aligned: true,
+            mode: FixedWindowMode::Aligned,
             ..Self::new(limit, window)?
         })
+    }
+
+    /// The same limit, aligned, counted in a plain counter that the caller
+    /// names with each window's start, as envoyproxy/ratelimit counts.
+    pub fn aligned_by_name(self) -> Self {
+        Self {
+            mode: FixedWindowMode::AlignedByName,
+            ..self
+        }
     }
 
     /// Units per window.
@@ -104,9 +126,14 @@ impl FixedWindow {
         self.window
     }
 
+    /// Where the window starts, and how the count is kept.
+    pub fn mode(&self) -> FixedWindowMode {
+        self.mode
+    }
+
     /// Windows aligned to multiples of their length since the Unix epoch.
     pub fn is_aligned(&self) -> bool {
-        self.aligned
+        self.mode != FixedWindowMode::Anchored
     }
 }
 

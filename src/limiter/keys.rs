@@ -128,6 +128,12 @@ impl Groups {
 /// keeps one caller key under two algorithms apart, and no `CheckLimit` key
 /// can name an Envoy, named or policy one (no algorithm's tag is `rls`,
 /// `rlh`, `lim` or `pol`).
+///
+/// A key named as envoyproxy/ratelimit names its counters
+/// ([`CallerKey::upstream`]) is `<prefix><name>` exactly, as upstream
+/// stores it (no hash tag: a request's keys may live on several Cluster
+/// nodes). Its name ends in its window's start, a number, where every
+/// other key ends in `}`, so none of them can name it.
 pub fn storage_key(prefix: &str, algorithm: &Algorithm, key: &CallerKey) -> String {
     let tag = algorithm::key_tag(algorithm);
     let origin = match key.origin() {
@@ -136,6 +142,7 @@ pub fn storage_key(prefix: &str, algorithm: &Algorithm, key: &CallerKey) -> Stri
         KeyOrigin::EnvoyDigest => "rlh:",
         KeyOrigin::Named => "lim:",
         KeyOrigin::Policy => "pol:",
+        KeyOrigin::Upstream => return format!("{prefix}{}", key.as_str()),
     };
     let text = key.as_str();
     let mut storage =
@@ -257,6 +264,10 @@ mod tests {
         assert_ne!(
             storage_key("p:", &fixed, &caller("rls:fw:x")),
             storage_key("p:", &fixed, &CallerKey::envoy("x".into()))
+        );
+        assert_eq!(
+            storage_key("p:", &fixed, &CallerKey::upstream("d_k_v_60".into())),
+            "p:d_k_v_60"
         );
     }
 }

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
 use crate::store::CLOCK_LUA;
 
 /// The most limits one script call decides. Each costs the script a few
@@ -103,7 +103,7 @@ pub struct ScriptLimit<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpendMark {
     /// Nothing: the units are given back to the key as it is (anchored
-    /// fixed window, token bucket, GCRA).
+    /// fixed window, or one named by its window; token bucket, GCRA).
     Unmarked,
     /// The window the units were counted in: given back only while the key
     /// still counts it (aligned fixed window, sliding window counter).
@@ -118,7 +118,9 @@ impl SpendMark {
         let unsigned = u64::try_from(mark)
             .map_err(|_| StoreError::Reply(format!("script replied mark = {mark}")))?;
         Ok(match algorithm {
-            Algorithm::FixedWindow(p) if p.is_aligned() => Self::Window(unsigned),
+            Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
+                Self::Window(unsigned)
+            }
             Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
             Algorithm::SlidingWindow(_) => Self::Entry(Micros::from_micros(unsigned)),
             _ => Self::Unmarked,
@@ -195,7 +197,11 @@ fn push_limit(invocation: &mut ScriptInvocation<'_>, algorithm: &Algorithm, cost
             .arg("fw")
             .arg(p.limit())
             .arg(p.window().as_millis())
-            .arg(u8::from(p.is_aligned())),
+            .arg(match p.mode() {
+                FixedWindowMode::Anchored => 0,
+                FixedWindowMode::Aligned => 1,
+                FixedWindowMode::AlignedByName => 2,
+            }),
         Algorithm::SlidingWindow(p) => invocation
             .arg("sw")
             .arg(p.limit())

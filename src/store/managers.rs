@@ -111,7 +111,7 @@ impl<O: Open> managed::Manager for Connections<O> {
 }
 
 /// Connections to one Redis server: deadpool-redis's manager opens them,
-/// or, over TLS with CA certificates of our own, [`PinnedTls`] does.
+/// or, over TLS (verified), [`PinnedTls`] does.
 pub(super) enum Standalone {
     Plain(deadpool_redis::Manager),
     Pinned(PinnedTls),
@@ -181,9 +181,13 @@ pub(super) struct SentinelPrimary {
 }
 
 impl SentinelPrimary {
-    /// `sentinels` carry the credentials and TLS mode used both for the
-    /// sentinels and for the primary (the first sentinel's), unless
-    /// `sentinel_credentials` gives the sentinels their own.
+    /// `sentinels` carry the TLS mode used both for the sentinels and for
+    /// the primary, and the credentials and database of the primary and
+    /// its replicas (the first sentinel's). The sentinels themselves are
+    /// given `sentinel_credentials`, or none: as envoyproxy/ratelimit does
+    /// (REDIS_AUTH for the data nodes, REDIS_SENTINEL_AUTH for the
+    /// sentinels), so a primary's password never goes to sentinels that
+    /// have none, which would refuse it.
     pub(super) fn new(
         sentinels: Vec<ConnectionInfo>,
         master: &str,
@@ -209,15 +213,13 @@ impl SentinelPrimary {
         if let Some(password) = settings.password() {
             builder = builder.set_client_to_redis_password(password);
         }
-        let (sentinel_user, sentinel_password) = match sentinel_credentials {
-            Some(own) => (own.user.as_deref(), own.password.as_deref()),
-            None => (settings.username(), settings.password()),
-        };
-        if let Some(username) = sentinel_user {
-            builder = builder.set_client_to_sentinel_username(username);
-        }
-        if let Some(password) = sentinel_password {
-            builder = builder.set_client_to_sentinel_password(password);
+        if let Some(own) = sentinel_credentials {
+            if let Some(username) = &own.user {
+                builder = builder.set_client_to_sentinel_username(username);
+            }
+            if let Some(password) = &own.password {
+                builder = builder.set_client_to_sentinel_password(password);
+            }
         }
         if let Some(tls_mode) = tls_mode {
             builder = builder

@@ -35,7 +35,8 @@ pub struct StoreOptions {
     pub redis_mode: Topology,
 
     /// With --redis-mode sentinel: the name the sentinels monitor the
-    /// primary under. Its password and database come from the first URL.
+    /// primary under. Its password (not the sentinels', see
+    /// --redis-sentinel-auth) and database come from the first URL.
     #[arg(
         long,
         env = "RATELIMITD_REDIS_SENTINEL_MASTER",
@@ -43,9 +44,10 @@ pub struct StoreOptions {
     )]
     pub redis_sentinel_master: String,
 
-    /// With --redis-mode sentinel, when the sentinels' credentials differ
-    /// from the primary's (those in the URLs): `password`, `user:password`,
-    /// or empty for sentinels without a password.
+    /// With --redis-mode sentinel: the sentinels' own credentials,
+    /// `password` or `user:password` (unset or empty: none). The URLs'
+    /// credentials are the primary's and its replicas', never sent to the
+    /// sentinels.
     #[arg(long, env = "RATELIMITD_REDIS_SENTINEL_AUTH")]
     pub redis_sentinel_auth: Option<Secret>,
 

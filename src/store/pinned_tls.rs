@@ -1,18 +1,22 @@
-//! TLS to a standalone Redis whose server certificate is itself listed in
-//! `--redis-tls-ca`: a pinned certificate, as envoyproxy/ratelimit's own
-//! test recipe makes (one self-signed `openssl req -x509` certificate,
-//! which says CA:TRUE, used as both the CA file and the server's
-//! certificate). Go accepts a server certificate that is in its trust pool
-//! whatever its CA flag; webpki refuses a CA certificate used as an end
-//! entity (`CaUsedAsEndEntity`). Here the standard webpki verification
+//! TLS to a standalone Redis whose server certificate is itself one the
+//! client trusts: a certificate in `--redis-tls-ca`, or, without it, in the
+//! system's trust store (as rustls-native-certs loads it: `SSL_CERT_FILE`
+//! and `SSL_CERT_DIR` when set, else the platform's). That is what
+//! envoyproxy/ratelimit's own recipe makes (one self-signed `openssl req
+//! -x509` certificate, which says CA:TRUE, used as the server's
+//! certificate and given as the CA file, or added to the system's store
+//! as its CI does). Go accepts a server certificate that is in its trust
+//! pool whatever its CA flag; webpki refuses a CA certificate used as an
+//! end entity (`CaUsedAsEndEntity`). Here the standard webpki verification
 //! runs first and decides every ordinary chain; only when it fails with
 //! exactly `CaUsedAsEndEntity`, for a server that presents no intermediate
-//! and a certificate byte-for-byte equal to one in the CA file, is that
-//! certificate accepted, after its name is checked against the URL's host.
-//! (webpki checks the validity period before the CA flag, so a pinned
-//! certificate that is expired or not yet valid fails with that error
-//! instead and is refused.) redis-rs takes no verifier of ours, so these
-//! connections are opened here and handed to redis-rs as a stream.
+//! and a certificate byte-for-byte equal to one in the trust store in
+//! force, is that certificate accepted, after its name is checked against
+//! the URL's host. (webpki checks the validity period before the CA flag,
+//! so a trusted certificate that is expired or not yet valid fails with
+//! that error instead and is refused.) redis-rs takes no verifier of ours,
+//! so these connections are opened here and handed to redis-rs as a
+//! stream.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +33,54 @@ use tokio_rustls::TlsConnector;
 
 use crate::tls::verifier::{check_name, webpki_signature_checks};
 
+/// The certificates a connection trusts.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Trust<'a> {
+    /// `--redis-tls-ca`'s, as PEM.
+    Given(&'a [u8]),
+    /// The system's.
+    System,
+}
+
+impl Trust<'_> {
+    /// The trust store, and the certificates in it that a server may
+    /// present as its own.
+    fn load(self) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), RedisError> {
+        let mut roots = RootCertStore::empty();
+        match self {
+            Self::Given(ca) => {
+                let given = CertificateDer::pem_slice_iter(ca)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|err| invalid(format!("--redis-tls-ca: {err}")))?;
+                for certificate in &given {
+                    roots
+                        .add(certificate.clone())
+                        .map_err(|err| invalid(format!("--redis-tls-ca: {err}")))?;
+                }
+                Ok((roots, given))
+            }
+            Self::System => {
+                const STORE: &str = "the system's trusted certificates (SSL_CERT_FILE, \
+                                     SSL_CERT_DIR, or the platform's store)";
+                let loaded = rustls_native_certs::load_native_certs();
+                if let Some(err) = loaded.errors.first() {
+                    return Err(invalid(format!("{STORE}: {err}")));
+                }
+                let (added, _unreadable) = roots.add_parsable_certificates(loaded.certs.clone());
+                if added == 0 {
+                    return Err(invalid(format!("{STORE}: none found; give --redis-tls-ca")));
+                }
+                Ok((roots, loaded.certs))
+            }
+        }
+    }
+}
+
+/// A client configuration error about TLS, saying `what`.
+fn invalid(what: String) -> RedisError {
+    RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", what))
+}
+
 /// Opens TLS connections to one Redis with the pinning verifier.
 pub(super) struct PinnedTls {
     connector: TlsConnector,
@@ -40,11 +92,11 @@ pub(super) struct PinnedTls {
 }
 
 impl PinnedTls {
-    /// For a `rediss://` `info` with CA certificates `ca` (PEM) and maybe a
-    /// client certificate and key (PEM); `None` when `info` is not TLS.
+    /// For a `rediss://` `info` trusting `trust`, and maybe a client
+    /// certificate and key (PEM); `None` when `info` is not TLS.
     pub(super) fn new(
         info: ConnectionInfo,
-        ca: &[u8],
+        trust: Trust<'_>,
         client: Option<(&[u8], &[u8])>,
         config: AsyncConnectionConfig,
         connect_timeout: Duration,
@@ -59,21 +111,11 @@ impl PinnedTls {
         else {
             return Ok(None);
         };
-        let invalid =
-            |what: String| RedisError::from((redis::ErrorKind::InvalidClientConfig, "TLS", what));
-        let pinned = CertificateDer::pem_slice_iter(ca)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| invalid(format!("--redis-tls-ca: {err}")))?;
-        let mut roots = RootCertStore::empty();
-        for certificate in &pinned {
-            roots
-                .add(certificate.clone())
-                .map_err(|err| invalid(format!("--redis-tls-ca: {err}")))?;
-        }
+        let (roots, pinned) = trust.load()?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
-            .map_err(|err| invalid(format!("--redis-tls-ca: {err}")))?;
+            .map_err(|err| invalid(format!("the trusted certificates: {err}")))?;
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|err| invalid(err.to_string()))?
@@ -130,7 +172,8 @@ impl PinnedTls {
     }
 }
 
-/// webpki's verification, then the pinned exception (see the module).
+/// webpki's verification, then the exception for a trusted certificate
+/// presented as the server's own (see the module).
 #[derive(Debug)]
 struct PinningVerifier {
     webpki: Arc<WebPkiServerVerifier>,

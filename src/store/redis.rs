@@ -19,7 +19,7 @@ use redis::{
 
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
-use super::pinned_tls::PinnedTls;
+use super::pinned_tls::{PinnedTls, Trust};
 use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
 use crate::metrics;
@@ -104,23 +104,25 @@ impl RedisStore {
                 let connection = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(settings.connect_timeout))
                     .set_response_timeout(Some(reply_backstop));
-                // With CA certificates of our own, TLS is opened here so that
-                // a pinned server certificate is accepted (pinned_tls.rs).
-                let pinned = match &settings.tls.ca {
-                    Some(ca) => PinnedTls::new(
-                        first.clone(),
-                        ca,
-                        settings
-                            .tls
-                            .client
-                            .as_ref()
-                            .map(|(cert, key)| (cert.as_slice(), key.as_slice())),
-                        connection.clone(),
-                        settings.connect_timeout,
-                    )
-                    .map_err(misconfigured)?,
-                    None => None,
+                // TLS is opened here so that a server certificate that is
+                // itself trusted is accepted (pinned_tls.rs).
+                let trust = match &settings.tls.ca {
+                    Some(ca) => Trust::Given(ca),
+                    None => Trust::System,
                 };
+                let client = settings
+                    .tls
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
+                let pinned = PinnedTls::new(
+                    first.clone(),
+                    trust,
+                    client,
+                    connection.clone(),
+                    settings.connect_timeout,
+                )
+                .map_err(misconfigured)?;
                 let standalone =
                     Standalone::new(first, connection, pinned).map_err(misconfigured)?;
                 Pools::Standalone(bounded_pool(standalone, settings)?)

@@ -13,8 +13,8 @@ pub enum Topology {
     /// A Redis Cluster; the URLs are seed nodes, the rest is discovered and
     /// followed through resharding and failover.
     Cluster,
-    /// Sentinels (the URLs) watching a primary (see [`Sentinel`]); the pool
-    /// follows failovers.
+    /// Sentinels (the URLs) watching a primary (see
+    /// --redis-sentinel-master); the pool follows failovers.
     Sentinel,
 }
 
@@ -24,14 +24,15 @@ pub enum Topology {
 pub struct Sentinel {
     /// The primary's name at the sentinels.
     pub master: String,
-    /// The sentinels' own credentials, when not the primary's (those in
-    /// the URLs).
+    /// The sentinels' own credentials (`None`: none are sent to them).
+    /// Those in the URLs are the primary's and its replicas', never the
+    /// sentinels'.
     pub credentials: Option<Credentials>,
 }
 
 impl Default for Sentinel {
-    /// `mymaster`, the name Redis's own sentinel.conf uses, and the URLs'
-    /// credentials.
+    /// `mymaster`, the name Redis's own sentinel.conf uses, and sentinels
+    /// without a password.
     fn default() -> Self {
         Self {
             master: "mymaster".into(),

@@ -112,6 +112,9 @@ impl Drop for TestServer {
     }
 }
 
+/// What the processes started the upstream way are called in messages.
+const UPSTREAM_WAY: &str = "ratelimitd (started the upstream way)";
+
 /// A ratelimitd server as a separate process, killed when dropped.
 pub struct ServerProcess {
     pub address: SocketAddr,
@@ -140,7 +143,7 @@ impl ServerProcess {
             .args(flags)
             .args(["--listen", &address.to_string()])
             .args(http_off(flags));
-        Self::launch(command, false, Started::Serving, "the ratelimitd process").await
+        Self::launch(command, false, "the ratelimitd process").await
     }
 
     /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
@@ -160,17 +163,29 @@ impl ServerProcess {
     /// HTTP and debug listeners on free loopback ports unless it sets
     /// them), and waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
-        Self::upstream_way(environment, Started::Serving).await
+        let (command, http, debug) = Self::upstream_command(environment);
+        let mut server = Self::launch(command, true, UPSTREAM_WAY).await;
+        server.http = http;
+        server.debug = debug;
+        server
     }
 
     /// As [`ServerProcess::start_upstream_way`], with its log kept, and
     /// waiting only until the gRPC port is bound (not until it accepts
     /// calls, nor until SERVING).
     pub async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
-        Self::upstream_way(environment, Started::Bound).await
+        let (command, http, debug) = Self::upstream_command(environment);
+        let mut server = Self::bind(command, true, UPSTREAM_WAY).await;
+        server.http = http;
+        server.debug = debug;
+        server
     }
 
-    async fn upstream_way(environment: &[(&str, &str)], started: Started) -> Self {
+    /// The command of [`ServerProcess::start_upstream_way`], and where
+    /// its HTTP and debug listeners will be when it chose them.
+    fn upstream_command(
+        environment: &[(&str, &str)],
+    ) -> (Command, Option<SocketAddr>, Option<SocketAddr>) {
         let set = |name: &str| environment.iter().any(|(set, _)| *set == name);
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
         command.env("GRPC_HOST", "127.0.0.1").env("GRPC_PORT", "0");
@@ -187,11 +202,51 @@ impl ServerProcess {
             }
         }
         command.envs(environment.iter().copied());
-        let what = "ratelimitd (started the upstream way)";
-        let mut server = Self::launch(command, true, started, what).await;
-        server.http = http;
-        server.debug = debug;
+        (command, http, debug)
+    }
+
+    /// As [`ServerProcess::start_logged`], with `environment` set too.
+    pub async fn start_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+        let command = Self::command_with_environment(flags, environment);
+        Self::launch(command, true, "the ratelimitd process").await
+    }
+
+    /// As [`ServerProcess::start_with_environment`], but returned as soon
+    /// as it listens, SERVING or not (for a store it cannot reach).
+    pub async fn listening_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+        let command = Self::command_with_environment(flags, environment);
+        let mut server = Self::bind(command, true, "the ratelimitd process").await;
+        // Bound is not yet listening: the port takes connections once the
+        // server is ready.
+        let deadline = Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(server.address)
+            .await
+            .is_err()
+        {
+            if server.process.exited().is_some() {
+                panic!(
+                    "ratelimitd exited before listening; its log: {}",
+                    server.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for ratelimitd to listen; its log: {}",
+                server.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         server
+    }
+
+    fn command_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
+        command
+            .args(flags)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(http_off(flags))
+            .envs(environment.iter().copied());
+        command
     }
 
     /// Everything the process has logged so far.
@@ -217,14 +272,28 @@ impl ServerProcess {
             .args(flags)
             .args(["--listen", "127.0.0.1:0"])
             .args(http_off(flags));
-        Self::launch(command, logged, Started::Serving, "the ratelimitd process").await
+        Self::launch(command, logged, "the ratelimitd process").await
     }
 
-    /// Runs `command` with `--address-file`, learns the port it bound from
-    /// that file, and waits until it serves (or only until that file is
-    /// written, with [`Started::Bound`]); panics, with its log when kept,
-    /// if it exits first or does neither in time.
-    async fn launch(mut command: Command, logged: bool, started: Started, what: &str) -> Self {
+    /// [`ServerProcess::bind`], then waits until it serves; panics, with
+    /// its log when kept, if it exits first or does not in time.
+    async fn launch(command: Command, logged: bool, what: &str) -> Self {
+        let mut server = Self::bind(command, logged, what).await;
+        if !server.serving_or_exited(what).await {
+            let log = server
+                .log
+                .as_ref()
+                .map(|_| server.log())
+                .unwrap_or_default();
+            panic!("{what} exited before serving; its log: {log}");
+        }
+        server
+    }
+
+    /// Runs `command` with `--address-file` and learns the port it bound
+    /// from that file; panics, with its log when kept, if it exits first or
+    /// does not bind in time.
+    async fn bind(mut command: Command, logged: bool, what: &str) -> Self {
         let dir = tempfile::tempdir().expect("a directory for the process's files");
         let address_file = dir.path().join("address");
         let log_path = dir.path().join("ratelimitd.log");
@@ -269,22 +338,13 @@ impl ServerProcess {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        let mut server = Self {
+        Self {
             address,
             http: None,
             debug: None,
             process,
             log: logged.then_some((dir, log_path)),
-        };
-        if started == Started::Serving && !server.serving_or_exited(what).await {
-            let log = server
-                .log
-                .as_ref()
-                .map(|_| server.log())
-                .unwrap_or_default();
-            panic!("{what} exited before serving; its log: {log}");
         }
-        server
     }
 
     /// Waits until the process serves (`true`) or exits first (`false`);
@@ -331,15 +391,6 @@ impl ServerProcess {
         .expect("join")
         .expect("wait for ratelimitd")
     }
-}
-
-/// How far [`ServerProcess::launch`] waits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Started {
-    /// Until the gRPC port is bound (its address file written).
-    Bound,
-    /// Until gRPC health says SERVING.
-    Serving,
 }
 
 /// Does a test's command line name the HTTP listener?

@@ -33,7 +33,7 @@ use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use self::plan::Plan;
-pub use self::settings::{EnvoySettings, LimitHeaderNames, RequestBounds};
+pub use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
@@ -106,7 +106,10 @@ impl EnvoyService {
     ) -> Result<rls::RateLimitResponse, Error> {
         self.settings.bounds.check(request)?;
         let rules = self.rules.current();
-        let plan = Plan::new(&rules, request, &self.settings)?;
+        // One instant for the whole call: the window a counter named by its
+        // window counts in, and the resets the response reports.
+        let now = self.clock.now();
+        let plan = Plan::new(&rules, request, &self.settings, now)?;
         let decisions = if plan.requests.is_empty() {
             Vec::new()
         } else if plan.count_denied_hits {
@@ -117,7 +120,6 @@ impl EnvoyService {
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
-        let now = self.clock.now();
         let answers = response::answers(&plan, &decisions, now);
         upstream_stats::record(&plan, &answers, &decisions);
         let response = response::response(&plan, request, answers, &decisions, &self.settings, now);

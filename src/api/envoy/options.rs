@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::xds::{XdsSettings, XdsTls};
-use super::{EnvoySettings, LimitHeaderNames, RequestBounds};
+use super::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
 use crate::options::{
     KeyValues, OptionsError, SecretValues, key_values, positive_duration, read_identity,
     read_optional_pem, secret_values,
@@ -94,6 +94,19 @@ pub struct EnvoyOptions {
     /// remaining, reset seconds) of the most restrictive descriptor.
     #[arg(long, env = "RATELIMITD_ENVOY_LIMIT_HEADERS", num_args = 0..=1, require_equals = true)]
     pub envoy_limit_headers: bool,
+
+    /// Envoy face: how limits that envoyproxy/ratelimit could count (a fixed
+    /// window of one unit, alone on its descriptor) are named and counted
+    /// in the store. `upstream`: as envoyproxy/ratelimit does, under
+    /// --key-prefix, so that its instances and ratelimitd's share one count
+    /// while a deployment moves from one to the other (docs/envoy.md).
+    #[arg(
+        long,
+        env = "RATELIMITD_ENVOY_KEY_LAYOUT",
+        value_enum,
+        default_value = "ratelimitd"
+    )]
+    pub envoy_key_layout: KeyLayout,
 
     /// Name of --envoy-limit-headers' limit header.
     #[arg(
@@ -220,6 +233,7 @@ impl EnvoyOptions {
                 reset: self.envoy_reset_header.clone(),
             }),
             bounds,
+            key_layout: self.envoy_key_layout,
         }
     }
 

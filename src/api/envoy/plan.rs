@@ -1,17 +1,18 @@
 //! One `ShouldRateLimit` request matched against the rules in force: for
 //! each descriptor, the limits that govern it (the configured rules, or the
 //! limit Envoy sent with it), less those another matched rule `replaces`,
-//! and the limit requests the limiter decides for the counted ones.
+//! and the limit requests the limiter decides for the counted ones, their
+//! counters named in the layout in force (`--envoy-key-layout`).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::settings::EnvoySettings;
-use crate::limit::{self, CallerKey, Decision, InvalidArgument, LimitRequest};
+use super::settings::{EnvoySettings, KeyLayout};
+use crate::limit::{self, Algorithm, CallerKey, Decision, InvalidArgument, LimitRequest, Micros};
 use crate::pb::convert;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use crate::rules::{Limit, Rule, Rules};
+use crate::rules::{Counted, Limit, Period, Rule, Rules};
 
 /// What governs one limit of a descriptor.
 pub(super) enum Governed {
@@ -76,16 +77,29 @@ pub(super) struct Plan {
 /// and what it spends.
 struct Matched {
     rules: Vec<Arc<Rule>>,
-    counter_prefix: String,
+    names: CounterNames,
     cost: u64,
 }
 
+/// What the names of a descriptor's counters start with (the window
+/// follows).
+#[derive(Default)]
+struct CounterNames {
+    /// In ratelimitd's layout.
+    ours: String,
+    /// In envoyproxy/ratelimit's (`<domain>_<key>_<value>_`), with
+    /// `--envoy-key-layout upstream`.
+    upstream: Option<String>,
+}
+
 impl Plan {
-    /// Matches every descriptor of `request` against `rules`.
+    /// Matches every descriptor of `request` against `rules`, at `now`
+    /// (the window a counter named by its window counts in).
     pub(super) fn new(
         rules: &Rules,
         request: &RateLimitRequest,
         settings: &EnvoySettings,
+        now: Micros,
     ) -> Result<Self, InvalidArgument> {
         if request.domain.is_empty() {
             return Err(InvalidArgument::new("domain", "must not be empty"));
@@ -102,13 +116,14 @@ impl Plan {
                 None => u64::from(request.hits_addend.max(1)),
             }))
             .map_err(|err| InvalidArgument::new(field("hits_addend"), err.rule))?;
-            let (rules, counter_prefix) =
-                match_descriptor(rules, &request.domain, descriptor, &field)?;
-            matched.push(Matched {
+            let (rules, names) = match_descriptor(
                 rules,
-                counter_prefix,
-                cost,
-            });
+                &request.domain,
+                descriptor,
+                settings.key_layout,
+                &field,
+            )?;
+            matched.push(Matched { rules, names, cost });
         }
         let mut plan = Self {
             domain: request.domain.clone(),
@@ -117,7 +132,7 @@ impl Plan {
             descriptors: Vec::with_capacity(matched.len()),
             requests: Vec::new(),
         };
-        plan.govern(&matched, settings);
+        plan.govern(&matched, settings, now);
         Ok(plan)
     }
 
@@ -125,7 +140,7 @@ impl Plan {
     /// rule named in another matched rule's `replaces` is dropped; a
     /// blocked limit that denies the request makes the others only look,
     /// so they spend nothing (unless each is counted on its own).
-    fn govern(&mut self, matched: &[Matched], settings: &EnvoySettings) {
+    fn govern(&mut self, matched: &[Matched], settings: &EnvoySettings, now: Micros) {
         let replaced: Vec<&str> = matched
             .iter()
             .flat_map(|matched| &matched.rules)
@@ -140,7 +155,7 @@ impl Plan {
                 let part = if rule.name().is_some_and(|name| replaced.contains(&name)) {
                     Governed::Nothing
                 } else {
-                    self.part(rule, matched, settings)
+                    self.part(rule, matched, settings, now)
                 };
                 self.parts.push(part);
             }
@@ -166,23 +181,26 @@ impl Plan {
 
     /// The part of one of `matched`'s rules that stands, with its request
     /// if it counts.
-    fn part(&mut self, rule: &Arc<Rule>, matched: &Matched, settings: &EnvoySettings) -> Governed {
+    fn part(
+        &mut self,
+        rule: &Arc<Rule>,
+        matched: &Matched,
+        settings: &EnvoySettings,
+        now: Micros,
+    ) -> Governed {
         let (rule, cost) = (rule.clone(), matched.cost);
         let counted = match rule.limit() {
             Limit::Unlimited => return Governed::Unlimited,
             Limit::Blocked(_) => return Governed::Blocked { rule, cost },
             Limit::Counted(counted) => counted,
         };
-        // Two limits of one descriptor differ in window or algorithm
-        // (checked at load), so their storage keys differ though these
-        // names may not.
-        let window = counted.period().window().as_millis();
+        let (key, algorithm) = counter(matched, counted, now);
         // A quota descriptor does not deny the others' spending on its
         // own: the response decides.
         let quota = settings.in_quota_mode(&rule);
         self.requests.push(LimitRequest {
-            key: CallerKey::envoy(format!("{}w{window}", matched.counter_prefix)),
-            algorithm: *counted.algorithm(),
+            key,
+            algorithm,
             cost,
             shadow: rule.shadow() || settings.shadow_mode || quota,
         });
@@ -194,18 +212,49 @@ impl Plan {
     }
 }
 
+/// The counter of one counted limit of `matched`, and the algorithm that
+/// counts it. In envoyproxy/ratelimit's layout, a limit upstream's
+/// configuration could say (alone on its descriptor, a fixed window of one
+/// unit) is named as upstream names it, with the start of the window `now`
+/// is in (in seconds, on this instance's clock, as upstream's), and
+/// counted by that name; every other limit keeps ratelimitd's.
+fn counter(matched: &Matched, counted: &Counted, now: Micros) -> (CallerKey, Algorithm) {
+    let period = counted.period();
+    if let (Some(prefix), Algorithm::FixedWindow(fixed), [_]) = (
+        &matched.names.upstream,
+        counted.algorithm(),
+        matched.rules.as_slice(),
+    ) && fixed.is_aligned()
+        && period == Period::of(period.unit())
+    {
+        let unit = period.seconds();
+        let start = now.as_secs() / unit * unit;
+        return (
+            CallerKey::upstream(format!("{prefix}{start}")),
+            Algorithm::FixedWindow(fixed.aligned_by_name()),
+        );
+    }
+    // Two limits of one descriptor differ in window or algorithm (checked
+    // at load), so their storage keys differ though these names may not.
+    let window = period.window().as_millis();
+    let name = format!("{}w{window}", matched.names.ours);
+    (CallerKey::envoy(name), *counted.algorithm())
+}
+
 /// The rules for one descriptor, and what the names of their counters
-/// start with: the request's own limit override if it has one (only for a
-/// configured domain, as upstream; it stands for all the configured
-/// limits), else the configured rules. No rules when nothing governs it.
+/// start with (in `layout` too): the request's own limit override if it
+/// has one (only for a configured domain, as upstream; it stands for all
+/// the configured limits), else the configured rules. No rules when
+/// nothing governs it.
 fn match_descriptor(
     rules: &Rules,
     domain: &str,
     descriptor: &RateLimitDescriptor,
+    layout: KeyLayout,
     field: &dyn Fn(&str) -> String,
-) -> Result<(Vec<Arc<Rule>>, String), InvalidArgument> {
+) -> Result<(Vec<Arc<Rule>>, CounterNames), InvalidArgument> {
     if !rules.has_domain(domain) {
-        return Ok((Vec::new(), String::new()));
+        return Ok((Vec::new(), CounterNames::default()));
     }
     let entries: Vec<(String, String)> = descriptor
         .entries
@@ -224,16 +273,46 @@ fn match_descriptor(
                 )
             })?;
         let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
-        return Ok((
-            vec![Arc::new(rule)],
-            counter_prefix(domain, &entries, &values),
-        ));
+        let names = counter_names(domain, &entries, &values, layout);
+        return Ok((vec![Arc::new(rule)], names));
     }
     let Some(found) = rules.find(domain, &entries) else {
-        return Ok((Vec::new(), String::new()));
+        return Ok((Vec::new(), CounterNames::default()));
     };
-    let prefix = counter_prefix(domain, &entries, &found.counter_values);
-    Ok((found.rules.to_vec(), prefix))
+    let names = counter_names(domain, &entries, &found.counter_values, layout);
+    Ok((found.rules.to_vec(), names))
+}
+
+/// What the names of a descriptor's counters start with, in ratelimitd's
+/// layout and, if `layout` says so, in upstream's.
+fn counter_names(
+    domain: &str,
+    entries: &[(String, String)],
+    values: &[&str],
+    layout: KeyLayout,
+) -> CounterNames {
+    CounterNames {
+        ours: counter_prefix(domain, entries, values),
+        upstream: (layout == KeyLayout::Upstream)
+            .then(|| upstream_counter_prefix(domain, entries, values)),
+    }
+}
+
+/// envoyproxy/ratelimit's: the domain, `_`, then each entry's key, `_`,
+/// its counted value, `_` (its window's start follows). Upstream's own
+/// text, `_` in keys and values included, so two descriptors whose parts
+/// run together as upstream's do share a counter as they do upstream.
+fn upstream_counter_prefix(domain: &str, entries: &[(String, String)], values: &[&str]) -> String {
+    let mut name = String::with_capacity(domain.len() + 1);
+    name.push_str(domain);
+    name.push('_');
+    for ((key, _), value) in entries.iter().zip(values) {
+        name.push_str(key);
+        name.push('_');
+        name.push_str(value);
+        name.push('_');
+    }
+    name
 }
 
 /// What the names of a descriptor's counters start with (the window
@@ -268,7 +347,7 @@ mod tests {
     /// `request` matched against [`RULES`].
     fn plan(request: &RateLimitRequest, settings: &EnvoySettings) -> Result<Plan, InvalidArgument> {
         let rules = crate::rules::compile(&[("limits.yaml".into(), RULES.to_owned())]).unwrap();
-        Plan::new(&rules, request, settings)
+        Plan::new(&rules, request, settings, Micros::from_secs(3_600_030))
     }
 
     /// A request of domain `d` with one descriptor of one entry per pair.
@@ -309,6 +388,45 @@ mod tests {
         let keys: Vec<&str> = plan.requests.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(keys, ["1:d|1:a|1:1|w1000", "1:d|1:b|1:2|w3600000"]);
         assert!(plan.requests.iter().all(|r| r.cost == 1 && !r.shadow));
+    }
+
+    #[test]
+    fn upstreams_layout_names_what_upstream_could_say_as_upstream_does() {
+        let upstream = EnvoySettings {
+            key_layout: KeyLayout::Upstream,
+            ..EnvoySettings::default()
+        };
+        let by_name = |request: &LimitRequest| {
+            matches!(request.algorithm, Algorithm::FixedWindow(w)
+                if w.mode() == crate::limit::FixedWindowMode::AlignedByName)
+        };
+        let mut request = request(&[("a", "1"), ("b", "2")]);
+        let both = plan(&request, &upstream).unwrap();
+        // `a` has two limits, which upstream's configuration cannot say:
+        // ratelimitd's names.
+        assert_eq!(
+            both.requests[0].key,
+            CallerKey::envoy("1:d|1:a|1:1|w1000".into())
+        );
+        assert!(!by_name(&both.requests[0]));
+        // `b`'s one hourly limit: upstream's name, with the start of the
+        // hour, counted by that name.
+        assert_eq!(
+            both.requests[1].key,
+            CallerKey::upstream("d_b_2_3600000".into())
+        );
+        assert!(by_name(&both.requests[1]));
+        // Envoy's own limit for a descriptor is named as upstream names it.
+        request.descriptors.truncate(1);
+        request.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: 7,
+            unit: 7,
+        });
+        let weekly = plan(&request, &upstream).unwrap();
+        assert_eq!(
+            weekly.requests[0].key,
+            CallerKey::upstream("d_a_1_3024000".into())
+        );
     }
 
     #[test]

@@ -360,7 +360,7 @@ mod tests {
     ) -> rls::RateLimitResponse {
         let rules = rules();
         let request = request(keys);
-        let plan = Plan::new(&rules, &request, settings).unwrap();
+        let plan = Plan::new(&rules, &request, settings, NOW).unwrap();
         assert_eq!(
             plan.requests.len(),
             decisions.len(),

@@ -25,6 +25,21 @@ pub struct EnvoySettings {
     pub limit_headers: Option<LimitHeaderNames>,
     /// The most one request may ask.
     pub bounds: RequestBounds,
+    /// How fixed-window limits are named and counted in the store.
+    pub key_layout: KeyLayout,
+}
+
+/// How the Envoy face names and counts its fixed-window limits in the
+/// store (`--envoy-key-layout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyLayout {
+    /// ratelimitd's own: one key per limit, its window's number kept in it.
+    #[default]
+    Ratelimitd,
+    /// envoyproxy/ratelimit's: a counter per window named
+    /// `<prefix><domain>_<key>_<value>_..._<window start>`, counted with
+    /// INCRBY, so that both share one count.
+    Upstream,
 }
 
 impl EnvoySettings {

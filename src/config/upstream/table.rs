@@ -1,12 +1,14 @@
 //! The table itself: every variable upstream's settings read, in the
-//! order of upstream's settings, with what it does here. A new variable of
-//! upstream's is one row here (and its test in `config/tests.rs`).
+//! order of upstream's settings, with what it does here, and the variables
+//! deployments of upstream set beside them that upstream does not read. A
+//! new variable of upstream's is one row here (and its test in
+//! `config/tests.rs`).
 
 use super::convert::{
     Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, metrics, number, path,
     positive_go_duration, redis, required_path, runtime_directory, text,
 };
-use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Variable, When};
+use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Value, Variable, When};
 
 const fn var(name: &'static str, default: &'static str) -> Variable {
     Variable { name, default }
@@ -102,7 +104,9 @@ const XDS_TLS: When = When::True("CONFIG_GRPC_XDS_SERVER_USE_TLS");
 const REDIS_TLS: When = When::True("REDIS_TLS");
 
 /// Every variable upstream's settings read (src/settings/settings.go), and
-/// what it does here. One row a line or two, so it reads as a table.
+/// what it does here; and those that deployments set beside them though
+/// upstream reads none (said at start). One row a line or two, so it reads
+/// as a table.
 #[rustfmt::skip]
 pub const TABLE: &[Row] = &[
     // The gRPC listener.
@@ -119,6 +123,11 @@ pub const TABLE: &[Row] = &[
     sets(&[var("GRPC_CLIENT_TLS_SAN", "")], &["tls_client_san"],
         "a name (DNS or IP) the client certificate must carry", path)
         .when(&[SERVER_TLS]),
+    // Not upstream's: Envoy Gateway sets it beside GRPC_SERVER_USE_TLS.
+    warns(&[var("GRPC_SERVER_TLS_CA_CERT", "")],
+        "envoyproxy/ratelimit does not read it either, so gRPC clients are not asked for a \
+         certificate; GRPC_CLIENT_TLS_CACERT (--tls-client-ca) names the CA that would ask for \
+         one"),
     warns(&[var("GRPC_MAX_CONNECTION_AGE", "24h"), var("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")],
         "connections are not closed for age (idle ones after --idle-timeout)"),
     // The HTTP and debug listeners.
@@ -223,10 +232,13 @@ pub const TABLE: &[Row] = &[
             var("REDIS_STARTUP_MAX_ELAPSED_TIME", "0")],
         "start-up does not wait for Redis; health says NOT_SERVING until it answers"),
     // Keys and counting.
-    sets(&[var("CACHE_KEY_PREFIX", "")], &["key_prefix"], "as it is", text),
+    sets(&[var("CACHE_KEY_PREFIX", "")], &["key_prefix", "envoy_key_layout"],
+        "as it is; and Envoy's fixed windows named and counted as upstream's, so that both share \
+         one count while a deployment moves over (--envoy-key-layout upstream)", cache_keys),
     sets(&[var("LOCAL_CACHE_SIZE_IN_BYTES", "0")], &["local_cache_max_bytes"], "bytes", number),
     warns(&[var("EXPIRATION_JITTER_MAX_SECONDS", "300")],
-        "keys expire exactly at their window's end"),
+        "no jitter is added: a counter named as upstream's lives one unit from its last count, \
+         other keys expire at their window's end"),
     warns(&[var("NEAR_LIMIT_RATIO", "0.8")], "only upstream's near_limit statistic uses it"),
     sets(&[var("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")], &["envoy_count_denied_hits"],
         "negated", inverted_go_bool),
@@ -266,6 +278,21 @@ pub const TABLE: &[Row] = &[
     ignores(&[var("CONFIG_GRPC_XDS_*", ""), var("XDS_CLIENT_*", "")], Accepts::Any,
         "not a variable this version of upstream reads"),
 ];
+
+/// The key prefix (CACHE_KEY_PREFIX or upstream's empty default), and
+/// upstream's key layout for Envoy's fixed windows, as a default of ours
+/// (our own --envoy-key-layout, when given, wins).
+fn cache_keys(upstream: &Upstream<'_>, row: &Row) -> Result<Option<Vec<Setting>>, UpstreamError> {
+    let mut settings = text(upstream, row)?.unwrap_or_default();
+    settings.push(Setting {
+        flag: "envoy_key_layout",
+        value: Value::Args(vec!["upstream".into()]),
+        given: false,
+        from: row.variables[0].name.to_owned(),
+        secret: false,
+    });
+    Ok(Some(settings))
+}
 
 /// The xDS server: CONFIG_GRPC_XDS_SERVER_URL or its default, given either
 /// way (CONFIG_TYPE=GRPC_XDS_SOTW asked for it), so that it conflicts with

@@ -6,7 +6,8 @@
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
 --          algorithm, three parameters, cost, shadow (1|0)
---            'fw': limit, window_ms, aligned (1|0)
+--            'fw': limit, window_ms, aligned (0: anchored, 1: aligned,
+--                  2: aligned, the key named by its window)
 --            'sw': limit, window_us, (unused)
 --            'tb': capacity, refill_per_second, (unused)
 --            'gc': burst, interval_us, (unused)

@@ -25,6 +25,7 @@ for i = 1, #KEYS do
       refunded = refunded + 1
     end
   elseif algorithm == 'fw' then
+    -- Anchored, or named by its window (the key is the window).
     if redis.call('EXISTS', key) == 1 then
       redis.call('DECRBY', key, cost)
       refunded = refunded + 1

@@ -92,6 +92,17 @@ impl Access {
         self.password.as_deref()
     }
 
+    /// The credentials as upstream's REDIS_AUTH and our
+    /// `--redis-sentinel-auth` write them: `password` or `user:password`;
+    /// `None` when nothing is demanded.
+    pub fn auth(&self) -> Option<String> {
+        let password = self.password.as_deref()?;
+        Some(match &self.user {
+            Some(user) => format!("{user}:{password}"),
+            None => password.to_owned(),
+        })
+    }
+
     pub fn tls_files(&self) -> Option<&TlsFiles> {
         self.tls.as_ref()
     }

@@ -43,9 +43,8 @@ impl RedisSentinel {
     /// - a password: the data nodes demand it (`requirepass`, and
     ///   `masterauth` so that the replica gets in), the sentinels give it to
     ///   them (`sentinel auth-pass`), and the sentinels demand it too
-    ///   (`requirepass` in sentinel mode), since a client that has one
-    ///   password for both (ratelimitd takes the data nodes' password from
-    ///   the sentinel URL) would otherwise be refused by the sentinels;
+    ///   (`requirepass` in sentinel mode), or none, or one of their own, as
+    ///   `security.sentinels` says;
     /// - TLS: every process, data node or sentinel, on a TLS port only
     ///   (`port 0`, `tls-port`), replication and the sentinels' links to
     ///   the data nodes and to each other over TLS too (`tls-replication
@@ -57,10 +56,11 @@ impl RedisSentinel {
     ///   auth-user`, `sentinel auth-pass`), and the sentinels demand it too
     ///   (the same `user` line and `user default off` in sentinel.conf, and
     ///   `sentinel sentinel-user`/`sentinel-pass` so that they get into each
-    ///   other), for the same reason as the password.
+    ///   other).
     ///
-    /// [`RedisSentinel::sentinel_urls`] then carry the password (and the
-    /// user) and use `rediss://`.
+    /// [`RedisSentinel::sentinel_urls`] then carry the data nodes' password
+    /// (and the user) and use `rediss://`; [`RedisSentinel::sentinel_auth`]
+    /// is what the sentinels demand.
     pub async fn start_with(security: Security) -> Self {
         let setup = Setup::new("Redis Sentinel", security);
         let sentinel_access = match &setup.security().sentinels {
@@ -153,26 +153,25 @@ impl RedisSentinel {
         .await;
     }
 
-    /// The `redis://127.0.0.1:port` of each sentinel; started
-    /// [`RedisSentinel::start_with`] a password, it is in each URL
+    /// The `redis://127.0.0.1:port` of each sentinel, as ratelimitd takes
+    /// them: started [`RedisSentinel::start_with`] a password (or an ACL
+    /// user), the data nodes' is in each URL
     /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded), and with TLS
-    /// they are `rediss://`.
+    /// they are `rediss://`. What the sentinels demand themselves is
+    /// [`RedisSentinel::sentinel_auth`].
     pub fn sentinel_urls(&self) -> Vec<String> {
-        let access = &self.sentinel_access;
+        let access = self.setup.access();
         self.sentinel_ports()
             .into_iter()
             .map(|port| access.url(port))
             .collect()
     }
 
-    /// The URL of a sentinel with the data nodes' credentials in it (how
-    /// ratelimitd takes the primary's when the sentinels' differ).
-    pub fn sentinel_urls_with_data_credentials(&self) -> Vec<String> {
-        let access = self.setup.access();
-        self.sentinel_ports()
-            .into_iter()
-            .map(|port| access.url(port))
-            .collect()
+    /// What the sentinels themselves demand, as `--redis-sentinel-auth`
+    /// (upstream's REDIS_SENTINEL_AUTH) takes it: `password` or
+    /// `user:password`; `None` for sentinels that demand nothing.
+    pub fn sentinel_auth(&self) -> Option<String> {
+        self.sentinel_access.auth()
     }
 
     pub fn sentinel_ports(&self) -> Vec<u16> {
