@@ -8,6 +8,8 @@
 //! configuration can be logged.
 
 #[cfg(test)]
+mod stats_tests;
+#[cfg(test)]
 mod tests;
 pub mod upstream;
 
@@ -23,6 +25,7 @@ use crate::limiter::LimiterOptions;
 use crate::options::OptionsError;
 use crate::server::bounds::BoundsOptions;
 use crate::server::options::ListenerOptions;
+use crate::stats::StatsOptions;
 use crate::store::{StoreOptions, StoreSettings};
 use crate::telemetry::TelemetryOptions;
 use crate::tls::TlsOptions;
@@ -69,6 +72,11 @@ pub struct Config {
     /// Logs and metrics.
     #[command(flatten)]
     pub telemetry: TelemetryOptions,
+
+    /// envoyproxy/ratelimit's statistics: statsd, and their Prometheus
+    /// names.
+    #[command(flatten)]
+    pub stats: StatsOptions,
 
     /// Read envoyproxy/ratelimit's environment variables (REDIS_URL,
     /// RUNTIME_ROOT, ...; see docs/configuration.md) as aliases of these

@@ -29,6 +29,10 @@
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
 //!   an embedded map with expiry.
 //!
+//! [`stats`] names envoyproxy/ratelimit's statistics as upstream does and
+//! sends them over statsd and to the metrics endpoint through a
+//! statsd_exporter mapping, beside ratelimitd's own [`metrics`].
+//!
 //! [`config`] gathers the command line and environment (and
 //! envoyproxy/ratelimit's variables) into each subsystem's group of
 //! options, which the subsystem turns into its settings; [`options`] holds
@@ -55,6 +59,7 @@ pub mod quota;
 pub mod rules;
 pub mod server;
 pub mod spec;
+pub mod stats;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -1,36 +1,49 @@
 //! Prometheus metrics, off unless `--metrics-listen` (or the debug
 //! listener, `--debug-listen`) names an address.
-//! Every metric's name and labels live here, so what is exported is read in
-//! one place. Labels stay bounded: APIs, algorithms, outcomes, error kinds
-//! and configured Envoy domains and rules, never a caller's key or a
-//! descriptor's value. Without the exporter
-//! the `metrics` macros record into nothing.
+//! Every `ratelimitd_*` metric's name and labels live here, so what is
+//! exported is read in one place. Labels stay bounded: APIs, algorithms,
+//! outcomes, error kinds and configured Envoy domains, never a caller's key
+//! or a descriptor's value. envoyproxy/ratelimit's statistics are served
+//! beside them under the names a statsd_exporter mapping gives them
+//! ([`crate::stats`]). Without the exporter the `metrics` macros record
+//! into nothing.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::StoreError;
 use crate::limit::Decision;
 
-/// Whether an exporter is installed: the per-rule series build their
-/// labels per request, which is skipped when nothing would read them.
-static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// statsd_exporter's summary quantiles, for the upstream statistics a
+/// mapping makes summaries of.
+const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
-/// Installs the recorder, serving `/metrics` on `listen` when given; the
-/// handle renders the same text (the debug listener's `/metrics`). Call
-/// once, inside the tokio runtime, before anything is counted.
-pub fn install(listen: Option<SocketAddr>) -> Result<PrometheusHandle, BuildError> {
-    INSTALLED.store(true, Ordering::Relaxed);
-    let builder = PrometheusBuilder::new().set_buckets_for_metric(
-        metrics_exporter_prometheus::Matcher::Full("ratelimitd_redis_command_seconds".into()),
-        &[
-            0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
-        ],
-    )?;
+/// A histogram's buckets by name: whole (`Full`) or by its start.
+pub type Buckets = Vec<(Matcher, Vec<f64>)>;
+
+/// Installs the recorder, serving `/metrics` on `listen` when given, with
+/// `histograms` (the upstream statistics' histograms a mapping names)
+/// bucketed as given; the handle renders the same text (the debug
+/// listener's `/metrics`). Call once, inside the tokio runtime, before
+/// anything is counted.
+pub fn install(
+    listen: Option<SocketAddr>,
+    histograms: Buckets,
+) -> Result<PrometheusHandle, BuildError> {
+    let mut builder = PrometheusBuilder::new()
+        .set_quantiles(&QUANTILES)?
+        .set_buckets_for_metric(
+            Matcher::Full("ratelimitd_redis_command_seconds".into()),
+            &[
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ],
+        )?;
+    for (matcher, buckets) in histograms {
+        builder = builder.set_buckets_for_metric(matcher, &buckets)?;
+    }
     let recorder = match listen {
         Some(listen) => {
             tracing::info!(%listen, "serving Prometheus metrics at /metrics");
@@ -128,103 +141,17 @@ pub fn redis_pool(in_use: usize, idle: usize) {
     gauge!("ratelimitd_redis_pool_connections", "state" => "idle").set(idle as f64);
 }
 
-/// A configuration reload that took, or was refused; and under upstream's
-/// names, any load (the first included).
+/// A configuration reload that took, or was refused.
 pub fn config_reload(succeeded: bool) {
     let result = if succeeded { "success" } else { "failure" };
     counter!("ratelimitd_config_reloads_total", "result" => result).increment(1);
-    config_load(succeeded);
 }
 
-/// envoyproxy/ratelimit's `config_load_success` / `config_load_error`.
-pub fn config_load(succeeded: bool) {
-    if succeeded {
-        counter!("ratelimit_service_config_load_success").increment(1);
-    } else {
-        counter!("ratelimit_service_config_load_error").increment(1);
-    }
-}
-
-/// One `ShouldRateLimit`, under envoyproxy/ratelimit's name, and its error
-/// kind if it failed (`redis_error`: the store; `service_error`: the rest).
-pub fn upstream_request(error: Option<&'static str>) {
-    counter!("ratelimit_service_total_requests", "grpc_method" => "ShouldRateLimit").increment(1);
-    if let Some(err_type) = error {
-        counter!("ratelimit_service_should_rate_limit_error", "err_type" => err_type).increment(1);
-    }
-}
-
-/// One descriptor's hits, by upstream's counters (worked out from a
-/// decision by `api::envoy::upstream_stats`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RuleHits {
-    /// Hits asked for.
-    pub total: u64,
-    /// Hits within the limit.
-    pub within: u64,
-    /// Hits within but near the limit (upstream's near_limit).
-    pub near: u64,
-    /// Hits over the limit.
-    pub over: u64,
-    /// Hits over the limit let through by shadow mode.
-    pub shadow: u64,
-}
-
-/// One configured rule's counters under envoyproxy/ratelimit's Prometheus
-/// names (its default statsd mapping: `ratelimit.service.rate_limit.<domain>.<key1>[.<key2>...].<stat>`
-/// becomes `ratelimit_service_rate_limit_<stat>{domain, key1[, key2]}`).
-/// The keys are the rule's levels in the configuration (`key` or
-/// `key_value`, as written), so the series are as many as the rules. Made
-/// once per rule (see [`UpstreamRuleCounters::get`]), not per request.
-pub struct UpstreamRuleCounters {
-    total: metrics::Counter,
-    within: metrics::Counter,
-    near: metrics::Counter,
-    over: metrics::Counter,
-    shadow: metrics::Counter,
-}
-
-impl UpstreamRuleCounters {
-    /// The counters of the rule at `levels` in `domain`, registered on
-    /// first use in `slot`; `None` without an exporter or for a rule with
-    /// no place in the configuration.
-    pub fn get<'a>(
-        slot: &'a std::sync::OnceLock<Option<Self>>,
-        domain: &str,
-        levels: &[String],
-    ) -> Option<&'a Self> {
-        if !INSTALLED.load(Ordering::Relaxed) {
-            return None;
-        }
-        slot.get_or_init(|| {
-            let key1 = levels.first()?;
-            let mut labels = vec![
-                metrics::Label::new("domain", domain.to_owned()),
-                metrics::Label::new("key1", key1.clone()),
-            ];
-            if let Some(key2) = levels.get(1) {
-                labels.push(metrics::Label::new("key2", key2.clone()));
-            }
-            let counter = |name: &'static str| counter!(name, labels.clone());
-            Some(Self {
-                total: counter("ratelimit_service_rate_limit_total_hits"),
-                within: counter("ratelimit_service_rate_limit_within_limit"),
-                near: counter("ratelimit_service_rate_limit_near_limit"),
-                over: counter("ratelimit_service_rate_limit_over_limit"),
-                shadow: counter("ratelimit_service_rate_limit_shadow_mode"),
-            })
-        })
-        .as_ref()
-    }
-
-    /// Adds one request's hits on the rule.
-    pub fn record(&self, hits: &RuleHits) {
-        self.total.increment(hits.total);
-        self.within.increment(hits.within);
-        self.near.increment(hits.near);
-        self.over.increment(hits.over);
-        self.shadow.increment(hits.shadow);
-    }
+/// Lines of upstream's statistics statsd did not take (the socket was
+/// full or refused them, the timer queue was full, the address did not
+/// resolve).
+pub fn statsd_dropped(lines: u64) {
+    counter!("ratelimitd_statsd_dropped_lines_total").increment(lines);
 }
 
 /// Calls in flight, up or down by one.

@@ -1,7 +1,8 @@
 //! The documentation's links hold: every relative link in README.md,
-//! CONTRIBUTING.md and docs/*.md names a file or folder that exists, and
-//! every `#anchor` a heading of the page it points to (as GitHub names a
-//! heading's anchor). Links inside code are not links, and are left alone.
+//! CONTRIBUTING.md, deploy/README.md and docs/*.md names a file or folder
+//! that exists, and every `#anchor` a heading of the page it points to (as
+//! GitHub names a heading's anchor). Links inside code are not links, and
+//! are left alone.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -11,9 +12,14 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The pages checked: the README, CONTRIBUTING.md and every page of docs/.
+/// The pages checked: the README, CONTRIBUTING.md, deploy/'s README and
+/// every page of docs/.
 fn pages() -> Vec<PathBuf> {
-    let mut pages = vec![root().join("README.md"), root().join("CONTRIBUTING.md")];
+    let mut pages = vec![
+        root().join("README.md"),
+        root().join("CONTRIBUTING.md"),
+        root().join("deploy/README.md"),
+    ];
     let docs = std::fs::read_dir(root().join("docs")).expect("docs/");
     let mut in_docs: Vec<PathBuf> = docs
         .map(|entry| entry.expect("a docs/ entry").path())
@@ -215,6 +221,8 @@ fn the_layout_names_every_source_file_and_only_paths_that_exist() {
             "clients/",
             "benches/",
             "examples/",
+            "deploy/",
+            ".github/",
         ]
         .iter()
         .any(|prefix| path.starts_with(prefix))

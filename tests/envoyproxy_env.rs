@@ -107,7 +107,7 @@ fn run_to_exit(environment: &[(&str, &str)]) -> (std::process::ExitStatus, Strin
 #[test]
 fn what_it_cannot_honour_stops_the_start_by_name() {
     for (name, value) in [
-        ("USE_STATSD", "true"),
+        ("TRACING_ENABLED", "true"),
         ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
         ("REDIS_PERSECOND", "true"),
         ("BACKEND_TYPE", "memcache"),

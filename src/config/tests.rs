@@ -268,7 +268,7 @@ fn redis_forms_become_urls() {
 #[test]
 fn what_cannot_be_honoured_stops_the_start_by_name() {
     for (name, value) in [
-        ("USE_STATSD", "true"),
+        ("TRACING_ENABLED", "true"),
         ("CONFIG_TYPE", "GRPC_XDS_DELTA"),
         ("BACKEND_TYPE", "memcache"),
         ("REDIS_PERSECOND", "true"),

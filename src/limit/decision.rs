@@ -28,6 +28,7 @@ pub struct Decision {
     remaining: u64,
     reset_after: Micros,
     degraded: bool,
+    local_cache: bool,
 }
 
 impl Decision {
@@ -41,6 +42,7 @@ impl Decision {
             remaining,
             reset_after,
             degraded: false,
+            local_cache: false,
         }
     }
 
@@ -58,6 +60,7 @@ impl Decision {
             remaining,
             reset_after,
             degraded: false,
+            local_cache: false,
         }
     }
 
@@ -68,6 +71,20 @@ impl Decision {
             degraded: true,
             ..self
         }
+    }
+
+    /// The same decision, marked as the local over-limit cache's, made
+    /// without asking the store.
+    pub fn marked_local_cache(self) -> Self {
+        Self {
+            local_cache: true,
+            ..self
+        }
+    }
+
+    /// Answered from the local over-limit cache.
+    pub fn is_from_local_cache(&self) -> bool {
+        self.local_cache
     }
 
     /// Whether the cost may be spent now.

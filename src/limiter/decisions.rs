@@ -178,8 +178,11 @@ impl Limiter {
         now: Instant,
     ) -> Option<Vec<Option<Decision>>> {
         let cache = self.denials.as_deref()?;
-        let known =
-            |group: &Group| cache.denial(&group.key, group.algorithm(requests), group.cost, now);
+        let known = |group: &Group| {
+            cache
+                .denial(&group.key, group.algorithm(requests), group.cost, now)
+                .map(Decision::marked_local_cache)
+        };
         // A first pass that allocates nothing: most requests miss.
         let (hit, denial) = groups.unique.iter().enumerate().find_map(|(g, group)| {
             let denial = known(group).filter(|_| !group.shadow)?;

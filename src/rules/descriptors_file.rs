@@ -39,7 +39,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::rule::{DescriptorSettings, Limit, Period, Rule, Source, Written};
+use super::rule::{DescriptorSettings, Limit, Period, Rule, Source, StatsNaming, Written};
 use super::tree::{Level, Node};
 use super::wildcard::Wildcard;
 use crate::algorithm::{self, registry::Kind};
@@ -61,13 +61,12 @@ pub struct DescriptorSpec {
     descriptors: Vec<Spanned<DescriptorSpec>>,
     #[serde(default)]
     shadow_mode: bool,
-    /// Upstream: finer statistics names. Accepted; no effect on limiting.
+    /// Upstream's statistics named after the request's values.
     #[serde(default)]
-    #[allow(dead_code)]
     detailed_metric: bool,
-    /// Upstream: values in statistics names. Accepted; no effect on limiting.
+    /// Upstream's statistics named after the request's value at this
+    /// level (when matched by a wildcard or by key alone).
     #[serde(default)]
-    #[allow(dead_code)]
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
@@ -116,6 +115,7 @@ pub fn compile(
     let mut context = Context {
         file,
         path: vec![domain.to_owned()],
+        value_to_metric: Vec::new(),
     };
     context.level(descriptors)
 }
@@ -125,6 +125,9 @@ struct Context<'a> {
     /// The descriptor path down to the level being read: the domain, then
     /// one `key` or `key_value` per level.
     path: Vec<String>,
+    /// Per level of the path: whether the request's value names upstream's
+    /// statistics there (`value_to_metric` on a wildcard or key-only level).
+    value_to_metric: Vec<bool>,
 }
 
 impl Context<'_> {
@@ -160,14 +163,22 @@ impl Context<'_> {
                     ),
                 ));
             }
+            let exact = value.is_some() && !is_wildcard;
             self.path.push(composite.clone());
-            let settings = Arc::new(self.settings(spec)?);
+            self.value_to_metric.push(spec.value_to_metric && !exact);
+            let naming = StatsNaming {
+                detailed: spec.detailed_metric,
+                value_to_metric: self.value_to_metric.contains(&true),
+            };
+            let settings = Arc::new(self.settings(spec)?.named(naming));
             let rules = self.rules(spec, &settings)?;
             let children = self.level(&spec.descriptors)?;
             self.path.pop();
+            self.value_to_metric.pop();
             let node = Node {
                 rules: rules.into_iter().map(Arc::new).collect(),
                 shared_pattern: spec.share_threshold.then(|| value.clone()).flatten(),
+                value_to_metric: spec.value_to_metric,
                 children,
             };
             if !level.insert(key, value.as_deref(), node) {

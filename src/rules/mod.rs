@@ -31,7 +31,7 @@ pub use self::directory::{FileSelection, Files};
 pub use self::document::compile;
 pub use self::handle::{Loads, RulesHandle};
 use self::quota::QuotaDomain;
-pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source};
+pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source, StatsNaming};
 pub use self::source::ConfigSource;
 pub use self::tree::{Found, Level};
 use crate::policy::{Policies, Policy};
@@ -57,6 +57,19 @@ impl Rules {
     /// The rules for a descriptor of `(key, value)` entries in `domain`.
     pub fn find<'a>(&'a self, domain: &str, entries: &'a [(String, String)]) -> Option<Found<'a>> {
         self.domains.get(domain)?.find(entries)
+    }
+
+    /// The key upstream names the statistics of a descriptor of `entries`
+    /// in `domain` by, from the request's values (see
+    /// [`Level::request_stats_key`]).
+    pub fn request_stats_key(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+        detailed: bool,
+    ) -> Option<String> {
+        let level = self.domains.get(domain)?;
+        Some(level.request_stats_key(domain, entries, detailed))
     }
 
     /// `domain`'s quota service policies, if it has any.

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::algorithm::registry::{Kind, Rate, WindowStart};
 use crate::limit::{Algorithm, InvalidArgument};
-use crate::metrics::UpstreamRuleCounters;
 use crate::spec::Unit;
+use crate::stats::{self, RuleStats};
 
 /// Envoy's fixed windows are aligned to the unit (a minute starts at :00),
 /// as envoyproxy/ratelimit counts, where `CheckLimit`'s start at the key's
@@ -180,9 +180,29 @@ pub struct DescriptorSettings {
     /// (empty for a limit Envoy sent, which has no place in the
     /// configuration).
     pub stats_key: Vec<String>,
-    /// The counters `stats_key` names, made on first use (the metrics
-    /// exporter is installed by then).
-    counters: CountersSlot,
+    /// How upstream names its statistics per request.
+    pub naming: StatsNaming,
+    /// The statistics `stats_key` names, made on first use (statistics
+    /// are on by then).
+    stats: StatsSlot,
+}
+
+/// Whether a descriptor's statistics are named after a request's values,
+/// as upstream names them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatsNaming {
+    /// `detailed_metric`: every entry's key and value.
+    pub detailed: bool,
+    /// Some level on the way to it, matched by a wildcard or by its key
+    /// alone, has `value_to_metric`: the request's value names it.
+    pub value_to_metric: bool,
+}
+
+impl StatsNaming {
+    /// Named after the request's values, in some way.
+    pub fn per_request(self) -> bool {
+        self.detailed || self.value_to_metric
+    }
 }
 
 impl DescriptorSettings {
@@ -198,24 +218,48 @@ impl DescriptorSettings {
             quota,
             metadata,
             stats_key,
-            counters: CountersSlot::default(),
+            naming: StatsNaming::default(),
+            stats: StatsSlot::default(),
         }
     }
 
-    /// Upstream's counters for this descriptor in `domain`; `None` without
-    /// an exporter or for a limit with no place in the configuration.
-    pub fn upstream_counters(&self, domain: &str) -> Option<&UpstreamRuleCounters> {
-        UpstreamRuleCounters::get(&self.counters.0, domain, &self.stats_key)
+    /// These settings, their statistics named `naming`.
+    pub fn named(self, naming: StatsNaming) -> Self {
+        Self { naming, ..self }
+    }
+
+    /// Upstream's statistics for this descriptor in `domain`; `None` when
+    /// statistics are off or for a limit with no place in the
+    /// configuration.
+    pub fn upstream_stats(&self, domain: &str) -> Option<&Arc<RuleStats>> {
+        if self.stats_key.is_empty() {
+            return None;
+        }
+        self.stats
+            .0
+            .get_or_init(|| stats::rule(&self.static_key(domain)))
+            .as_ref()
+    }
+
+    /// The key upstream names this descriptor's statistics by in `domain`
+    /// when no request's value does: `<domain>.<key or key_value>...`.
+    pub fn static_key(&self, domain: &str) -> String {
+        let mut key = domain.to_owned();
+        for level in &self.stats_key {
+            key.push('.');
+            key.push_str(level);
+        }
+        key
     }
 }
 
-/// Upstream-named counters, once made: a cache, left out of `Debug`.
+/// Upstream-named statistics, once made: a cache, left out of `Debug`.
 #[derive(Default)]
-struct CountersSlot(OnceLock<Option<UpstreamRuleCounters>>);
+struct StatsSlot(OnceLock<Option<Arc<RuleStats>>>);
 
-impl fmt::Debug for CountersSlot {
+impl fmt::Debug for StatsSlot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CountersSlot")
+        f.write_str("StatsSlot")
     }
 }
 

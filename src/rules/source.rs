@@ -29,7 +29,7 @@ impl ConfigSource {
     pub fn load(path: PathBuf, selection: FileSelection) -> Result<(Self, Rules), ConfigError> {
         let snapshot = Files::read(&path, selection)?;
         let rules = document::compile(&snapshot.files)?;
-        metrics::config_load(true);
+        crate::stats::config_load(true);
         info!(
             path = %path.display(),
             files = snapshot.files.len(),
@@ -97,10 +97,12 @@ impl ConfigSource {
                 );
                 rules.replace(compiled);
                 metrics::config_reload(true);
+                crate::stats::config_load(true);
             }
             Err(err) => {
                 rules.rejected();
                 metrics::config_reload(false);
+                crate::stats::config_load(false);
                 error!(
                     file = %err.file,
                     line = err.line,

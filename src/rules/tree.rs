@@ -26,8 +26,22 @@ pub struct Node {
     /// `share_threshold`: all values matching this wildcard share one
     /// counter, named by the pattern instead of the value.
     pub shared_pattern: Option<String>,
+    /// `value_to_metric`: matched by a wildcard or by its key alone, the
+    /// request's value names upstream's statistics at this level.
+    pub value_to_metric: bool,
     /// The nodes one entry deeper.
     pub children: Level,
+}
+
+/// How an entry matched a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How<'a> {
+    /// By key and value.
+    Exact,
+    /// By key and this wildcard pattern.
+    Wildcard(&'a str),
+    /// By key alone.
+    AnyValue,
 }
 
 /// The rules at one depth.
@@ -124,17 +138,80 @@ impl Level {
     }
 
     fn node(&self, key: &str, value: &str) -> Option<&Node> {
+        self.node_how(key, value).map(|(node, _)| node)
+    }
+
+    fn node_how(&self, key: &str, value: &str) -> Option<(&Node, How<'_>)> {
         if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
-            return Some(node);
+            return Some((node, How::Exact));
         }
-        if let Some((_, _, node)) = self
+        if let Some((_, pattern, node)) = self
             .wildcards
             .iter()
             .find(|(k, pattern, _)| k == key && pattern.matches(value))
         {
-            return Some(node);
+            return Some((node, How::Wildcard(&pattern.pattern)));
         }
-        self.any_value.get(key)
+        self.any_value.get(key).map(|node| (node, How::AnyValue))
+    }
+
+    /// The key upstream names the statistics of a descriptor of `entries`
+    /// (one [`Level::find`] matched) by in `domain`, from the request's
+    /// values: with `detailed` (`detailed_metric`), every entry as
+    /// `key_value` (a `share_threshold` wildcard's pattern for its value);
+    /// else each level as configured, but for the request's value where a
+    /// wildcard or key-only level says `value_to_metric`.
+    pub fn request_stats_key(
+        &self,
+        domain: &str,
+        entries: &[(String, String)],
+        detailed: bool,
+    ) -> String {
+        let mut stat_key = domain.to_owned();
+        let mut level = self;
+        let shared = |node: &'_ Node, how| match how {
+            How::Wildcard(_) => node.shared_pattern.clone(),
+            How::Exact | How::AnyValue => None,
+        };
+        let any_shared = detailed && {
+            let mut walk = self;
+            entries
+                .iter()
+                .any(|(key, value)| match walk.node_how(key, value) {
+                    Some((node, how)) => {
+                        walk = &node.children;
+                        shared(node, how).is_some()
+                    }
+                    None => false,
+                })
+        };
+        for (key, value) in entries {
+            stat_key.push('.');
+            stat_key.push_str(key);
+            let Some((node, how)) = level.node_how(key, value) else {
+                continue;
+            };
+            // upstream's plain detailed name is always `key_value`, even
+            // for an empty value; its others leave an empty value out.
+            let (named, always) = match (detailed, shared(node, how)) {
+                (_, Some(pattern)) => (pattern, false),
+                (true, None) => (value.clone(), !any_shared),
+                (false, None) => match how {
+                    How::Exact => (value.clone(), false),
+                    How::Wildcard(_) | How::AnyValue if node.value_to_metric => {
+                        (value.clone(), false)
+                    }
+                    How::Wildcard(pattern) => (pattern.to_owned(), false),
+                    How::AnyValue => (String::new(), false),
+                },
+            };
+            if always || !named.is_empty() {
+                stat_key.push('_');
+                stat_key.push_str(&named);
+            }
+            level = &node.children;
+        }
+        stat_key
     }
 }
 
@@ -154,6 +231,7 @@ mod tests {
         Node {
             rules: (0..rules).map(|_| rule()).collect(),
             shared_pattern: shared.map(str::to_owned),
+            value_to_metric: false,
             children,
         }
     }

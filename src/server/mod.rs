@@ -44,6 +44,7 @@ use crate::load_shed::DecisionSlots;
 use crate::metrics;
 use crate::rules::ConfigError;
 use crate::rules::{ConfigSource, RulesHandle};
+use crate::stats::{self, ServerStatsLayer};
 use crate::tls::{ServerTls, TlsError};
 
 /// Why the server could not start or stopped with an error.
@@ -75,6 +76,37 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// The metrics recorder and upstream's statistics, as configured: the
+/// statistics' mapping read first, so that a bad one stops the start. The
+/// recorder is installed when something reads it (the metrics listener,
+/// or the debug listener's `/metrics`), and its handle returned.
+fn install_telemetry(config: &Config) -> Result<Option<PrometheusHandle>, ServeError> {
+    let listen = config.telemetry.metrics_listen;
+    if listen.is_none() && config.http.debug_listen.0.is_none() {
+        stats::install(&config.stats, None);
+        return Ok(None);
+    }
+    let mapping = config.stats.mapping().map_err(|err| config.invalid(err))?;
+    let histograms = mapping
+        .histograms()
+        .into_iter()
+        .map(|(name, buckets)| {
+            let matcher = match name {
+                stats::mapper::HistogramName::Full(name) => {
+                    metrics_exporter_prometheus::Matcher::Full(name)
+                }
+                stats::mapper::HistogramName::Prefix(prefix) => {
+                    metrics_exporter_prometheus::Matcher::Prefix(prefix)
+                }
+            };
+            (matcher, buckets)
+        })
+        .collect();
+    let handle = metrics::install(listen, histograms)?;
+    stats::install(&config.stats, Some(mapping));
+    Ok(Some(handle))
+}
+
 /// Serves on `listeners` until `shutdown` resolves, then stops in the
 /// order the module's documentation gives; returns once calls in flight
 /// have finished (waiting at most the configured grace, so a client
@@ -92,7 +124,7 @@ pub async fn run(
     let store = config.store_settings()?;
     let rules_source = config.rules_source()?;
     // Before the rules are loaded: loading them is counted.
-    let metrics = install_metrics(&config)?;
+    let metrics = install_telemetry(&config)?;
     let start_without_rules = config.envoy.start_without_rules;
     let waits_for_rules = matches!(rules_source, RulesSource::Xds(_)) && !start_without_rules;
     let (rules, rules_task) = follow_rules(rules_source, start_without_rules)?;
@@ -150,16 +182,6 @@ pub async fn run(
     http_side.stop(grace).await;
     info!("stopped");
     Ok(())
-}
-
-/// The Prometheus recorder, when something reads it: the metrics
-/// listener, or the debug listener's `/metrics`.
-fn install_metrics(config: &Config) -> Result<Option<PrometheusHandle>, ServeError> {
-    let listen = config.telemetry.metrics_listen;
-    if listen.is_none() && config.http.debug_listen.0.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(metrics::install(listen)?))
 }
 
 /// Waits until the rules source has delivered its first configuration
@@ -282,6 +304,7 @@ fn grpc_router(
         .http2_keepalive_interval(config.bounds.http2_keepalive_interval.get())
         .http2_keepalive_timeout(Some(config.bounds.http2_keepalive_timeout))
         .layer(DrainLayer)
+        .layer(ServerStatsLayer)
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -304,7 +327,10 @@ fn grpc_router(
 
 /// The tonic router, its layers named.
 type GrpcRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<DrainLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        ServerStatsLayer,
+        tower::layer::util::Stack<DrainLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 /// The three APIs on one limiter and one set of rules.
@@ -419,7 +445,7 @@ fn follow_rules(
                 Ok((source, rules)) => (source, RulesHandle::new(rules)),
                 Err(err) if start_without_rules => {
                     error!(%err, "the configuration cannot be read: starting without rules (--start-without-rules)");
-                    metrics::config_load(false);
+                    stats::config_load(false);
                     let rules = RulesHandle::default();
                     rules.rejected();
                     (ConfigSource::pending(path, selection), rules)

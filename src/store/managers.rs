@@ -32,6 +32,7 @@ use redis::{ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates, TlsMode
 
 use super::pinned_tls::PinnedTls;
 use super::redis_settings::Credentials;
+use crate::stats::{self, PoolStats};
 
 /// Idle longer than this, a pooled connection is PINGed before reuse.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
@@ -40,6 +41,14 @@ const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 pub(super) struct Shared<C> {
     connection: C,
     broken: Arc<AtomicBool>,
+    /// upstream's pool statistics, told when it closes.
+    stats: PoolStats,
+}
+
+impl<C> Drop for Shared<C> {
+    fn drop(&mut self) {
+        self.stats.closed();
+    }
 }
 
 /// Marks the connection a handle came from as broken.
@@ -53,9 +62,12 @@ impl Breakage {
 
 impl<C: Clone + redis::aio::ConnectionLike + Send> Shared<C> {
     fn new(connection: C) -> Self {
+        let stats = stats::pool();
+        stats.opened();
         Self {
             connection,
             broken: Arc::new(AtomicBool::new(false)),
+            stats,
         }
     }
 

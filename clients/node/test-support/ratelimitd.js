@@ -71,13 +71,14 @@ async function waitFor(condition, { timeoutMs = 5000, intervalMs = 20, what = 'c
  * (removed when the server stops) that ratelimitd polls every 50 ms;
  * `writeConfig(name, text)` changes one of them (hot reload). `args`: more
  * flags. `tlsCa`: a PEM file, for a server started with --tls-cert: the
- * readiness probe then speaks TLS to localhost:port.
+ * readiness probe then speaks TLS to localhost:port. `host`: the loopback
+ * address to listen on (127.0.0.1).
  * Returns { address, port, process, configDir, writeConfig(), logs(), stop(), kill() }.
  */
-async function startRatelimitd({ port, config, args = [], tlsCa } = {}) {
+async function startRatelimitd({ port, host = '127.0.0.1', config, args = [], tlsCa } = {}) {
   const bin = binary();
   port ??= await freePort();
-  const address = `127.0.0.1:${port}`;
+  const address = `${host}:${port}`;
   // The server reads RATELIMITD_* settings from its environment: drop any
   // (a RATELIMITD_REDIS_URL would take it off the embedded store).
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('RATELIMITD_')));

@@ -106,6 +106,7 @@ def start_ratelimitd(
     args: Sequence[str] = (),
     tls_ca: Path | None = None,
     tls_client: tuple[Path, Path] | None = None,
+    host: str = "127.0.0.1",
 ) -> Server:
     """Starts ratelimitd and returns once it answers a CheckLimit.
 
@@ -116,7 +117,7 @@ def start_ratelimitd(
     CONFIG_POLL_INTERVAL (rewrite it with `write_policies`). `args`: more
     flags; for a server serving TLS (--tls-cert), `tls_ca` is the CA to
     trust while waiting for it, and `tls_client` (certificate, key) the
-    client's for mutual TLS."""
+    client's for mutual TLS. `host`: a loopback address to listen on."""
     credentials = None
     if tls_ca is not None:
         cert, key = tls_client or (None, None)
@@ -132,7 +133,7 @@ def start_ratelimitd(
         write_policies(config_dir, policies)
         flags += ["--config", str(config_dir), "--config-poll-interval", CONFIG_POLL_INTERVAL]
     for _ in range(3):
-        listen = f"127.0.0.1:{port or free_port()}"
+        listen = f"{host}:{port or free_port()}"
         log = log_dir / f"ratelimitd-{listen.replace(':', '-')}-{uuid.uuid4().hex[:6]}.log"
         # RATELIMITD_* variables (e.g. RATELIMITD_REDIS_URL) would override
         # the flags' defaults: the tests want the embedded store.

@@ -40,6 +40,7 @@ use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
 use crate::pb::envoy::service::ratelimit::v3 as rls;
 use crate::rules::RulesHandle;
+use crate::stats;
 use crate::store::{Clock, SystemClock};
 
 /// The `RateLimitService` implementation.
@@ -90,11 +91,15 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
         let (_in_flight, request) = self.slots.admit(request)?;
         let answered = self.decide(&request).await;
-        metrics::upstream_request(match &answered {
-            Ok(_) => None,
-            Err(Error::Store(_)) => Some("redis_error"),
-            Err(Error::InvalidArgument(_) | Error::NotFound(_)) => Some("service_error"),
-        });
+        // upstream's errors: `redis_error` on the store, `service_error`
+        // for the rest.
+        match &answered {
+            Ok(_) => {}
+            Err(Error::Store(_)) => stats::should_rate_limit_error(true),
+            Err(Error::InvalidArgument(_) | Error::NotFound(_)) => {
+                stats::should_rate_limit_error(false);
+            }
+        }
         Ok(Response::new(answered?))
     }
 }

@@ -12,7 +12,8 @@ use crate::limit::{self, Algorithm, CallerKey, Decision, InvalidArgument, LimitR
 use crate::pb::convert;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use crate::rules::{Counted, Limit, Period, Rule, Rules};
+use crate::rules::{Counted, DescriptorSettings, Limit, Period, Rule, Rules};
+use crate::stats::{self, RuleStats};
 
 /// What governs one limit of a descriptor.
 pub(super) enum Governed {
@@ -71,6 +72,9 @@ pub(super) struct Plan {
     pub(super) descriptors: Vec<Range<usize>>,
     /// What the limiter decides: one per counted limit.
     pub(super) requests: Vec<LimitRequest>,
+    /// Per request descriptor, in order: upstream's statistics for it,
+    /// when statistics are on and a limit governs it.
+    pub(super) stats: Vec<Option<Arc<RuleStats>>>,
 }
 
 /// A descriptor's governing rules, what its counters' names start with,
@@ -79,6 +83,7 @@ struct Matched {
     rules: Vec<Arc<Rule>>,
     names: CounterNames,
     cost: u64,
+    stats: Option<Arc<RuleStats>>,
 }
 
 /// What the names of a descriptor's counters start with (the window
@@ -116,14 +121,14 @@ impl Plan {
                 None => u64::from(request.hits_addend.max(1)),
             }))
             .map_err(|err| InvalidArgument::new(field("hits_addend"), err.rule))?;
-            let (rules, names) = match_descriptor(
+            matched.push(match_descriptor(
                 rules,
                 &request.domain,
                 descriptor,
+                cost,
                 settings.key_layout,
                 &field,
-            )?;
-            matched.push(Matched { rules, names, cost });
+            )?);
         }
         let mut plan = Self {
             domain: request.domain.clone(),
@@ -131,8 +136,10 @@ impl Plan {
             parts: Vec::with_capacity(matched.len()),
             descriptors: Vec::with_capacity(matched.len()),
             requests: Vec::new(),
+            stats: Vec::with_capacity(matched.len()),
         };
         plan.govern(&matched, settings, now);
+        plan.stats = matched.into_iter().map(|matched| matched.stats).collect();
         Ok(plan)
     }
 
@@ -241,20 +248,28 @@ fn counter(matched: &Matched, counted: &Counted, now: Micros) -> (CallerKey, Alg
     (CallerKey::envoy(name), *counted.algorithm())
 }
 
-/// The rules for one descriptor, and what the names of their counters
-/// start with (in `layout` too): the request's own limit override if it
-/// has one (only for a configured domain, as upstream; it stands for all
-/// the configured limits), else the configured rules. No rules when
-/// nothing governs it.
+/// The rules for one descriptor spending `cost`, what the names of their
+/// counters start with (in `layout` too), and upstream's statistics for
+/// it: the request's own limit override if it has one (only for a
+/// configured domain, as upstream; it stands for all the configured
+/// limits), else the configured rules. No rules when nothing governs it.
 fn match_descriptor(
     rules: &Rules,
     domain: &str,
     descriptor: &RateLimitDescriptor,
+    cost: u64,
     layout: KeyLayout,
     field: &dyn Fn(&str) -> String,
-) -> Result<(Vec<Arc<Rule>>, CounterNames), InvalidArgument> {
+) -> Result<Matched, InvalidArgument> {
+    let nothing = Matched {
+        rules: Vec::new(),
+        names: CounterNames::default(),
+        cost,
+        stats: None,
+    };
     if !rules.has_domain(domain) {
-        return Ok((Vec::new(), CounterNames::default()));
+        stats::unknown_domain(domain);
+        return Ok(nothing);
     }
     let entries: Vec<(String, String)> = descriptor
         .entries
@@ -273,14 +288,66 @@ fn match_descriptor(
                 )
             })?;
         let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
-        let names = counter_names(domain, &entries, &values, layout);
-        return Ok((vec![Arc::new(rule)], names));
+        let stats = stats::enabled()
+            .then(|| stats::request_rule(&override_stats_key(domain, &entries)))
+            .flatten();
+        return Ok(Matched {
+            rules: vec![Arc::new(rule)],
+            names: counter_names(domain, &entries, &values, layout),
+            cost,
+            stats,
+        });
     }
     let Some(found) = rules.find(domain, &entries) else {
-        return Ok((Vec::new(), CounterNames::default()));
+        return Ok(nothing);
     };
-    let names = counter_names(domain, &entries, &found.counter_values, layout);
-    Ok((found.rules.to_vec(), names))
+    let stats = found
+        .rules
+        .first()
+        .and_then(|rule| rule_stats(rules, domain, &entries, rule.descriptor()));
+    Ok(Matched {
+        rules: found.rules.to_vec(),
+        names: counter_names(domain, &entries, &found.counter_values, layout),
+        cost,
+        stats,
+    })
+}
+
+/// Upstream's statistics for a descriptor of `entries` that `settings`'
+/// descriptor governs: its own, unless upstream names them after the
+/// request's values (`detailed_metric`, `value_to_metric`).
+fn rule_stats(
+    rules: &Rules,
+    domain: &str,
+    entries: &[(String, String)],
+    settings: &DescriptorSettings,
+) -> Option<Arc<RuleStats>> {
+    if !stats::enabled() {
+        return None;
+    }
+    if !settings.naming.per_request() {
+        return settings.upstream_stats(domain).cloned();
+    }
+    let key = rules.request_stats_key(domain, entries, settings.naming.detailed)?;
+    if key == settings.static_key(domain) {
+        return settings.upstream_stats(domain).cloned();
+    }
+    stats::request_rule(&key)
+}
+
+/// Upstream's statistics key for a descriptor that carries its own limit:
+/// the domain, then each entry's `key` or `key_value`.
+fn override_stats_key(domain: &str, entries: &[(String, String)]) -> String {
+    let mut key = domain.to_owned();
+    for (entry_key, value) in entries {
+        key.push('.');
+        key.push_str(entry_key);
+        if !value.is_empty() {
+            key.push('_');
+            key.push_str(value);
+        }
+    }
+    key
 }
 
 /// What the names of a descriptor's counters start with, in ratelimitd's

@@ -18,6 +18,7 @@ use crate::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit as CurrentLimit,
 };
 use crate::rules::{Period, Rule};
+use crate::stats;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;
 
@@ -90,6 +91,9 @@ pub(super) fn response(
     }
     let over = limits_over > 0 || (quotas > 0 && quotas == quotas_over);
     log_shadow_denials(plan, decisions, settings);
+    if over && settings.shadow_mode {
+        stats::global_shadow_mode();
+    }
     let overall = if over && !settings.shadow_mode {
         Code::OverLimit
     } else {

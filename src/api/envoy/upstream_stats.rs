@@ -1,18 +1,18 @@
 //! envoyproxy/ratelimit's per-rule statistics, computed from our
-//! decisions: for each configured rule a descriptor matched, its hits
-//! split as upstream splits them into within the limit, near it (above
-//! 80% of it, upstream's default NEAR_LIMIT_RATIO) and over it, plus the
-//! hits a shadow-mode rule would have denied. They are exported under
-//! upstream's Prometheus names (its default statsd mapping) by
-//! [`crate::metrics::UpstreamRuleCounters`], labelled by the rule's place in
-//! the configuration, never by a request's values.
+//! decisions: for each descriptor a configured rule (or the limit Envoy
+//! sent with it) governs, its hits split as upstream splits them into
+//! within the limit, near it (above 80% of it, upstream's default
+//! NEAR_LIMIT_RATIO) and over it (and of those, the ones the local
+//! over-limit cache answered), plus the hits a shadow-mode rule would have
+//! denied. Recorded into the descriptor's statistics ([`crate::stats`]),
+//! which the plan found as upstream names them.
 
 use super::plan::{Governed, Plan};
 use super::response::Answer;
 use crate::algorithm;
 use crate::limit::Decision;
-pub use crate::metrics::RuleHits;
 use crate::rules::Limit;
+pub use crate::stats::RuleHits;
 
 /// Upstream's NEAR_LIMIT_RATIO default.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -21,12 +21,13 @@ const NEAR_LIMIT_RATIO: f64 = 0.8;
 /// its most restrictive limit saw them: every limit of a descriptor shares
 /// its statistics names, and upstream counts a descriptor's hits once.
 pub(super) fn record(plan: &Plan, answers: &[Answer], decisions: &[Decision]) {
-    for governed in answers.iter().map(|answer| &plan.parts[answer.part]) {
-        let Some(rule) = governed.rule() else {
+    for (descriptor, answer) in answers.iter().enumerate() {
+        // Nothing is worked out when nothing would record it.
+        let Some(stats) = plan.stats.get(descriptor).and_then(Option::as_ref) else {
             continue;
         };
-        // Nothing is worked out when nothing would export it.
-        let Some(counters) = rule.descriptor().upstream_counters(&plan.domain) else {
+        let governed = &plan.parts[answer.part];
+        let Some(rule) = governed.rule() else {
             continue;
         };
         let hits = match (governed, rule.limit()) {
@@ -49,7 +50,7 @@ pub(super) fn record(plan: &Plan, answers: &[Answer], decisions: &[Decision]) {
             },
             _ => continue,
         };
-        counters.record(&hits);
+        stats.record(&hits);
     }
 }
 
@@ -68,6 +69,12 @@ pub fn rule_hits(
         total: hits,
         ..RuleHits::default()
     };
+    if decision.is_from_local_cache() {
+        counted.over = hits;
+        counted.over_local_cache = hits;
+        counted.shadow = if shadow { hits } else { 0 };
+        return counted;
+    }
     if decision.is_allowed() {
         let after = limit.saturating_sub(decision.remaining());
         let before = after.saturating_sub(hits);

@@ -239,6 +239,7 @@ fn accept(
         Ok((compiled, resources)) => {
             rules.replace(compiled);
             metrics::config_reload(true);
+            crate::stats::config_load(true);
             info!(
                 version = %response.version_info,
                 resources,
@@ -250,6 +251,7 @@ fn accept(
         Err(reason) => {
             rules.rejected();
             metrics::config_reload(false);
+            crate::stats::config_load(false);
             error!(
                 version = %response.version_info,
                 %reason,

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
+mod stats;
+
+pub(super) use self::stats::{mapping_milliseconds, mogrifiers, statsd};
 use super::{Effect, Environment, Row, Setting, UpstreamError, Value, Variable, When};
 
 /// Upstream's variables as set, and which of our flags were given.

@@ -5,8 +5,9 @@
 //! `config/tests.rs`).
 
 use super::convert::{
-    Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, metrics, number, path,
-    positive_go_duration, redis, required_path, runtime_directory, text,
+    Upstream, go_bool, inverted_go_bool, listen, log_level, lowercase, mapping_milliseconds,
+    metrics, mogrifiers, number, path, positive_go_duration, redis, required_path,
+    runtime_directory, statsd, text,
 };
 use super::{Accepts, Convert, Effect, Row, Setting, UpstreamError, Value, Variable, When};
 
@@ -261,18 +262,26 @@ pub const TABLE: &[Row] = &[
         &["metrics_listen"],
         "none with DISABLE_STATS; with USE_PROMETHEUS, PROMETHEUS_ADDR (`:port` is every \
          address), served at /metrics only", metrics),
-    refuses(&[var("PROMETHEUS_MAPPER_YAML", "")], Accepts::Nothing,
-        "metrics have fixed names (docs/operations.md)"),
-    warns(&[var("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false")],
-        "response times are not exported under upstream's names"),
-    refuses(&[var("USE_STATSD", "true")], Accepts::False,
-        "ratelimitd sends no statsd: set USE_STATSD=false and USE_PROMETHEUS=true"),
-    refuses(&[var("USE_DOG_STATSD", "false")], Accepts::False,
-        "ratelimitd sends no statsd: use USE_PROMETHEUS=true"),
+    sets(&[var("PROMETHEUS_MAPPER_YAML", "")], &["stats_mapping"],
+        "the path (a statsd_exporter mapping)", path)
+        .when(&[When::True("USE_PROMETHEUS")]),
+    sets(&[var("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "false")],
+        &["stats_mapping_milliseconds"],
+        "a Go boolean; with upstream's default mapping only, as upstream", mapping_milliseconds),
+    sets(&[var("USE_STATSD", "true"), var("USE_DOG_STATSD", "false"), var("STATSD_HOST", "localhost"),
+            var("STATSD_PORT", "8125")], &["statsd_address", "statsd_dogstatsd"],
+        "STATSD_HOST:STATSD_PORT unless USE_STATSD and USE_DOG_STATSD are false or DISABLE_STATS \
+         is true; refused with USE_PROMETHEUS or both, as upstream", statsd),
+    sets(&[var("USE_DOG_STATSD_MOGRIFIERS", "")], &["statsd_mogrifier"],
+        "each named one from DOG_STATSD_MOGRIFIER_<name>_PATTERN, _NAME and _TAGS", mogrifiers)
+        .when(&[When::True("USE_DOG_STATSD")]),
+    sets(&[var("EXTRA_TAGS", "")], &["stats_tags"], "key:value,... as it is", text),
+    sets(&[var("STATS_FLUSH_INTERVAL", "10s")], &["statsd_flush_interval"],
+        "a Go duration, more than zero", positive_go_duration),
+    warns(&[var("STATSD_PROTOCOL", "tcp")],
+        "statsd is sent over UDP (statsd_exporter and the Datadog agent listen on UDP)"),
     ignores(&[var("STATSD_*", ""), var("USE_DOG_STATSD_*", ""), var("DOG_STATSD_MOGRIFIER*", "")],
-        Accepts::Any, "statsd is not sent"),
-    warns(&[var("EXTRA_TAGS", ""), var("STATS_FLUSH_INTERVAL", "10s")],
-        "metrics are served for Prometheus, without extra tags"),
+        Accepts::Any, "read by the rows above, or not read by upstream either"),
     refuses(&[var("TRACING_ENABLED", "false")], Accepts::False, "ratelimitd exports no traces"),
     ignores(&[var("TRACING_*", "")], Accepts::Any, "tracing is off"),
     ignores(&[var("CONFIG_GRPC_XDS_*", ""), var("XDS_CLIENT_*", "")], Accepts::Any,

@@ -124,10 +124,11 @@ const UPSTREAM_SETTINGS: &[&str] = &[
     "TRACING_SAMPLING_RATE",
 ];
 
-/// Variables upstream does not read that its deployments set anyway (Envoy
-/// Gateway's GRPC_SERVER_TLS_CA_CERT): each has a row too, so that the
-/// start says what it does not do.
-const SET_BESIDE_UPSTREAM: &[&str] = &["GRPC_SERVER_TLS_CA_CERT"];
+/// Variables upstream's settings do not read that its deployments set
+/// anyway (Envoy Gateway's GRPC_SERVER_TLS_CA_CERT; STATSD_PROTOCOL, read
+/// by upstream's statsd library rather than its settings): each has a row
+/// too, so that the start says what it does here.
+const SET_BESIDE_UPSTREAM: &[&str] = &["GRPC_SERVER_TLS_CA_CERT", "STATSD_PROTOCOL"];
 
 #[test]
 fn every_row_names_variables_upstream_reads_or_ones_set_beside_them() {
