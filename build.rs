@@ -1,8 +1,10 @@
 //! Compiles `proto/` into Rust with a vendored `protoc`, so a fresh machine
 //! needs no system protobuf compiler, and writes the descriptor set that
-//! server reflection serves.
+//! server reflection serves; then compiles Envoy's RLS messages a second
+//! time, on their own, with serde in proto3's JSON mapping (pbjson) for the
+//! HTTP `/json` endpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -12,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let includes = [PathBuf::from("proto"), well_known];
     tonic_prost_build::configure()
         // An undecodable request is INVALID_ARGUMENT, not INTERNAL: see
         // src/codec.rs.
@@ -26,8 +29,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 PathBuf::from("proto/envoy/service/discovery/v3/ads.proto"),
                 PathBuf::from("proto/ratelimit/config/ratelimit/v3/rls_conf.proto"),
             ],
-            &[PathBuf::from("proto"), well_known],
+            &includes,
         )?;
+    json_messages(&out_dir.join("json"), &includes)?;
     println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}
+
+/// Envoy's RLS messages alone into `dir`, with pbjson's well-known types
+/// (which have serde) and pbjson's serde impls beside them. Kept apart
+/// from the gRPC code, whose well-known types stay prost's: `/json`
+/// converts between the two through the protobuf encoding.
+fn json_messages(dir: &Path, includes: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    let descriptors = dir.join("descriptor.bin");
+    prost_build::Config::new()
+        .out_dir(dir)
+        .file_descriptor_set_path(&descriptors)
+        .compile_well_known_types()
+        .extern_path(".google.protobuf", "::pbjson_types")
+        .compile_protos(&["proto/envoy/service/ratelimit/v3/rls.proto"], includes)?;
+    pbjson_build::Builder::new()
+        .out_dir(dir)
+        .register_descriptors(&std::fs::read(&descriptors)?)?
+        .build(&[".envoy"])?;
     Ok(())
 }

@@ -20,6 +20,7 @@ use clap::{CommandFactory, Parser};
 use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report};
 use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
+use crate::http::HttpOptions;
 use crate::limiter::LimiterOptions;
 use crate::options::OptionsError;
 use crate::server::bounds::BoundsOptions;
@@ -43,6 +44,10 @@ pub struct Config {
     /// TLS for gRPC clients.
     #[command(flatten)]
     pub tls: TlsOptions,
+
+    /// Where HTTP (/healthcheck, /json) and the debug endpoints are served.
+    #[command(flatten)]
+    pub http: HttpOptions,
 
     /// Where counters live.
     #[command(flatten)]

@@ -1,18 +1,24 @@
-//! Keeps `grpc.health.v1.Health` truthful: SERVING only while every store
-//! answers (the main one, and the per-second Redis when there is one),
-//! checked every interval, so load balancers and Kubernetes take an
-//! instance whose Redis is gone out of rotation and back in when it
-//! returns.
+//! Whether this instance should get traffic, kept in one place ([`Health`])
+//! that `grpc.health.v1.Health` and the HTTP `/healthcheck` both follow.
+//! It is serving only while all hold: every store answers (the main one,
+//! and the per-second Redis when there is one; or the failure
+//! policy answers without it), the gRPC port is open, the rules are loaded
+//! when health requires them, and shutdown has not begun. So load
+//! balancers and Kubernetes take an instance whose Redis is gone out of
+//! rotation and back in when it returns, and out at the first moment of
+//! shutdown.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-
+use tokio::sync::watch;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::limiter::Store;
+use crate::rules::Loads;
 
 /// The health service names we report: the whole server (`""`) and each API.
 pub const SERVICE_NAMES: [&str; 4] = [
@@ -22,6 +28,100 @@ pub const SERVICE_NAMES: [&str; 4] = [
     "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
+/// What health is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// The store answers, or the failure policy answers without it.
+    pub store: bool,
+    /// Rules are in force, or health does not require them.
+    pub rules: bool,
+    /// The gRPC port accepts calls (opened, and not yet closing).
+    pub open: bool,
+    /// Shutdown has begun: never serving again.
+    pub stopping: bool,
+}
+
+impl State {
+    /// Serving: every part holds.
+    pub fn serving(self) -> bool {
+        self.store && self.rules && self.open && !self.stopping
+    }
+}
+
+/// The one health state; clones share it.
+#[derive(Clone)]
+pub struct Health {
+    state: Arc<watch::Sender<State>>,
+    requires_rules: bool,
+}
+
+impl Health {
+    /// Not serving: the store is not yet seen to answer, the port not yet
+    /// open. With `requires_rules`, rules must be in force too.
+    pub fn new(requires_rules: bool) -> Self {
+        let state = State {
+            store: false,
+            rules: !requires_rules,
+            open: false,
+            stopping: false,
+        };
+        Self {
+            state: Arc::new(watch::Sender::new(state)),
+            requires_rules,
+        }
+    }
+
+    /// Serving now?
+    pub fn serving(&self) -> bool {
+        self.state.borrow().serving()
+    }
+
+    /// Is the gRPC port open? What `/json` asks before deciding, so that
+    /// it answers only when gRPC would.
+    pub fn is_open(&self) -> bool {
+        self.state.borrow().open
+    }
+
+    /// The state, told again at each change.
+    pub fn subscribe(&self) -> watch::Receiver<State> {
+        self.state.subscribe()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut State)) {
+        self.state.send_if_modified(|state| {
+            let before = *state;
+            change(state);
+            *state != before
+        });
+    }
+
+    /// The store answers (or the failure policy does without it), or not.
+    pub fn set_store(&self, answers: bool) {
+        self.update(|state| state.store = answers);
+    }
+
+    /// Rules are in force, or not (counts only when health requires them).
+    pub fn set_rules(&self, in_force: bool) {
+        let requires = self.requires_rules;
+        self.update(|state| state.rules = in_force || !requires);
+    }
+
+    /// The gRPC port accepts calls.
+    pub fn opened(&self) {
+        self.update(|state| state.open = true);
+    }
+
+    /// The gRPC port stops taking calls (shutdown, after its delay).
+    pub fn closed(&self) {
+        self.update(|state| state.open = false);
+    }
+
+    /// Shutdown has begun: not serving, for good.
+    pub fn stop(&self) {
+        self.update(|state| state.stopping = true);
+    }
+}
+
 /// Sets every name in [`SERVICE_NAMES`] to `status`.
 pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
     for name in SERVICE_NAMES {
@@ -29,14 +129,46 @@ pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Probes `stores` every `interval` for ever (all at once), reporting
-/// each change of state: SERVING while every one answers. With
+/// Tells `reporter` (gRPC health) each change of `health`, until it has
+/// told the first state of shutdown: then returns, so that whoever awaits
+/// this task knows gRPC health says NOT_SERVING.
+pub async fn follow_in_grpc(health: Health, reporter: HealthReporter) {
+    let mut state = health.subscribe();
+    loop {
+        let now = *state.borrow_and_update();
+        let status = if now.serving() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        report(&reporter, status).await;
+        if now.stopping || state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Follows what the rules source loads: health's rules part is whether
+/// rules are in force. Runs as a task; the server aborts it at shutdown.
+pub async fn follow_rules(health: Health, mut loads: watch::Receiver<Loads>) {
+    loop {
+        let in_force = loads.borrow_and_update().in_force;
+        health.set_rules(in_force);
+        if loads.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Probes `stores` every `interval` for ever (all at once: the main one,
+/// and the per-second Redis when there is one), setting health's store
+/// part at each change of state: up while every one answers. With
 /// `serves_without_store` (a failure policy that answers while Redis is
-/// down) the instance stays SERVING, and the probe only logs. Runs as a
-/// task; the server aborts it at shutdown.
+/// down) the part stays up, and the probe only logs. Runs as a task; the
+/// server aborts it at shutdown.
 pub async fn watch(
     stores: Vec<Store>,
-    reporter: HealthReporter,
+    health: Health,
     interval: Duration,
     serves_without_store: bool,
 ) {
@@ -57,18 +189,51 @@ pub async fn watch(
         }
         match failed {
             None => {
-                info!(stores = stores.len(), "store answers: health SERVING");
-                report(&reporter, ServingStatus::Serving).await;
+                info!(stores = stores.len(), "store answers");
+                health.set_store(true);
             }
             Some((store, reason)) if serves_without_store => {
-                warn!(store = store.label(), %reason, "store does not answer: the failure policy answers; health stays SERVING");
-                report(&reporter, ServingStatus::Serving).await;
+                warn!(store = store.label(), %reason, "store does not answer: the failure policy answers; health stays up");
+                health.set_store(true);
             }
             Some((store, reason)) => {
                 warn!(store = store.label(), %reason, "store does not answer: health NOT_SERVING");
-                report(&reporter, ServingStatus::NotServing).await;
+                health.set_store(false);
             }
         }
         serving = Some(now_serving);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_needs_every_part_and_stopping_is_for_good() {
+        let health = Health::new(true);
+        assert!(!health.serving());
+        health.set_store(true);
+        health.opened();
+        assert!(!health.serving(), "rules required");
+        health.set_rules(true);
+        assert!(health.serving());
+        health.set_store(false);
+        assert!(!health.serving());
+        health.set_store(true);
+        health.stop();
+        assert!(!health.serving());
+        health.set_rules(true);
+        assert!(!health.serving());
+        let relaxed = Health::new(false);
+        relaxed.set_store(true);
+        relaxed.opened();
+        relaxed.set_rules(false);
+        assert!(relaxed.serving(), "rules not required");
+        assert!(relaxed.is_open());
+        relaxed.stop();
+        assert!(relaxed.is_open(), "open through the shutdown delay");
+        relaxed.closed();
+        assert!(!relaxed.is_open());
     }
 }

@@ -8,10 +8,12 @@
 //!   reflection; TLS) and runs it until a shutdown signal, on connections
 //!   that [`incoming`] accepts and closes (cap, idle, shutdown) and
 //!   [`drain`] tracks calls on; [`load_shed`] sheds decisions beyond the
-//!   limit in flight; [`health`] keeps the health status truthful.
+//!   limit in flight; [`health`] keeps the health status truthful, and
+//!   [`http`] serves it at `/healthcheck` beside `/json` and the debug
+//!   endpoints.
 //! - [`api`] turns protobuf requests into validated [`limit`] types and
 //!   decisions back into protobuf; it is the only layer that knows tonic
-//!   besides [`server`] and [`pb`].
+//!   besides [`server`], [`pb`] and `/json` in [`http`].
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
 //! - [`rules`] holds the operator's rules as loaded from the rules files (or
@@ -44,6 +46,7 @@ pub mod config;
 pub mod drain;
 pub mod error;
 pub mod health;
+pub mod http;
 pub mod incoming;
 pub mod limit;
 pub mod limiter;

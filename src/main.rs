@@ -1,13 +1,13 @@
 //! The `ratelimitd` binary: parse the command line, start logging, bind the
-//! listener (and say where, with `--address-file`), serve until SIGTERM or
-//! Ctrl-C.
+//! listeners (and say where gRPC's is, with `--address-file`), serve until
+//! SIGTERM or Ctrl-C.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimitd::config::Config;
-use ratelimitd::{server, telemetry};
-use tokio::net::TcpListener;
+use ratelimitd::server::{self, Listeners};
+use ratelimitd::telemetry;
 use tracing::{error, info, warn};
 
 #[tokio::main]
@@ -32,23 +32,23 @@ async fn main() -> ExitCode {
         warn!("{warning}");
     }
     ratelimitd::incoming::raise_open_file_limit();
-    let listener = match TcpListener::bind(config.listener.listen).await {
-        Ok(listener) => listener,
+    let listeners = match Listeners::bind(&config).await {
+        Ok(listeners) => listeners,
         Err(err) => {
-            error!(listen = %config.listener.listen, %err, "cannot listen");
+            error!(%err, "cannot listen");
             return ExitCode::FAILURE;
         }
     };
     if let Some(path) = &config.listener.address_file {
-        let written = listener
-            .local_addr()
+        let written = listeners
+            .grpc_address()
             .and_then(|address| write_whole(path, &format!("{address}\n")));
         if let Err(err) = written {
             error!(path = %path.display(), %err, "cannot write --address-file");
             return ExitCode::FAILURE;
         }
     }
-    match server::run(config, listener, shutdown_signal()).await {
+    match server::run(config, listeners, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!(%err, "server failed");

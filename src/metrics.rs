@@ -1,4 +1,5 @@
-//! Prometheus metrics, off unless `--metrics-listen` names an address.
+//! Prometheus metrics, off unless `--metrics-listen` (or the debug
+//! listener, `--debug-listen`) names an address.
 //! Every `ratelimitd_*` metric's name and labels live here, so what is
 //! exported is read in one place. Labels stay bounded: APIs, algorithms,
 //! outcomes, error kinds and configured Envoy domains, never a caller's key
@@ -11,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::StoreError;
 use crate::limit::Decision;
@@ -23,13 +24,16 @@ const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 /// A histogram's buckets by name: whole (`Full`) or by its start.
 pub type Buckets = Vec<(Matcher, Vec<f64>)>;
 
-/// Serves `/metrics` on `listen`, with `histograms` (the upstream
-/// statistics' histograms a mapping names) bucketed as given. Call once,
-/// inside the tokio runtime, before anything is counted.
-pub fn install(listen: SocketAddr, histograms: Buckets) -> Result<(), BuildError> {
-    tracing::info!(%listen, "serving Prometheus metrics at /metrics");
+/// Installs the recorder, serving `/metrics` on `listen` when given, with
+/// `histograms` (the upstream statistics' histograms a mapping names)
+/// bucketed as given; the handle renders the same text (the debug
+/// listener's `/metrics`). Call once, inside the tokio runtime, before
+/// anything is counted.
+pub fn install(
+    listen: Option<SocketAddr>,
+    histograms: Buckets,
+) -> Result<PrometheusHandle, BuildError> {
     let mut builder = PrometheusBuilder::new()
-        .with_http_listener(listen)
         .set_quantiles(&QUANTILES)?
         .set_buckets_for_metric(
             Matcher::Full("ratelimitd_redis_command_seconds".into()),
@@ -40,7 +44,29 @@ pub fn install(listen: SocketAddr, histograms: Buckets) -> Result<(), BuildError
     for (matcher, buckets) in histograms {
         builder = builder.set_buckets_for_metric(matcher, &buckets)?;
     }
-    builder.install()
+    let recorder = match listen {
+        Some(listen) => {
+            tracing::info!(%listen, "serving Prometheus metrics at /metrics");
+            // Builds the exporter, and spawns the recorder's upkeep.
+            let (recorder, exporter) = builder.with_http_listener(listen).build()?;
+            tokio::spawn(exporter);
+            recorder
+        }
+        None => {
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    handle.run_upkeep();
+                }
+            });
+            recorder
+        }
+    };
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    Ok(handle)
 }
 
 /// Which face a decision came through.

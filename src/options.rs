@@ -132,6 +132,24 @@ pub fn duration_or_off(text: &str) -> Result<DurationOrOff, BadValue> {
     Ok(DurationOrOff((!duration.is_zero()).then_some(duration)))
 }
 
+/// A socket address, or none (an empty value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressOrOff(pub Option<std::net::SocketAddr>);
+
+/// Parses an [`AddressOrOff`]: `host:port` (an IP address and a port), or
+/// empty for none.
+pub fn address_or_off(text: &str) -> Result<AddressOrOff, BadValue> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(AddressOrOff(None));
+    }
+    text.parse()
+        .map(|address| AddressOrOff(Some(address)))
+        .map_err(|_| {
+            BadValue::new("not an address (IP:port, such as 127.0.0.1:8080), nor empty for none")
+        })
+}
+
 /// A count of things, at least one (and at most `u32::MAX`, so that it
 /// fits every platform's `usize`).
 pub fn count() -> impl clap::builder::TypedValueParser<Value = usize> {

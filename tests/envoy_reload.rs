@@ -131,7 +131,7 @@ fn a_broken_configuration_at_start_is_a_clear_error() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
         .arg("--config")
         .arg(&file)
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0", "--http-listen="])
         .stderr(Stdio::piped())
         .spawn()
         .expect("start ratelimitd");

@@ -87,7 +87,10 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
 
 /// Runs the binary with `environment` until it exits: its status and log.
 fn run_to_exit(environment: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    // Every listener on loopback, on a port the system chooses.
     let output = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+        .envs([("HOST", "127.0.0.1"), ("PORT", "0")])
+        .envs([("DEBUG_HOST", "127.0.0.1"), ("DEBUG_PORT", "0")])
         .envs(environment.iter().copied())
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", "0")

@@ -246,6 +246,7 @@ fn a_bad_policies_file_at_start_is_a_clear_error() {
             .arg(dir.path())
             .arg("--listen")
             .arg("127.0.0.1:0")
+            .arg("--http-listen=")
             .output()
             .expect("run ratelimitd");
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -263,7 +264,7 @@ fn a_bad_policies_file_at_start_is_a_clear_error() {
         .expect("write");
     }
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
-        .args(["--listen", "127.0.0.1:0", "--config"])
+        .args(["--listen", "127.0.0.1:0", "--http-listen=", "--config"])
         .arg(dir.path())
         .output()
         .expect("run ratelimitd");

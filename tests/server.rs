@@ -95,7 +95,12 @@ async fn starts_on_the_embedded_store_and_says_state_is_not_shared() {
     let dir = tempfile::tempdir().expect("a directory");
     let address_file = dir.path().join("address");
     let child = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
-        .args(["--listen", "127.0.0.1:0", "--address-file"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen=",
+            "--address-file",
+        ])
         .arg(&address_file)
         .stderr(Stdio::piped())
         .spawn()

@@ -12,35 +12,11 @@ use std::sync::{Arc, Mutex};
 
 use common::TestServer;
 use common::rls::{descriptor, with_hits};
-use common::xds::{Seen, TYPE_URL, TestAds, listen, serve, serve_over};
+use common::xds::{Seen, TYPE_URL, TestAds, listen, serve, serve_over, snapshot};
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratelimitd::pb::ratelimit::config::ratelimit::v3 as conf;
 use tokio::sync::watch;
-
-/// One version of the configuration: `requests_per_unit` per hour for
-/// `user`, with `unit` (HOUR unless a bad one is wanted).
-fn snapshot(
-    version: &str,
-    requests_per_unit: u32,
-    unit: conf::RateLimitUnit,
-) -> (String, Vec<conf::RateLimitConfig>) {
-    let config = conf::RateLimitConfig {
-        name: "xds-config".into(),
-        domain: "xds".into(),
-        descriptors: vec![conf::RateLimitDescriptor {
-            key: "user".into(),
-            rate_limit: Some(conf::RateLimitPolicy {
-                unit: unit as i32,
-                requests_per_unit,
-                name: "per-user".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
-    };
-    (version.to_owned(), vec![config])
-}
 
 /// The limit ratelimitd applies to `user` in domain `xds` now, if any.
 async fn applied_limit(
@@ -209,11 +185,11 @@ async fn rules_from_an_xds_server_over_tls() {
         Some((read(&files.server_cert), read(&files.server_key))),
     )
     .await;
-    let server_for = |ca: &std::path::Path| {
+    let server_for = |ca: &std::path::Path, waits: bool| {
         let ca = ca.to_string_lossy().into_owned();
         let server = format!("localhost:{}", address.port());
         async move {
-            TestServer::start(&[
+            let mut flags = vec![
                 "--xds-server",
                 &server,
                 "--xds-tls",
@@ -223,11 +199,15 @@ async fn rules_from_an_xds_server_over_tls() {
                 "50ms",
                 "--xds-retry-max",
                 "100ms",
-            ])
-            .await
+            ];
+            if !waits {
+                // Else its port would stay closed: nothing ever arrives.
+                flags.push("--start-without-rules");
+            }
+            TestServer::start(&flags).await
         }
     };
-    let trusting = server_for(&files.ca_cert).await;
+    let trusting = server_for(&files.ca_cert, true).await;
     let mut client = RateLimitServiceClient::new(common::channel(trusting.address).await);
     common::eventually("the limit from the TLS xDS server", || {
         let mut client = client.clone();
@@ -235,7 +215,7 @@ async fn rules_from_an_xds_server_over_tls() {
     })
     .await;
     trusting.stop().await;
-    let distrusting = server_for(&stranger.ca_cert).await;
+    let distrusting = server_for(&stranger.ca_cert, false).await;
     client = RateLimitServiceClient::new(common::channel(distrusting.address).await);
     // Several reconnects' worth of time: still no configuration.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;

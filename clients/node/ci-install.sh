@@ -196,7 +196,7 @@ EOF
 unset_env=()
 while IFS= read -r name; do unset_env+=(-u "$name"); done < <(compgen -e | grep '^RATELIMITD_' || true)
 say "starting $RATELIMITD_BIN on 127.0.0.1:0 (embedded store, --config with policies.yaml)"
-env ${unset_env[@]+"${unset_env[@]}"} "$RATELIMITD_BIN" --listen 127.0.0.1:0 --address-file "$work/address" \
+env ${unset_env[@]+"${unset_env[@]}"} "$RATELIMITD_BIN" --listen 127.0.0.1:0 --http-listen= --address-file "$work/address" \
   --config "$work/config" >"$work/ratelimitd.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 150); do

@@ -228,7 +228,7 @@ say "starting ratelimitd ($bin) on a free loopback port, embedded store"
 # RATELIMITD_* variables of the caller (a Redis URL...) must not reach it.
 unset_env=()
 while IFS= read -r name; do unset_env+=(-u "$name"); done < <(env | sed -n 's/^\(RATELIMITD_[A-Z0-9_]*\)=.*/\1/p')
-env "${unset_env[@]}" "$bin" --listen 127.0.0.1:0 --address-file "$work/address" >"$work/ratelimitd.log" 2>&1 &
+env "${unset_env[@]}" "$bin" --listen 127.0.0.1:0 --http-listen= --address-file "$work/address" >"$work/ratelimitd.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 200); do
   [ -s "$work/address" ] && break

@@ -1,7 +1,9 @@
 //! The configuration as a deployment gives it: our flags, upstream's
 //! variables, both together, and what the logs may show of it; the
-//! per-second Redis's in `per_second`.
+//! listeners' and the start's rows in `listeners`, the per-second Redis's
+//! in `per_second`.
 
+mod listeners;
 mod per_second;
 
 use std::path::PathBuf;
@@ -277,8 +279,6 @@ fn what_cannot_be_honoured_stops_the_start_by_name() {
         let err = load(&[], &[(name, value)]).unwrap_err();
         assert!(err.contains(name), "{name}: {err}");
     }
-    let err = load(&[], &[("USE_STATSD", "false"), ("PORT", "8080")]).unwrap_err();
-    assert!(err.contains("PORT"), "{err}");
     let err = load(&[], &[("SHADOW_MODE", "yes")]).unwrap_err();
     assert!(err.contains("SHADOW_MODE=yes"), "{err}");
     let err = load(&[], &[("REDIS_POOL_SIZE", "0")]).unwrap_err();

@@ -10,10 +10,12 @@
 //!   ([`tree`], [`rule`]).
 //! - [`quota_file`]: the quota service's buckets into [`quota`] policies.
 //! - `CheckLimit`'s policies are a room of their own: [`crate::policy`].
+//! - [`dump`]: the rules in force as upstream's debug endpoint prints them.
 
 pub mod descriptors_file;
 pub mod directory;
 pub mod document;
+pub mod dump;
 pub mod handle;
 pub mod quota;
 pub mod quota_file;
@@ -27,7 +29,7 @@ use std::sync::Arc;
 
 pub use self::directory::{FileSelection, Files};
 pub use self::document::compile;
-pub use self::handle::RulesHandle;
+pub use self::handle::{Loads, RulesHandle};
 use self::quota::QuotaDomain;
 pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source, StatsNaming};
 pub use self::source::ConfigSource;
@@ -88,5 +90,10 @@ impl Rules {
     /// How many policies are defined.
     pub fn policy_count(&self) -> usize {
         self.policies.len()
+    }
+
+    /// Nothing configured: no domain and no policy.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty() && self.policies.is_empty()
     }
 }

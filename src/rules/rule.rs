@@ -70,6 +70,11 @@ impl Period {
         self.unit
     }
 
+    /// `unit_multiplier`.
+    pub fn multiplier(self) -> u32 {
+        self.multiplier.get()
+    }
+
     /// The period in seconds.
     pub fn seconds(self) -> u64 {
         self.unit.seconds() * u64::from(self.multiplier.get())

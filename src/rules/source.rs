@@ -1,5 +1,6 @@
 //! Where the rules come from: the `--config` file or directory, read at
-//! start (a bad configuration stops the start) and polled for changes after
+//! start (a bad configuration stops the start, unless the start goes on
+//! without rules: see [`ConfigSource::pending`]) and polled for changes after
 //! (a bad change is logged with file, line and reason, and the rules in
 //! force stay). Polling the content, rather than watching file events, sees
 //! every way a file can change: editors' rename-into-place, Kubernetes
@@ -46,6 +47,16 @@ impl ConfigSource {
         ))
     }
 
+    /// A source whose first load failed, started anyway (the rules stay
+    /// empty): polling loads the first configuration that compiles.
+    pub fn pending(path: PathBuf, selection: FileSelection) -> Self {
+        Self {
+            path,
+            selection,
+            last: Files::default(),
+        }
+    }
+
     /// Polls every `interval` for ever, swapping in each change that
     /// compiles. Runs as a task; the server aborts it at shutdown.
     pub async fn watch(mut self, rules: RulesHandle, interval: Duration) {
@@ -89,6 +100,7 @@ impl ConfigSource {
                 crate::stats::config_load(true);
             }
             Err(err) => {
+                rules.rejected();
                 metrics::config_reload(false);
                 crate::stats::config_load(false);
                 error!(

@@ -72,6 +72,14 @@ impl Level {
         self.exact.is_empty() && self.wildcards.is_empty() && self.any_value.is_empty()
     }
 
+    /// Every node at this level: exact values, wildcards, then rules
+    /// without a value.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        let exact = self.exact.values().flat_map(HashMap::values);
+        let wildcards = self.wildcards.iter().map(|(_, _, node)| node);
+        exact.chain(wildcards).chain(self.any_value.values())
+    }
+
     /// Adds the node for `key` with `value` (an exact value, a wildcard
     /// pattern, or none for any value); `false`, adding nothing, when the
     /// level already has one for them.

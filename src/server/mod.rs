@@ -1,23 +1,33 @@
 //! Wires the subsystems into one server: each group of options becomes its
-//! subsystem's settings, the store and the rules are set up, and the tonic
-//! router (our API, Envoy's, the quota service, health, reflection; TLS)
-//! serves on a bound listener until `shutdown` resolves. Taking the
-//! listener and the shutdown future from the caller lets tests start a
-//! server on port 0 and stop it at will.
+//! subsystem's settings, the store and the rules are set up, the HTTP
+//! listeners start, and the tonic router (our API, Envoy's, the quota
+//! service, health, reflection; TLS) serves on the gRPC port (opened once
+//! the first xDS configuration came, unless told not to wait) until
+//! `shutdown` resolves. Taking the bound sockets ([`Listeners`]) and the
+//! shutdown future from the caller lets tests start a server on port 0 and
+//! stop it at will.
+//!
+//! Shutdown, in order: health turns NOT_SERVING (gRPC health, and 500 at
+//! `/healthcheck`); gRPC serves on as usual for `--shutdown-delay`; then no
+//! new calls are accepted, and calls in flight finish (for at most the
+//! grace); then the HTTP listeners stop.
 
 pub mod bounds;
+pub mod listeners;
 pub mod options;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
-use tonic_health::ServingStatus;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+pub use self::listeners::{BindError, Listeners};
 use crate::api::check::CheckService;
 use crate::api::envoy::options::RulesSource;
 use crate::api::envoy::{EnvoyService, xds};
@@ -25,7 +35,8 @@ use crate::api::rlqs::QuotaService;
 use crate::config::{Config, InvalidConfig};
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
-use crate::health;
+use crate::health::{self, Health};
+use crate::http::{self, Served};
 use crate::incoming;
 use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
@@ -57,18 +68,24 @@ pub enum ServeError {
     /// Reflection could not be built.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The gRPC port could not be opened.
+    #[error("cannot listen on the gRPC port (--listen): {0}")]
+    Listen(#[source] std::io::Error),
     /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// The metrics endpoint and upstream's statistics, as configured: the
-/// statistics' mapping read first, so that a bad one stops the start.
-fn install_telemetry(config: &Config) -> Result<(), ServeError> {
-    let Some(listen) = config.telemetry.metrics_listen else {
+/// The metrics recorder and upstream's statistics, as configured: the
+/// statistics' mapping read first, so that a bad one stops the start. The
+/// recorder is installed when something reads it (the metrics listener,
+/// or the debug listener's `/metrics`), and its handle returned.
+fn install_telemetry(config: &Config) -> Result<Option<PrometheusHandle>, ServeError> {
+    let listen = config.telemetry.metrics_listen;
+    if listen.is_none() && config.http.debug_listen.0.is_none() {
         stats::install(&config.stats, None);
-        return Ok(());
-    };
+        return Ok(None);
+    }
     let mapping = config.stats.mapping().map_err(|err| config.invalid(err))?;
     let histograms = mapping
         .histograms()
@@ -85,18 +102,18 @@ fn install_telemetry(config: &Config) -> Result<(), ServeError> {
             (matcher, buckets)
         })
         .collect();
-    metrics::install(listen, histograms)?;
+    let handle = metrics::install(listen, histograms)?;
     stats::install(&config.stats, Some(mapping));
-    Ok(())
+    Ok(Some(handle))
 }
 
-/// Serves on `listener` until `shutdown` resolves; then health turns
-/// NOT_SERVING, no new calls are accepted, and calls in flight finish before
-/// this returns (waiting at most the configured grace, so a client holding a
-/// stream open cannot keep the process alive).
+/// Serves on `listeners` until `shutdown` resolves, then stops in the
+/// order the module's documentation gives; returns once calls in flight
+/// have finished (waiting at most the configured grace, so a client
+/// holding a stream open cannot keep the process alive).
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     // rustls (TLS to clients and to Redis) needs one crypto provider for
@@ -107,20 +124,43 @@ pub async fn run(
     let store = config.store_settings()?;
     let rules_source = config.rules_source()?;
     // Before the rules are loaded: loading them is counted.
-    install_telemetry(&config)?;
-    let (rules, rules_task) = follow_rules(rules_source)?;
+    let metrics = install_telemetry(&config)?;
+    let start_without_rules = config.envoy.start_without_rules;
+    let waits_for_rules = matches!(rules_source, RulesSource::Xds(_)) && !start_without_rules;
+    let (rules, rules_task) = follow_rules(rules_source, start_without_rules)?;
     let limiter = config.limiter.build(&store)?;
-    let (quota_shutdown, quota_shutdown_watch) = tokio::sync::watch::channel(false);
-    let apis = Apis::new(&config, &limiter, rules, quota_shutdown_watch);
+    let (quota_shutdown, quota_shutdown_watch) = watch::channel(false);
+    let apis = Apis::new(&config, &limiter, rules.clone(), quota_shutdown_watch);
+    let health = Health::new(config.envoy.health_requires_rules);
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health_task = watch_health(&config, &limiter, &reporter).await;
-    let (reflection_v1, reflection_v1alpha) = reflection(config.listener.reflection)?;
+    let http_side = HttpSide::new(&config, &health, &apis.envoy, &rules, metrics);
+    let router = grpc_router(&config, apis, health_service)?;
+    let mut background = Background::start(&config, &limiter, &health, &rules, reporter);
+    background.tasks.extend(rules_task);
+    background
+        .tasks
+        .extend(tls.as_ref().map(|tls| tokio::spawn(tls.watch())));
+    let Listeners { grpc, http, debug } = listeners;
+    let http_side = http_side.start(http, debug);
+    let grace = config.listener.shutdown_grace;
+    let mut shutdown = std::pin::pin!(shutdown);
+    if waits_for_rules && !first_configuration(&rules, shutdown.as_mut()).await {
+        health.stop();
+        background.abort();
+        background.grpc_health.abort();
+        http_side.stop(grace).await;
+        info!("stopped before the first configuration came");
+        return Ok(());
+    }
+    let listener = grpc
+        .listen(listeners::BACKLOG)
+        .map_err(ServeError::Listen)?;
     match listener.local_addr() {
         Ok(address) => info!(%address, "serving gRPC"),
         Err(err) => info!(%err, "serving gRPC (local address unknown)"),
     }
+    health.opened();
     let shutting_down = incoming::ShutdownStarted::default();
-    let tls_task = tls.as_ref().map(|tls| tokio::spawn(tls.watch()));
     let incoming = incoming::connections(
         listener,
         config.bounds.connections(shutting_down.clone()),
@@ -129,21 +169,143 @@ pub async fn run(
     let draining = Arc::new(Notify::new());
     let stop = Stopping {
         shutting_down,
-        tasks: [Some(health_task), rules_task, tls_task],
-        reporter,
+        background,
+        health,
+        delay: config.listener.shutdown_delay.get(),
         quota_shutdown,
         draining: draining.clone(),
+    };
+    tokio::select! {
+        result = router.serve_with_incoming_shutdown(incoming, stop.after(shutdown)) => result?,
+        () = grace_after(draining, grace) => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
     }
-    .after(shutdown);
+    http_side.stop(grace).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Waits until the rules source has delivered its first configuration
+/// (put in force or rejected, as envoyproxy/ratelimit waits for its first
+/// update): `true`; or until `shutdown` comes first: `false`.
+async fn first_configuration(
+    rules: &RulesHandle,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> bool {
+    let mut loads = rules.loads();
+    info!("waiting for the first configuration from xDS before opening the gRPC port");
+    tokio::select! {
+        arrived = loads.wait_for(|loads| loads.arrived) => arrived.is_ok(),
+        () = shutdown => false,
+    }
+}
+
+/// The tasks that run beside the server.
+struct Background {
+    /// Tells gRPC health each change of health; ends by itself once it
+    /// has told shutdown.
+    grpc_health: JoinHandle<()>,
+    /// The store probe, health following the rules, the rules source,
+    /// certificate reloads: aborted at shutdown.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Background {
+    /// Health's tasks: the stores' probe (health is not serving until the
+    /// stores are seen to answer, see [`health::watch`]), rules into health,
+    /// health into gRPC health.
+    fn start(
+        config: &Config,
+        limiter: &Limiter,
+        health: &Health,
+        rules: &RulesHandle,
+        reporter: tonic_health::server::HealthReporter,
+    ) -> Self {
+        // With a policy that answers without Redis, the instance can serve
+        // while Redis is down.
+        let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
+        let probe = tokio::spawn(health::watch(
+            limiter.stores(),
+            health.clone(),
+            config.store.health_interval,
+            serves_without_store,
+        ));
+        let rules = tokio::spawn(health::follow_rules(health.clone(), rules.loads()));
+        Self {
+            grpc_health: tokio::spawn(health::follow_in_grpc(health.clone(), reporter)),
+            tasks: vec![probe, rules],
+        }
+    }
+
+    /// Stops every task but gRPC health's.
+    fn abort(&self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+/// The routers of the HTTP listeners, before they start.
+struct HttpSide {
+    service: Router,
+    debug: Router,
+}
+
+/// The HTTP listeners, when on.
+struct HttpServed {
+    service: Option<Served>,
+    debug: Option<Served>,
+}
+
+impl HttpSide {
+    fn new(
+        config: &Config,
+        health: &Health,
+        envoy: &EnvoyService,
+        rules: &RulesHandle,
+        metrics: Option<PrometheusHandle>,
+    ) -> Self {
+        let max_body = config.bounds.max_request_bytes as usize;
+        Self {
+            service: http::service_routes(health.clone(), envoy.clone(), max_body),
+            debug: http::debug::routes(rules.clone(), metrics),
+        }
+    }
+
+    /// Serves each router on its listener, when it has one.
+    fn start(self, http: Option<TcpListener>, debug: Option<TcpListener>) -> HttpServed {
+        HttpServed {
+            service: http.map(|l| Served::start("HTTP (/healthcheck, /json)", l, self.service)),
+            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug)),
+        }
+    }
+}
+
+impl HttpServed {
+    /// Stops both, each waiting at most `grace` for requests in flight.
+    async fn stop(self, grace: Duration) {
+        for served in [self.service, self.debug].into_iter().flatten() {
+            served.stop(grace).await;
+        }
+    }
+}
+
+/// The tonic router: health, reflection unless it is off, and the three
+/// APIs, within the bounds.
+fn grpc_router(
+    config: &Config,
+    apis: Apis,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<GrpcRouter, ServeError> {
+    let (reflection_v1, reflection_v1alpha) = reflection(config.listener.reflection)?;
     let max_request = config.bounds.max_request_bytes as usize;
-    let serve = Server::builder()
+    Ok(Server::builder()
         .timeout(config.bounds.request_timeout)
         .max_concurrent_streams(config.bounds.max_concurrent_streams)
         .http2_keepalive_interval(config.bounds.http2_keepalive_interval.get())
         .http2_keepalive_timeout(Some(config.bounds.http2_keepalive_timeout))
         .layer(DrainLayer)
         .layer(ServerStatsLayer)
-        .add_service(health_service)
+        .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .add_service(
@@ -160,35 +322,16 @@ pub async fn run(
             apis.quota
                 .into_server()
                 .max_decoding_message_size(max_request),
-        )
-        .serve_with_incoming_shutdown(incoming, stop);
-    let grace = config.listener.shutdown_grace;
-    tokio::select! {
-        result = serve => result?,
-        () = grace_after(draining, grace) => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
-    }
-    info!("stopped");
-    Ok(())
+        ))
 }
 
-/// Reports NOT_SERVING until the stores are seen to answer, then follows
-/// them (see [`health::watch`]): the task doing so.
-async fn watch_health(
-    config: &Config,
-    limiter: &Limiter,
-    reporter: &tonic_health::server::HealthReporter,
-) -> JoinHandle<()> {
-    health::report(reporter, ServingStatus::NotServing).await;
-    // With a policy that answers without Redis, the instance can serve
-    // while Redis is down.
-    let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
-    tokio::spawn(health::watch(
-        limiter.stores(),
-        reporter.clone(),
-        config.store.health_interval,
-        serves_without_store,
-    ))
-}
+/// The tonic router, its layers named.
+type GrpcRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<
+        ServerStatsLayer,
+        tower::layer::util::Stack<DrainLayer, tower::layer::util::Identity>,
+    >,
+>;
 
 /// The three APIs on one limiter and one set of rules.
 struct Apis {
@@ -202,7 +345,7 @@ impl Apis {
         config: &Config,
         limiter: &Limiter,
         rules: RulesHandle,
-        quota_shutdown: tokio::sync::watch::Receiver<bool>,
+        quota_shutdown: watch::Receiver<bool>,
     ) -> Self {
         let slots = DecisionSlots::new(
             config.bounds.max_concurrent_requests as usize,
@@ -242,10 +385,11 @@ impl Apis {
 /// What a shutdown stops, in order.
 struct Stopping {
     shutting_down: incoming::ShutdownStarted,
-    /// Background tasks (health, rules, certificates), aborted.
-    tasks: [Option<JoinHandle<()>>; 3],
-    reporter: tonic_health::server::HealthReporter,
-    quota_shutdown: tokio::sync::watch::Sender<bool>,
+    background: Background,
+    health: Health,
+    /// `--shutdown-delay`.
+    delay: Option<Duration>,
+    quota_shutdown: watch::Sender<bool>,
     /// Told when calls in flight start draining.
     draining: Arc<Notify>,
 }
@@ -254,15 +398,22 @@ impl Stopping {
     /// Waits for `shutdown`, then stops: the future tonic serves until.
     async fn after(self, shutdown: impl Future<Output = ()>) {
         shutdown.await;
+        // First of all, so that load balancers stop sending calls here.
+        self.health.stop();
+        let _ = self.background.grpc_health.await;
+        if let Some(delay) = self.delay {
+            info!(
+                ?delay,
+                "shutting down: health NOT_SERVING; serving on for --shutdown-delay"
+            );
+            tokio::time::sleep(delay).await;
+        }
         // Before tonic sends GOAWAY: from now on a connection closes as
         // soon as it has no call in flight.
         let _ = self.shutting_down.set(Instant::now());
+        self.health.closed();
         info!("shutting down: health NOT_SERVING, finishing calls in flight");
-        self.tasks
-            .into_iter()
-            .flatten()
-            .for_each(|task| task.abort());
-        health::report(&self.reporter, ServingStatus::NotServing).await;
+        self.background.tasks.iter().for_each(JoinHandle::abort);
         // Quota streams never finish by themselves: end them, so the
         // Envoys reconnect to another instance.
         let _ = self.quota_shutdown.send(true);
@@ -271,23 +422,36 @@ impl Stopping {
 }
 
 /// Resolves `grace` after calls started draining.
-async fn grace_after(draining: Arc<Notify>, grace: std::time::Duration) {
+async fn grace_after(draining: Arc<Notify>, grace: Duration) {
     draining.notified().await;
     tokio::time::sleep(grace).await;
 }
 
 /// The rules from `source`, and the task that follows its changes: a
 /// directory polled, or an xDS stream. A configuration that cannot be read
-/// stops the start.
-fn follow_rules(source: RulesSource) -> Result<(RulesHandle, Option<JoinHandle<()>>), ServeError> {
+/// stops the start, unless `start_without_rules`: then it is logged, and
+/// the poll loads the first one that can be.
+fn follow_rules(
+    source: RulesSource,
+    start_without_rules: bool,
+) -> Result<(RulesHandle, Option<JoinHandle<()>>), ServeError> {
     Ok(match source {
         RulesSource::Files {
             path,
             selection,
             poll_interval,
         } => {
-            let (source, rules) = ConfigSource::load(path, selection)?;
-            let rules = RulesHandle::new(rules);
+            let (source, rules) = match ConfigSource::load(path.clone(), selection) {
+                Ok((source, rules)) => (source, RulesHandle::new(rules)),
+                Err(err) if start_without_rules => {
+                    error!(%err, "the configuration cannot be read: starting without rules (--start-without-rules)");
+                    stats::config_load(false);
+                    let rules = RulesHandle::default();
+                    rules.rejected();
+                    (ConfigSource::pending(path, selection), rules)
+                }
+                Err(err) => return Err(err.into()),
+            };
             let task = tokio::spawn(source.watch(rules.clone(), poll_interval));
             (rules, Some(task))
         }

@@ -1,11 +1,11 @@
-//! The gRPC listener's options: where to serve, how long shutdown waits,
-//! and whether reflection is on.
+//! The gRPC listener's options: where to serve, how long shutdown serves
+//! on and then waits, and whether reflection is on.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::options::positive_duration;
+use crate::options::{DurationOrOff, duration_or_off, positive_duration};
 
 /// Where and how gRPC is served.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
@@ -17,12 +17,22 @@ pub struct ListenerOptions {
 
     /// Once the gRPC listener is bound, write its address (`host:port`) to
     /// this file: with `--listen 127.0.0.1:0`, how a supervisor or a test
-    /// learns the port the system chose. Written whole (to a temporary file
+    /// learns the port the system chose (with --xds-server it takes
+    /// connections once the first configuration came). Written whole (to a temporary file
     /// beside it, then renamed), so a reader never sees half of it.
     #[arg(long, env = "RATELIMITD_ADDRESS_FILE")]
     pub address_file: Option<PathBuf>,
 
-    /// After SIGTERM, longest wait for calls in flight before exiting anyway.
+    /// After SIGTERM, how long to go on serving gRPC as usual while health
+    /// already says NOT_SERVING (gRPC health, and 500 at /healthcheck), so
+    /// that load balancers and Kubernetes stop sending calls before the
+    /// port closes. `0s`: close at once.
+    #[arg(long, env = "RATELIMITD_SHUTDOWN_DELAY", default_value = "0s",
+          value_parser = duration_or_off)]
+    pub shutdown_delay: DurationOrOff,
+
+    /// After SIGTERM (and --shutdown-delay), longest wait for calls in
+    /// flight before exiting anyway.
     #[arg(long, env = "RATELIMITD_SHUTDOWN_GRACE", default_value = "10s",
           value_parser = positive_duration)]
     pub shutdown_grace: Duration,

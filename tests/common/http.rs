@@ -1,5 +1,5 @@
-//! Plain HTTP/1.1 on loopback for the tests, below any library: a GET that
-//! reports what came back (Envoy's answers, its admin interface, a metrics
+//! Plain HTTP/1.1 on loopback for the tests, below any library: a GET (or
+//! any request) that reports what came back (Envoy's answers, its admin interface, a metrics
 //! endpoint), and an upstream server that answers `200 ok` to everything.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -63,12 +63,33 @@ pub async fn get_body(port: u16, path: &str) -> String {
 
 /// A GET on its own connection; `None` if nothing answered.
 pub async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    request(port, "GET", path, headers, "").await
+}
+
+/// A POST of `body` on its own connection; `None` if nothing answered.
+pub async fn post(port: u16, path: &str, body: &str) -> Option<HttpResponse> {
+    request(port, "POST", path, &[], body).await
+}
+
+/// A request on its own connection; `None` if nothing answered.
+pub async fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<HttpResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
+    if !body.is_empty() {
+        request.push_str(&format!("content-length: {}\r\n", body.len()));
+    }
     request.push_str("\r\n");
+    request.push_str(body);
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.ok()?;

@@ -10,44 +10,66 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ratelimitd::config::Config;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
+use ratelimitd::server::Listeners;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use super::grpc::{await_health, channel, health_status};
-use super::process::{ChildProcess, send_signal};
+use super::process::{ChildProcess, free_port, send_signal};
 use super::redis::RedisServer;
 use super::wait::PATIENCE;
 
 /// A ratelimitd server running in this test process, on port 0.
 pub struct TestServer {
     pub address: SocketAddr,
+    /// The HTTP listener (`/healthcheck`, `/json`), when the flags asked
+    /// for one (`--http-listen 127.0.0.1:0`); off otherwise.
+    pub http: Option<SocketAddr>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl TestServer {
-    /// Starts with these command-line flags (as after `ratelimitd`).
+    /// Starts with these command-line flags (as after `ratelimitd`), on
+    /// `--listen 127.0.0.1:0`, and without an HTTP listener unless they
+    /// name one.
     pub async fn start(flags: &[&str]) -> Self {
-        let config =
-            Config::try_parse_from(std::iter::once("ratelimitd").chain(flags.iter().copied()))
-                .expect("test flags parse");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let address = listener.local_addr().expect("local address");
+        let mut args = vec!["ratelimitd", "--listen", "127.0.0.1:0"];
+        if !names_http_listener(flags) {
+            args.push("--http-listen=");
+        }
+        args.extend_from_slice(flags);
+        let config = Config::try_parse_from(args).expect("test flags parse");
+        let listeners = Listeners::bind(&config).await.expect("bind");
+        let address = listeners.grpc_address().expect("local address");
+        let http = listeners.http_address();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let stop = async {
                 let _ = stopped.await;
             };
-            ratelimitd::server::run(config, listener, stop)
+            ratelimitd::server::run(config, listeners, stop)
                 .await
                 .expect("server runs");
         });
+        // The port is bound at once, and accepts once the server is ready.
+        let deadline = Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(address).await.is_err() {
+            if task.is_finished() {
+                task.await.expect("the server task");
+                panic!("the server stopped before it served");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the gRPC port to open"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Self {
             address,
+            http,
             shutdown: Some(shutdown),
             task: Some(task),
         }
@@ -90,9 +112,17 @@ impl Drop for TestServer {
     }
 }
 
+/// What the processes started the upstream way are called in messages.
+const UPSTREAM_WAY: &str = "ratelimitd (started the upstream way)";
+
 /// A ratelimitd server as a separate process, killed when dropped.
 pub struct ServerProcess {
     pub address: SocketAddr,
+    /// The HTTP listener, when it has one (started the upstream way, or
+    /// with `--http-listen`).
+    pub http: Option<SocketAddr>,
+    /// The debug listener, when it has one (started the upstream way).
+    pub debug: Option<SocketAddr>,
     process: ChildProcess,
     /// Where its log goes, when the test reads it.
     log: Option<(tempfile::TempDir, std::path::PathBuf)>,
@@ -109,7 +139,10 @@ impl ServerProcess {
     /// a process that is gone, to start it again where its clients are).
     pub async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
-        command.args(flags).args(["--listen", &address.to_string()]);
+        command
+            .args(flags)
+            .args(["--listen", &address.to_string()])
+            .args(http_off(flags));
         Self::launch(command, false, "the ratelimitd process").await
     }
 
@@ -126,15 +159,50 @@ impl ServerProcess {
 
     /// Starts the binary as upstream's deployments do: no flags but
     /// `--address-file`, only envoyproxy/ratelimit's variables
-    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback), and
-    /// waits until SERVING.
+    /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback, and the
+    /// HTTP and debug listeners on free loopback ports unless it sets
+    /// them), and waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
+        let (command, http, debug) = Self::upstream_command(environment);
+        let mut server = Self::launch(command, true, UPSTREAM_WAY).await;
+        server.http = http;
+        server.debug = debug;
+        server
+    }
+
+    /// As [`ServerProcess::start_upstream_way`], with its log kept, and
+    /// waiting only until the gRPC port is bound (not until it accepts
+    /// calls, nor until SERVING).
+    pub async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
+        let (command, http, debug) = Self::upstream_command(environment);
+        let mut server = Self::bind(command, true, UPSTREAM_WAY).await;
+        server.http = http;
+        server.debug = debug;
+        server
+    }
+
+    /// The command of [`ServerProcess::start_upstream_way`], and where
+    /// its HTTP and debug listeners will be when it chose them.
+    fn upstream_command(
+        environment: &[(&str, &str)],
+    ) -> (Command, Option<SocketAddr>, Option<SocketAddr>) {
+        let set = |name: &str| environment.iter().any(|(set, _)| *set == name);
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
-        command
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", "0")
-            .envs(environment.iter().copied());
-        Self::launch(command, true, "ratelimitd (started the upstream way)").await
+        command.env("GRPC_HOST", "127.0.0.1").env("GRPC_PORT", "0");
+        let mut http = None;
+        let mut debug = None;
+        for (host, port, address) in [
+            ("HOST", "PORT", &mut http),
+            ("DEBUG_HOST", "DEBUG_PORT", &mut debug),
+        ] {
+            if !set(host) && !set(port) {
+                let free = free_port();
+                command.env(host, "127.0.0.1").env(port, free.to_string());
+                *address = Some(SocketAddr::from(([127, 0, 0, 1], free)));
+            }
+        }
+        command.envs(environment.iter().copied());
+        (command, http, debug)
     }
 
     /// As [`ServerProcess::start_logged`], with `environment` set too.
@@ -147,7 +215,28 @@ impl ServerProcess {
     /// as it listens, SERVING or not (for a store it cannot reach).
     pub async fn listening_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
         let command = Self::command_with_environment(flags, environment);
-        Self::bind(command, true, "the ratelimitd process").await
+        let mut server = Self::bind(command, true, "the ratelimitd process").await;
+        // Bound is not yet listening: the port takes connections once the
+        // server is ready.
+        let deadline = Instant::now() + PATIENCE;
+        while tokio::net::TcpStream::connect(server.address)
+            .await
+            .is_err()
+        {
+            if server.process.exited().is_some() {
+                panic!(
+                    "ratelimitd exited before listening; its log: {}",
+                    server.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for ratelimitd to listen; its log: {}",
+                server.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        server
     }
 
     fn command_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Command {
@@ -155,6 +244,7 @@ impl ServerProcess {
         command
             .args(flags)
             .args(["--listen", "127.0.0.1:0"])
+            .args(http_off(flags))
             .envs(environment.iter().copied());
         command
     }
@@ -178,7 +268,10 @@ impl ServerProcess {
             }
             None => Command::new(binary),
         };
-        command.args(flags).args(["--listen", "127.0.0.1:0"]);
+        command
+            .args(flags)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(http_off(flags));
         Self::launch(command, logged, "the ratelimitd process").await
     }
 
@@ -247,6 +340,8 @@ impl ServerProcess {
         };
         Self {
             address,
+            http: None,
+            debug: None,
             process,
             log: logged.then_some((dir, log_path)),
         }
@@ -296,6 +391,17 @@ impl ServerProcess {
         .expect("join")
         .expect("wait for ratelimitd")
     }
+}
+
+/// Does a test's command line name the HTTP listener?
+fn names_http_listener(flags: &[&str]) -> bool {
+    flags.iter().any(|flag| flag.starts_with("--http-listen"))
+}
+
+/// `--http-listen=` (no HTTP listener: its default port would be shared
+/// by every test), unless the flags name one.
+fn http_off(flags: &[&str]) -> Option<&'static str> {
+    (!names_http_listener(flags)).then_some("--http-listen=")
 }
 
 /// A server on `redis` that notices quickly when Redis fails (a 300 ms

@@ -28,6 +28,30 @@ pub struct Seen {
     pub tokens: Vec<String>,
 }
 
+/// One version of the configuration: `requests_per_unit` per hour for
+/// `user`, with `unit` (HOUR unless a bad one is wanted).
+pub fn snapshot(
+    version: &str,
+    requests_per_unit: u32,
+    unit: conf::RateLimitUnit,
+) -> (String, Vec<conf::RateLimitConfig>) {
+    let config = conf::RateLimitConfig {
+        name: "xds-config".into(),
+        domain: "xds".into(),
+        descriptors: vec![conf::RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(conf::RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit,
+                name: "per-user".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    };
+    (version.to_owned(), vec![config])
+}
+
 /// The management server: serves the snapshot `current` holds (a version
 /// and its configurations) on every stream, and each new one as it comes.
 #[derive(Clone)]

@@ -83,7 +83,7 @@ async function startRatelimitd({ port, host = '127.0.0.1', config, args = [], tl
   // (a RATELIMITD_REDIS_URL would take it off the embedded store).
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('RATELIMITD_')));
   let configDir = null;
-  const flags = ['--listen', address, '--log-format', 'json'];
+  const flags = ['--listen', address, '--http-listen=', '--log-format', 'json'];
   if (config !== undefined) {
     configDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ratelimitd-node-test-'));
     for (const [name, text] of Object.entries(config)) writeFile(configDir, name, text);

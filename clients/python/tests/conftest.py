@@ -140,7 +140,7 @@ def start_ratelimitd(
         env = {name: value for name, value in os.environ.items() if not name.startswith("RATELIMITD_")}
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [str(binary()), "--listen", listen, "--log-format", "json", *flags],
+                [str(binary()), "--listen", listen, "--http-listen=", "--log-format", "json", *flags],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

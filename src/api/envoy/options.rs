@@ -48,6 +48,19 @@ pub struct EnvoyOptions {
     #[command(flatten)]
     pub xds: XdsOptions,
 
+    /// Open the gRPC port without waiting for rules: with --xds-server,
+    /// before the first configuration arrives (by default the port opens
+    /// once one has, accepted or rejected); with --config, even when the
+    /// configuration cannot be read at start (it is logged, and polling
+    /// loads the first one that can).
+    #[arg(long, env = "RATELIMITD_START_WITHOUT_RULES", num_args = 0..=1, require_equals = true)]
+    pub start_without_rules: bool,
+
+    /// Health (gRPC and /healthcheck) says SERVING only while rules holding
+    /// at least one domain or policy are in force.
+    #[arg(long, env = "RATELIMITD_HEALTH_REQUIRES_RULES", num_args = 0..=1, require_equals = true)]
+    pub health_requires_rules: bool,
+
     /// Envoy face: decide, count and log as usual, but answer every request
     /// OK (descriptor statuses still say OVER_LIMIT where they are).
     #[arg(long, env = "RATELIMITD_SHADOW_MODE", num_args = 0..=1, require_equals = true)]

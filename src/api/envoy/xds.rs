@@ -249,6 +249,7 @@ fn accept(
             None
         }
         Err(reason) => {
+            rules.rejected();
             metrics::config_reload(false);
             crate::stats::config_load(false);
             error!(

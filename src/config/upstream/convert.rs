@@ -269,7 +269,8 @@ pub(super) fn required_path(
     text(upstream, row)
 }
 
-/// `GRPC_HOST:GRPC_PORT`, resolved.
+/// `HOST:PORT` (the gRPC, HTTP or debug listener's pair), resolved, to the
+/// row's flag.
 pub(super) fn listen(
     upstream: &Upstream<'_>,
     row: &Row,
@@ -281,8 +282,11 @@ pub(super) fn listen(
         .parse()
         .map_err(|_| UpstreamError::value(row.variables[1].name, port, "not a port number"))?;
     let address = resolve(row.variables[0].name, host, &format!("{host}:{port}"))?;
+    let Effect::Sets { flags, .. } = row.effect else {
+        return Ok(None);
+    };
     Ok(Some(vec![setting(
-        "listen",
+        flags[0],
         vec![address],
         host_given || port_given,
         names(row),

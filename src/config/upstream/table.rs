@@ -136,11 +136,10 @@ pub const TABLE: &[Row] = &[
     warns(&[var("GRPC_MAX_CONNECTION_AGE", "24h"), var("GRPC_MAX_CONNECTION_AGE_GRACE", "1h")],
         "connections are not closed for age (idle ones after --idle-timeout)"),
     // The HTTP and debug listeners.
-    refuses(&[var("HOST", "0.0.0.0"), var("PORT", "8080")], Accepts::Nothing,
-        "ratelimitd has no HTTP side (/json, /healthcheck) yet: health is grpc.health.v1 on the \
-         gRPC port"),
-    refuses(&[var("DEBUG_HOST", "0.0.0.0"), var("DEBUG_PORT", "6070")], Accepts::Nothing,
-        "ratelimitd has no debug endpoint (/rlconfig, /stats): metrics are at --metrics-listen"),
+    sets(&[var("HOST", "0.0.0.0"), var("PORT", "8080")], &["http_listen"],
+        "host:port, resolved", listen),
+    sets(&[var("DEBUG_HOST", "0.0.0.0"), var("DEBUG_PORT", "6070")], &["debug_listen"],
+        "host:port, resolved (/rlconfig and /metrics; no pprof, no /stats)", listen),
     // Logs.
     sets(&[var("LOG_LEVEL", "WARN")], &["log_level"],
         "logrus's names in any case (warning is warn; fatal and panic are error)", log_level),
@@ -148,10 +147,10 @@ pub const TABLE: &[Row] = &[
     // Where the rules come from.
     refuses(&[var("CONFIG_TYPE", "FILE")], Accepts::OneOf(&["FILE", "GRPC_XDS_SOTW"]),
         "the rules come from files (FILE) or an xDS server (GRPC_XDS_SOTW)"),
-    refuses(&[var("FORCE_START_WITHOUT_INITIAL_CONFIG", "false")], Accepts::False,
-        "a configuration that cannot be read stops the start"),
-    refuses(&[var("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false")], Accepts::False,
-        "health does not wait for a configuration"),
+    sets(&[var("FORCE_START_WITHOUT_INITIAL_CONFIG", "false")], &["start_without_rules"],
+        "a Go boolean", go_bool),
+    sets(&[var("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "false")], &["health_requires_rules"],
+        "a Go boolean", go_bool),
     refuses(&[var("MERGE_DOMAIN_CONFIG", "false")], Accepts::False,
         "a domain must be defined in one file"),
     sets(&[var("RUNTIME_ROOT", "/srv/runtime_data/current"), var("RUNTIME_SUBDIRECTORY", ""),
