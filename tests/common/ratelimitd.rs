@@ -205,6 +205,36 @@ impl ServerProcess {
         (command, http, debug)
     }
 
+    /// Starts the binary as a container image runs it: no arguments at
+    /// all and only `environment` (nothing of the test's own), its log
+    /// kept; `grpc` and `http` are where that environment puts its gRPC and
+    /// HTTP listeners. Returns at once, before it listens.
+    pub fn spawn_bare(environment: &[(&str, &str)], grpc: SocketAddr, http: SocketAddr) -> Self {
+        let dir = tempfile::tempdir().expect("a directory for the process's files");
+        let log_path = dir.path().join("ratelimitd.log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let process = Command::new(env!("CARGO_BIN_EXE_ratelimitd"))
+            .env_clear()
+            .envs(environment.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start the ratelimitd binary")
+            .into();
+        Self {
+            address: grpc,
+            http: Some(http),
+            debug: None,
+            process,
+            log: Some((dir, log_path)),
+        }
+    }
+
+    /// How it exited, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.process.exited()
+    }
+
     /// As [`ServerProcess::start_logged`], with `environment` set too.
     pub async fn start_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
         let command = Self::command_with_environment(flags, environment);

@@ -1,7 +1,9 @@
 //! Certificates made for the tests by [`rcgen`]: a CA with a server and a
 //! client certificate ([`write_certificates`]), for any TLS server the tests
-//! start (Redis, ratelimitd, an xDS server), and the single self-signed
-//! certificate of envoyproxy/ratelimit's Redis TLS recipe.
+//! start (Redis, ratelimitd, an xDS server), the files of Envoy Gateway's
+//! certificate secrets ([`write_envoy_gateway_certificates`]), and the
+//! single self-signed certificate of envoyproxy/ratelimit's Redis TLS
+//! recipe.
 
 use std::path::{Path, PathBuf};
 
@@ -117,4 +119,99 @@ pub fn self_signed_ca_certificate() -> (String, String) {
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let cert = params.self_signed(&key).expect("self-sign");
     (cert.pem(), key.serialize_pem())
+}
+
+/// The certificate files of an Envoy Gateway installation, as its
+/// `certgen` makes them: one CA, and for each of Envoy Gateway (its xDS
+/// server), Envoy and the rate limit service a certificate signed by it,
+/// with no extended key usage (each serves and is presented as a client
+/// alike).
+#[derive(Debug, Clone)]
+pub struct EnvoyGatewayCertificates {
+    /// The `envoy-rate-limit` secret as mounted at `/certs`: `ca.crt`,
+    /// `tls.crt`, `tls.key`.
+    pub rate_limit_dir: PathBuf,
+    pub ca_cert: PathBuf,
+    /// Envoy Gateway's xDS server's certificate and key, for `localhost`
+    /// (the name its host mode uses).
+    pub envoy_gateway_cert: PathBuf,
+    pub envoy_gateway_key: PathBuf,
+    /// Envoy's (the `envoy` secret), which it presents to the rate limit
+    /// service.
+    pub envoy_cert: PathBuf,
+    pub envoy_key: PathBuf,
+}
+
+/// Writes [`EnvoyGatewayCertificates`] into `dir`: the rate limit
+/// service's as `dir/envoy-rate-limit/{ca.crt,tls.crt,tls.key}`, named
+/// as `certgen` names it (`envoy`, `*.envoy-gateway-system`), and the
+/// others beside it.
+pub fn write_envoy_gateway_certificates(dir: &Path) -> EnvoyGatewayCertificates {
+    let rate_limit_dir = dir.join("envoy-rate-limit");
+    std::fs::create_dir_all(&rate_limit_dir)
+        .unwrap_or_else(|err| panic!("create {}: {err}", rate_limit_dir.display()));
+    let ca_key = KeyPair::generate().expect("generate the test CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "envoy-gateway");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .expect("self-sign the test CA");
+    let ca = Issuer::new(ca_params, ca_key);
+    let write = |path: PathBuf, pem: &str| {
+        std::fs::write(&path, pem).unwrap_or_else(|err| panic!("write {}: {err}", path.display()));
+        path
+    };
+    let leaf = |common_name: &str, alt_name: &str, cert: PathBuf, key_path: PathBuf| {
+        let key = KeyPair::generate().expect("generate a test certificate key");
+        let mut params =
+            CertificateParams::new(vec![alt_name.to_owned()]).expect("certificate parameters");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::DataEncipherment,
+            KeyUsagePurpose::KeyEncipherment,
+            KeyUsagePurpose::ContentCommitment,
+        ];
+        let signed = params
+            .signed_by(&key, &ca)
+            .expect("sign a test certificate with the test CA");
+        (
+            write(cert, &signed.pem()),
+            write(key_path, &key.serialize_pem()),
+        )
+    };
+    let ca_path = write(rate_limit_dir.join("ca.crt"), &ca_cert.pem());
+    leaf(
+        "envoy",
+        "*.envoy-gateway-system",
+        rate_limit_dir.join("tls.crt"),
+        rate_limit_dir.join("tls.key"),
+    );
+    let (envoy_gateway_cert, envoy_gateway_key) = leaf(
+        "envoy-gateway",
+        "localhost",
+        dir.join("envoy-gateway.crt"),
+        dir.join("envoy-gateway.key"),
+    );
+    let (envoy_cert, envoy_key) = leaf(
+        "envoy",
+        "*.envoy-gateway-system",
+        dir.join("envoy.crt"),
+        dir.join("envoy.key"),
+    );
+    EnvoyGatewayCertificates {
+        rate_limit_dir,
+        ca_cert: ca_path,
+        envoy_gateway_cert,
+        envoy_gateway_key,
+        envoy_cert,
+        envoy_key,
+    }
 }

@@ -1,7 +1,8 @@
 //! A small Aggregated Discovery Service of the tests' own: it serves
 //! go-control-plane's RateLimitConfig snapshots, the newest on every
-//! stream, records what its clients sent, and stops (ending its streams)
-//! at will.
+//! stream, over plain gRPC, TLS or mutual TLS, records what its clients
+//! sent and the certificates they presented, and stops (ending its
+//! streams) at will.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -26,6 +27,9 @@ pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.Ra
 pub struct Seen {
     pub requests: Vec<DiscoveryRequest>,
     pub tokens: Vec<String>,
+    /// For each stream, the DER certificates its client presented over
+    /// TLS (empty without TLS or without one).
+    pub client_certificates: Vec<Vec<Vec<u8>>>,
 }
 
 /// One version of the configuration: `requests_per_unit` per hour for
@@ -90,7 +94,14 @@ impl AggregatedDiscoveryService for TestAds {
             .and_then(|value| value.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        self.seen.lock().unwrap().tokens.push(token);
+        let certificates = (request.peer_certs().iter())
+            .flat_map(|certs| certs.iter().map(|cert| cert.to_vec()))
+            .collect();
+        {
+            let mut seen = self.seen.lock().unwrap();
+            seen.tokens.push(token);
+            seen.client_certificates.push(certificates);
+        }
         let mut incoming = request.into_inner();
         let mut current = self.current.clone();
         let mut alive = self.alive.clone();
@@ -180,8 +191,36 @@ pub async fn listen(address: &str) -> (TcpListener, SocketAddr) {
 /// As [`serve`], over TLS with this certificate and key when given.
 pub async fn serve_over(
     listener: TcpListener,
-    mut ads: TestAds,
+    ads: TestAds,
     tls: Option<(Vec<u8>, Vec<u8>)>,
+) -> Running {
+    let tls = tls.map(|(cert, key)| {
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key))
+    });
+    serve_tls(listener, ads, tls).await
+}
+
+/// As [`serve`], over mutual TLS as Envoy Gateway's xDS server: this
+/// certificate and key, and a client certificate required of every client
+/// and verified against `client_ca` (a handshake without one fails).
+pub async fn serve_mutual_tls(
+    listener: TcpListener,
+    ads: TestAds,
+    (cert, key): (Vec<u8>, Vec<u8>),
+    client_ca: Vec<u8>,
+) -> Running {
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(cert, key))
+        .client_ca_root(tonic::transport::Certificate::from_pem(client_ca))
+        .client_auth_optional(false);
+    serve_tls(listener, ads, Some(tls)).await
+}
+
+async fn serve_tls(
+    listener: TcpListener,
+    mut ads: TestAds,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> Running {
     let address = listener.local_addr().expect("its address");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -189,10 +228,9 @@ pub async fn serve_over(
     ads.alive = alive_now;
     tokio::spawn(async move {
         let mut builder = tonic::transport::Server::builder();
-        if let Some((cert, key)) = tls {
-            let identity = tonic::transport::Identity::from_pem(cert, key);
+        if let Some(tls) = tls {
             builder = builder
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .tls_config(tls)
                 .expect("TLS for the test xDS server");
         }
         builder
