@@ -39,18 +39,30 @@ after(async () => {
   await Promise.all(pods.map((pod) => pod.stop()));
 });
 
-async function admitted(client, key) {
+// Round robin spreads calls over the addresses whose connections are
+// ready: the second may still be connecting when the first calls go out.
+// So calls go on until `wanted` are admitted (or a deadline passes), and
+// then some more, which must all be denied.
+const DEADLINE_MS = 5_000;
+const MORE_CALLS = 10;
+
+async function callsUntil(wanted, call) {
   let allowed = 0;
-  for (let i = 0; i < 10; i++) {
-    if ((await client.check(key, { type: 'fixed_window', limit: 3, windowMs: 3_600_000 })).allowed) allowed++;
-  }
+  const deadline = Date.now() + DEADLINE_MS;
+  while (allowed < wanted && Date.now() < deadline) if (await call()) allowed++;
+  for (let i = 0; i < MORE_CALLS; i++) if (await call()) allowed++;
   return allowed;
+}
+
+async function admitted(client, key, wanted) {
+  return callsUntil(wanted, async () =>
+    (await client.check(key, { type: 'fixed_window', limit: 3, windowMs: 3_600_000 })).allowed);
 }
 
 test('round robin reaches every pod', async () => {
   const client = new RateLimitClient({ address: target, channelOptions: { ...ROUND_ROBIN, ...authority } });
   try {
-    assert.equal(await admitted(client, uniqueKey('rr')), 6);
+    assert.equal(await admitted(client, uniqueKey('rr'), 6), 6);
   } finally {
     client.close();
   }
@@ -59,7 +71,8 @@ test('round robin reaches every pod', async () => {
 test('without it, one pod takes every call', async () => {
   const client = new RateLimitClient({ address: target, channelOptions: authority });
   try {
-    assert.equal(await admitted(client, uniqueKey('pick-first')), 3);
+    // Once 3 are admitted, the calls after them all reach the same pod.
+    assert.equal(await admitted(client, uniqueKey('pick-first'), 3), 3);
   } finally {
     client.close();
   }
@@ -70,9 +83,7 @@ test('the middleware given such a client spreads its checks too', async () => {
   const key = uniqueKey('middleware');
   const app = await startApp(rateLimiter({ client, type: 'fixed_window', limit: 3, windowMs: 3_600_000, keyGenerator: () => key }));
   try {
-    let ok = 0;
-    for (let i = 0; i < 10; i++) if ((await app.get()).status === 200) ok++;
-    assert.equal(ok, 6);
+    assert.equal(await callsUntil(6, async () => (await app.get()).status === 200), 6);
   } finally {
     await app.close();
     client.close();
