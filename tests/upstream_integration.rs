@@ -702,13 +702,7 @@ async fn basic_config_with_per_second_redis_and_auth() {
         ("REDIS_PERSECOND_AUTH", PASSWORD.to_owned()),
     ];
     // The local cache's run counts `_local` keys: the same servers serve.
-    for local_cache in [false, true] {
-        let variant = Variant {
-            local_cache,
-            ..Variant::default()
-        };
-        basic_base_config(&settings, variant).await;
-    }
+    without_and_with_the_local_cache(&settings).await;
     assert_split_standalone(&main, &per_second).await;
 }
 
@@ -739,13 +733,7 @@ async fn basic_config_with_per_second_redis_over_tls() {
         ("REDIS_PERSECOND_AUTH", PASSWORD.to_owned()),
         ("REDIS_PERSECOND_TLS", "true".to_owned()),
     ];
-    for local_cache in [false, true] {
-        let variant = Variant {
-            local_cache,
-            ..Variant::default()
-        };
-        basic_base_config(&settings, variant).await;
-    }
+    without_and_with_the_local_cache(&settings).await;
     assert_split_standalone(&main, &per_second).await;
 }
 
@@ -772,6 +760,32 @@ const PER_SECOND: Names = Names {
     sentinel_auth: "REDIS_PERSECOND_SENTINEL_AUTH",
 };
 
+/// `basic_base_config` on `settings` as upstream's per-second runs do it:
+/// without the local cache, then with it (its `_local` keys).
+async fn without_and_with_the_local_cache(settings: &[(&str, String)]) {
+    for local_cache in [false, true] {
+        let variant = Variant {
+            local_cache,
+            ..Variant::default()
+        };
+        basic_base_config(settings, variant).await;
+    }
+}
+
+/// The settings of a main Redis and a per-second one (REDIS_PERSECOND).
+fn split(
+    main: Vec<(&'static str, String)>,
+    per_second: Vec<(&'static str, String)>,
+) -> Vec<(&'static str, String)> {
+    let mut settings = main;
+    settings.extend(per_second);
+    settings.extend([
+        ("REDIS_PERSECOND", "true".to_owned()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
+    ]);
+    settings
+}
+
 /// REDIS_TYPE=cluster's settings for `cluster`, under `names`.
 fn cluster_settings(names: &Names, cluster: &RedisCluster) -> Vec<(&'static str, String)> {
     let nodes: Vec<String> = cluster.urls().iter().map(|url| address(url)).collect();
@@ -793,19 +807,11 @@ async fn basic_config_with_per_second_redis_on_redis_clusters() {
     };
     let main = RedisCluster::start_with(security()).await;
     let per_second = RedisCluster::start_with(security()).await;
-    let mut settings = cluster_settings(&MAIN, &main);
-    settings.extend(cluster_settings(&PER_SECOND, &per_second));
-    settings.extend([
-        ("REDIS_PERSECOND", "true".to_owned()),
-        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
-    ]);
-    for local_cache in [false, true] {
-        let variant = Variant {
-            local_cache,
-            ..Variant::default()
-        };
-        basic_base_config(&settings, variant).await;
-    }
+    let settings = split(
+        cluster_settings(&MAIN, &main),
+        cluster_settings(&PER_SECOND, &per_second),
+    );
+    without_and_with_the_local_cache(&settings).await;
     assert_split(
         &Seen::cluster(&main).await,
         &Seen::cluster(&per_second).await,
@@ -841,19 +847,11 @@ async fn basic_config_with_per_second_redis_on_sentinel() {
     };
     let main = RedisSentinel::start_with(security()).await;
     let per_second = RedisSentinel::start_with(security()).await;
-    let mut settings = sentinel_settings(&MAIN, &main);
-    settings.extend(sentinel_settings(&PER_SECOND, &per_second));
-    settings.extend([
-        ("REDIS_PERSECOND", "true".to_owned()),
-        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".to_owned()),
-    ]);
-    for local_cache in [false, true] {
-        let variant = Variant {
-            local_cache,
-            ..Variant::default()
-        };
-        basic_base_config(&settings, variant).await;
-    }
+    let settings = split(
+        sentinel_settings(&MAIN, &main),
+        sentinel_settings(&PER_SECOND, &per_second),
+    );
+    without_and_with_the_local_cache(&settings).await;
     assert_split(
         &Seen::sentinel(&main).await,
         &Seen::sentinel(&per_second).await,
@@ -930,13 +928,7 @@ async fn xds_provider_basic_config() {
             false => standalone(&main),
         };
         settings.extend(xds.iter().cloned());
-        for local_cache in [false, true] {
-            let variant = Variant {
-                local_cache,
-                ..Variant::default()
-            };
-            basic_base_config(&settings, variant).await;
-        }
+        without_and_with_the_local_cache(&settings).await;
         if per_second {
             assert_split_standalone(&main, &fast).await;
         } else {
