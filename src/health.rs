@@ -2,7 +2,8 @@
 //! that `grpc.health.v1.Health` and the HTTP `/healthcheck` both follow.
 //! It is serving only while all hold: every store answers (the main one,
 //! and the per-second Redis when there is one; or the failure
-//! policy answers without it), the gRPC port is open, the rules are loaded
+//! policy answers without it; or, with `--health-follows-store=false`,
+//! every store has answered once since start), the gRPC port is open, the rules are loaded
 //! when health requires them, and shutdown has not begun. So load
 //! balancers and Kubernetes take an instance whose Redis is gone out of
 //! rotation and back in when it returns, and out at the first moment of
@@ -160,18 +161,26 @@ pub async fn follow_rules(health: Health, mut loads: watch::Receiver<Loads>) {
     }
 }
 
+/// What health's store part does while a store does not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhileDown {
+    /// Down: NOT_SERVING until every store answers again.
+    NotServing,
+    /// Up: the failure policy answers without the store.
+    PolicyAnswers,
+    /// Unchanged: health follows the stores only until they first answer
+    /// (`--health-follows-store=false`, as envoyproxy/ratelimit without
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`), so a liveness probe on
+    /// health does not restart the instance over a Redis outage.
+    Unfollowed,
+}
+
 /// Probes `stores` every `interval` for ever (all at once: the main one,
 /// and the per-second Redis when there is one), setting health's store
-/// part at each change of state: up while every one answers. With
-/// `serves_without_store` (a failure policy that answers while Redis is
-/// down) the part stays up, and the probe only logs. Runs as a task; the
-/// server aborts it at shutdown.
-pub async fn watch(
-    stores: Vec<Store>,
-    health: Health,
-    interval: Duration,
-    serves_without_store: bool,
-) {
+/// part at each change of state: up while every one answers, and while
+/// one does not as `while_down` says (the probe logs either way). Runs as
+/// a task; the server aborts it at shutdown.
+pub async fn watch(stores: Vec<Store>, health: Health, interval: Duration, while_down: WhileDown) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut serving: Option<bool> = None;
@@ -187,16 +196,19 @@ pub async fn watch(
         if serving == Some(now_serving) {
             continue;
         }
-        match failed {
-            None => {
+        match (failed, while_down) {
+            (None, _) => {
                 info!(stores = stores.len(), "store answers");
                 health.set_store(true);
             }
-            Some((store, reason)) if serves_without_store => {
+            (Some((store, reason)), WhileDown::PolicyAnswers) => {
                 warn!(store = store.label(), %reason, "store does not answer: the failure policy answers; health stays up");
                 health.set_store(true);
             }
-            Some((store, reason)) => {
+            (Some((store, reason)), WhileDown::Unfollowed) => {
+                warn!(store = store.label(), %reason, "store does not answer: health does not follow it (--health-follows-store=false)");
+            }
+            (Some((store, reason)), WhileDown::NotServing) => {
                 warn!(store = store.label(), %reason, "store does not answer: health NOT_SERVING");
                 health.set_store(false);
             }

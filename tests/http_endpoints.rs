@@ -80,7 +80,8 @@ fn assert_go_error(response: &HttpResponse, status: u16, text: &str) {
 async fn json_answers_as_upstream_with_its_statuses_and_shapes() {
     let redis = RedisServer::start().await;
     let address = format!("127.0.0.1:{}", redis.port());
-    let server = ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &[])).await;
+    let follows = [("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true")];
+    let server = ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &follows)).await;
     let port = http_port(&server);
     let ok = get(port, "/healthcheck", &[]).await.expect("an answer");
     assert_eq!((ok.status, ok.body.as_str()), (200, "OK"), "{ok:?}");
@@ -171,6 +172,45 @@ async fn json_answers_as_upstream_with_its_statuses_and_shapes() {
     let any_method = request(port, "HEAD", "/healthcheck", &[], "").await;
     assert_eq!(any_method.map(|answer| answer.status), Some(200));
     server.terminate().await;
+}
+
+/// Upstream's health follows Redis only with
+/// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: without it, a Redis outage leaves
+/// `/healthcheck` and gRPC health up (Envoy Gateway probes liveness there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_redis_only_when_upstream_asks() {
+    for (active, down) in [
+        (None, (200, ServingStatus::Serving)),
+        (Some("true"), (500, ServingStatus::NotServing)),
+    ] {
+        let mut redis = RedisServer::start().await;
+        let address = format!("127.0.0.1:{}", redis.port());
+        let more: Vec<(&str, &str)> = active
+            .map(|value| ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value))
+            .into_iter()
+            .collect();
+        let server =
+            ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &more)).await;
+        let port = http_port(&server);
+        assert_eq!(healthcheck(port).await, Some(200));
+        redis.kill();
+        common::eventually("the probe to log that Redis does not answer", || async {
+            server.log().contains("store does not answer")
+        })
+        .await;
+        common::eventually("/healthcheck and gRPC health to settle", || async {
+            healthcheck(port).await == Some(down.0)
+                && common::health_status(server.address, "").await == Some(down.1)
+        })
+        .await;
+        assert_eq!(
+            healthcheck(port).await,
+            Some(down.0),
+            "{active:?}: {}",
+            server.log()
+        );
+        server.terminate().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

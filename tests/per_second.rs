@@ -380,6 +380,8 @@ fn upstream_variables(main: &RedisServer, per_second: &RedisServer) -> Vec<(&'st
         ),
         ("REDIS_TIMEOUT", "300ms".into()),
         ("RATELIMITD_HEALTH_INTERVAL", "100ms".into()),
+        // Health follows Redis, so that it tells when one is gone.
+        ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true".into()),
     ]
 }
 

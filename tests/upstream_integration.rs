@@ -4,7 +4,11 @@
 //! unchanged (`tests/fixtures/upstream_integration/`, or the same rules
 //! from an xDS server), answering every assertion upstream makes about
 //! statuses, limits, remaining counts and statistics (under their
-//! Prometheus names), in the variants upstream runs it: both counting
+//! Prometheus names; and once over statsd, USE_STATSD=true, upstream's
+//! default sink, from the datagrams a receiver of the test's gets, where
+//! upstream's test reads its in-process statistics), with GRPC_PORT, PORT
+//! and DEBUG_PORT set as upstream's test sets them (free loopback ports),
+//! in the variants upstream runs it: both counting
 //! modes, with the local cache (its `_local` keys), with a key prefix,
 //! behind a password, over TLS (upstream's pinned self-signed certificate
 //! recipe), on a Redis Cluster, on Sentinel, with the rules from xDS, and
@@ -15,7 +19,9 @@
 
 mod common;
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::prometheus;
 use common::redis::{ClientCertificates, RedisCluster, RedisSentinel, Security, SentinelPassword};
@@ -34,6 +40,9 @@ use tonic::transport::Channel;
 struct Variant {
     local_cache: bool,
     stop_increment: bool,
+    /// Statistics over statsd (USE_STATSD, upstream's default sink)
+    /// rather than Prometheus.
+    statsd: bool,
 }
 
 /// Upstream's `NewRateLimitRequest(domain, descriptors, hitsAddend)`.
@@ -70,10 +79,104 @@ fn key(name: &str, variant: Variant) -> String {
     }
 }
 
-/// A per-rule counter under upstream's Prometheus name.
-async fn stat(metrics: u16, stat: &str, domain: &str, key1: &str) -> u64 {
-    let name = format!("ratelimit_service_rate_limit_{stat}");
-    prometheus::count(metrics, &name, &[("domain", domain), ("key1", key1)]).await
+/// Where the test reads upstream's per-rule counters (upstream runs one
+/// sink at a time).
+enum Stats {
+    /// USE_PROMETHEUS on this port: read as asked.
+    Prometheus(u16),
+    /// USE_STATSD to this receiver: counters summed as they arrive.
+    Statsd(StatsdReceiver),
+}
+
+impl Stats {
+    /// Upstream's variables that send the statistics here.
+    fn environment(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Self::Prometheus(port) => vec![
+                ("USE_STATSD", "false".into()),
+                ("USE_PROMETHEUS", "true".into()),
+                ("PROMETHEUS_ADDR", format!("127.0.0.1:{port}")),
+            ],
+            Self::Statsd(receiver) => vec![
+                ("USE_STATSD", "true".into()),
+                ("STATSD_HOST", "127.0.0.1".into()),
+                ("STATSD_PORT", receiver.port.to_string()),
+                ("STATS_FLUSH_INTERVAL", "20ms".into()),
+            ],
+        }
+    }
+
+    /// Asserts that the per-rule counter `stat` says `expected` (under
+    /// upstream's Prometheus name; over statsd, once flushes have brought
+    /// that much, within the deadline, and not more).
+    async fn assert(&self, stat: &str, domain: &str, key1: &str, expected: u64, at: &str) {
+        let got = match self {
+            Self::Prometheus(port) => {
+                let name = format!("ratelimit_service_rate_limit_{stat}");
+                prometheus::count(*port, &name, &[("domain", domain), ("key1", key1)]).await
+            }
+            Self::Statsd(receiver) => {
+                let name = format!("ratelimit.service.rate_limit.{domain}.{key1}.{stat}");
+                let deadline = Instant::now() + common::PATIENCE;
+                while receiver.count(&name) < expected && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                receiver.count(&name)
+            }
+        };
+        assert_eq!(got, expected, "{domain}.{key1}.{stat} at {at}");
+    }
+}
+
+/// A statsd receiver on a loopback UDP port: counters (`name:n|c`) summed
+/// by name.
+struct StatsdReceiver {
+    port: u16,
+    counters: Arc<Mutex<HashMap<String, u64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatsdReceiver {
+    async fn start() -> Self {
+        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("a UDP port");
+        let port = socket.local_addr().expect("its address").port();
+        let counters = Arc::new(Mutex::new(HashMap::new()));
+        let into = counters.clone();
+        let task = tokio::spawn(async move {
+            let mut buffer = vec![0u8; 65_536];
+            while let Ok(n) = socket.recv(&mut buffer).await {
+                let datagram = String::from_utf8_lossy(&buffer[..n]).into_owned();
+                let mut counters = into.lock().expect("not poisoned");
+                for line in datagram.lines() {
+                    let Some((name, rest)) = line.split_once(':') else {
+                        continue;
+                    };
+                    if let Some(value) = rest.strip_suffix("|c") {
+                        let value: u64 = value.parse().expect("a whole counter");
+                        *counters.entry(name.to_owned()).or_default() += value;
+                    }
+                }
+            }
+        });
+        Self {
+            port,
+            counters,
+            task,
+        }
+    }
+
+    fn count(&self, name: &str) -> u64 {
+        let counters = self.counters.lock().expect("not poisoned");
+        counters.get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for StatsdReceiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A value no earlier run used, as upstream's random key.
@@ -86,22 +189,19 @@ fn fresh_value() -> String {
 }
 
 /// ratelimitd started with upstream's variables for this Redis, plus
-/// the metrics endpoint and the variant's settings.
-async fn start(redis: &[(&str, String)], variant: Variant, metrics: u16) -> ServerProcess {
+/// the statistics' sink and the variant's settings.
+async fn start(redis: &[(&str, String)], variant: Variant, stats: &Stats) -> ServerProcess {
     let root = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/upstream_integration"
     );
-    let prometheus = format!("127.0.0.1:{metrics}");
     let mut environment: Vec<(&str, String)> = vec![
-        ("USE_STATSD", "false".into()),
         ("RUNTIME_ROOT", root.into()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
         ("RUNTIME_APPDIRECTORY", "config".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),
-        ("USE_PROMETHEUS", "true".into()),
-        ("PROMETHEUS_ADDR", prometheus),
     ];
+    environment.extend(stats.environment());
     environment.extend(redis.iter().cloned());
     if variant.local_cache {
         environment.push(("LOCAL_CACHE_SIZE_IN_BYTES", "1000".into()));
@@ -144,8 +244,12 @@ async fn await_rules(client: &RateLimitServiceClient<Channel>) {
 
 /// `testBasicBaseConfig`, assertion by assertion.
 async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
-    let metrics = free_port();
-    let server = start(redis, variant, metrics).await;
+    let stats = if variant.statsd {
+        Stats::Statsd(StatsdReceiver::start().await)
+    } else {
+        Stats::Prometheus(free_port())
+    };
+    let server = start(redis, variant, &stats).await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
     await_rules(&client).await;
 
@@ -169,7 +273,9 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
         limited(&response.statuses[0]),
         (Code::Ok, 50, Unit::Second, 49)
     );
-    assert_eq!(stat(metrics, "total_hits", "basic", &key1).await, 1);
+    stats
+        .assert("total_hits", "basic", &key1, 1, "one hit")
+        .await;
 
     // 20 a minute on a fresh value: 20 pass, then over.
     common::fresh_minute().await;
@@ -188,16 +294,15 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
             (code, 20, Unit::Minute, remaining),
             "hit {i}"
         );
-        assert_eq!(
-            stat(metrics, "total_hits", "another", &key2).await,
-            u64::from(i) + 1
-        );
+        let at = format!("hit {i}");
+        let hits = u64::from(i) + 1;
+        stats
+            .assert("total_hits", "another", &key2, hits, &at)
+            .await;
         let over = if i >= 20 { u64::from(i) - 19 } else { 0 };
-        assert_eq!(
-            stat(metrics, "over_limit", "another", &key2).await,
-            over,
-            "hit {i}"
-        );
+        stats
+            .assert("over_limit", "another", &key2, over, &at)
+            .await;
     }
 
     // Two keys at once: key2 (20 a minute) and key3 (10 an hour).
@@ -233,21 +338,20 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
             (code, 10, Unit::Hour, remaining_2),
             "pair {i}"
         );
-        assert_eq!(
-            stat(metrics, "total_hits", "another", &key2).await,
-            u64::from(i) + 26
-        );
-        assert_eq!(stat(metrics, "over_limit", "another", &key2).await, 5);
-        assert_eq!(
-            stat(metrics, "total_hits", "another", &key3).await,
-            u64::from(i) + 1
-        );
+        let at = format!("pair {i}");
+        let hits = u64::from(i) + 26;
+        stats
+            .assert("total_hits", "another", &key2, hits, &at)
+            .await;
+        stats.assert("over_limit", "another", &key2, 5, &at).await;
+        let hits = u64::from(i) + 1;
+        stats
+            .assert("total_hits", "another", &key3, hits, &at)
+            .await;
         let over = if i >= 10 { u64::from(i) - 9 } else { 0 };
-        assert_eq!(
-            stat(metrics, "over_limit", "another", &key3).await,
-            over,
-            "pair {i}"
-        );
+        stats
+            .assert("over_limit", "another", &key3, over, &at)
+            .await;
     }
 
     // DurationUntilReset counts down (upstream sleeps 2 s between two hits;
@@ -286,6 +390,20 @@ async fn basic_config() {
     basic_base_config(&standalone(&redis), Variant::default()).await;
 }
 
+/// `testBasicBaseConfig` with upstream's default sink: USE_STATSD=true,
+/// the counts read from the datagrams a statsd receiver of the test's gets
+/// (and the HTTP and debug listeners on PORT and DEBUG_PORT, as with every
+/// variant).
+#[tokio::test]
+async fn basic_config_over_statsd() {
+    let redis = RedisServer::start().await;
+    let variant = Variant {
+        statsd: true,
+        ..Variant::default()
+    };
+    basic_base_config(&standalone(&redis), variant).await;
+}
+
 #[tokio::test]
 async fn basic_config_stop_cache_key_increment_when_overlimit() {
     let redis = RedisServer::start().await;
@@ -304,6 +422,7 @@ async fn basic_config_with_local_cache() {
         let variant = Variant {
             local_cache: true,
             stop_increment,
+            ..Variant::default()
         };
         basic_base_config(&standalone(&redis), variant).await;
     }
@@ -450,8 +569,8 @@ async fn basic_config_with_auth_over_tls() {
 #[tokio::test]
 async fn share_threshold() {
     let redis = RedisServer::start().await;
-    let metrics = free_port();
-    let server = start(&standalone(&redis), Variant::default(), metrics).await;
+    let stats = Stats::Prometheus(free_port());
+    let server = start(&standalone(&redis), Variant::default(), &stats).await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
     let domain = "share-threshold-test";
     for _ in 0..10 {
@@ -681,6 +800,7 @@ async fn basic_config_with_per_second_redis() {
         let variant = Variant {
             local_cache,
             stop_increment,
+            ..Variant::default()
         };
         basic_base_config(&with_per_second(&main, &per_second), variant).await;
         assert_split_standalone(&main, &per_second).await;

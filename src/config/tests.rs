@@ -373,6 +373,30 @@ fn tuning_knobs_are_accepted_with_a_warning() {
 }
 
 #[test]
+fn health_follows_the_store_as_upstreams_active_connection_check_says() {
+    let (config, _) = load(&[], &[]).unwrap();
+    assert!(config.store.health_follows_store, "ours follows by default");
+    let (config, _) = load(&[], &[("USE_STATSD", "false")]).unwrap();
+    assert!(!config.store.health_follows_store, "upstream's does not");
+    assert_eq!(
+        config.origins.of("health_follows_store"),
+        Some("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")
+    );
+    let (config, _) = load(&[], &[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "T")]).unwrap();
+    assert!(config.store.health_follows_store);
+    let (config, _) = load(&["--health-follows-store"], &[("USE_STATSD", "false")]).unwrap();
+    assert!(
+        config.store.health_follows_store,
+        "our flag wins over a default"
+    );
+    let err = load(&[], &[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "maybe")]).unwrap_err();
+    assert!(
+        err.contains("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"),
+        "{err}"
+    );
+}
+
+#[test]
 fn never_reads_nothing_and_prometheus_maps_to_metrics() {
     let (config, report) = load(
         &["--envoyproxy-env", "never"],

@@ -13,6 +13,7 @@
 
 mod convert;
 mod plan;
+mod service_links;
 mod table;
 #[cfg(test)]
 mod tests;

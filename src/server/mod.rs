@@ -221,13 +221,19 @@ impl Background {
         reporter: tonic_health::server::HealthReporter,
     ) -> Self {
         // With a policy that answers without Redis, the instance can serve
-        // while Redis is down.
-        let serves_without_store = config.limiter.failure_policy != FailurePolicy::FailClosed;
+        // while Redis is down; without following the store, it stays up.
+        let while_down = if config.limiter.failure_policy != FailurePolicy::FailClosed {
+            health::WhileDown::PolicyAnswers
+        } else if !config.store.health_follows_store {
+            health::WhileDown::Unfollowed
+        } else {
+            health::WhileDown::NotServing
+        };
         let probe = tokio::spawn(health::watch(
             limiter.stores(),
             health.clone(),
             config.store.health_interval,
-            serves_without_store,
+            while_down,
         ));
         let rules = tokio::spawn(health::follow_rules(health.clone(), rules.loads()));
         Self {

@@ -166,6 +166,17 @@ pub struct StoreOptions {
           value_parser = positive_duration, help_heading = "Failure policy")]
     pub health_interval: Duration,
 
+    /// Health (gRPC and /healthcheck) follows the store: NOT_SERVING while
+    /// it does not answer (unless the failure policy answers without it).
+    /// Off: health waits for the store to answer once at start, then no
+    /// longer follows it (the probe still runs and logs), so that a
+    /// liveness probe on health does not restart instances over a Redis
+    /// outage.
+    #[arg(long, env = "RATELIMITD_HEALTH_FOLLOWS_STORE", default_value_t = true,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set, help_heading = "Failure policy")]
+    pub health_follows_store: bool,
+
     /// How often the embedded store evicts expired keys.
     #[arg(long, env = "RATELIMITD_MEMORY_SWEEP_INTERVAL", default_value = "5s",
           value_parser = positive_duration)]

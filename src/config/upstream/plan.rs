@@ -12,6 +12,7 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Command, FromArgMatches};
 
 use super::convert::{Upstream, parse_go_bool};
+use super::service_links::{self, is_service_link};
 use super::{
     Accepts, Effect, Environment, Row, SHARED_NAMES, Setting, TABLE, UpstreamError, Value, Variable,
 };
@@ -161,7 +162,8 @@ fn in_table(name: &str) -> Option<&'static Row> {
 
 /// Does setting `name` put upstream's variables in use (with
 /// `--envoyproxy-env auto`)? Any of them does but the names other software
-/// sets too.
+/// sets too (and Kubernetes service links, told by their value too: see
+/// [`service_links`]).
 pub fn switches_upstream_on(name: &str) -> bool {
     in_table(name).is_some() && !SHARED_NAMES.contains(&name)
 }
@@ -177,11 +179,15 @@ fn plan(
     let active = match mode {
         EnvoyproxyEnv::Never => false,
         EnvoyproxyEnv::Always => true,
-        EnvoyproxyEnv::Auto => environment.keys().any(|name| switches_upstream_on(name)),
+        EnvoyproxyEnv::Auto => environment
+            .iter()
+            .any(|(name, value)| switches_upstream_on(name) && !is_service_link(name, value)),
     };
     if !active {
         return Ok((Report::default(), Vec::new()));
     }
+    let (environment, links) = without_service_links(environment);
+    let environment = &environment;
     let mut report = Report {
         active,
         read: environment
@@ -189,7 +195,7 @@ fn plan(
             .filter(|name| in_table(name).is_some())
             .cloned()
             .collect(),
-        warnings: Vec::new(),
+        warnings: links,
     };
     for (name, value) in environment {
         if let Some(row) = in_table(name) {
@@ -225,6 +231,25 @@ fn plan(
         }
     }
     Ok((report, settings))
+}
+
+/// `environment` without the Kubernetes service links that share a name
+/// or prefix with upstream's variables, and a warning for each of those.
+fn without_service_links(environment: &Environment) -> (Environment, Vec<String>) {
+    let mut warnings = Vec::new();
+    let kept = environment
+        .iter()
+        .filter(|(name, value)| {
+            let Some(row) = in_table(name).filter(|_| is_service_link(name, value)) else {
+                return true;
+            };
+            let exact = row.variables.iter().any(|variable| variable.name == *name);
+            warnings.push(service_links::warning(name, value, exact));
+            false
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    (kept, warnings)
 }
 
 /// Stops the start when `name`'s `value` is one its row does not take.

@@ -255,8 +255,9 @@ pub const TABLE: &[Row] = &[
     warns(&[var("REDIS_PIPELINE_WINDOW", "0"), var("REDIS_PIPELINE_LIMIT", "0")],
         "each decision is one script call on a multiplexed connection"),
     warns(&[var("REDIS_CLUSTER_PIPELINE_PARALLELISM", "1")], "cluster nodes are called in parallel"),
-    warns(&[var("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false")],
-        "health follows a Redis probe every --health-interval"),
+    sets(&[var("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "false")], &["health_follows_store"],
+        "a Go boolean; health then follows a Redis probe every --health-interval, \
+         not the pool's open connections", go_bool),
     warns(&[var("REDIS_STARTUP_INITIAL_INTERVAL", "1s"), var("REDIS_STARTUP_MAX_INTERVAL", "30s"),
             var("REDIS_STARTUP_MAX_ELAPSED_TIME", "0")],
         "start-up does not wait for Redis; health says NOT_SERVING until it answers"),

@@ -1,8 +1,11 @@
 //! The table of upstream's variables is complete: every variable
 //! upstream's settings read has exactly one row, and every row names a
-//! variable upstream reads or one its deployments set beside them.
+//! variable upstream reads or one its deployments set beside them; and
+//! Kubernetes service links are never read as upstream's variables.
 
-use super::{SHARED_NAMES, TABLE, switches_upstream_on};
+use super::service_links::is_service_link;
+use super::{Report, SHARED_NAMES, TABLE, switches_upstream_on};
+use crate::config::Config;
 
 /// Every variable upstream's settings.go reads (at envoyproxy/ratelimit's
 /// main of 2026-07), and so every one a deployment may set.
@@ -168,4 +171,97 @@ fn every_upstream_variable_has_one_row_and_switches_upstream_on() {
         let shared = SHARED_NAMES.contains(name);
         assert_eq!(switches_upstream_on(name), !shared, "{name}");
     }
+}
+
+#[test]
+fn kubernetes_service_links_are_told_by_their_shape() {
+    for (name, value) in [
+        ("STATSD_SERVICE_HOST", "10.0.0.5"),
+        ("STATSD_SERVICE_PORT", "8125"),
+        ("STATSD_SERVICE_PORT_METRICS", "8125"),
+        ("STATSD_PORT", "tcp://10.0.0.5:8125"),
+        ("STATSD_PORT", "udp://[fd00::5]:8125"),
+        ("STATSD_PORT_8125_UDP", "udp://10.0.0.5:8125"),
+        ("STATSD_PORT_8125_UDP_PROTO", "udp"),
+        ("STATSD_PORT_8125_UDP_PORT", "8125"),
+        ("STATSD_PORT_8125_SCTP_ADDR", "10.0.0.5"),
+        ("MEMCACHE_PORT", "sctp://10.0.0.6:11211"),
+        ("GRPC_PORT", "tcp://10.0.0.7:8081"),
+    ] {
+        assert!(is_service_link(name, value), "{name}={value}");
+    }
+    for (name, value) in [
+        ("STATSD_PORT", "8125"),
+        ("PORT", "tcp://10.0.0.5:8080"),
+        ("MEMCACHE_HOST_PORT", "memcache:11211"),
+        ("TRACING_SERVICE_NAME", "ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "default"),
+        ("STATSD_PORT_8125_HTTP", "x"),
+        ("STATSD_HOST", "10.0.0.5"),
+    ] {
+        assert!(!is_service_link(name, value), "{name}={value}");
+    }
+}
+
+fn load(variables: &[(&str, &str)]) -> Result<(Config, Report), String> {
+    let environment = variables
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    Config::load_from(&["ratelimitd"], &environment).map_err(|err| err.to_string())
+}
+
+/// What Kubernetes sets for a Service named `statsd` and one named `tracing`.
+const LINKS: &[(&str, &str)] = &[
+    ("STATSD_SERVICE_HOST", "10.0.0.5"),
+    ("STATSD_SERVICE_PORT", "8125"),
+    ("STATSD_PORT", "tcp://10.0.0.5:8125"),
+    ("STATSD_PORT_8125_TCP", "tcp://10.0.0.5:8125"),
+    ("STATSD_PORT_8125_TCP_PROTO", "tcp"),
+    ("STATSD_PORT_8125_TCP_PORT", "8125"),
+    ("STATSD_PORT_8125_TCP_ADDR", "10.0.0.5"),
+    ("TRACING_SERVICE_HOST", "10.0.0.6"),
+    ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+];
+
+#[test]
+fn service_links_never_switch_upstream_on_and_are_ignored_with_a_warning() {
+    let (config, report) = load(LINKS).unwrap();
+    assert!(!report.active, "{report:?}");
+    assert!(report.warnings.is_empty(), "{report:?}");
+    assert_eq!(config.listener.listen.to_string(), "127.0.0.1:50051");
+    let mut upstream = LINKS.to_vec();
+    upstream.push(("USE_STATSD", "false"));
+    let (config, report) = load(&upstream).expect("STATSD_PORT=tcp://… is not read");
+    assert!(report.active);
+    assert_eq!(config.listener.listen.to_string(), "0.0.0.0:8081");
+    assert!(
+        !report.read.iter().any(|name| name.starts_with("STATSD")),
+        "{report:?}"
+    );
+    let port = report
+        .warnings
+        .iter()
+        .find(|warning| warning.starts_with("STATSD_PORT="))
+        .expect("a warning for STATSD_PORT");
+    assert!(
+        port.contains("Kubernetes service link") && port.contains("fail to start"),
+        "{port}"
+    );
+    for name in [
+        "STATSD_SERVICE_HOST",
+        "STATSD_PORT_8125_TCP_ADDR",
+        "TRACING_SERVICE_HOST",
+    ] {
+        let warning = report
+            .warnings
+            .iter()
+            .find(|warning| warning.starts_with(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("a warning for {name}: {report:?}"));
+        assert!(warning.contains("does not read it"), "{warning}");
+    }
+    assert!(!report.warnings.iter().any(|w| w.starts_with("KUBERNETES_")));
+    // A port given as a number is upstream's own, as before.
+    let (_, report) = load(&[("STATSD_PORT", "8125")]).unwrap();
+    assert!(report.active);
 }
