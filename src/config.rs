@@ -8,8 +8,6 @@
 //! configuration can be logged.
 
 #[cfg(test)]
-mod stats_tests;
-#[cfg(test)]
 mod tests;
 pub mod upstream;
 

@@ -1,10 +1,11 @@
 //! The configuration as a deployment gives it: our flags, upstream's
 //! variables, both together, and what the logs may show of it; the
 //! listeners' and the start's rows in `listeners`, the per-second Redis's
-//! in `per_second`.
+//! in `per_second`, the statistics' in `stats`.
 
 mod listeners;
 mod per_second;
+mod stats;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -5,19 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::Config;
-use super::upstream::{Environment, Report};
-
-fn load(args: &[&str], variables: &[(&str, &str)]) -> Result<(Config, Report), String> {
-    let environment: Environment = variables
-        .iter()
-        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
-        .collect();
-    let args: Vec<&str> = std::iter::once("ratelimitd")
-        .chain(args.iter().copied())
-        .collect();
-    Config::load_from(&args, &environment).map_err(|err| err.to_string())
-}
+use super::load;
 
 #[test]
 fn statsd_is_upstreams_default_sink() {
