@@ -67,8 +67,8 @@ struct Counts {
 
 impl Counts {
     fn count(count: &AtomicU64, gauge: &Gauge) {
-        let now = count.fetch_add(1, Ordering::Relaxed) + 1;
-        gauge.set(now);
+        count.fetch_add(1, Ordering::Relaxed);
+        gauge.add(1);
     }
 
     fn hit(&self) {
@@ -82,8 +82,7 @@ impl Counts {
     }
 
     fn looked_up(&self) {
-        let lookups = self.hits.load(Ordering::Relaxed) + self.misses.load(Ordering::Relaxed);
-        self.stats.lookup_count.set(lookups);
+        self.stats.lookup_count.add(1);
     }
 
     fn expired(&self) {
