@@ -14,8 +14,10 @@
 //! recipe), on a Redis Cluster, on Sentinel, with the rules from xDS, and
 //! each `WithPerSecondRedis` (REDIS_PERSECOND: the second-unit rules on a
 //! second Redis of the same kind). Upstream's memcache variants have no
-//! counterpart (BACKEND_TYPE=memcache stops ratelimitd's start, by name);
-//! its local-cache hit/miss gauges are not exported under upstream's names.
+//! counterpart (BACKEND_TYPE=memcache stops ratelimitd's start, by name).
+//! The local-cache runs that stop counting over the limit (where the cache
+//! answers) also read upstream's `ratelimit.localcache` gauges, over
+//! Prometheus and over statsd: hits, and lookups that are hits plus misses.
 
 mod common;
 
@@ -126,13 +128,50 @@ impl Stats {
         };
         assert_eq!(got, expected, "{domain}.{key1}.{stat} at {at}");
     }
+
+    /// Upstream's local-cache gauges (`ratelimit.localcache.<stat>`, under
+    /// the default mapping's name for an unmapped statistic), once the
+    /// cache has answered from a denial and they agree with each other:
+    /// lookups are hits and misses, and entries are held.
+    async fn assert_local_cache_gauges(&self) {
+        let stats = ["hitCount", "missCount", "lookupCount", "entryCount"];
+        let deadline = Instant::now() + common::PATIENCE;
+        let last = loop {
+            let values: Vec<u64> = match self {
+                Self::Prometheus(port) => {
+                    let (_, series) = prometheus::scrape(*port).await;
+                    (stats.iter())
+                        .map(|stat| {
+                            let name = format!("ratelimit_localcache_{stat}");
+                            prometheus::value(&series, &name, &[]) as u64
+                        })
+                        .collect()
+                }
+                Self::Statsd(receiver) => (stats.iter())
+                    .map(|stat| receiver.gauge(&format!("ratelimit.localcache.{stat}")))
+                    .collect(),
+            };
+            let [hits, misses, lookups, entries] = values[..] else {
+                unreachable!("four gauges")
+            };
+            if hits > 0 && misses > 0 && lookups == hits + misses && entries > 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                break values;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        panic!("local-cache gauges {stats:?}: {last:?}");
+    }
 }
 
 /// A statsd receiver on a loopback UDP port: counters (`name:n|c`) summed
-/// by name.
+/// by name, gauges (`name:n|g`) as last sent.
 struct StatsdReceiver {
     port: u16,
     counters: Arc<Mutex<HashMap<String, u64>>>,
+    gauges: Arc<Mutex<HashMap<String, u64>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -143,12 +182,14 @@ impl StatsdReceiver {
             .expect("a UDP port");
         let port = socket.local_addr().expect("its address").port();
         let counters = Arc::new(Mutex::new(HashMap::new()));
-        let into = counters.clone();
+        let gauges = Arc::new(Mutex::new(HashMap::new()));
+        let (into, gauges_into) = (counters.clone(), gauges.clone());
         let task = tokio::spawn(async move {
             let mut buffer = vec![0u8; 65_536];
             while let Ok(n) = socket.recv(&mut buffer).await {
                 let datagram = String::from_utf8_lossy(&buffer[..n]).into_owned();
                 let mut counters = into.lock().expect("not poisoned");
+                let mut gauges = gauges_into.lock().expect("not poisoned");
                 for line in datagram.lines() {
                     let Some((name, rest)) = line.split_once(':') else {
                         continue;
@@ -156,6 +197,9 @@ impl StatsdReceiver {
                     if let Some(value) = rest.strip_suffix("|c") {
                         let value: u64 = value.parse().expect("a whole counter");
                         *counters.entry(name.to_owned()).or_default() += value;
+                    } else if let Some(value) = rest.strip_suffix("|g") {
+                        let value: u64 = value.parse().expect("a whole gauge");
+                        gauges.insert(name.to_owned(), value);
                     }
                 }
             }
@@ -163,8 +207,14 @@ impl StatsdReceiver {
         Self {
             port,
             counters,
+            gauges,
             task,
         }
+    }
+
+    fn gauge(&self, name: &str) -> u64 {
+        let gauges = self.gauges.lock().expect("not poisoned");
+        gauges.get(name).copied().unwrap_or(0)
     }
 
     fn count(&self, name: &str) -> u64 {
@@ -377,6 +427,12 @@ async fn basic_base_config(redis: &[(&str, String)], variant: Variant) {
         }
     })
     .await;
+    // ratelimitd asks the cache only where a denied hit is not counted
+    // (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT): a cached denial would
+    // skip counting it.
+    if variant.local_cache && variant.stop_increment {
+        stats.assert_local_cache_gauges().await;
+    }
     server.terminate().await;
 }
 
@@ -416,13 +472,14 @@ async fn basic_config_stop_cache_key_increment_when_overlimit() {
 
 #[tokio::test]
 async fn basic_config_with_local_cache() {
-    for stop_increment in [false, true] {
+    // The gauges over each sink: a third run, over statsd.
+    for (stop_increment, statsd) in [(false, false), (true, false), (true, true)] {
         // A Redis each: upstream's keys repeat between runs.
         let redis = RedisServer::start().await;
         let variant = Variant {
             local_cache: true,
             stop_increment,
-            ..Variant::default()
+            statsd,
         };
         basic_base_config(&standalone(&redis), variant).await;
     }

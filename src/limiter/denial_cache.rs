@@ -16,17 +16,96 @@
 //! to `r`: an operator deleting the key, a Redis failover to a replica that
 //! had not seen the spending, and the refunds of a request spanning Redis
 //! Cluster nodes (it holds units only between its spend and its refund).
+//!
+//! The cache counts what it does (lookups answered and not, evictions,
+//! expired and replaced entries) in atomics, and sets upstream's
+//! `ratelimit.localcache` gauges as the counts change.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use quick_cache::Weighter;
 use quick_cache::sync::Cache;
+use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 
 use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::stats::{self, Gauge, LocalCacheStats};
 
 /// Denials by storage key.
 pub struct DenialCache {
-    denials: Cache<String, Denial, DenialWeight>,
+    denials: Cache<String, Denial, DenialWeight, DefaultHashBuilder, Evictions>,
+    counts: Counts,
+}
+
+/// What the cache has done so far (upstream's freecache counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Lookups a cached denial answered.
+    pub hits: u64,
+    /// Lookups it did not (no entry, a stale one, or one for another cost
+    /// or limit).
+    pub misses: u64,
+    /// Entries held now.
+    pub entries: u64,
+    /// Entries evicted for room before their denial lifted.
+    pub evictions: u64,
+    /// Entries found, or evicted, after their denial lifted.
+    pub expired: u64,
+    /// Entries a newer denial on the same key replaced.
+    pub overwrites: u64,
+}
+
+/// The counts, and the gauges they are shown in.
+#[derive(Default)]
+struct Counts {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    expired: AtomicU64,
+    overwrites: AtomicU64,
+    stats: LocalCacheStats,
+}
+
+impl Counts {
+    fn count(count: &AtomicU64, gauge: &Gauge) {
+        count.fetch_add(1, Ordering::Relaxed);
+        gauge.add(1);
+    }
+
+    fn hit(&self) {
+        Self::count(&self.hits, &self.stats.hit_count);
+        self.looked_up();
+    }
+
+    fn miss(&self) {
+        Self::count(&self.misses, &self.stats.miss_count);
+        self.looked_up();
+    }
+
+    fn looked_up(&self) {
+        self.stats.lookup_count.add(1);
+    }
+
+    fn expired(&self) {
+        Self::count(&self.expired, &self.stats.expired_count);
+    }
+}
+
+/// Collects the entries an insert pushes out (quick_cache reports both
+/// the entries evicted for room and the one a new value replaces), for
+/// [`DenialCache::remember`] to count.
+#[derive(Clone)]
+struct Evictions;
+
+impl Lifecycle<String, Denial> for Evictions {
+    type RequestState = Vec<(String, Instant)>;
+
+    fn begin_request(&self) -> Self::RequestState {
+        Vec::new()
+    }
+
+    fn on_evict(&self, state: &mut Self::RequestState, key: String, denial: Denial) {
+        state.push((key, denial.until));
+    }
 }
 
 /// What one cached denial costs besides its key's bytes: the key's `String`,
@@ -68,13 +147,42 @@ impl DenialCache {
             return None;
         }
         let floor = (max_bytes / max_keys).max(1) as u64;
+        let counts = Counts {
+            stats: stats::local_cache(),
+            ..Counts::default()
+        };
         Some(Self {
-            denials: Cache::with_weighter(
+            denials: Cache::with(
                 max_keys.min(max_bytes / ENTRY_OVERHEAD).max(1),
                 max_bytes as u64,
                 DenialWeight { floor },
+                DefaultHashBuilder::default(),
+                Evictions,
             ),
+            counts,
         })
+    }
+
+    /// What the cache has done so far.
+    pub fn counts(&self) -> CacheCounts {
+        let load = |count: &AtomicU64| count.load(Ordering::Relaxed);
+        let counts = &self.counts;
+        CacheCounts {
+            hits: load(&counts.hits),
+            misses: load(&counts.misses),
+            entries: self.denials.len() as u64,
+            evictions: load(&counts.evictions),
+            expired: load(&counts.expired),
+            overwrites: load(&counts.overwrites),
+        }
+    }
+
+    /// Shows the entries held now.
+    fn show_entries(&self) {
+        let entries = &self.counts.stats.entry_count;
+        if entries.is_on() {
+            entries.set(self.denials.len() as u64);
+        }
     }
 
     /// The weight of what the cache holds: at least its bytes.
@@ -91,9 +199,32 @@ impl DenialCache {
         cost: u64,
         now: Instant,
     ) -> Option<Decision> {
+        let found = self.lookup(key, algorithm, cost, now);
+        match found {
+            Some(_) => self.counts.hit(),
+            None => self.counts.miss(),
+        }
+        found
+    }
+
+    fn lookup(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        cost: u64,
+        now: Instant,
+    ) -> Option<Decision> {
         let denial = self.denials.get(key)?;
         if now >= denial.until {
-            // Stale; a later denial replaces it, or eviction takes it.
+            // Stale: taken out (unless a newer denial took its place).
+            if self
+                .denials
+                .remove_if(key, |held| now >= held.until)
+                .is_some()
+            {
+                self.counts.expired();
+                self.show_entries();
+            }
             return None;
         }
         // A cost above the limit gets its own answer (never, not "later"),
@@ -145,7 +276,22 @@ impl DenialCache {
             remaining: decision.remaining(),
         };
         // The newest denial replaces an older one: each is true on its own.
-        self.denials.insert(key.to_owned(), denial);
+        let pushed_out = self.denials.insert_with_lifecycle(key.to_owned(), denial);
+        if pushed_out.is_empty() {
+            return self.show_entries();
+        }
+        let counts = &self.counts;
+        let now = Instant::now();
+        for (evicted, until) in pushed_out {
+            if evicted == key {
+                Counts::count(&counts.overwrites, &counts.stats.overwrite_count);
+            } else if now >= until {
+                counts.expired();
+            } else {
+                Counts::count(&counts.evictions, &counts.stats.evacuate_count);
+            }
+        }
+        self.show_entries();
     }
 
     /// Keys held now (stale ones included until evicted or replaced).
@@ -280,5 +426,41 @@ mod tests {
             cache.len()
         );
         assert!(cache.len() > 10, "the budget holds some: {}", cache.len());
+    }
+
+    #[test]
+    fn lookups_evictions_expiries_and_overwrites_are_counted() {
+        let cache = DenialCache::new(1000, 1 << 20).unwrap();
+        let now = Instant::now();
+        assert!(cache.denial("k", &fixed(10), 1, now).is_none());
+        cache.remember("k", &fixed(10), 1, &denied(0, 1000), now);
+        cache.remember("k", &fixed(10), 1, &denied(0, 500), now);
+        assert!(cache.denial("k", &fixed(10), 1, now).is_some());
+        // Found, but for a smaller cost than it denied: a miss.
+        cache.remember("j", &fixed(10), 5, &denied(0, 1000), now);
+        assert!(cache.denial("j", &fixed(10), 2, now).is_none());
+        let later = now + Duration::from_millis(600);
+        assert!(cache.denial("k", &fixed(10), 1, later).is_none());
+        assert_eq!(
+            cache.counts(),
+            CacheCounts {
+                hits: 1,
+                misses: 3,
+                entries: 1,
+                evictions: 0,
+                expired: 1,
+                overwrites: 1,
+            }
+        );
+        // Past the cap, entries whose denial still holds are evicted.
+        let full = DenialCache::new(10, 1 << 20).unwrap();
+        for i in 0..100 {
+            full.remember(&format!("k{i}"), &fixed(10), 1, &denied(0, 60_000), now);
+        }
+        let counts = full.counts();
+        assert_eq!(counts.entries, full.len() as u64);
+        assert!(counts.entries <= 10, "{counts:?}");
+        assert_eq!(counts.evictions, 100 - counts.entries, "{counts:?}");
+        assert_eq!((counts.expired, counts.overwrites), (0, 0));
     }
 }

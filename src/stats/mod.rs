@@ -36,8 +36,8 @@ use self::prometheus::Prometheus;
 pub use self::registry::{Counter, Gauge, Timer};
 use self::registry::{Registry, TIMER_QUEUE};
 pub use self::server::ServerStatsLayer;
+pub use self::upstream::{LocalCacheStats, PoolStats, RuleHits, RuleStats};
 use self::upstream::{MethodStats, ServiceStats, domain_not_found};
-pub use self::upstream::{PoolStats, RuleHits, RuleStats};
 
 /// The statistics of this process, once installed.
 static STATS: OnceLock<Stats> = OnceLock::new();
@@ -126,6 +126,15 @@ pub fn global_shadow_mode() {
     if let Some(stats) = STATS.get() {
         stats.service.global_shadow_mode.inc();
     }
+}
+
+/// The local over-limit cache's statistics (no-ops when off); made when
+/// asked, so that they exist only when the cache is on.
+pub fn local_cache() -> LocalCacheStats {
+    STATS
+        .get()
+        .map(|stats| LocalCacheStats::new(&stats.registry))
+        .unwrap_or_default()
 }
 
 /// The Redis pool's statistics (no-ops when off).

@@ -17,6 +17,8 @@ pub const SHOULD_RATE_LIMIT: &str = "ratelimit.service.call.should_rate_limit";
 pub const SERVER: &str = "ratelimit_server";
 /// Its Redis pool scope.
 pub const REDIS_POOL: &str = "ratelimit.redis_pool";
+/// Its local cache's scope.
+pub const LOCAL_CACHE: &str = "ratelimit.localcache";
 
 /// IPv4 addresses, whose dots upstream replaces (Go's `\d` is ASCII).
 static IPV4: LazyLock<Regex> = LazyLock::new(|| {

@@ -138,6 +138,18 @@ impl Gauge {
         Self::show(cell, now);
     }
 
+    /// Whether statistics are on (the gauge records).
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Set to `value`.
+    pub fn set(&self, value: u64) {
+        let Some(cell) = &self.0 else { return };
+        cell.value.store(value, Ordering::Relaxed);
+        Self::show(cell, value);
+    }
+
     /// The value now (0 when off).
     pub fn value(&self) -> u64 {
         self.0.as_ref().map_or(0, |cell| cell.value())
@@ -321,5 +333,7 @@ mod tests {
         gauge.add(5);
         gauge.sub(2);
         assert_eq!(registry.gauges()[0].1.value(), 3);
+        gauge.set(7);
+        assert_eq!(registry.gauges()[0].1.value(), 7);
     }
 }

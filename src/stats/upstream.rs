@@ -1,9 +1,12 @@
 //! envoyproxy/ratelimit's statistics, by group, each named as upstream
 //! names it: the service's (configuration loads, `ShouldRateLimit`
 //! errors, global shadow mode), the gRPC server's per method (calls and
-//! response time), the Redis pool's, and each rule's hits.
+//! response time), the Redis pool's, the local cache's, and each rule's
+//! hits.
 
-use super::names::{RATE_LIMIT, REDIS_POOL, SERVER, SERVICE, SHOULD_RATE_LIMIT, sanitize};
+use super::names::{
+    LOCAL_CACHE, RATE_LIMIT, REDIS_POOL, SERVER, SERVICE, SHOULD_RATE_LIMIT, sanitize,
+};
 use super::registry::{Counter, Gauge, Registry, Timer};
 
 /// The service's statistics (upstream's `ServiceStats`).
@@ -83,6 +86,45 @@ impl PoolStats {
     pub fn closed(&self) {
         self.cx_active.sub(1);
         self.cx_local_close.inc();
+    }
+}
+
+/// The local over-limit cache's statistics (upstream's `localCacheStats`,
+/// gauges of freecache's counts; its `averageAccessTime` has no
+/// counterpart). Each is set as it changes.
+#[derive(Clone, Default)]
+pub struct LocalCacheStats {
+    /// `ratelimit.localcache.hitCount`: lookups a cached denial answered.
+    pub hit_count: Gauge,
+    /// `ratelimit.localcache.missCount`: lookups it did not.
+    pub miss_count: Gauge,
+    /// `ratelimit.localcache.lookupCount`: lookups.
+    pub lookup_count: Gauge,
+    /// `ratelimit.localcache.entryCount`: entries held now.
+    pub entry_count: Gauge,
+    /// `ratelimit.localcache.evacuateCount`: live entries evicted for room.
+    pub evacuate_count: Gauge,
+    /// `ratelimit.localcache.expiredCount`: entries found or evicted past
+    /// their denial.
+    pub expired_count: Gauge,
+    /// `ratelimit.localcache.overwriteCount`: entries a newer denial
+    /// replaced.
+    pub overwrite_count: Gauge,
+}
+
+impl LocalCacheStats {
+    /// The local cache's statistics in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let gauge = |stat: &str| registry.gauge(&format!("{LOCAL_CACHE}.{stat}"));
+        Self {
+            hit_count: gauge("hitCount"),
+            miss_count: gauge("missCount"),
+            lookup_count: gauge("lookupCount"),
+            entry_count: gauge("entryCount"),
+            evacuate_count: gauge("evacuateCount"),
+            expired_count: gauge("expiredCount"),
+            overwrite_count: gauge("overwriteCount"),
+        }
     }
 }
 
