@@ -8,6 +8,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use futures::future::Either;
+
 use tower::{Layer, Service};
 
 use super::upstream::MethodStats;
@@ -56,7 +58,9 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    /// Calls upstream does not count go through as they are; only counted
+    /// ones pay for the timing future.
+    type Future = Either<S::Future, BoxFuture<Result<Self::Response, Self::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -65,16 +69,16 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let stats: Option<MethodStats> = method_of(request.uri().path()).and_then(super::method);
         let call = self.inner.call(request);
-        Box::pin(async move {
-            let Some(stats) = stats else {
-                return call.await;
-            };
+        let Some(stats) = stats else {
+            return Either::Left(call);
+        };
+        Either::Right(Box::pin(async move {
             let started = Instant::now();
             stats.total_requests.inc();
             let response = call.await;
             let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             stats.response_time.record_millis(millis);
             response
-        })
+        }))
     }
 }
