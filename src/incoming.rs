@@ -27,6 +27,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, info, warn};
 
 use crate::metrics;
+use crate::telemetry::WarnThrottle;
 
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
@@ -73,8 +74,7 @@ pub fn connections(
         slots: Arc::new(Semaphore::new(settings.max_connections)),
         settings: settings.clone(),
         backoff: FIRST_BACKOFF,
-        warned_at: None,
-        suppressed: 0,
+        warnings: WarnThrottle::new(WARN_EVERY),
     };
     let accepted = futures::stream::unfold(state, |mut state| async move {
         let accepted = state.next().await;
@@ -122,8 +122,7 @@ struct Acceptor {
     slots: Arc<Semaphore>,
     settings: IncomingSettings,
     backoff: Duration,
-    warned_at: Option<Instant>,
-    suppressed: u64,
+    warnings: WarnThrottle,
 }
 
 impl Acceptor {
@@ -133,7 +132,7 @@ impl Acceptor {
             Ok(slot) => slot,
             Err(_) => {
                 let max_connections = self.settings.max_connections;
-                self.warn(|suppressed| {
+                self.warnings.warn(|suppressed| {
                     warn!(
                         max_connections,
                         suppressed,
@@ -163,7 +162,7 @@ impl Acceptor {
                 Err(err) => {
                     metrics::accept_error();
                     let backoff = self.backoff;
-                    self.warn(|suppressed| {
+                    self.warnings.warn(|suppressed| {
                         warn!(%err, ?backoff, suppressed, "cannot accept a connection; backing off")
                     });
                     tokio::time::sleep(backoff).await;
@@ -171,22 +170,6 @@ impl Acceptor {
                 }
             }
         }
-    }
-
-    /// Runs `log` (given how many warnings were held back since the last
-    /// one) unless a warning went out within [`WARN_EVERY`].
-    fn warn(&mut self, log: impl FnOnce(u64)) {
-        let now = Instant::now();
-        if self
-            .warned_at
-            .is_some_and(|at| now.duration_since(at) < WARN_EVERY)
-        {
-            self.suppressed += 1;
-            return;
-        }
-        log(self.suppressed);
-        self.warned_at = Some(now);
-        self.suppressed = 0;
     }
 }
 

@@ -66,7 +66,96 @@ pub fn install(
     };
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder)?;
+    export_fixed_zeros();
     Ok(handle)
+}
+
+/// The kinds of Redis error, as `ratelimitd_redis_errors_total` labels them.
+const REDIS_ERROR_KINDS: [&str; 5] = ["timeout", "unavailable", "circuit_open", "reply", "config"];
+
+/// Why bucket reports are ignored (`ratelimitd_quota_reports_ignored_total`).
+const IGNORED_REASONS: [&str; 6] = [
+    "no_domain",
+    "domain_changed",
+    "unknown_domain",
+    "empty_bucket_id",
+    "bucket_id_too_large",
+    "too_many_buckets",
+];
+
+/// The kinds of quota assignment (`ratelimitd_quota_assignments_total`).
+const ASSIGNMENT_KINDS: [&str; 4] = ["token_bucket", "allow_all", "deny_all", "abandon"];
+
+/// Every counter whose labels are known before anything happens, at 0, so
+/// that `rate()` and `increase()` see its first increment. (A series that
+/// first appears at 1 shows no increase.)
+fn export_fixed_zeros() {
+    for api in [Api::CheckLimit, Api::Envoy] {
+        for algorithm in crate::algorithm::registry::Kind::ALL {
+            for outcome in ["allowed", "denied", "degraded"] {
+                counter!(
+                    "ratelimitd_decisions_total",
+                    "api" => api.label(),
+                    "algorithm" => algorithm.name(),
+                    "outcome" => outcome
+                )
+                .absolute(0);
+            }
+        }
+    }
+    for result in ["success", "failure"] {
+        counter!("ratelimitd_config_reloads_total", "result" => result).absolute(0);
+    }
+    for reason in IGNORED_REASONS {
+        counter!("ratelimitd_quota_reports_ignored_total", "reason" => reason).increment(0);
+    }
+    for name in [
+        "ratelimitd_local_cache_hits_total",
+        "ratelimitd_statsd_dropped_lines_total",
+        "ratelimitd_accept_errors_total",
+        "ratelimitd_memory_evictions_total",
+    ] {
+        counter!(name).increment(0);
+    }
+}
+
+/// Redis `store`'s error counters, at 0 (called when the store is built).
+pub fn redis_store(store: &'static str) {
+    for kind in REDIS_ERROR_KINDS {
+        counter!("ratelimitd_redis_errors_total", "kind" => kind, "store" => store).increment(0);
+    }
+}
+
+/// A loaded `CheckLimit` policy's decision counters, at 0.
+pub fn policy_loaded(policy: &str) {
+    for outcome in ["allowed", "denied", "degraded"] {
+        counter!(
+            "ratelimitd_policy_decisions_total",
+            "policy" => policy.to_owned(),
+            "outcome" => outcome
+        )
+        .increment(0);
+    }
+}
+
+/// A loaded quota policy's counters, at 0.
+pub fn quota_policy_loaded(domain: &str, policy: &str) {
+    counter!(
+        "ratelimitd_quota_degraded_total",
+        "domain" => domain.to_owned(),
+        "policy" => policy.to_owned()
+    )
+    .increment(0);
+    for kind in ASSIGNMENT_KINDS {
+        counter!(
+            "ratelimitd_quota_assignments_total",
+            "domain" => domain.to_owned(),
+            "policy" => policy.to_owned(),
+            "kind" => kind
+        )
+        .increment(0);
+    }
+    quota_reported(domain, policy, 0, 0);
 }
 
 /// Which face a decision came through.

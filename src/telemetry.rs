@@ -1,9 +1,11 @@
 //! Logging: tracing-subscriber writing text or JSON lines to stderr, at the
-//! configured level unless `RUST_LOG` sets a filter; and the options of
-//! logs and metrics.
+//! configured level unless `RUST_LOG` sets a filter; a throttle for
+//! warnings a peer could repeat; and the options of logs and metrics.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
@@ -78,5 +80,43 @@ pub fn init(format: LogFormat, level: LogLevel) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Lets a warning out at most once per interval, counting those held back.
+#[derive(Debug)]
+pub struct WarnThrottle {
+    every: Duration,
+    /// When the last warning went out, and how many were held back since.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl WarnThrottle {
+    /// At most one warning per `every`.
+    pub const fn new(every: Duration) -> Self {
+        Self {
+            every,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Runs `log` (given how many warnings were held back since the last
+    /// one) unless a warning went out within the interval.
+    pub fn warn(&self, log: impl FnOnce(u64)) {
+        let now = Instant::now();
+        let suppressed = {
+            let mut state = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (warned_at, suppressed) = &mut *state;
+            if warned_at.is_some_and(|at| now.duration_since(at) < self.every) {
+                *suppressed += 1;
+                return;
+            }
+            *warned_at = Some(now);
+            std::mem::take(suppressed)
+        };
+        log(suppressed);
     }
 }

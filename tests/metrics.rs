@@ -1,7 +1,8 @@
 //! The Prometheus endpoint: scraped and parsed, it counts decisions by API,
 //! algorithm and outcome, policy decisions, local-cache hits, Redis command latency, shadow
 //! decisions, config reloads, pool connections and calls in flight; and it
-//! never names a caller's key.
+//! never names a caller's key. Its error counters are there at 0 from the
+//! start, so that `rate()` sees the first error.
 
 mod common;
 
@@ -177,6 +178,101 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
         value(&series, "ratelimitd_redis_errors_total", &[]) >= 1.0
     })
     .await;
+}
+
+/// The series with `name` and every `labels` pair, asserted to be there.
+fn present(
+    series: &std::collections::HashMap<String, f64>,
+    text: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Vec<f64> {
+    let found: Vec<f64> = series
+        .iter()
+        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
+        .filter(|(key, _)| {
+            labels
+                .iter()
+                .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
+        })
+        .map(|(_, value)| *value)
+        .collect();
+    assert!(!found.is_empty(), "{name} {labels:?} exported: {text}");
+    found
+}
+
+#[tokio::test]
+async fn error_counters_are_exported_at_zero_from_the_start() {
+    let redis = RedisServer::start().await;
+    let url = redis.url();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().expect("config directory");
+    let config = dir.path().join("limits.yaml");
+    let text = "domain: edge\nquota_buckets:\n  - bucket_id: {name: api}\n    \
+                rate_limit: {unit: second, requests_per_unit: 100}\npolicies:\n  \
+                plan:\n    - {per: 1h, limit: 1, algorithm: gcra}\n";
+    std::fs::write(&config, text).expect("write");
+    let config = config.to_string_lossy().into_owned();
+    let server = ServerProcess::start(&[
+        "--redis-url",
+        &url,
+        "--metrics-listen",
+        &listen,
+        "--config",
+        &config,
+    ])
+    .await;
+    let (text, series) = scrape(port).await;
+    let mut zeros: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("ratelimitd_quota_degraded_total", vec![("domain", "edge")]),
+        (
+            "ratelimitd_quota_assignments_total",
+            vec![("domain", "edge"), ("kind", "deny_all")],
+        ),
+        (
+            "ratelimitd_config_reloads_total",
+            vec![("result", "failure")],
+        ),
+        (
+            "ratelimitd_config_reloads_total",
+            vec![("result", "success")],
+        ),
+        ("ratelimitd_statsd_dropped_lines_total", vec![]),
+        ("ratelimitd_accept_errors_total", vec![]),
+        ("ratelimitd_memory_evictions_total", vec![]),
+        ("ratelimitd_local_cache_hits_total", vec![]),
+        (
+            "ratelimitd_quota_reports_ignored_total",
+            vec![("reason", "too_many_buckets")],
+        ),
+        (
+            "ratelimitd_policy_decisions_total",
+            vec![("policy", "plan"), ("outcome", "degraded")],
+        ),
+        (
+            "ratelimitd_decisions_total",
+            vec![
+                ("api", "envoy"),
+                ("algorithm", "sliding_window_counter"),
+                ("outcome", "degraded"),
+            ],
+        ),
+    ];
+    for kind in ["timeout", "unavailable", "circuit_open", "reply", "config"] {
+        zeros.push((
+            "ratelimitd_redis_errors_total",
+            vec![("kind", kind), ("store", "main")],
+        ));
+    }
+    for (name, labels) in &zeros {
+        let values = present(&series, &text, name, labels);
+        assert!(
+            values.iter().all(|value| *value == 0.0),
+            "{name} {labels:?} at 0: {text}"
+        );
+    }
+    server.terminate().await;
 }
 
 /// envoyproxy/ratelimit's statistics under its Prometheus names (its

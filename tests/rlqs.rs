@@ -156,6 +156,44 @@ async fn envoys_on_two_instances_share_one_rate_through_redis() {
 }
 
 #[tokio::test]
+async fn reports_over_the_size_bound_end_the_stream_out_of_range_and_warn_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_policies(dir.path(), POLICIES);
+    let server =
+        ServerProcess::start_logged(&["--config", &config, "--max-request-bytes", "1024"]).await;
+    let long = "x".repeat(2000);
+    let oversized = bucket(&[("name", long.as_str())]);
+    for _ in 0..2 {
+        let mut stream = QuotaStream::open(server.address).await;
+        let api = bucket(&[("name", "api")]);
+        stream.subscribe("edge", &api).await;
+        assert_eq!(stream.next_one().await.told, ALL_OF_100);
+        stream.subscribe("edge", &oversized).await;
+        let status = stream
+            .ending()
+            .await
+            .expect_err("the stream ends with an error, not OK");
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("--max-request-bytes (1024 bytes)")
+                && status.message().contains("found 20"),
+            "the bound and the size named: {status:?}"
+        );
+    }
+    let warning = "quota stream ended: usage reports over --max-request-bytes";
+    common::eventually("the warning", || async { server.log().contains(warning) }).await;
+    let log = server.log();
+    assert_eq!(
+        log.matches(warning).count(),
+        1,
+        "one warning per 10 s: {log}"
+    );
+    server.terminate().await;
+}
+
+#[tokio::test]
 async fn bad_reports_are_ignored_and_counted_while_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let metrics_port = free_port();

@@ -48,6 +48,7 @@ impl RulesHandle {
     }
 
     fn with(rules: Rules, loads: Loads) -> Self {
+        rules.export_zeros();
         Self(Arc::new(Shared {
             rules: ArcSwap::from_pointee(rules),
             loads: watch::Sender::new(loads),
@@ -62,6 +63,7 @@ impl RulesHandle {
     /// Puts `rules` in force for every request that starts after this.
     pub fn replace(&self, rules: Rules) {
         let in_force = !rules.is_empty();
+        rules.export_zeros();
         self.0.rules.store(Arc::new(rules));
         self.0.loads.send_if_modified(|loads| {
             let before = *loads;

@@ -92,6 +92,19 @@ impl Rules {
         self.policies.len()
     }
 
+    /// Exports the counters of every policy and quota policy at 0, so that
+    /// `rate()` sees their first increment.
+    fn export_zeros(&self) {
+        for name in self.policies.keys() {
+            crate::metrics::policy_loaded(name);
+        }
+        for (domain, quota) in &self.quotas {
+            for policy in quota.policies.iter().chain([&quota.default]) {
+                crate::metrics::quota_policy_loaded(domain, &policy.name);
+            }
+        }
+    }
+
     /// Nothing configured: no domain and no policy.
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty() && self.policies.is_empty()

@@ -362,6 +362,7 @@ impl Apis {
             rules.clone(),
             config.quota.settings(
                 &config.bounds.envoy_request(),
+                config.bounds.max_request_bytes as usize,
                 config.envoy.shadow_mode,
                 config.limiter.failure_policy,
                 &config.limiter.key_prefix,

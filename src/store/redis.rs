@@ -157,6 +157,7 @@ impl RedisStore {
                 Pools::Sentinel(bounded_pool(primary, settings)?)
             }
         };
+        metrics::redis_store(MAIN);
         Ok(Self {
             pools,
             command_timeout: settings.command_timeout,
@@ -168,6 +169,7 @@ impl RedisStore {
     /// The same store, named `label` in metrics and logs (`main` unless
     /// said otherwise).
     pub fn labelled(self, label: &'static str) -> Self {
+        metrics::redis_store(label);
         Self { label, ..self }
     }
 

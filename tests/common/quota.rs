@@ -203,4 +203,19 @@ impl QuotaStream {
             Ok(Ok(None) | Err(_))
         )
     }
+
+    /// How the server ends the stream (within [`PATIENCE`]): `Ok(())` for
+    /// grpc-status OK, else the status it sent.
+    pub async fn ending(&mut self) -> Result<(), tonic::Status> {
+        loop {
+            match tokio::time::timeout(PATIENCE, self.responses.message())
+                .await
+                .expect("the stream ends in time")
+            {
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(()),
+                Err(status) => return Err(status),
+            }
+        }
+    }
 }

@@ -23,11 +23,12 @@ mod subscription;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::Stream;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use self::assignment::Assigned;
 use self::nudges::Nudges;
@@ -38,12 +39,16 @@ use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::quota::QuotaLedgers;
 use crate::rules::RulesHandle;
+use crate::telemetry::WarnThrottle;
 
 /// The quota service.
 #[derive(Clone)]
 pub struct QuotaService {
     shared: Arc<Shared>,
 }
+
+/// At most one warning per this of the same stream error.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Responses queued per stream before the stream stops reading reports.
 const RESPONSE_QUEUE: usize = 16;
@@ -69,6 +74,7 @@ impl QuotaService {
                 subscriptions: AtomicUsize::new(0),
                 nudges: Nudges::default(),
                 shutdown,
+                too_large: WarnThrottle::new(WARN_EVERY),
             }),
         }
     }
@@ -129,7 +135,9 @@ async fn serve_stream(
                 Ok(Some(reports)) => stream.on_reports(reports).await,
                 Ok(None) => break,
                 Err(status) => {
-                    debug!(%status, stream = number, "quota stream broke");
+                    // Ended with its reason, not as if the Envoy had closed
+                    // it (OK), should the Envoy still be listening.
+                    let _ = responses.send(Err(stream_error(&shared, number, status))).await;
                     break;
                 }
             },
@@ -156,4 +164,32 @@ async fn serve_stream(
         stream.leave_all().await;
     }
     metrics::quota_streams(-1.0);
+}
+
+/// What ends a stream whose reports could not be read: a report over the
+/// size bound is OUT_OF_RANGE, naming the bound (and warned of, at most
+/// once per [`WARN_EVERY`]); anything else (the Envoy went, the stream
+/// broke) ends it as it came.
+fn stream_error(shared: &Shared, number: u64, status: Status) -> Status {
+    if status.code() != tonic::Code::OutOfRange {
+        debug!(%status, stream = number, "quota stream broke");
+        return status;
+    }
+    let limit = shared.settings.max_report_bytes;
+    // tonic's message gives the size found: "…found N bytes, the limit is…".
+    let message = format!(
+        "usage reports over --max-request-bytes ({limit} bytes): {}",
+        status.message()
+    );
+    shared.too_large.warn(|suppressed| {
+        warn!(
+            stream = number,
+            limit,
+            suppressed,
+            detail = status.message(),
+            "quota stream ended: usage reports over --max-request-bytes (one warning per 10s; \
+             `suppressed` counts those held back)"
+        );
+    });
+    Status::out_of_range(message)
 }

@@ -59,11 +59,13 @@ pub struct QuotaOptions {
 
 impl QuotaOptions {
     /// The quota service's settings: these options, with the bucket ids
-    /// bounded as the Envoy face bounds descriptors, and the Envoy face's
+    /// bounded as the Envoy face bounds descriptors, a report's size as any
+    /// request's (`max_report_bytes`, --max-request-bytes), and the Envoy face's
     /// shadow mode, the failure policy and the key prefix in force.
     pub fn settings(
         &self,
         bounds: &RequestBounds,
+        max_report_bytes: usize,
         shadow_mode: bool,
         failure_policy: FailurePolicy,
         key_prefix: &str,
@@ -77,6 +79,7 @@ impl QuotaOptions {
             max_buckets: self.quota_max_buckets,
             max_entries: bounds.max_entries,
             max_entry_bytes: bounds.max_entry_bytes,
+            max_report_bytes,
             shadow_mode,
             failure_policy,
             key_prefix: key_prefix.to_owned(),
@@ -107,6 +110,9 @@ pub struct QuotaSettings {
     pub max_entries: usize,
     /// Most bytes in a `BucketId` key or value.
     pub max_entry_bytes: usize,
+    /// Most bytes in one message of usage reports (--max-request-bytes,
+    /// enforced by tonic's decoder).
+    pub max_report_bytes: usize,
     /// Assignments are worked out and counted, and every Envoy is told to
     /// allow all.
     pub shadow_mode: bool,

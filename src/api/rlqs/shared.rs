@@ -10,6 +10,7 @@ use super::nudges::Nudges;
 use super::options::QuotaSettings;
 use crate::quota::QuotaLedger;
 use crate::rules::RulesHandle;
+use crate::telemetry::WarnThrottle;
 
 /// What every stream of the service shares.
 pub(super) struct Shared {
@@ -26,6 +27,8 @@ pub(super) struct Shared {
     pub(super) nudges: Nudges,
     /// Turns true when the server shuts down.
     pub(super) shutdown: watch::Receiver<bool>,
+    /// Throttles the warning of a report over `max_report_bytes`.
+    pub(super) too_large: WarnThrottle,
 }
 
 impl Shared {
