@@ -1,7 +1,10 @@
 //! Accepts client connections (and, with TLS, does their handshakes,
 //! several at once) and decides when each closes. At most
 //! `--max-connections` are open at once (at the cap the listener waits, and
-//! the kernel's backlog holds newcomers); each gets TCP keepalive and no
+//! the kernel's backlog holds newcomers), and at most
+//! `--max-connections-per-ip` from one client address (more are closed as
+//! soon as they are accepted, counted, and warned about at most once every
+//! ten seconds); each gets TCP keepalive and no
 //! Nagle delay; accept errors (running out of file descriptors, mostly) are
 //! logged at warn at most once a second and answered by backing off rather
 //! than retrying in a busy loop. A connection is closed when it has had no
@@ -28,11 +31,17 @@ use tracing::{debug, info, warn};
 
 use crate::metrics;
 
+mod per_ip;
+
+use per_ip::{PeerConnections, PeerSlot};
+
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
 pub struct IncomingSettings {
     /// Connections open at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Connections open at once from one IP address; more are closed.
+    pub max_connections_per_ip: usize,
     /// Idle time before TCP keepalive probes start (`None`: off).
     pub tcp_keepalive: Option<Duration>,
     /// A connection without calls or streams this long is closed.
@@ -54,6 +63,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one warning per this long about failing accepts or the cap.
 const WARN_EVERY: Duration = Duration::from_secs(1);
+/// At most one warning per this long about connections refused per address.
+const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Longest a TLS handshake may take; a client that has not finished by
 /// then is dropped (it holds a place under the connection cap meanwhile,
@@ -71,11 +82,14 @@ pub fn connections(
     let state = Acceptor {
         listener,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
+        peers: PeerConnections::new(settings.max_connections_per_ip),
         settings: settings.clone(),
         backoff: FIRST_BACKOFF,
-        warned_at: None,
-        suppressed: 0,
+        warnings: Throttle::new(WARN_EVERY),
+        refusals: Throttle::new(REFUSAL_WARN_EVERY),
     };
+    // Exported at 0 from the start, so a rate over it needs no first refusal.
+    metrics::connection_refused("per_ip", 0);
     let accepted = futures::stream::unfold(state, |mut state| async move {
         let accepted = state.next().await;
         Some((accepted, state))
@@ -120,20 +134,29 @@ pub fn connections(
 struct Acceptor {
     listener: TcpListener,
     slots: Arc<Semaphore>,
+    peers: Arc<PeerConnections>,
     settings: IncomingSettings,
     backoff: Duration,
-    warned_at: Option<Instant>,
-    suppressed: u64,
+    /// Warnings about failing accepts or the cap.
+    warnings: Throttle,
+    /// Warnings about connections refused per address.
+    refusals: Throttle,
+}
+
+/// A connection's places: under the cap, and under its address's.
+struct Slot {
+    _all: OwnedSemaphorePermit,
+    _peer: PeerSlot,
 }
 
 impl Acceptor {
-    /// The next TCP connection, with its place under the cap.
-    async fn next(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
+    /// The next TCP connection, with its places under the caps.
+    async fn next(&mut self) -> (TcpStream, Slot) {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
                 let max_connections = self.settings.max_connections;
-                self.warn(|suppressed| {
+                self.warnings.run(|suppressed| {
                     warn!(
                         max_connections,
                         suppressed,
@@ -149,9 +172,17 @@ impl Acceptor {
         };
         loop {
             match self.listener.accept().await {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
+                    let Some(peer_slot) = self.peers.enter(peer.ip()) else {
+                        self.refuse(stream, peer);
+                        continue;
+                    };
                     configure(&stream, &self.settings);
+                    let slot = Slot {
+                        _all: slot,
+                        _peer: peer_slot,
+                    };
                     return (stream, slot);
                 }
                 // The peer gave up before we took it: nothing to wait for.
@@ -163,7 +194,7 @@ impl Acceptor {
                 Err(err) => {
                     metrics::accept_error();
                     let backoff = self.backoff;
-                    self.warn(|suppressed| {
+                    self.warnings.run(|suppressed| {
                         warn!(%err, ?backoff, suppressed, "cannot accept a connection; backing off")
                     });
                     tokio::time::sleep(backoff).await;
@@ -173,13 +204,46 @@ impl Acceptor {
         }
     }
 
+    /// Closes `stream` at once: `peer`'s address has its most open.
+    fn refuse(&mut self, stream: TcpStream, peer: std::net::SocketAddr) {
+        drop(stream);
+        metrics::connection_refused("per_ip", 1);
+        let max_connections_per_ip = self.peers.limit();
+        self.refusals.run(|suppressed| {
+            warn!(
+                peer = %peer.ip(),
+                max_connections_per_ip,
+                suppressed,
+                "too many connections from one address \
+                 (--max-connections-per-ip): closed a new one"
+            )
+        });
+    }
+}
+
+/// Lets a warning out at most once per `every`, counting those held back.
+struct Throttle {
+    every: Duration,
+    warned_at: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            warned_at: None,
+            suppressed: 0,
+        }
+    }
+
     /// Runs `log` (given how many warnings were held back since the last
-    /// one) unless a warning went out within [`WARN_EVERY`].
-    fn warn(&mut self, log: impl FnOnce(u64)) {
+    /// one) unless a warning went out within `every`.
+    fn run(&mut self, log: impl FnOnce(u64)) {
         let now = Instant::now();
         if self
             .warned_at
-            .is_some_and(|at| now.duration_since(at) < WARN_EVERY)
+            .is_some_and(|at| now.duration_since(at) < self.every)
         {
             self.suppressed += 1;
             return;
@@ -310,7 +374,7 @@ macro_rules! on_transport {
 /// One accepted connection, holding its place under the cap until dropped.
 pub struct Connection {
     stream: Transport,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     activity: Arc<Activity>,
     idle_timeout: Option<Duration>,
     shutting_down: ShutdownStarted,
@@ -319,7 +383,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(stream: Transport, slot: OwnedSemaphorePermit, settings: &IncomingSettings) -> Self {
+    fn new(stream: Transport, slot: Slot, settings: &IncomingSettings) -> Self {
         metrics::connections(1.0);
         Self {
             stream,
