@@ -1,7 +1,10 @@
 //! Accepts client connections (and, with TLS, does their handshakes,
 //! several at once) and decides when each closes. At most
 //! `--max-connections` are open at once (at the cap the listener waits, and
-//! the kernel's backlog holds newcomers); each gets TCP keepalive and no
+//! the kernel's backlog holds newcomers), and at most
+//! `--max-connections-per-ip` from one client address (more are closed as
+//! soon as they are accepted, counted, and warned about at most once every
+//! ten seconds); each gets TCP keepalive and no
 //! Nagle delay; accept errors (running out of file descriptors, mostly) are
 //! logged at warn at most once a second and answered by backing off rather
 //! than retrying in a busy loop. A connection is closed when it has had no
@@ -29,11 +32,17 @@ use tracing::{debug, info, warn};
 use crate::metrics;
 use crate::telemetry::WarnThrottle;
 
+mod per_ip;
+
+use per_ip::{PeerConnections, PeerSlot};
+
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
 pub struct IncomingSettings {
     /// Connections open at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Connections open at once from one IP address; more are closed.
+    pub max_connections_per_ip: usize,
     /// Idle time before TCP keepalive probes start (`None`: off).
     pub tcp_keepalive: Option<Duration>,
     /// A connection without calls or streams this long is closed.
@@ -55,6 +64,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// At most one warning per this long about failing accepts or the cap.
 const WARN_EVERY: Duration = Duration::from_secs(1);
+/// At most one warning per this long about connections refused per address.
+const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Longest a TLS handshake may take; a client that has not finished by
 /// then is dropped (it holds a place under the connection cap meanwhile,
@@ -72,10 +83,14 @@ pub fn connections(
     let state = Acceptor {
         listener,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
+        peers: PeerConnections::new(settings.max_connections_per_ip),
         settings: settings.clone(),
         backoff: FIRST_BACKOFF,
         warnings: WarnThrottle::new(WARN_EVERY),
+        refusals: WarnThrottle::new(REFUSAL_WARN_EVERY),
     };
+    // Exported at 0 from the start, so a rate over it needs no first refusal.
+    metrics::connection_refused("per_ip", 0);
     let accepted = futures::stream::unfold(state, |mut state| async move {
         let accepted = state.next().await;
         Some((accepted, state))
@@ -120,14 +135,24 @@ pub fn connections(
 struct Acceptor {
     listener: TcpListener,
     slots: Arc<Semaphore>,
+    peers: Arc<PeerConnections>,
     settings: IncomingSettings,
     backoff: Duration,
+    /// Warnings about failing accepts or the cap.
     warnings: WarnThrottle,
+    /// Warnings about connections refused per address.
+    refusals: WarnThrottle,
+}
+
+/// A connection's places: under the cap, and under its address's.
+struct Slot {
+    _all: OwnedSemaphorePermit,
+    _peer: PeerSlot,
 }
 
 impl Acceptor {
-    /// The next TCP connection, with its place under the cap.
-    async fn next(&mut self) -> (TcpStream, OwnedSemaphorePermit) {
+    /// The next TCP connection, with its places under the caps.
+    async fn next(&mut self) -> (TcpStream, Slot) {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
@@ -148,9 +173,17 @@ impl Acceptor {
         };
         loop {
             match self.listener.accept().await {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     self.backoff = FIRST_BACKOFF;
+                    let Some(peer_slot) = self.peers.enter(peer.ip()) else {
+                        self.refuse(stream, peer);
+                        continue;
+                    };
                     configure(&stream, &self.settings);
+                    let slot = Slot {
+                        _all: slot,
+                        _peer: peer_slot,
+                    };
                     return (stream, slot);
                 }
                 // The peer gave up before we took it: nothing to wait for.
@@ -170,6 +203,22 @@ impl Acceptor {
                 }
             }
         }
+    }
+
+    /// Closes `stream` at once: `peer`'s address has its most open.
+    fn refuse(&mut self, stream: TcpStream, peer: std::net::SocketAddr) {
+        drop(stream);
+        metrics::connection_refused("per_ip", 1);
+        let max_connections_per_ip = self.peers.limit();
+        self.refusals.warn(|suppressed| {
+            warn!(
+                peer = %peer.ip(),
+                max_connections_per_ip,
+                suppressed,
+                "too many connections from one address \
+                 (--max-connections-per-ip): closed a new one"
+            )
+        });
     }
 }
 
@@ -293,7 +342,7 @@ macro_rules! on_transport {
 /// One accepted connection, holding its place under the cap until dropped.
 pub struct Connection {
     stream: Transport,
-    _slot: OwnedSemaphorePermit,
+    _slot: Slot,
     activity: Arc<Activity>,
     idle_timeout: Option<Duration>,
     shutting_down: ShutdownStarted,
@@ -302,7 +351,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    fn new(stream: Transport, slot: OwnedSemaphorePermit, settings: &IncomingSettings) -> Self {
+    fn new(stream: Transport, slot: Slot, settings: &IncomingSettings) -> Self {
         metrics::connections(1.0);
         Self {
             stream,

@@ -256,6 +256,12 @@ pub fn connections(delta: f64) {
     gauge!("ratelimitd_connections").increment(delta);
 }
 
+/// A connection closed as soon as it was accepted, for `reason`
+/// (`per_ip`: its address had `--max-connections-per-ip` open).
+pub fn connection_refused(reason: &'static str, connections: u64) {
+    counter!("ratelimitd_connections_refused_total", "reason" => reason).increment(connections);
+}
+
 /// An `accept` that failed (out of file descriptors, mostly).
 pub fn accept_error() {
     counter!("ratelimitd_accept_errors_total").increment(1);

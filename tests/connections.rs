@@ -1,6 +1,7 @@
 //! What one peer can hold, and how connections end: streams whose request
 //! never arrives hold no decision slot, are capped per connection and time
-//! out; the connection cap makes newcomers wait; idle connections close;
+//! out; the connection cap makes newcomers wait; one address's connections
+//! over its own cap are closed at once; idle connections close;
 //! accept errors back off and warn without spinning; the open-file limit is
 //! raised at start.
 
@@ -126,6 +127,91 @@ async fn at_the_connection_cap_a_newcomer_waits_until_one_closes() {
     assert!(answer.allowed);
     drop(second);
     server.stop().await;
+}
+
+/// Whether the server closed `stream` (end of stream or a reset) rather
+/// than serving it (a served connection gets the server's HTTP/2 SETTINGS
+/// at once).
+async fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte)).await;
+    matches!(read, Ok(Ok(0) | Err(_)))
+}
+
+#[tokio::test]
+async fn one_address_over_its_connection_cap_is_closed_at_once() {
+    let port = common::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = ServerProcess::start_logged(&[
+        "--max-connections-per-ip",
+        "3",
+        "--metrics-listen",
+        &listen,
+    ])
+    .await;
+    let limit = fixed_window(100, Duration::from_secs(60));
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut client = server.client().await;
+        assert!(check(&mut client, "k", &limit, None).await.allowed);
+        clients.push(client);
+    }
+
+    // The fourth and fifth from 127.0.0.1 are closed as soon as accepted.
+    for _ in 0..2 {
+        let mut extra = TcpStream::connect(server.address).await.expect("connect");
+        assert!(
+            closed_by_server(&mut extra).await,
+            "a connection over --max-connections-per-ip 3 stayed open"
+        );
+    }
+    for client in &mut clients {
+        assert!(check(client, "k", &limit, None).await.allowed);
+    }
+    let refused = common::prometheus::count(
+        port,
+        "ratelimitd_connections_refused_total",
+        &[("reason", "per_ip")],
+    )
+    .await;
+    assert_eq!(refused, 2);
+    common::eventually("the refusal warned about", || async {
+        server
+            .log()
+            .contains("too many connections from one address")
+    })
+    .await;
+    let log = server.log();
+    assert_eq!(
+        log.matches("too many connections from one address").count(),
+        1,
+        "the second refusal within 10 s warned again: {log}"
+    );
+
+    // Closing one lets a new one in.
+    drop(clients.pop());
+    let address = server.address;
+    common::eventually(
+        "a new connection served once one closed",
+        move || async move {
+            let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+                .expect("endpoint")
+                .connect()
+                .await
+            else {
+                return false;
+            };
+            let mut client =
+                ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient::new(
+                    channel,
+                );
+            client
+                .check_limit(common::request("k", limit, None))
+                .await
+                .is_ok_and(|answer| answer.into_inner().allowed)
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

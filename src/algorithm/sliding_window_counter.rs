@@ -189,6 +189,27 @@ mod tests {
     }
 
     #[test]
+    fn reset_after_runs_past_the_window_while_its_count_still_weighs() {
+        let p = params(10);
+        let mut state = None;
+        // 3 a quarter into window 5: they weigh on the estimate until the
+        // end of window 6, so the key is full again 1.75 windows on.
+        let (d, _) = decide(&p, &mut state, SECOND * 5 + us(250_000), 3, true);
+        assert_eq!(d.reset_after(), SECOND + us(750_000));
+        // At window 5's end the key is not full (a reset_after clamped to
+        // the window would say it was).
+        let (d, _) = decide(&p, &mut state, SECOND * 6, 0, true);
+        assert_eq!(d.remaining(), 7);
+        assert_eq!(d.reset_after(), SECOND);
+        // Rounding down lets the estimate reach 0 a little earlier (past
+        // two thirds of window 6): reset_after is the latest it is full.
+        let (d, _) = decide(&p, &mut state, SECOND * 6 + us(666_667), 0, true);
+        assert_eq!(d.remaining(), 10);
+        let (d, _) = decide(&p, &mut state, SECOND * 7, 0, true);
+        assert_eq!((d.remaining(), d.reset_after()), (10, Micros::ZERO));
+    }
+
+    #[test]
     fn retry_after_is_the_first_microsecond_that_fits() {
         for limit in [1, 3, 7, 10, 1000] {
             let p = params(limit);

@@ -38,6 +38,12 @@ pub struct BoundsOptions {
           value_parser = count())]
     pub max_connections: usize,
 
+    /// Most client connections open at once from one IP address (loopback
+    /// included); more are closed as soon as they are accepted.
+    #[arg(long, env = "RATELIMITD_MAX_CONNECTIONS_PER_IP", default_value_t = 1024,
+          value_parser = count())]
+    pub max_connections_per_ip: usize,
+
     /// Most calls one HTTP/2 connection may have open at once
     /// (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused by HTTP/2.
     #[arg(long, env = "RATELIMITD_MAX_CONCURRENT_STREAMS", default_value_t = 100,
@@ -119,6 +125,7 @@ impl BoundsOptions {
     pub fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
         IncomingSettings {
             max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
             tcp_keepalive: self.tcp_keepalive.get(),
             idle_timeout: self.idle_timeout.get(),
             shutting_down,
