@@ -14,32 +14,62 @@ use common::{RedisServer, ServerProcess, check, fixed_window, free_port, token_b
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratelimitd::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
+/// ratelimitd on `redis` with the metrics endpoint on a port of its own and
+/// the rules `config` in a file of a temporary directory, plus `flags`.
+struct Metered {
+    server: ServerProcess,
+    port: u16,
+    /// The rules file, for a test to rewrite.
+    config: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Metered {
+    async fn start(redis: &RedisServer, config: &str, flags: &[&str]) -> Self {
+        let url = redis.url();
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let dir = tempfile::tempdir().expect("config directory");
+        let path = dir.path().join("limits.yaml");
+        std::fs::write(&path, config).expect("write the rules");
+        let path_text = path.to_string_lossy().into_owned();
+        let mut all = vec![
+            "--redis-url",
+            &url,
+            "--metrics-listen",
+            &listen,
+            "--config",
+            &path_text,
+        ];
+        all.extend_from_slice(flags);
+        let server = ServerProcess::start(&all).await;
+        Self {
+            server,
+            port,
+            config: path,
+            _dir: dir,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_counts_what_happened_and_names_no_caller() {
     let redis = RedisServer::start().await;
-    let url = redis.url();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let dir = tempfile::tempdir().expect("config directory");
-    let limits = dir.path().join("limits.yaml");
     let shadowed = "domain: metered\ndescriptors:\n  - key: k\n    shadow_mode: true\n    \
                     rate_limit: {unit: hour, requests_per_unit: 1}\npolicies:\n  \
                     metered-plan:\n    - {per: 1h, limit: 1, algorithm: gcra}\n";
-    std::fs::write(&limits, shadowed).expect("write");
-    let limits_path = limits.to_string_lossy().into_owned();
-    let server = ServerProcess::start(&[
-        "--redis-url",
-        &url,
-        "--metrics-listen",
-        &listen,
-        "--config",
-        &limits_path,
-        "--config-poll-interval",
-        "50ms",
-        "--health-interval",
-        "100ms",
-    ])
+    let metered = Metered::start(
+        &redis,
+        shadowed,
+        &[
+            "--config-poll-interval",
+            "50ms",
+            "--health-interval",
+            "100ms",
+        ],
+    )
     .await;
+    let (server, port, limits) = (&metered.server, metered.port, &metered.config);
 
     let mut client = server.client().await;
     let limit = fixed_window(2, Duration::from_secs(60));
@@ -67,8 +97,8 @@ async fn the_endpoint_counts_what_happened_and_names_no_caller() {
         })
         .await
         .expect("an answer");
-    std::fs::write(&limits, "domain: metered\n").expect("rewrite");
-    std::fs::write(&limits, "{{ broken").expect("rewrite");
+    std::fs::write(limits, "domain: metered\n").expect("rewrite");
+    std::fs::write(limits, "{{ broken").expect("rewrite");
 
     common::eventually("the reloads to be counted", || async {
         let (_, series) = scrape(port).await;
@@ -204,25 +234,11 @@ fn present(
 #[tokio::test]
 async fn error_counters_are_exported_at_zero_from_the_start() {
     let redis = RedisServer::start().await;
-    let url = redis.url();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let dir = tempfile::tempdir().expect("config directory");
-    let config = dir.path().join("limits.yaml");
     let text = "domain: edge\nquota_buckets:\n  - bucket_id: {name: api}\n    \
                 rate_limit: {unit: second, requests_per_unit: 100}\npolicies:\n  \
                 plan:\n    - {per: 1h, limit: 1, algorithm: gcra}\n";
-    std::fs::write(&config, text).expect("write");
-    let config = config.to_string_lossy().into_owned();
-    let server = ServerProcess::start(&[
-        "--redis-url",
-        &url,
-        "--metrics-listen",
-        &listen,
-        "--config",
-        &config,
-    ])
-    .await;
+    let metered = Metered::start(&redis, text, &[]).await;
+    let port = metered.port;
     let (text, series) = scrape(port).await;
     let mut zeros: Vec<(&str, Vec<(&str, &str)>)> = vec![
         ("ratelimitd_quota_degraded_total", vec![("domain", "edge")]),
@@ -272,7 +288,7 @@ async fn error_counters_are_exported_at_zero_from_the_start() {
             "{name} {labels:?} at 0: {text}"
         );
     }
-    server.terminate().await;
+    metered.server.terminate().await;
 }
 
 /// envoyproxy/ratelimit's statistics under its Prometheus names (its

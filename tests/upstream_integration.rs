@@ -519,11 +519,7 @@ async fn basic_config_with_auth() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn basic_config_with_auth_on_a_redis_cluster() {
-    let cluster = RedisCluster::start_with(Security {
-        password: Some(PASSWORD.to_owned()),
-        ..Security::default()
-    })
-    .await;
+    let cluster = RedisCluster::start_with(behind_the_password()).await;
     let nodes: Vec<String> = cluster.urls().iter().map(|url| address(url)).collect();
     let settings = vec![
         ("REDIS_TYPE", "cluster".to_owned()),
@@ -535,11 +531,7 @@ async fn basic_config_with_auth_on_a_redis_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn basic_config_with_auth_on_sentinel() {
-    let sentinel = RedisSentinel::start_with(Security {
-        password: Some(PASSWORD.to_owned()),
-        ..Security::default()
-    })
-    .await;
+    let sentinel = RedisSentinel::start_with(behind_the_password()).await;
     let sentinels: Vec<String> = sentinel
         .sentinel_urls()
         .iter()
@@ -963,6 +955,14 @@ fn split(
     settings
 }
 
+/// Servers that ask for upstream's test password.
+fn behind_the_password() -> Security {
+    Security {
+        password: Some(PASSWORD.to_owned()),
+        ..Security::default()
+    }
+}
+
 /// REDIS_TYPE=cluster's settings for `cluster`, under `names`.
 fn cluster_settings(names: &Names, cluster: &RedisCluster) -> Vec<(&'static str, String)> {
     let nodes: Vec<String> = cluster.urls().iter().map(|url| address(url)).collect();
@@ -978,12 +978,8 @@ fn cluster_settings(names: &Names, cluster: &RedisCluster) -> Vec<(&'static str,
 /// and without the local cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn basic_config_with_per_second_redis_on_redis_clusters() {
-    let security = || Security {
-        password: Some(PASSWORD.to_owned()),
-        ..Security::default()
-    };
-    let main = RedisCluster::start_with(security()).await;
-    let per_second = RedisCluster::start_with(security()).await;
+    let main = RedisCluster::start_with(behind_the_password()).await;
+    let per_second = RedisCluster::start_with(behind_the_password()).await;
     let settings = split(
         cluster_settings(&MAIN, &main),
         cluster_settings(&PER_SECOND, &per_second),
@@ -1018,12 +1014,8 @@ fn sentinel_settings(names: &Names, sentinel: &RedisSentinel) -> Vec<(&'static s
 /// with and without the local cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn basic_config_with_per_second_redis_on_sentinel() {
-    let security = || Security {
-        password: Some(PASSWORD.to_owned()),
-        ..Security::default()
-    };
-    let main = RedisSentinel::start_with(security()).await;
-    let per_second = RedisSentinel::start_with(security()).await;
+    let main = RedisSentinel::start_with(behind_the_password()).await;
+    let per_second = RedisSentinel::start_with(behind_the_password()).await;
     let settings = split(
         sentinel_settings(&MAIN, &main),
         sentinel_settings(&PER_SECOND, &per_second),
