@@ -142,11 +142,14 @@ impl Plan {
             parts: Vec::with_capacity(matched.len()),
             descriptors: Vec::with_capacity(matched.len()),
             requests: Vec::new(),
-            stats: Vec::with_capacity(matched.len()),
+            stats: Vec::new(),
             routes: Vec::new(),
         };
         plan.govern(&matched, settings, now);
-        plan.stats = matched.into_iter().map(|matched| matched.stats).collect();
+        // Without statistics every entry would be `None`: nothing to keep.
+        if stats::enabled() {
+            plan.stats = matched.into_iter().map(|matched| matched.stats).collect();
+        }
         Ok(plan)
     }
 
