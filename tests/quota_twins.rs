@@ -3,7 +3,8 @@
 //! identical shares and keep identical entries (and the Lua hash the expiry
 //! the entries imply) after every step of seeded random sequences of
 //! reports, unknown demands and leaves, over time that lets entries go
-//! stale, expire and be dropped, and over capacity reloads; and on Redis the
+//! stale, expire and be dropped, over capacity reloads, and with instances
+//! found dead (whose subscribers' entries go at once); and on Redis the
 //! grants in force never add up to more than the capacity.
 //!
 //! The Lua side is the production script with its clock replaced
@@ -42,10 +43,19 @@ const START: u64 = 1_764_806_400_000_000;
 /// The largest capacity a bucket has (µrps): a million requests a second.
 const MAX_CAPACITY: MicroRps = 1_000_000_000_000;
 
-/// The subscribers of every sequence.
-const SUBSCRIBERS: [&str; 6] = [
-    "envoy-a", "envoy-b", "envoy-c", "envoy-d", "envoy-e", "envoy-f",
-];
+/// The subscribers of every sequence: `<instance>:<stream>`, three
+/// instances.
+const SUBSCRIBERS: [&str; 6] = ["i1:1", "i1:2", "i2:1", "i2:2", "i3:1", "i3:2"];
+
+/// Now and then, some instances found dead.
+fn random_dead(random: &mut Random) -> Vec<String> {
+    let dead: &[&str] = match random.upto(10) {
+        0 => &["i2"],
+        1 => &["i1", "i3"],
+        _ => &[],
+    };
+    dead.iter().map(|id| (*id).to_owned()).collect()
+}
 
 /// A bucket's rate: tiny ones (floors and remainders everywhere), ordinary
 /// ones, and ones near the largest.
@@ -219,9 +229,10 @@ async fn settle_in_redis(
     op: ShareOp,
     params: &ShareParams,
     now: u64,
+    dead: &[String],
 ) -> Result<Share, String> {
     let mut invocation = SCRIPT_AT.key(key);
-    share_args(&mut invocation, subscriber, op, params);
+    share_args(&mut invocation, subscriber, op, params, dead);
     let reply: Vec<i64> = invocation
         .arg(now)
         .invoke_async(redis)
@@ -273,14 +284,23 @@ impl Twins {
         subscriber: &str,
         op: ShareOp,
         params: &ShareParams,
+        dead: &[String],
     ) -> Result<Share, String> {
         let now_ms = self.now / 1000;
-        let lua =
-            settle_in_redis(&mut self.redis, &self.key, subscriber, op, params, self.now).await?;
+        let lua = settle_in_redis(
+            &mut self.redis,
+            &self.key,
+            subscriber,
+            op,
+            params,
+            self.now,
+            dead,
+        )
+        .await?;
         let before = self.entries.clone();
         let hash_expired = self.expiry.is_some_and(|at| now_ms > at);
-        let rust = share::settle(&mut self.entries, subscriber, op, params, now_ms);
-        let ledger = self.ledger.settle(&self.key, subscriber, op, params);
+        let rust = share::settle(&mut self.entries, subscriber, op, params, now_ms, dead);
+        let ledger = self.ledger.settle(&self.key, subscriber, op, params, dead);
         if lua != rust || ledger != rust {
             return Err(format!(
                 "shares differ\n     lua: {lua:?}\n    rust: {rust:?}\n  ledger: {ledger:?}"
@@ -319,8 +339,17 @@ impl Twins {
                 self.expiry
             ));
         }
-        self.seen
-            .note(&before, subscriber, op, params, now_ms, &lua);
+        // Entries of a dead instance are dropped, whatever their times.
+        let alive: HashMap<String, Entry> = before
+            .into_iter()
+            .filter(|(id, _)| {
+                let dead = id != subscriber
+                    && share::instance_of(id).is_some_and(|i| dead.iter().any(|d| d == i));
+                self.seen.dead_dropped += u64::from(dead);
+                !dead
+            })
+            .collect();
+        self.seen.note(&alive, subscriber, op, params, now_ms, &lua);
         self.seen.hash_expired += u64::from(hash_expired);
         Ok(lua)
     }
@@ -348,6 +377,8 @@ struct Seen {
     left: u64,
     /// A settlement on a hash that had expired.
     hash_expired: u64,
+    /// Another's entry dropped, its instance found dead.
+    dead_dropped: u64,
 }
 
 impl Seen {
@@ -395,6 +426,7 @@ impl Seen {
         self.kept += other.kept;
         self.left += other.left;
         self.hash_expired += other.hash_expired;
+        self.dead_dropped += other.dead_dropped;
     }
 }
 
@@ -427,11 +459,12 @@ async fn run_sequence(redis: &RedisServer, seed: u64, steps: usize) -> Seen {
         }
         let subscriber = random.pick(&SUBSCRIBERS);
         let op = random_op(&mut random, &params);
+        let dead = random_dead(&mut random);
         history.push(format!(
-            "step {step}: +{by} µs (now_ms {}), {subscriber} {op:?}",
+            "step {step}: +{by} µs (now_ms {}), {subscriber} {op:?}, dead {dead:?}",
             twins.now / 1000
         ));
-        match twins.step(subscriber, op, &params).await {
+        match twins.step(subscriber, op, &params, &dead).await {
             Ok(share) => history.push(format!("  -> {share:?}")),
             Err(difference) => {
                 let recent = history[history.len().saturating_sub(30)..].join("\n");
@@ -473,6 +506,7 @@ async fn shares_and_entries_are_the_same_in_lua_and_rust() {
         kept,
         left,
         hash_expired,
+        dead_dropped,
     } = seen;
     for (case, count) in [
         ("dropped", dropped),
@@ -484,6 +518,7 @@ async fn shares_and_entries_are_the_same_in_lua_and_rust() {
         ("kept", kept),
         ("left", left),
         ("hash_expired", hash_expired),
+        ("dead_dropped", dead_dropped),
     ] {
         assert!(count >= 20, "the sequences met {case} only {count} times");
     }
@@ -528,7 +563,7 @@ async fn grants_in_force_on_redis_never_exceed_the_capacity() {
                 let recent = history[history.len().saturating_sub(30)..].join("\n");
                 panic!("seed {seed}, step {step}, params {first:?}\n{recent}\n{what}");
             };
-            let share = settle_in_redis(&mut connection, &key, subscriber, op, &params, now)
+            let share = settle_in_redis(&mut connection, &key, subscriber, op, &params, now, &[])
                 .await
                 .unwrap_or_else(|err| fail(&history, err));
             history.push(format!("  -> {share:?}"));

@@ -138,7 +138,8 @@ async fn envoys_on_two_instances_share_one_rate_through_redis() {
     assert_eq!(first.next_one().await.told, ALL_OF_100);
     second.subscribe("edge", &api).await;
     assert_eq!(second.next_one().await.told, Told::DenyAll);
-    // Across instances a share moves at the holder's next report.
+    // Across instances a share moves at the latest at the holder's next
+    // report (tests/rlqs_instances.rs: sooner, when nudged).
     first
         .send("edge", vec![usage(&api, 500, 250, Duration::from_secs(5))])
         .await;
@@ -147,9 +148,13 @@ async fn envoys_on_two_instances_share_one_rate_through_redis() {
         .send("edge", vec![usage(&api, 0, 750, Duration::from_secs(5))])
         .await;
     assert_eq!(second.until(&api, |_| true).await.told, HALF_OF_100);
-    // The ledger is one hash with an expiry.
+    // The ledger is one hash with an expiry (beside the instances'
+    // presence, tests/rlqs_instances.rs).
     let keys = redis.keys().await;
-    assert_eq!(keys, vec!["ratelimitd:{rlq:edge|name=api}".to_owned()]);
+    assert!(
+        keys.contains(&"ratelimitd:{rlq:edge|name=api}".to_owned()),
+        "{keys:?}"
+    );
     redis.assert_every_key_expires().await;
     one.stop().await;
     two.stop().await;

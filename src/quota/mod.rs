@@ -7,6 +7,7 @@
 //! bucket's hash, on Redis's clock; the embedded ledger runs its Rust twin
 //! (`share`) under a lock, on the process's clock.
 
+pub mod presence;
 pub mod share;
 
 use std::collections::HashMap;
@@ -37,22 +38,32 @@ impl QuotaLedger {
         Self::Memory(MemoryLedger::new(Arc::new(SystemClock::default())))
     }
 
-    /// Settles `op` for `subscriber` on the bucket stored at `key`.
+    /// Settles `op` for `subscriber` on the bucket stored at `key`,
+    /// dropping the entries of the instances found `dead`.
     pub async fn settle(
         &self,
         key: &str,
         subscriber: &str,
         op: ShareOp,
         params: &ShareParams,
+        dead: &[String],
     ) -> Result<Share, StoreError> {
         match self {
             Self::Redis(store) => {
                 let mut invocation = SHARE.key(key);
-                share_args(&mut invocation, subscriber, op, params);
+                share_args(&mut invocation, subscriber, op, params, dead);
                 let reply: Vec<i64> = store.run_script(&invocation).await?;
                 decode_share(&reply)
             }
-            Self::Memory(ledger) => Ok(ledger.settle(key, subscriber, op, params)),
+            Self::Memory(ledger) => Ok(ledger.settle(key, subscriber, op, params, dead)),
+        }
+    }
+
+    /// The Redis store the ledger is on, if it is.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match self {
+            Self::Redis(store) => Some(store),
+            Self::Memory(_) => None,
         }
     }
 }
@@ -91,6 +102,7 @@ pub fn share_args(
     subscriber: &str,
     op: ShareOp,
     params: &ShareParams,
+    dead: &[String],
 ) {
     let (name, demand) = match op {
         ShareOp::Report(demand) => (
@@ -108,7 +120,11 @@ pub fn share_args(
         .arg(params.min_want)
         .arg(params.lease_ms)
         .arg(params.stale_ms)
-        .arg(params.hysteresis_permille);
+        .arg(params.hysteresis_permille)
+        .arg(dead.len());
+    for instance in dead {
+        invocation.arg(instance);
+    }
 }
 
 /// Reads `share.lua`'s reply: grant, target, subscribers, granted.
@@ -184,8 +200,16 @@ impl MemoryLedger {
         })
     }
 
-    /// [`share::settle`] on the bucket at `key`, now.
-    pub fn settle(&self, key: &str, subscriber: &str, op: ShareOp, params: &ShareParams) -> Share {
+    /// [`share::settle`] on the bucket at `key`, now. (One process has no
+    /// other instances: `dead` is for the twin tests.)
+    pub fn settle(
+        &self,
+        key: &str,
+        subscriber: &str,
+        op: ShareOp,
+        params: &ShareParams,
+        dead: &[String],
+    ) -> Share {
         let now = self.clock.now().as_millis();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if now >= state.next_sweep {
@@ -196,7 +220,7 @@ impl MemoryLedger {
             state.next_sweep = now + SWEEP_EVERY_MS;
         }
         let entries = state.buckets.entry(key.to_owned()).or_default();
-        let share = share::settle(entries, subscriber, op, params, now);
+        let share = share::settle(entries, subscriber, op, params, now, dead);
         if entries.is_empty() {
             state.buckets.remove(key);
         }

@@ -12,7 +12,10 @@
 --                    time to live, and a margin)
 -- ARGV     subscriber, op ('report'|'leave'), demand (µrps, -1 unknown),
 --          capacity (µrps), headroom (per mille), min_want (µrps),
---          lease_ms, stale_ms, hysteresis (per mille)
+--          lease_ms, stale_ms, hysteresis (per mille), then n and n
+--          instance ids found dead (`quota::presence`): the entries of
+--          their subscribers (ids "<instance>:<stream>") are dropped
+--          whatever their times say
 -- Reply    grant (µrps), target (its fair share, µrps), subscribers (whose
 --          demand counts, itself included), granted (the sum of grants in
 --          force, its own included), all integers
@@ -33,6 +36,10 @@ local min_want = tonumber(ARGV[6])
 local lease_ms = tonumber(ARGV[7])
 local stale_ms = tonumber(ARGV[8])
 local hysteresis = tonumber(ARGV[9])
+local dead = {}
+for i = 11, 10 + tonumber(ARGV[10]) do
+  dead[ARGV[i]] = true
+end
 
 -- What a demand asks for: unknown asks for all (it gets an equal share);
 -- else the demand and headroom, at least min_want, at most the capacity.
@@ -64,7 +71,7 @@ for i = 1, #flat, 2 do
   d, g, s, e = tonumber(d), tonumber(g), tonumber(s), tonumber(e)
   if id == me then
     mine = {grant = g, expires_at = e}
-  elseif s <= now_ms and e <= now_ms then
+  elseif (s <= now_ms and e <= now_ms) or dead[string.match(id, '^([^:]*):') or ''] then
     redis.call('HDEL', key, id)
   else
     latest = math.max(latest, s, e)

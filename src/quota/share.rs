@@ -138,17 +138,28 @@ pub fn split(capacity: MicroRps, wants: &mut [MicroRps]) -> Split {
     Split::Spare(left / wants.len().max(1) as u64)
 }
 
+/// The instance a subscriber id names: what comes before its first `:`
+/// (ids are `<instance>:<stream>`).
+pub fn instance_of(subscriber: &str) -> Option<&str> {
+    subscriber.split_once(':').map(|(instance, _)| instance)
+}
+
 /// Settles `op` for subscriber `me` on a bucket's `entries` at `now`, as
 /// `share.lua` does on Redis: drops the entries whose demand and grant have
-/// both run out, then answers and records `me`'s grant.
+/// both run out, and those of the instances found `dead`, then answers and
+/// records `me`'s grant.
 pub fn settle(
     entries: &mut HashMap<String, Entry>,
     me: &str,
     op: ShareOp,
     params: &ShareParams,
     now: Millis,
+    dead: &[String],
 ) -> Share {
-    entries.retain(|id, entry| id == me || entry.stale_at > now || entry.expires_at > now);
+    let is_dead = |id: &str| instance_of(id).is_some_and(|i| dead.iter().any(|d| d == i));
+    entries.retain(|id, entry| {
+        id == me || (!is_dead(id) && (entry.stale_at > now || entry.expires_at > now))
+    });
     let mut held: MicroRps = 0;
     let mut wants = Vec::with_capacity(entries.len() + 1);
     for (id, entry) in entries.iter() {
@@ -236,10 +247,10 @@ mod tests {
     #[test]
     fn a_lone_subscriber_gets_everything_then_shares_as_others_come() {
         let mut entries = HashMap::new();
-        let a = settle(&mut entries, "a", ShareOp::Report(None), &PARAMS, 1000);
+        let a = settle(&mut entries, "a", ShareOp::Report(None), &PARAMS, 1000, &[]);
         assert_eq!((a.grant, a.target), (rps(100), rps(100)));
         // b arrives: its fair share is half, but a holds everything.
-        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 1001);
+        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 1001, &[]);
         assert_eq!((b.grant, b.target, b.subscribers), (0, rps(50), 2));
         // a reports a demand of 150/s: it shrinks to its fair half at once.
         let a = settle(
@@ -248,10 +259,11 @@ mod tests {
             ShareOp::Report(Some(rps(150))),
             &PARAMS,
             2000,
+            &[],
         );
         assert_eq!(a.grant, rps(50));
         // b grows into what a freed.
-        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 2001);
+        let b = settle(&mut entries, "b", ShareOp::Report(None), &PARAMS, 2001, &[]);
         assert_eq!((b.grant, b.granted), (rps(50), rps(100)));
     }
 
@@ -264,6 +276,7 @@ mod tests {
             ShareOp::Report(Some(rps(20))),
             &PARAMS,
             0,
+            &[],
         );
         let big = settle(
             &mut entries,
@@ -271,6 +284,7 @@ mod tests {
             ShareOp::Report(Some(rps(500))),
             &PARAMS,
             1,
+            &[],
         );
         // small wants 24 (20 and 20% headroom); big is cut at 76.
         assert_eq!(big.target, rps(76));
@@ -280,6 +294,7 @@ mod tests {
             ShareOp::Report(Some(rps(20))),
             &PARAMS,
             2,
+            &[],
         );
         assert_eq!(small.grant, rps(24));
     }
@@ -297,7 +312,7 @@ mod tests {
                 } else {
                     ShareOp::Report(*demand)
                 };
-                let share = settle(&mut entries, &me, op, &PARAMS, now);
+                let share = settle(&mut entries, &me, op, &PARAMS, now, &[]);
                 assert!(share.granted <= PARAMS.capacity, "{share:?}");
                 let in_force: u64 = entries
                     .values()
@@ -313,81 +328,62 @@ mod tests {
     #[test]
     fn the_spare_is_shared_a_close_grant_is_kept_and_a_silent_subscriber_is_dropped() {
         let mut entries = HashMap::new();
+        let report = |entries: &mut HashMap<String, Entry>, me: &str, demand: u64, now: Millis| {
+            settle(
+                entries,
+                me,
+                ShareOp::Report(Some(rps(demand))),
+                &PARAMS,
+                now,
+                &[],
+            )
+        };
         // Two quiet ones (10/s, 12 with headroom): the spare 76 is split.
-        settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(10))),
-            &PARAMS,
-            0,
-        );
-        settle(
-            &mut entries,
-            "b",
-            ShareOp::Report(Some(rps(10))),
-            &PARAMS,
-            1,
-        );
-        let a = settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(10))),
-            &PARAMS,
-            2,
-        );
+        report(&mut entries, "a", 10, 0);
+        report(&mut entries, "b", 10, 1);
+        let a = report(&mut entries, "a", 10, 2);
         assert_eq!((a.grant, a.target), (rps(50), rps(50)));
-        let b = settle(
-            &mut entries,
-            "b",
-            ShareOp::Report(Some(rps(10))),
-            &PARAMS,
-            3,
-        );
+        let b = report(&mut entries, "b", 10, 3);
         assert_eq!(b.grant, rps(50));
         // a's fair share moves to 51.2: within 5%, it keeps 50.
-        let a = settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(12))),
-            &PARAMS,
-            10,
-        );
+        let a = report(&mut entries, "a", 12, 10);
         assert_eq!((a.grant, a.target), (rps(50), 51_200_000));
         // a wants 72: its share is 80, but b holds 50 until it settles.
-        let a = settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(60))),
-            &PARAMS,
-            20,
-        );
+        let a = report(&mut entries, "a", 60, 20);
         assert_eq!((a.grant, a.target), (rps(50), rps(80)));
-        let b = settle(
-            &mut entries,
-            "b",
-            ShareOp::Report(Some(rps(10))),
-            &PARAMS,
-            21,
-        );
+        let b = report(&mut entries, "b", 10, 21);
         assert_eq!(b.grant, rps(20));
-        let a = settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(60))),
-            &PARAMS,
-            22,
-        );
+        let a = report(&mut entries, "a", 60, 22);
         assert_eq!(a.grant, rps(80));
         // Silent past both its stale time and its lease: b is dropped.
-        let a = settle(
-            &mut entries,
-            "a",
-            ShareOp::Report(Some(rps(60))),
-            &PARAMS,
-            21 + 16_000,
-        );
+        let a = report(&mut entries, "a", 60, 21 + 16_000);
         assert_eq!((a.grant, a.subscribers), (rps(100), 1));
         assert!(!entries.contains_key("b"));
+    }
+
+    #[test]
+    fn the_entries_of_a_dead_instance_are_dropped_at_once() {
+        let mut entries = HashMap::new();
+        let dead = ["b".to_owned()];
+        settle(&mut entries, "a:1", ShareOp::Report(None), &PARAMS, 0, &[]);
+        settle(&mut entries, "b:1", ShareOp::Report(None), &PARAMS, 1, &[]);
+        settle(&mut entries, "b:2", ShareOp::Report(None), &PARAMS, 2, &[]);
+        // a holds everything; b's two are waiting for their share.
+        let a = settle(&mut entries, "a:1", ShareOp::Report(None), &PARAMS, 3, &[]);
+        assert_eq!((a.target, a.subscribers), (33_333_333, 3));
+        // b is dead: its entries go, long before they would run out.
+        let a = settle(
+            &mut entries,
+            "a:1",
+            ShareOp::Report(None),
+            &PARAMS,
+            4,
+            &dead,
+        );
+        assert_eq!((a.grant, a.subscribers), (rps(100), 1));
+        assert_eq!(entries.keys().collect::<Vec<_>>(), ["a:1"]);
+        assert_eq!(instance_of("b:2"), Some("b"));
+        assert_eq!(instance_of("nocolon"), None);
     }
 
     #[test]

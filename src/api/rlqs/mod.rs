@@ -9,10 +9,12 @@
 //!
 //! `stream` serves one Envoy's stream, a `subscription` per bucket it
 //! reports; `settle` settles them on the ledgers, `assignment` is what the
-//! Envoy is told; `nudges` lets one stream's change reach the others, and
-//! `shared` is what every stream shares.
+//! Envoy is told; `nudges` lets one stream's change reach the others,
+//! `instances` what other instances on the same Redis do (died, nudged),
+//! and `shared` is what every stream shares.
 
 mod assignment;
+mod instances;
 mod nudges;
 mod options;
 mod settle;
@@ -21,8 +23,8 @@ mod stream;
 mod subscription;
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::Stream;
@@ -38,6 +40,7 @@ use self::stream::QuotaStream;
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::quota::QuotaLedgers;
+use crate::quota::presence::Presence;
 use crate::rules::RulesHandle;
 use crate::telemetry::WarnThrottle;
 
@@ -56,27 +59,45 @@ const RESPONSE_QUEUE: usize = 16;
 impl QuotaService {
     /// A service settling shares on `ledgers` (the shared one, and for the
     /// `local` failure policy this instance's own), under the policies of
-    /// `rules`. Its streams end when `shutdown` turns true.
+    /// `rules`. Its streams end when `shutdown` turns true. On Redis it
+    /// beats and follows the other instances (a task of its own, until
+    /// shutdown).
     pub fn new(
         ledgers: QuotaLedgers,
         rules: RulesHandle,
         settings: QuotaSettings,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                ledger: ledgers.shared,
-                local: ledgers.own,
-                rules,
-                settings,
-                instance: format!("{:016x}", rand::random::<u64>()),
-                next_stream: AtomicU64::new(1),
-                subscriptions: AtomicUsize::new(0),
-                nudges: Nudges::default(),
-                shutdown,
-                too_large: WarnThrottle::new(WARN_EVERY),
-            }),
+        let instance = format!("{:016x}", rand::random::<u64>());
+        let presence = ledgers.shared.redis().map(|store| {
+            Presence::new(
+                store.clone(),
+                &settings.key_prefix,
+                &instance,
+                settings.instance_timeout,
+                settings.beat_interval(),
+                // By then every entry it wrote has run out by itself.
+                settings.assignment_ttl + settings.subscriber_timeout + Duration::from_secs(1),
+            )
+        });
+        let shared = Arc::new(Shared {
+            ledger: ledgers.shared,
+            local: ledgers.own,
+            rules,
+            settings,
+            instance,
+            next_stream: AtomicU64::new(1),
+            subscriptions: AtomicUsize::new(0),
+            nudges: Nudges::default(),
+            presence: presence.clone(),
+            dead: RwLock::new(Arc::from([])),
+            shutdown,
+            too_large: WarnThrottle::new(WARN_EVERY),
+        });
+        if let Some(presence) = presence {
+            tokio::spawn(instances::follow(shared.clone(), presence));
         }
+        Self { shared }
     }
 
     /// The tonic service.

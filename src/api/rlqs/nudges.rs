@@ -1,7 +1,8 @@
 //! Which of this instance's streams subscribe to which bucket, so that one
 //! stream's change (a share freed, a newcomer starved) makes the others
-//! settle again at once instead of at their Envoy's next report. Streams
-//! of other instances see the change at their own next report.
+//! settle again at once instead of at their Envoy's next report. (Other
+//! instances hear of it through `quota::presence`, and `instances` passes
+//! it on here.)
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -55,6 +56,23 @@ impl Nudges {
         for (stream, sender) in by_bucket.get(key).into_iter().flatten() {
             if *stream != from {
                 let _ = sender.try_send(key.to_owned());
+            }
+        }
+    }
+}
+
+impl Nudges {
+    /// Tells every stream to settle every bucket it subscribes to again (an
+    /// instance died: its shares are free). A stream whose queue fills up
+    /// settles the rest at its next rebalance.
+    pub(super) fn nudge_all(&self) {
+        let by_bucket = self
+            .by_bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (key, streams) in by_bucket.iter() {
+            for (_, sender) in streams {
+                let _ = sender.try_send(key.clone());
             }
         }
     }

@@ -28,6 +28,18 @@ pub struct QuotaOptions {
           value_parser = positive_duration)]
     pub quota_subscriber_timeout: Duration,
 
+    /// On a shared Redis: an instance that has not beaten for this long is
+    /// dead, and its Envoys' shares go to the others (within this, a
+    /// quarter of the rebalance interval, and two rebalance intervals).
+    /// Envoys move to another instance at their next report (every 5 s in
+    /// Envoy 1.40): keep it at least that, so a share is not handed on
+    /// while the Envoy holding it can still use it. Each instance beats
+    /// every quarter of this or of the rebalance interval, whichever is
+    /// shorter.
+    #[arg(long, env = "RATELIMITD_QUOTA_INSTANCE_TIMEOUT", default_value = "5s",
+          value_parser = positive_duration)]
+    pub quota_instance_timeout: Duration,
+
     /// How often each stream settles its contended buckets again (those
     /// with subscribers elsewhere, or short of their fair share), so that
     /// shares move between the Envoys of different instances within this
@@ -73,6 +85,7 @@ impl QuotaOptions {
         QuotaSettings {
             assignment_ttl: self.quota_assignment_ttl,
             subscriber_timeout: self.quota_subscriber_timeout,
+            instance_timeout: self.quota_instance_timeout,
             rebalance_interval: self.quota_rebalance_interval,
             headroom_permille: u64::from(self.quota_headroom) * 10,
             max_buckets_per_stream: self.quota_max_buckets_per_stream,
@@ -87,6 +100,15 @@ impl QuotaOptions {
     }
 }
 
+impl QuotaSettings {
+    /// How often this instance beats and reads the others' nudges: a
+    /// quarter of the instance timeout or of the rebalance interval,
+    /// whichever is shorter (so a beat never runs out between two).
+    pub fn beat_interval(&self) -> Duration {
+        (self.instance_timeout.min(self.rebalance_interval) / 4).max(Duration::from_millis(10))
+    }
+}
+
 /// Server-wide settings of the quota service.
 #[derive(Debug, Clone)]
 pub struct QuotaSettings {
@@ -97,6 +119,8 @@ pub struct QuotaSettings {
     /// A bucket not reported for this long is dropped from its stream:
     /// its share freed, the Envoy told to abandon it.
     pub subscriber_timeout: Duration,
+    /// An instance that has not beaten for this long is dead (on Redis).
+    pub instance_timeout: Duration,
     /// What a subscriber wants beyond its demand, per mille.
     pub headroom_permille: u64,
     /// How often each stream drops the buckets Envoy stopped reporting and

@@ -126,7 +126,12 @@ async fn settle_or_fail(
     op: ShareOp,
     params: &ShareParams,
 ) -> (Result<Share, Option<Assigned>>, bool) {
-    let failed: StoreError = match shared.ledger.settle(key, subscriber, op, params).await {
+    let dead = shared.dead_instances();
+    let failed: StoreError = match shared
+        .ledger
+        .settle(key, subscriber, op, params, &dead)
+        .await
+    {
         Ok(share) => return (Ok(share), false),
         Err(err) => err,
     };
@@ -136,7 +141,7 @@ async fn settle_or_fail(
         FailurePolicy::FailClosed => Err(None),
         FailurePolicy::Local => match &shared.local {
             Some(local) => local
-                .settle(key, subscriber, op, params)
+                .settle(key, subscriber, op, params, &[])
                 .await
                 .map_err(|_| None),
             None => Err(None),

@@ -1,14 +1,18 @@
 //! What every quota stream of the service shares: the ledgers, the rules,
-//! the settings, this instance's subscriptions and nudges.
+//! the settings, this instance's subscriptions and nudges, and what it
+//! knows of the other instances.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::debug;
 
 use super::nudges::Nudges;
 use super::options::QuotaSettings;
 use crate::quota::QuotaLedger;
+use crate::quota::presence::Presence;
 use crate::rules::RulesHandle;
 use crate::telemetry::WarnThrottle;
 
@@ -25,6 +29,12 @@ pub(super) struct Shared {
     /// Subscriptions held by all streams, at most `max_buckets`.
     pub(super) subscriptions: AtomicUsize,
     pub(super) nudges: Nudges,
+    /// This instance's beat and nudges on a shared Redis (none on the
+    /// embedded store: one process, one instance).
+    pub(super) presence: Option<Presence>,
+    /// The instances found dead at the last beat, whose subscribers'
+    /// entries every settlement drops.
+    pub(super) dead: RwLock<Arc<[String]>>,
     /// Turns true when the server shuts down.
     pub(super) shutdown: watch::Receiver<bool>,
     /// Throttles the warning of a report over `max_report_bytes`.
@@ -48,6 +58,30 @@ impl Shared {
                 (held < self.settings.max_buckets).then_some(held + 1)
             })
             .is_ok()
+    }
+
+    /// The instances found dead at the last beat.
+    pub(super) fn dead_instances(&self) -> Arc<[String]> {
+        self.dead
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Asks every other stream subscribed to `key`, on this instance at
+    /// once and on the others at their next beat, to settle it again.
+    pub(super) fn nudge(&self, key: &str, from: u64) {
+        self.nudges.nudge(key, from);
+        if let Some(presence) = &self.presence {
+            let (presence, key) = (presence.clone(), key.to_owned());
+            // Not awaited: a stream does not wait on the others; a nudge
+            // lost is made up for at the others' next report.
+            tokio::spawn(async move {
+                if let Err(err) = presence.nudge(&key).await {
+                    debug!(%err, key, "could not nudge the other instances");
+                }
+            });
+        }
     }
 
     /// Gives one back.

@@ -181,8 +181,9 @@ impl QuotaStream {
     }
 
     /// The instance stops: the stream's subscriptions are forgotten here,
-    /// but their grants stay in the ledger until they run out, since the
-    /// Envoys keep enforcing them until their time to live.
+    /// but their grants stay in the ledger, since the Envoys keep enforcing
+    /// them until they reconnect elsewhere; the other instances drop them
+    /// once this one's beat has run out (`instances`).
     pub(super) fn forget_all(&mut self) {
         for (key, subscription) in self.buckets.drain() {
             self.shared.give_back_subscription();
@@ -216,13 +217,14 @@ impl QuotaStream {
         self.shared.nudges.unsubscribe(key, self.number);
         if subscription.in_ledger {
             let leave = ShareParams::default();
+            let dead = self.shared.dead_instances();
             match self
                 .shared
                 .ledger
-                .settle(key, &self.subscriber, ShareOp::Leave, &leave)
+                .settle(key, &self.subscriber, ShareOp::Leave, &leave, &dead)
                 .await
             {
-                Ok(_) => self.shared.nudges.nudge(key, self.number),
+                Ok(_) => self.shared.nudge(key, self.number),
                 // Its entry runs out by itself after the lease.
                 Err(err) => debug!(%err, key, "could not free a quota share"),
             }
@@ -356,7 +358,7 @@ impl QuotaStream {
         if let Some(share) = share {
             let (shrank, starved) = subscription.record_share(&share);
             if shrank || (starved && may_nudge_when_starved) {
-                self.shared.nudges.nudge(&key, self.number);
+                self.shared.nudge(&key, self.number);
             }
         }
         // `None`: the failure policy left the Envoy to its own fallbacks.

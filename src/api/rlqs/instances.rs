@@ -1,0 +1,84 @@
+//! What this instance hears of the others on a shared Redis: it beats,
+//! learns which instances died (whose subscribers' entries every
+//! settlement then drops, and whose shares every stream settles again at
+//! once), and passes the others' nudges on to its own streams.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::shared::Shared;
+use crate::quota::presence::{Beat, Presence};
+use crate::telemetry::WarnThrottle;
+
+/// At most one warning per this of failed beats.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Beats every `shared.settings.beat_interval()` until the server shuts
+/// down, while any Envoy subscribes here: an instance without subscribers
+/// has no shares to hand on, and stays off Redis (its last beat runs out,
+/// which is what a stop looks like).
+pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
+    let mut shutdown = shared.shutdown.clone();
+    let mut beats = tokio::time::interval(shared.settings.beat_interval());
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let failing = WarnThrottle::new(LOG_EVERY);
+    // The first beat reads every nudge still kept: one written before it
+    // (say, for a bucket subscribed here a moment ago) is not missed.
+    let mut since = 0;
+    loop {
+        tokio::select! {
+            _ = beats.tick() => {}
+            changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() {
+                return;
+            },
+        }
+        if shared.subscriptions.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        match presence.beat(since).await {
+            Ok(beat) => {
+                since = beat.now_ms;
+                take_in(&shared, beat);
+            }
+            // The ledger calls fail too, and answer with the failure
+            // policy; the dead stay as last seen.
+            Err(err) => failing.warn(|suppressed| {
+                warn!(
+                    %err,
+                    suppressed,
+                    "quota heartbeat failed: past --quota-instance-timeout the other instances \
+                     take this one for dead and hand its Envoys' shares on (one warning per 10s)"
+                );
+            }),
+        }
+    }
+}
+
+/// Takes in what a beat learned.
+fn take_in(shared: &Shared, beat: Beat) {
+    let Beat { dead, nudged, .. } = beat;
+    let newly_dead: Vec<&String> = {
+        let known = shared.dead_instances();
+        dead.iter().filter(|id| !known.contains(id)).collect()
+    };
+    if !newly_dead.is_empty() {
+        info!(
+            instances = ?newly_dead,
+            "quota instances stopped beating: their Envoys' shares are handed on"
+        );
+    }
+    let any_newly_dead = !newly_dead.is_empty();
+    *shared.dead.write().unwrap_or_else(PoisonError::into_inner) = dead.into();
+    if any_newly_dead {
+        shared.nudges.nudge_all();
+    }
+    for (instance, key) in nudged {
+        // This instance's own streams were nudged when it wrote them.
+        if instance != shared.instance {
+            shared.nudges.nudge(&key, 0);
+        }
+    }
+}

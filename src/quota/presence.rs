@@ -1,0 +1,121 @@
+//! Which ratelimitd instances on one Redis are alive, and nudges between
+//! them: each instance beats (`beat.lua`) every fraction of a second; one
+//! whose beat ran out is dead, and the ledgers drop its subscribers'
+//! entries at once instead of when their leases run out. A stream that
+//! wants a bucket settled again by every instance (a newcomer short of its
+//! share, a share shrunk or freed) writes a nudge (`nudge.lua`), which the
+//! others read at their next beat.
+//!
+//! Both keys carry one hash tag, so each call is one script on one node
+//! (Redis Cluster included), on Redis's clock.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::error::StoreError;
+use crate::store::{CLOCK_LUA, RedisStore};
+
+/// The heartbeat script: the clock, then `beat.lua`.
+static BEAT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[CLOCK_LUA, include_str!("beat.lua")].concat()));
+
+/// The nudge script: the clock, then `nudge.lua`.
+static NUDGE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[CLOCK_LUA, include_str!("nudge.lua")].concat()));
+
+/// How long a nudge is kept for the others to read, at least: many beats.
+const KEEP_NUDGES: Duration = Duration::from_secs(10);
+
+/// This instance's presence on the shared store.
+#[derive(Clone)]
+pub struct Presence {
+    store: RedisStore,
+    instances_key: String,
+    nudges_key: String,
+    /// This instance's id, as its subscribers' ids begin.
+    me: String,
+    /// How long one beat holds.
+    timeout: Duration,
+    /// How long an instance is named dead after its beat ran out.
+    forget_after: Duration,
+    /// How long nudges are kept.
+    keep_nudges: Duration,
+}
+
+/// What one beat learned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    /// Redis's clock at the beat, ms: the next beat reads nudges from it.
+    pub now_ms: i64,
+    /// The instances whose beat ran out.
+    pub dead: Vec<String>,
+    /// The nudges since the last beat: (instance, bucket key).
+    pub nudged: Vec<(String, String)>,
+}
+
+impl Presence {
+    /// Instance `me`'s presence on `store`, under `prefix`: each beat holds
+    /// for `timeout`, and polls every `every` (nudges are kept long enough
+    /// for several polls). A dead instance is named for `forget_after`, by
+    /// when its subscribers' entries have run out by themselves.
+    pub fn new(
+        store: RedisStore,
+        prefix: &str,
+        me: &str,
+        timeout: Duration,
+        every: Duration,
+        forget_after: Duration,
+    ) -> Self {
+        Self {
+            store,
+            instances_key: format!("{prefix}{{rlq-presence}}:instances"),
+            nudges_key: format!("{prefix}{{rlq-presence}}:nudges"),
+            me: me.to_owned(),
+            timeout,
+            forget_after,
+            keep_nudges: KEEP_NUDGES.max(every * 8),
+        }
+    }
+
+    /// Beats, and reads the dead instances and the nudges written at or
+    /// after `since_ms` (the last beat's `now_ms`; 0: all that are kept).
+    pub async fn beat(&self, since_ms: i64) -> Result<Beat, StoreError> {
+        let mut invocation = BEAT.key(&self.instances_key);
+        invocation
+            .key(&self.nudges_key)
+            .arg(&self.me)
+            .arg(millis(self.timeout))
+            .arg(millis(self.forget_after))
+            .arg(since_ms);
+        let (now_ms, dead, nudges): (i64, Vec<String>, Vec<String>) =
+            self.store.run_script(&invocation).await?;
+        let nudged = nudges
+            .into_iter()
+            .filter_map(|member| {
+                let (instance, key) = member.split_once(' ')?;
+                Some((instance.to_owned(), key.to_owned()))
+            })
+            .collect();
+        Ok(Beat {
+            now_ms,
+            dead,
+            nudged,
+        })
+    }
+
+    /// Asks the other instances to settle the bucket at `key` again.
+    pub async fn nudge(&self, key: &str) -> Result<(), StoreError> {
+        let mut invocation = NUDGE.key(&self.nudges_key);
+        invocation
+            .arg(format!("{} {key}", self.me))
+            .arg(millis(self.keep_nudges));
+        let _: i64 = self.store.run_script(&invocation).await?;
+        Ok(())
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,115 @@
+//! The quota service across ratelimitd instances on one Redis, driven over
+//! gRPC as Envoy drives it: a newcomer on one instance makes the stream
+//! holding the whole rate on another shrink with no report of its own (a
+//! nudge read at the next beat, not at a rebalance tick or a report), and
+//! a killed instance's share is handed on once its beat runs out (not when
+//! its leases run out); each instance's presence is two keys that expire.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::quota::{QuotaStream, Told, bucket};
+use common::{RedisServer, ServerProcess, TestServer};
+
+/// 100 requests a second for {name: api}.
+fn write_policies(dir: &Path) -> String {
+    let path = dir.join("quota.yaml");
+    std::fs::write(
+        &path,
+        "domain: edge\nquota_buckets:\n  - bucket_id: {name: api}\n    \
+         rate_limit: {unit: second, requests_per_unit: 100}\n",
+    )
+    .expect("write the policies");
+    path.to_string_lossy().into_owned()
+}
+
+/// A whole share of 100/s: 6000 a minute, a tenth of a second of burst.
+const ALL_OF_100: Told = Told::TokenBucket(10, 6000, 60);
+/// Half of it.
+const HALF_OF_100: Told = Told::TokenBucket(5, 3000, 60);
+
+/// Rebalancing every 30 s, so that what moves sooner was moved by a nudge
+/// or a death; an instance timeout of 1 s (a beat every 250 ms).
+fn flags<'a>(url: &'a str, config: &'a str) -> [&'a str; 8] {
+    [
+        "--redis-url",
+        url,
+        "--config",
+        config,
+        "--quota-rebalance-interval",
+        "30s",
+        "--quota-instance-timeout",
+        "1s",
+    ]
+}
+
+/// Waits at most 8 s (well before a report, a rebalance tick or a lease
+/// would have moved it) for `stream` to be told `wanted`.
+async fn told_within_8s(stream: &mut QuotaStream, wanted: &Told) {
+    let api = bucket(&[("name", "api")]);
+    let told = tokio::time::timeout(
+        Duration::from_secs(8),
+        stream.until(&api, |told| told == wanted),
+    )
+    .await;
+    assert!(told.is_ok(), "not told {wanted:?} within 8 s");
+}
+
+#[tokio::test]
+async fn a_newcomer_elsewhere_shrinks_the_holder_without_a_report() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = (redis.url(), write_policies(dir.path()));
+    let one = TestServer::start(&flags(&url, &config)).await;
+    let two = TestServer::start(&flags(&url, &config)).await;
+    let api = bucket(&[("name", "api")]);
+    let mut holder = QuotaStream::open(one.address).await;
+    holder.subscribe("edge", &api).await;
+    assert_eq!(holder.next_one().await.told, ALL_OF_100);
+    let mut newcomer = QuotaStream::open(two.address).await;
+    newcomer.subscribe("edge", &api).await;
+    assert_eq!(newcomer.next_one().await.told, Told::DenyAll);
+    // Neither reports again: the holder is nudged to its half, and the
+    // newcomer, nudged in turn, grows into it.
+    told_within_8s(&mut holder, &HALF_OF_100).await;
+    told_within_8s(&mut newcomer, &HALF_OF_100).await;
+    // The ledger, the instances' beats and the nudges, each expiring.
+    let mut keys = redis.keys().await;
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec![
+            "ratelimitd:{rlq-presence}:instances".to_owned(),
+            "ratelimitd:{rlq-presence}:nudges".to_owned(),
+            "ratelimitd:{rlq:edge|name=api}".to_owned(),
+        ]
+    );
+    redis.assert_every_key_expires().await;
+    one.stop().await;
+    two.stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = (redis.url(), write_policies(dir.path()));
+    let survivor = TestServer::start(&flags(&url, &config)).await;
+    let doomed = ServerProcess::start(&flags(&url, &config)).await;
+    let api = bucket(&[("name", "api")]);
+    let mut first = QuotaStream::open(survivor.address).await;
+    first.subscribe("edge", &api).await;
+    assert_eq!(first.next_one().await.told, ALL_OF_100);
+    let mut second = QuotaStream::open(doomed.address).await;
+    second.subscribe("edge", &api).await;
+    told_within_8s(&mut second, &HALF_OF_100).await;
+    told_within_8s(&mut first, &HALF_OF_100).await;
+    // Killed, its stream never leaves: its grant would count for its
+    // lease (16 s). Its beat runs out after 1 s, and the survivor takes
+    // the whole rate.
+    drop(doomed);
+    told_within_8s(&mut first, &ALL_OF_100).await;
+    survivor.stop().await;
+}
