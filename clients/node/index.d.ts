@@ -176,15 +176,22 @@ export interface LimitsDecision extends Decision {
 export type CheckManyRequest = { key: string } & Omit<CallOptions, 'deadlineMs'> &
   (Limit | { limits: LimitsEntry[] } | { policy: string });
 
-/**
- * One request's answer in a batch: its decision, or its own error (a
- * RateLimitError with ratelimitd's code, e.g. 'INVALID_ARGUMENT' or
- * 'NOT_FOUND', or the TypeError / RangeError of its invalid options, then
- * not sent).
- */
+/** One request's answer in a batch: its decision, or its own error. */
 export type CheckManyResult =
   | { decision: Decision | LimitsDecision; error: null }
-  | { decision: null; error: RateLimitError | TypeError | RangeError };
+  | { decision: null; error: CheckManyError };
+
+/**
+ * One request's own error in a batch: a RateLimitError with ratelimitd's
+ * code (e.g. 'INVALID_ARGUMENT', 'NOT_FOUND') and the request's `index`, or
+ * the TypeError / RangeError of its invalid options (the request was not
+ * sent), which has neither. `error.code` and `error.index` may be read on
+ * either (undefined on the latter), and `error.code !== undefined` narrows
+ * to the RateLimitError.
+ */
+export type CheckManyError =
+  | (RateLimitError & { index: number })
+  | ((TypeError | RangeError) & { code?: undefined; index?: undefined });
 
 /** gRPC status names, as `RateLimitError.code`. */
 export type GrpcStatusName =

@@ -51,7 +51,7 @@ const NOT_OPTIONS = {
   store: "counters live in ratelimitd; pass `address` (e.g. '127.0.0.1:50051') or `client` (a RateLimitClient)",
   headers: "it is now `standardHeaders` ('draft-6', 'draft-7', 'draft-8' or false), as express-rate-limit names it",
   passOnStoreError: "use `onServiceError: 'allow'` (the default) or 'deny'",
-  identifier: 'the RateLimit-Policy item is named "default", or after the most restrictive of `limits`',
+  identifier: 'the RateLimit-Policy item is named after the limit it describes: name it in `limits` (`limits: [{ name, type, ... }]`)',
   validate: 'options are always checked when rateLimiter() is called',
 };
 // express-rate-limit's defaults, used when no `type`, `limits` or `policy` is given.
@@ -347,17 +347,11 @@ function rateLimiter(options) {
     stats.decided += 1;
 
     // With several limits, the top-level fields are the most restrictive
-    // one's: it is the item sent, under its name.
-    let id = DEFAULT_POLICY_ID;
-    let window = windowSeconds;
-    if (form !== 'type') {
-      const i = result.mostRestrictive ?? 0;
-      id = result.limits?.[i]?.name || DEFAULT_POLICY_ID;
-      window = limitWindows?.[i];
-    }
+    // one's: it is the item sent.
+    const window = form === 'type' ? windowSeconds : limitWindows?.[result.mostRestrictive ?? 0];
     const resetSeconds = Math.ceil(result.resetAfterMs / 1000);
     if (!res.headersSent) {
-      setHeaders(res, { headerVersion, legacyHeaders, id, window, result, resetSeconds });
+      setHeaders(res, { headerVersion, legacyHeaders, id: policyId(result), window, result, resetSeconds });
     }
     req[requestPropertyName] = {
       limit: result.limit,
@@ -438,6 +432,22 @@ function hasRoom(look, spend, requestOptions) {
     const own = requestOptions.limits?.[i]?.cost;
     return status.remaining >= (own ?? spend);
   });
+}
+
+/**
+ * The id of the RateLimit-Policy and RateLimit item: the name of the limit
+ * the decision describes, as ratelimitd reports it (a policy's limit without
+ * a name by its `per`); without one, `default`, or `default#<n>` for the
+ * n-th of several. Each limit keeps one id whichever is the most
+ * restrictive, as the draft's items identify one quota each; the Python
+ * client follows the same rule (clients/test-vectors/policy-ids.json).
+ */
+function policyId(result) {
+  const statuses = result.limits;
+  if (!statuses?.length) return DEFAULT_POLICY_ID;
+  const i = result.mostRestrictive ?? 0;
+  if (statuses[i]?.name) return statuses[i].name;
+  return statuses.length > 1 ? `${DEFAULT_POLICY_ID}#${i + 1}` : DEFAULT_POLICY_ID;
 }
 
 function setHeaders(res, { headerVersion, legacyHeaders, id, window, result, resetSeconds }) {

@@ -90,13 +90,13 @@ async def test_a_key_function_and_a_prefix(ratelimitd, peer, key):
 
 async def test_a_token_bucket_and_a_shared_client(ratelimitd, peer):
     shared = AsyncClient(ratelimitd.address, deadline=2.0)
-    app = limited_app(client=shared, type="token", capacity=3, refill_rate=0.1, policy_id="per-ip")
+    app = limited_app(client=shared, type="token", capacity=3, refill_rate=0.1)
     async with http(app, peer) as client:
         responses = [await client.get("/") for _ in range(4)]
     await shared.close()
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     # w: an empty bucket takes 30 s to fill; Retry-After: 1 token in 10 s.
-    assert responses[3].headers["RateLimit-Policy"] == '"per-ip";q=3;w=30'
+    assert responses[3].headers["RateLimit-Policy"] == '"default";q=3;w=30'
     assert 9 <= int(responses[3].headers["Retry-After"]) <= 10
 
 
@@ -127,23 +127,23 @@ async def test_a_policy_the_eleventh_request_in_a_second_gets_429(policy_server,
     assert [r.status_code for r in responses] == [200] * 10 + [429]
     for remaining, response in zip(range(9, -1, -1), responses[:10], strict=True):
         assert response.text == "ok"
-        # The most restrictive limit, the second's; the window is the server's (no `w`).
-        assert response.headers["RateLimit-Policy"] == '"free-tier";q=10'
-        assert response.headers["RateLimit"] == f'"free-tier";r={remaining};t=1'
+        # The most restrictive limit, the second's, named by its `per`; the
+        # window is the server's (no `w`).
+        assert response.headers["RateLimit-Policy"] == '"1s";q=10'
+        assert response.headers["RateLimit"] == f'"1s";r={remaining};t=1'
         assert "Retry-After" not in response.headers
 
     denied = responses[10]
     assert denied.json() == {"error": "Rate limit exceeded"}
     assert denied.headers["Retry-After"] == "1"
-    assert denied.headers["RateLimit-Policy"] == '"free-tier";q=10'
-    assert denied.headers["RateLimit"] == '"free-tier";r=0;t=1'
+    assert denied.headers["RateLimit-Policy"] == '"1s";q=10'
+    assert denied.headers["RateLimit"] == '"1s";r=0;t=1'
 
 
-async def test_a_policy_with_its_own_policy_id_and_a_key_function(policy_server, peer, key):
+async def test_a_policy_with_a_key_function(policy_server, peer, key):
     app = limited_app(
         address=policy_server.address,
         policy="free-tier",
-        policy_id="plan",
         key_func=lambda request: request.headers["x-api-key"],
         prefix=key,
         cost=lambda request: 6,
@@ -152,7 +152,7 @@ async def test_a_policy_with_its_own_policy_id_and_a_key_function(policy_server,
         alice = [await client.get("/", headers={"X-Api-Key": "alice"}) for _ in range(2)]
         bob = await client.get("/", headers={"X-Api-Key": "bob"})
     assert [r.status_code for r in alice] == [200, 429] and bob.status_code == 200
-    assert alice[1].headers["RateLimit"] == '"plan";r=4;t=1'
+    assert alice[1].headers["RateLimit"] == '"1s";r=4;t=1'
 
 
 async def test_several_limits_report_the_most_restrictive(ratelimitd, peer):
@@ -166,9 +166,9 @@ async def test_several_limits_report_the_most_restrictive(ratelimitd, peer):
     async with http(app, peer) as client:
         responses = [await client.get("/") for _ in range(3)]
     assert [r.status_code for r in responses] == [200, 200, 429]
-    # The hour's bucket has the fewest left, then denies: its q and w.
-    assert {r.headers["RateLimit-Policy"] for r in responses} == {'"default";q=2;w=3600'}
-    assert re.fullmatch(r'"default";r=1;t=(1800|1799)', responses[0].headers["RateLimit"])
+    # The hour's bucket has the fewest left, then denies: its name, q and w.
+    assert {r.headers["RateLimit-Policy"] for r in responses} == {'"per-hour";q=2;w=3600'}
+    assert re.fullmatch(r'"per-hour";r=1;t=(1800|1799)', responses[0].headers["RateLimit"])
     assert 1790 <= int(responses[2].headers["Retry-After"]) <= 1800
 
 
@@ -219,6 +219,10 @@ def test_a_bad_limit_fails_at_start_up():
         RateLimitMiddleware(app, limit=0, window_ms=1000)
     with pytest.raises(ValueError, match="type='token' needs capacity and refill_rate"):
         RateLimitMiddleware(app, type="token")
+    with pytest.raises(TypeError, match=r"policy_id is not an option: .* limits=\[Limit\(name="):
+        RateLimitMiddleware(app, limit=1, window_ms=1000, policy_id="per-ip")
+    with pytest.raises(TypeError, match="unknown option: windowMs"):
+        RateLimitMiddleware(app, limit=1, windowMs=1000)
     with pytest.raises(ValueError, match="on_service_error must be 'allow' or 'deny'"):
         RateLimitMiddleware(app, limit=1, window_ms=1000, on_service_error="maybe")
     with pytest.raises(ValueError, match="limit and window_ms do not apply with policy="):

@@ -150,7 +150,7 @@ async def test_a_sync_key_func_per_route_and_a_policy(policy_server, peer, key):
         alice = [await client.get("/", headers={"X-User": "alice"}) for _ in range(2)]
         bob = await client.get("/", headers={"X-User": "bob"})
     assert [r.status_code for r in alice] == [200, 429] and bob.status_code == 200
-    assert alice[1].headers["RateLimit"] == '"free-tier";r=4;t=1'
+    assert alice[1].headers["RateLimit"] == '"1s";r=4;t=1'
 
 
 async def test_several_limits_in_one_string(ratelimitd, peer, key):
@@ -165,8 +165,9 @@ async def test_several_limits_in_one_string(ratelimitd, peer, key):
         await asyncio.sleep(1.1)
         second = [await client.get("/") for _ in range(2)]
     assert [r.status_code for r in first + second] == [200, 200, 200, 200, 429]
-    # Denied by the hour: its q and w, and a Retry-After of most of an hour.
-    assert second[1].headers["RateLimit-Policy"] == '"default";q=4;w=3600'
+    # Denied by the hour: its id (the limit string's name for it), q and w,
+    # and a Retry-After of most of an hour.
+    assert second[1].headers["RateLimit-Policy"] == '"1h";q=4;w=3600'
     assert int(second[1].headers["Retry-After"]) > 3000
 
 

@@ -131,7 +131,7 @@ async def test_the_key_sent_is_prefix_namespace_key(ratelimitd, key):
     limiter = Limiter(lambda request: "user7", client=client, prefix="app1:")
     app = limited_app(
         (limiter, {"limit": 5, "window_ms": 10_000}),
-        (limiter, {"policy_id": "x", "limit": 5, "window_ms": 10_000, "name": "n"}),
+        (limiter, {"limit": 5, "window_ms": 10_000, "name": "n"}),
     )
     await statuses(app, "/0", 1)
     await statuses(app, "/1", 1)

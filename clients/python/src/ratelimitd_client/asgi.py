@@ -211,7 +211,6 @@ class _Rule:
     cost: int | CostFunc
     key_func: KeyFunc | None
     namespace: str
-    policy_id: str
     window_seconds: list[int]
     on_service_error: str | None
 
@@ -231,9 +230,16 @@ def _rule(
     cost: int | CostFunc = 1,
     key_func: KeyFunc | None = None,
     name: str | None = None,
-    policy_id: str | None = None,
     on_service_error: str | None = None,
+    **unknown: Any,
 ) -> _Rule:
+    if "policy_id" in unknown:
+        raise TypeError(
+            "policy_id is not an option: the headers' id is the name of the limit they describe; "
+            "to choose it, name the limit: limits=[Limit(name=..., ...)]"
+        )
+    if unknown:
+        raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
     params: dict[str, Any] = {
         "type": type,
         "limit": limit,
@@ -273,7 +279,6 @@ def _rule(
         cost=cost,
         key_func=key_func,
         namespace=space,
-        policy_id=sf_string(policy_id if policy_id is not None else policy or "default"),
         window_seconds=window_seconds,
         on_service_error=on_service_error,
     )
@@ -354,8 +359,7 @@ class Limiter:
         `refill_rate`, `burst`, `limits`, `policy`, `failure_policy`), and
         `cost` (int, or a function of the request, sync or async), `key_func`
         (instead of the limiter's), `name` (the namespace: routes with the
-        same name share counters), `policy_id` (the headers' id),
-        `on_service_error`. Stack several: each is checked in turn.
+        same name share counters), `on_service_error`. Stack several: each is checked in turn.
 
         The decorator may go above or below the framework's (`@app.get(...)`):
         the middleware finds the route before the app runs, and where it
@@ -550,7 +554,7 @@ class RateLimitMiddleware:
     `Limiter`'s route limits. Without `limiter`, the keyword arguments are
     one limit for every route: `Limiter.limit`'s options (`limit=5,
     window_ms=10_000`, `policy="free-tier"`, `limits=[...]`, `cost`,
-    `name`, `policy_id`, ...) and `Limiter`'s (`key_func`, `address`,
+    `name`, ...) and `Limiter`'s (`key_func`, `address`,
     `deadline`, `client`, `exempt_paths`, `on_service_error`, `on_degraded`,
     `headers`, `prefix`). Its limiter (and `stats`) is `.limiter`."""
 
@@ -610,14 +614,31 @@ class _RequestState:
 def _headers(limiter: Limiter, rule: _Rule, decision: Decision) -> list[tuple[bytes, bytes]]:
     if not limiter.headers:
         return []
-    policy = f"{rule.policy_id};q={decision.limit}"
-    if rule.window_seconds:
+    item = sf_string(policy_id(decision))
+    policy = f"{item};q={decision.limit}"
+    if 0 <= decision.most_restrictive < len(rule.window_seconds):
         policy += f";w={rule.window_seconds[decision.most_restrictive]}"
     reset = math.ceil(decision.reset_after_ms / 1000)
     return [
         (b"ratelimit-policy", policy.encode()),
-        (b"ratelimit", f"{rule.policy_id};r={decision.remaining};t={reset}".encode()),
+        (b"ratelimit", f"{item};r={decision.remaining};t={reset}".encode()),
     ]
+
+
+def policy_id(decision: Decision) -> str:
+    """The id of the RateLimit-Policy and RateLimit item: the name of the
+    limit the decision describes, as ratelimitd reports it (a policy's limit
+    without a name by its `per`); without one, "default", or "default#<n>"
+    for the n-th of several. Each limit keeps one id whichever is the most
+    restrictive, as the draft's items identify one quota each; the Node
+    client follows the same rule (clients/test-vectors/policy-ids.json)."""
+    statuses = decision.limits
+    i = decision.most_restrictive
+    if not statuses or not 0 <= i < len(statuses):
+        return "default"
+    if statuses[i].name:
+        return statuses[i].name
+    return f"default#{i + 1}" if len(statuses) > 1 else "default"
 
 
 def _degraded_header(degraded: list[tuple[str, Degraded]]) -> list[tuple[bytes, bytes]]:
