@@ -297,8 +297,9 @@ async fn run_decide(
     mode: Mode,
 ) -> Result<Vec<Decided>, StoreError> {
     let limits = script_limits(groups, requests, members);
+    let slot_key = limits.first().map_or("", |limit| limit.key);
     let reply: Vec<i64> = redis
-        .run_script(&script::decide_call(mode, &limits))
+        .run_script(slot_key, &script::decide_call(mode, &limits))
         .await?;
     script::decode(&limits, &reply)
 }
@@ -321,8 +322,10 @@ async fn refund(
             given_back.push((limit, decided.mark));
         }
     }
-    if !given_back.is_empty() {
-        let _refunded: i64 = redis.run_script(&script::refund_call(&given_back)).await?;
+    if let Some((first, _)) = given_back.first() {
+        let _refunded: i64 = redis
+            .run_script(first.key, &script::refund_call(&given_back))
+            .await?;
     }
     Ok(())
 }

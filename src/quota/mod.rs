@@ -52,7 +52,7 @@ impl QuotaLedger {
             Self::Redis(store) => {
                 let mut invocation = SHARE.key(key);
                 share_args(&mut invocation, subscriber, op, params, dead);
-                let reply: Vec<i64> = store.run_script(&invocation).await?;
+                let reply: Vec<i64> = store.run_script(key, &invocation).await?;
                 decode_share(&reply)
             }
             Self::Memory(ledger) => Ok(ledger.settle(key, subscriber, op, params, dead)),

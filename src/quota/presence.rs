@@ -89,8 +89,10 @@ impl Presence {
             .arg(millis(self.timeout))
             .arg(millis(self.forget_after))
             .arg(since_ms);
-        let (now_ms, dead, nudges): (i64, Vec<String>, Vec<String>) =
-            self.store.run_script(&invocation).await?;
+        let (now_ms, dead, nudges): (i64, Vec<String>, Vec<String>) = self
+            .store
+            .run_script(&self.instances_key, &invocation)
+            .await?;
         let nudged = nudges
             .into_iter()
             .filter_map(|member| {
@@ -111,7 +113,7 @@ impl Presence {
         invocation
             .arg(format!("{} {key}", self.me))
             .arg(millis(self.keep_nudges));
-        let _: i64 = self.store.run_script(&invocation).await?;
+        let _: i64 = self.store.run_script(&self.nudges_key, &invocation).await?;
         Ok(())
     }
 }

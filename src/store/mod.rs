@@ -4,8 +4,8 @@
 //! (`limiter::Store`).
 //!
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
-//! for a pinned server certificate), behind a `breaker`, as
-//! `redis_settings` say; `memory` keeps state in this process, reading the
+//! for a pinned server certificate), behind a `breaker` (on a Cluster, one
+//! per primary: `node_breakers`), as `redis_settings` say; `memory` keeps state in this process, reading the
 //! time from `clock` (beside the script part that reads Redis's); `options`
 //! turns the command line into settings.
 
@@ -14,6 +14,7 @@ pub mod breaker;
 mod clock;
 mod managers;
 pub mod memory;
+mod node_breakers;
 pub mod options;
 mod pinned_tls;
 pub mod redis;

@@ -156,6 +156,8 @@ pub struct StoreOptions {
 
     /// Redis failures in a row after which calls stop waiting on Redis (and
     /// the failure policy answers at once) until a health probe succeeds.
+    /// On a Redis Cluster, counted per primary, for its keys only; a call
+    /// every --redis-command-timeout then tries the node again.
     #[arg(long, env = "RATELIMITD_REDIS_BREAKER_THRESHOLD", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..),
           help_heading = "Failure policy")]

@@ -2,6 +2,9 @@
 //! of shared, multiplexed connections (see `managers`) to a standalone
 //! Redis, a Redis Cluster, or the primary a set of Sentinels names, bounded
 //! by a command timeout, and classifies what goes wrong where it enters.
+//! A circuit breaker stands in front: one for the whole Redis, or on a
+//! Cluster one per primary (`node_breakers`), so that a failed node's keys
+//! stop waiting while every other node's are still decided.
 //!
 //! Scripts are called by SHA (`EVALSHA`); redis-rs answers a `NOSCRIPT` (after
 //! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
@@ -14,11 +17,13 @@ use deadpool::managed::Pool;
 use deadpool_redis::{PoolError, Runtime};
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
-    RedisError, RetryMethod, ScriptInvocation, TlsCertificates,
+    RedisError, RetryMethod, ScriptInvocation, TlsCertificates, Value,
 };
+use tracing::debug;
 
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
+use super::node_breakers::NodeBreakers;
 use super::pinned_tls::{PinnedTls, Trust};
 use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
@@ -73,12 +78,31 @@ impl Pools {
     }
 }
 
+/// The circuit breakers in front of a Redis.
+enum Breakers {
+    /// One for the whole of it (standalone, Sentinel), closed by the
+    /// health probe.
+    One(Arc<CircuitBreaker>),
+    /// One per Cluster primary, found by the key's slot.
+    PerNode(NodeBreakers),
+}
+
+impl Breakers {
+    /// The breaker a call on `key` goes through.
+    fn for_key(&self, key: &str) -> Arc<CircuitBreaker> {
+        match self {
+            Self::One(breaker) => Arc::clone(breaker),
+            Self::PerNode(nodes) => nodes.for_key(key.as_bytes()),
+        }
+    }
+}
+
 /// A pool of connections to Redis, behind a circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
     pools: Pools,
     command_timeout: Duration,
-    breaker: Arc<CircuitBreaker>,
+    breakers: Arc<Breakers>,
     /// Which Redis it is, for metrics and logs: `main` or `per_second`.
     label: &'static str,
 }
@@ -158,10 +182,19 @@ impl RedisStore {
             }
         };
         metrics::redis_store(MAIN);
+        // A node's breaker tries a call every command timeout: so at most
+        // about one call at a time waits on a node that is down.
+        let breakers = match &pools {
+            Pools::Cluster(_) => Breakers::PerNode(NodeBreakers::new(
+                settings.breaker_threshold,
+                settings.command_timeout,
+            )),
+            _ => Breakers::One(Arc::new(CircuitBreaker::new(settings.breaker_threshold))),
+        };
         Ok(Self {
             pools,
             command_timeout: settings.command_timeout,
-            breaker: Arc::new(CircuitBreaker::new(settings.breaker_threshold)),
+            breakers: Arc::new(breakers),
             label: MAIN,
         })
     }
@@ -179,19 +212,22 @@ impl RedisStore {
     }
 
     /// Runs a prepared script call (by SHA, loading the script on
-    /// `NOSCRIPT`) and reads its reply: a list of integers. Fails at once
-    /// while the circuit breaker is open.
+    /// `NOSCRIPT`) and reads its reply: a list of integers. `key` is one of
+    /// its keys (on a Cluster, all of them are in its slot). Fails at once
+    /// while the circuit breaker in front of that key is open.
     pub async fn run_script<T: FromRedisValue>(
         &self,
+        key: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        if !self.breaker.allows() {
+        let breaker = self.breakers.for_key(key);
+        if !breaker.allows() {
             metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
         let started = std::time::Instant::now();
         let reply = self
-            .bounded(async {
+            .bounded(&breaker, async {
                 on_shared_connection!(&self.pools, |connection| invocation
                     .invoke_async::<T>(&mut connection))
                 .map_err(classify)
@@ -216,37 +252,81 @@ impl RedisStore {
         matches!(self.pools, Pools::Cluster(_))
     }
 
-    /// Asks Redis for `PING`, whatever the breaker says: the health check's
-    /// probe, whose answer also closes (or opens) the breaker.
+    /// Asks Redis for `PING`, whatever the breakers say: the health
+    /// check's probe, whose answer also closes (or opens) the breaker. On a
+    /// Cluster the `PING` goes to every primary, and closes every node's
+    /// breaker when all answer; a failure there opens none (each node's
+    /// own calls tell which node fails). A Cluster is first asked who
+    /// serves which slots, for the breakers.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        if let Breakers::PerNode(nodes) = &*self.breakers {
+            self.learn_slots(nodes).await;
+        }
         // Through `query_async`, so that an error reply (NOAUTH, LOADING...)
         // is an error, not a value.
         let ping = redis::cmd("PING");
-        self.bounded(async {
-            on_shared_connection!(&self.pools, |connection| ping
-                .query_async::<String>(&mut connection))
-            .map(drop)
-            .map_err(classify)
-        })
-        .await
+        let result = self
+            .within_timeout(async {
+                on_shared_connection!(&self.pools, |connection| ping
+                    .query_async::<String>(&mut connection))
+                .map(drop)
+                .map_err(classify)
+            })
+            .await;
+        match (&*self.breakers, &result) {
+            (Breakers::One(breaker), Err(err)) if err.is_transient() => breaker.record_failure(),
+            (Breakers::One(breaker), _) => breaker.record_success(),
+            (Breakers::PerNode(_), Err(err)) if err.is_transient() => {}
+            (Breakers::PerNode(nodes), _) => nodes.record_success(),
+        }
+        result
     }
 
-    /// Runs `work` within the command timeout and tells the breaker how it
-    /// went. A call cut off leaves its connection usable: a multiplexed
-    /// connection drops the late reply.
+    /// Asks a Cluster node `CLUSTER SLOTS`, for the breakers to follow
+    /// failovers and resharding. Unanswered, the breakers keep what they
+    /// knew.
+    async fn learn_slots(&self, nodes: &NodeBreakers) {
+        let mut ask = redis::cmd("CLUSTER");
+        ask.arg("SLOTS");
+        let reply = self
+            .within_timeout(async {
+                on_shared_connection!(&self.pools, |connection| ask
+                    .query_async::<Value>(&mut connection))
+                .map_err(classify)
+            })
+            .await
+            .map_err(|err| err.to_string())
+            .and_then(|reply| nodes.learn(&reply));
+        if let Err(err) = reply {
+            debug!(%err, "no slot map for the circuit breakers this time");
+        }
+    }
+
+    /// Runs `work` within the command timeout and tells `breaker` how it
+    /// went.
     async fn bounded<T>(
+        &self,
+        breaker: &CircuitBreaker,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = self.within_timeout(work).await;
+        match &result {
+            Err(err) if err.is_transient() => breaker.record_failure(),
+            _ => breaker.record_success(),
+        }
+        result
+    }
+
+    /// Runs `work` within the command timeout. A call cut off leaves its
+    /// connection usable: a multiplexed connection drops the late reply.
+    async fn within_timeout<T>(
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let result = tokio::time::timeout(self.command_timeout, work)
+        tokio::time::timeout(self.command_timeout, work)
             .await
             .map_err(|_| StoreError::Timeout(self.command_timeout))
-            .and_then(|result| result);
-        match &result {
-            Err(err) if err.is_transient() => self.breaker.record_failure(),
-            _ => self.breaker.record_success(),
-        }
-        result
+            .and_then(|result| result)
     }
 }
 
