@@ -1,0 +1,64 @@
+//! The floor under CheckLimit: a tonic server of ratelimitd's own API whose
+//! CheckLimit answers "allowed" at once, with no validation, no limiter
+//! and no store, on the same multi-threaded tokio runtime ratelimitd uses.
+//! Driven by the same load generator as ratelimitd, the difference is what
+//! ratelimitd itself spends per decision above tonic, HTTP/2 and protobuf.
+//!
+//! ```text
+//! cargo run --release --example echo_server -- 127.0.0.1:50061 &
+//! target/release/ratelimitd-bench --address 127.0.0.1:50061 --duration 10s
+//! ```
+
+use std::net::SocketAddr;
+
+use ratelimitd::pb::ratelimitd::v1::rate_limiter_server::{RateLimiter, RateLimiterServer};
+use ratelimitd::pb::ratelimitd::v1::{
+    CheckLimitRequest, CheckLimitResponse, CheckLimitsRequest, CheckLimitsResponse,
+};
+use tonic::{Request, Response, Status};
+
+/// Answers every CheckLimit "allowed", as a full limit of 1000 would.
+struct Echo;
+
+#[tonic::async_trait]
+impl RateLimiter for Echo {
+    async fn check_limit(
+        &self,
+        _request: Request<CheckLimitRequest>,
+    ) -> Result<Response<CheckLimitResponse>, Status> {
+        Ok(Response::new(CheckLimitResponse {
+            allowed: true,
+            limit: 1000,
+            remaining: 999,
+            reset_after: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            retry_after: Some(prost_types::Duration::default()),
+            ..CheckLimitResponse::default()
+        }))
+    }
+
+    async fn check_limits(
+        &self,
+        _request: Request<CheckLimitsRequest>,
+    ) -> Result<Response<CheckLimitsResponse>, Status> {
+        Err(Status::unimplemented("the echo server answers CheckLimit only"))
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let address: SocketAddr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:50061".to_owned())
+        .parse()?;
+    eprintln!("echo server on {address}");
+    // Small replies go out at once, as ratelimitd's do.
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(RateLimiterServer::new(Echo))
+        .serve(address)
+        .await?;
+    Ok(())
+}
