@@ -14,10 +14,15 @@ use common::redis::{RedisCluster, RedisSentinel, RedisServer, Role, Secured};
 use common::{PATIENCE, eventually};
 
 /// The answer to `PING` on a plain connection to `url`, or the error.
+/// Waiting up to [`PATIENCE`] for it, not the redis crate's 500 ms: on a
+/// stalled machine a refusal would otherwise come back as "timed out".
 async fn ping(url: &str) -> Result<String, String> {
     let client = redis::Client::open(url).map_err(|err| err.to_string())?;
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(PATIENCE))
+        .set_response_timeout(Some(PATIENCE));
     let mut connection = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&patient)
         .await
         .map_err(|err| err.to_string())?;
     redis::cmd("PING")
