@@ -1,22 +1,28 @@
 //! The Redis topologies of `tests/common/redis/` do what the tests
 //! built on them assume: the cluster spreads keys over its three primaries
-//! and survives losing one, the sentinels replace a killed primary, and the
-//! password, ACL and TLS servers let in only who they should. Each test
-//! prints how long its topology took to start and to fail over.
+//! and survives losing one, the sentinels replace a killed primary (after a
+//! stall of the machine too), and the password, ACL and TLS servers let in
+//! only who they should. Each test prints how long its topology took to
+//! start and to fail over.
 
 mod common;
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::redis::{RedisCluster, RedisSentinel, RedisServer, Role, Secured};
 use common::{PATIENCE, eventually};
 
 /// The answer to `PING` on a plain connection to `url`, or the error.
+/// Waiting up to [`PATIENCE`] for it, not the redis crate's 500 ms: on a
+/// stalled machine a refusal would otherwise come back as "timed out".
 async fn ping(url: &str) -> Result<String, String> {
     let client = redis::Client::open(url).map_err(|err| err.to_string())?;
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(PATIENCE))
+        .set_response_timeout(Some(PATIENCE));
     let mut connection = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&patient)
         .await
         .map_err(|err| err.to_string())?;
     redis::cmd("PING")
@@ -296,6 +302,32 @@ async fn the_sentinels_promote_the_replica_of_a_killed_primary() {
         .await
         .expect("INCR on the new primary");
     assert_eq!(value, 10);
+}
+
+#[tokio::test]
+async fn the_sentinels_fail_over_after_the_machine_stalls() {
+    /// Longer than the sentinels' `tilt-trigger` (2 s without their timer).
+    const STALL: Duration = Duration::from_secs(3);
+    let mut group = RedisSentinel::start().await;
+    let old = group.kill_primary().await;
+    // A loaded machine may stop every process for seconds at once; here only
+    // the sentinels, which is what they notice. The stall is a length of
+    // time, not a condition anything could signal.
+    group.freeze_sentinels();
+    tokio::time::sleep(STALL).await;
+    group.thaw_sentinels();
+    eventually("every sentinel to enter TILT mode after the stall", || {
+        let tilted = group.sentinels_tilted();
+        async move { tilted == 3 }
+    })
+    .await;
+    let started = Instant::now();
+    let new = group.await_failover(old).await;
+    eprintln!(
+        "sentinel: port {new} took over from {old} in {:?} after the stall",
+        started.elapsed()
+    );
+    assert_eq!(new, group.data_ports()[1]);
 }
 
 #[tokio::test]

@@ -176,6 +176,11 @@ impl RedisProcess {
         &self.cli_args
     }
 
+    /// Whether its log has `text` in it so far.
+    pub fn logged(&self, text: &str) -> bool {
+        self.log().contains(text)
+    }
+
     fn running(&self) -> &ChildProcess {
         self.child
             .as_ref()

@@ -1,19 +1,27 @@
 //! A Redis Sentinel group of the test's own: a primary, a replica and 3
 //! sentinels (quorum 2), plain or secured ([`Security`]); its primary
 //! killed and the failover awaited. A primary is judged down after 1 s
-//! (`down-after-milliseconds`), so failovers take seconds.
+//! (`down-after-milliseconds`), so failovers take seconds, and TILT mode
+//! (after a stall of the machine) lasts 3 s, not Redis's 30.
 
 use std::collections::HashMap;
 
 use super::access::{Access, Secured};
 use super::directives::{Directive, as_config, directive, path_arg};
 use super::process::{Nodes, RedisProcess};
-use super::queries::{answers_as_primary, await_caught_up, replica_link_up};
+use super::queries::{answers_as_primary, await_caught_up, info_field, replica_link_up};
 use super::security::{Security, SentinelPassword, Setup, acl_user};
 use crate::common::wait::settle;
 
 /// The name the sentinels monitor the primary under.
 pub const MASTER_NAME: &str = "mymaster";
+
+/// How long a sentinel stays in TILT mode, in milliseconds: three of its
+/// PINGs (one a second), so that what it acts on afterwards was seen after
+/// the stall that caused it. Redis's own 30 s outlasts
+/// [`crate::common::wait::PATIENCE`]: one stall of a loaded machine, and no
+/// failover would happen in time.
+const TILT_PERIOD_MS: &str = "3000";
 
 /// A primary, a replica and 3 sentinels (quorum 2) of our own.
 pub struct RedisSentinel {
@@ -31,9 +39,9 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     /// Starts the primary, a replica of it (and waits until it is in sync),
-    /// then 3 sentinels monitoring it with quorum 2, 1 s down-after and 3 s
-    /// failover timeout, and waits until every sentinel sees the primary up,
-    /// the replica in sync and the 2 other sentinels.
+    /// then 3 sentinels monitoring it with quorum 2, 1 s down-after, 3 s
+    /// failover timeout and 3 s TILT period, and waits until every sentinel
+    /// sees the primary up, the replica in sync and the 2 other sentinels.
     pub async fn start() -> Self {
         Self::start_with(Security::default()).await
     }
@@ -227,6 +235,31 @@ impl RedisSentinel {
         port
     }
 
+    /// SIGSTOPs every sentinel, as a stalled machine (a paused virtual
+    /// machine, a starved host) stops every process at once.
+    pub fn freeze_sentinels(&self) {
+        for port in self.sentinel_ports() {
+            self.sentinels.get(port).freeze();
+        }
+    }
+
+    /// SIGCONT after [`RedisSentinel::freeze_sentinels`]. A sentinel whose
+    /// timer did not run for over 2 s (its `tilt-trigger`) enters TILT mode:
+    /// it keeps watching but acts on nothing (no failover) for a while.
+    pub fn thaw_sentinels(&self) {
+        for port in self.sentinel_ports() {
+            self.sentinels.get(port).thaw();
+        }
+    }
+
+    /// How many sentinels have entered TILT mode so far (logged `+tilt`).
+    pub fn sentinels_tilted(&self) -> usize {
+        self.sentinel_ports()
+            .into_iter()
+            .filter(|port| self.sentinels.get(*port).logged("+tilt"))
+            .count()
+    }
+
     /// Waits until every sentinel names a primary other than `old_port`,
     /// no longer down, and that node answers `ROLE` as a primary. Returns
     /// its port.
@@ -238,7 +271,8 @@ impl RedisSentinel {
                 for port in self.sentinel_ports() {
                     let primary = self.primary_named_by(port).await?;
                     if primary == old_port {
-                        return Err(format!("sentinel {port} still names {old_port}"));
+                        let tilt = self.tilt_note(port).await;
+                        return Err(format!("sentinel {port} still names {old_port}{tilt}"));
                     }
                     if agreed.is_some_and(|agreed| agreed != primary) {
                         return Err(format!("sentinels name {agreed:?} and {primary}"));
@@ -256,6 +290,19 @@ impl RedisSentinel {
             },
         )
         .await
+    }
+
+    /// For messages: whether the sentinel on `port` says it is in TILT mode,
+    /// where it fails nothing over.
+    async fn tilt_note(&self, port: u16) -> &'static str {
+        let info = self
+            .sentinel_access
+            .query::<String>(port, redis::cmd("INFO").arg("sentinel"))
+            .await;
+        match info {
+            Ok(info) if info_field(&info, "sentinel_tilt") == Some("1") => " (in TILT mode)",
+            _ => "",
+        }
     }
 
     /// What the sentinel on `port` says of the primary it monitors
@@ -304,7 +351,7 @@ async fn start_sentinel(
     let dir = setup.dir().join(format!("sentinel{index}"));
     let config_path = dir.join("sentinel.conf");
     let primary_port = primary_port.to_string();
-    RedisProcess::start(
+    let sentinel = RedisProcess::start(
         format!("sentinel {index}"),
         dir,
         access.cli_args(true),
@@ -328,7 +375,21 @@ async fn start_sentinel(
             vec![path_arg(&config_path), "--sentinel".to_owned()]
         },
     )
-    .await
+    .await;
+    // A sentinel whose timer has not run for 2 s (a loaded machine stalled)
+    // enters TILT mode: it watches but does not act. How long is no setting
+    // of sentinel.conf, only of `SENTINEL DEBUG`.
+    access
+        .query::<()>(
+            sentinel.port(),
+            redis::cmd("SENTINEL")
+                .arg("DEBUG")
+                .arg("tilt-period")
+                .arg(TILT_PERIOD_MS),
+        )
+        .await
+        .unwrap_or_else(|why| panic!("sentinel {index}: SENTINEL DEBUG tilt-period: {why}"));
+    sentinel
 }
 
 /// How a sentinel gets into the data nodes secured by `security`, and what
