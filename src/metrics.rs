@@ -40,6 +40,10 @@ pub fn install(
             &[
                 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0,
             ],
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full("ratelimitd_redis_batch_size".into()),
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
         )?;
     for (matcher, buckets) in histograms {
         builder = builder.set_buckets_for_metric(matcher, &buckets)?;
@@ -207,6 +211,12 @@ pub fn shadow_decision(domain: &str) {
 /// A request answered from the local over-limit cache, without Redis.
 pub fn denial_cache_hit() {
     counter!("ratelimitd_local_cache_hits_total").increment(1);
+}
+
+/// The number of calls one script call to Redis `store` carried (1 for a
+/// call that went alone).
+pub fn redis_batch(store: &'static str, calls: usize) {
+    histogram!("ratelimitd_redis_batch_size", "store" => store).record(calls as f64);
 }
 
 /// One script call on Redis `store` (`main`, or `per_second`): how long it

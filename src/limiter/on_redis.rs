@@ -299,7 +299,7 @@ async fn run_decide(
     let limits = script_limits(groups, requests, members);
     let slot_key = limits.first().map_or("", |limit| limit.key);
     let reply: Vec<i64> = redis
-        .run_script(slot_key, &script::decide_call(mode, &limits))
+        .run_batched(slot_key, script::decide_batchable(mode, &limits))
         .await?;
     script::decode(&limits, &reply)
 }

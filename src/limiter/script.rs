@@ -10,7 +10,7 @@ use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::error::StoreError;
 use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
-use crate::store::CLOCK_LUA;
+use crate::store::{Batchable, CLOCK_LUA};
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -33,12 +33,27 @@ pub const ALGORITHMS_LUA: &str = concat!(
 
 /// The driver that decides a call's limits in a [`Mode`]; it needs the
 /// algorithms and a clock defined above it.
-pub const DECIDE_LUA: &str = include_str!("script/decide.lua");
+pub const DECIDE_LUA: &str = concat!(
+    include_str!("script/decide.lua"),
+    include_str!("script/single.lua")
+);
+
+/// The driver that decides many calls, each as [`DECIDE_LUA`] decides
+/// one, in one script; it needs the algorithms and a clock defined above
+/// it.
+pub const DECIDE_BATCH_LUA: &str = concat!(
+    include_str!("script/decide.lua"),
+    include_str!("script/batch.lua")
+);
 
 /// The script behind every decision on Redis: the algorithms, the clock,
 /// then `decide.lua`. Loaded once per Redis and called by SHA.
 pub static DECIDE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_LUA].concat()));
+
+/// [`DECIDE`] for many calls at once (see `store::batch`).
+pub static DECIDE_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_BATCH_LUA].concat()));
 
 /// Takes back what [`DECIDE`] spent, when a request spanning several Redis
 /// Cluster nodes was denied by one after another had spent.
@@ -150,6 +165,39 @@ pub fn decide_call(mode: Mode, limits: &[ScriptLimit<'_>]) -> ScriptInvocation<'
     decide_call_on(&DECIDE, mode, limits)
 }
 
+/// A [`DECIDE`] call for `limits` (on one Redis node) in `mode`, which may
+/// go out in a batch with others ([`DECIDE_BATCH`]).
+pub fn decide_batchable(mode: Mode, limits: &[ScriptLimit<'_>]) -> Batchable {
+    decide_batchable_on(&DECIDE, &DECIDE_BATCH, mode, limits)
+}
+
+/// A call of `single`, a [`DECIDE`] with a clock of its own (tests), for
+/// `limits` in `mode`, which may go out in a batch of `batch` (the same
+/// clock under [`DECIDE_BATCH_LUA`]).
+pub fn decide_batchable_on(
+    single: &'static Script,
+    batch: &'static Script,
+    mode: Mode,
+    limits: &[ScriptLimit<'_>],
+) -> Batchable {
+    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * limits.len() + 1);
+    for limit in limits {
+        push_limit(
+            &mut args,
+            limit.algorithm,
+            limit.cost,
+            u64::from(limit.shadow),
+        );
+    }
+    put(&mut args, mode.arg());
+    Batchable {
+        single,
+        batch,
+        keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
+        args,
+    }
+}
+
 /// A call of `script`, a [`DECIDE`] with a clock of its own (tests), for
 /// `limits` in `mode`.
 pub fn decide_call_on<'s>(
@@ -157,17 +205,23 @@ pub fn decide_call_on<'s>(
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
+    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * limits.len() + 1);
     for limit in limits {
-        invocation.key(limit.key);
         push_limit(
-            &mut invocation,
+            &mut args,
             limit.algorithm,
             limit.cost,
             u64::from(limit.shadow),
         );
     }
-    invocation.arg(mode.arg());
+    put(&mut args, mode.arg());
+    let mut invocation = script.prepare_invoke();
+    for limit in limits {
+        invocation.key(limit.key);
+    }
+    for arg in &args {
+        invocation.arg(arg);
+    }
     invocation
 }
 
@@ -175,9 +229,13 @@ pub fn decide_call_on<'s>(
 /// mark its decision replied).
 pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'static> {
     let mut invocation = REFUND.prepare_invoke();
+    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * spent.len());
     for (limit, mark) in spent {
         invocation.key(limit.key);
-        push_limit(&mut invocation, limit.algorithm, limit.cost, mark.arg());
+        push_limit(&mut args, limit.algorithm, limit.cost, mark.arg());
+    }
+    for arg in &args {
+        invocation.arg(arg);
     }
     invocation
 }
@@ -190,38 +248,56 @@ impl ToRedisArgs for Micros {
     }
 }
 
+/// Appends `value` as a script's values, in Redis's own encoding.
+fn put(args: &mut Vec<Vec<u8>>, value: impl ToRedisArgs) {
+    args.extend(value.to_redis_args());
+}
+
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
-fn push_limit(invocation: &mut ScriptInvocation<'_>, algorithm: &Algorithm, cost: u64, last: u64) {
+fn push_limit(args: &mut Vec<Vec<u8>>, algorithm: &Algorithm, cost: u64, last: u64) {
     match algorithm {
-        Algorithm::FixedWindow(p) => invocation
-            .arg("fw")
-            .arg(p.limit())
-            .arg(p.window().as_millis())
-            .arg(match p.mode() {
-                FixedWindowMode::Anchored => 0,
-                FixedWindowMode::Aligned => 1,
-                FixedWindowMode::AlignedByName => 2,
-            }),
-        Algorithm::SlidingWindow(p) => invocation
-            .arg("sw")
-            .arg(p.limit())
-            .arg(p.window().as_micros())
-            .arg(0),
+        Algorithm::FixedWindow(p) => {
+            put(args, "fw");
+            put(args, p.limit());
+            put(args, p.window().as_millis());
+            put(
+                args,
+                match p.mode() {
+                    FixedWindowMode::Anchored => 0,
+                    FixedWindowMode::Aligned => 1,
+                    FixedWindowMode::AlignedByName => 2,
+                },
+            );
+        }
+        Algorithm::SlidingWindow(p) => {
+            put(args, "sw");
+            put(args, p.limit());
+            put(args, p.window().as_micros());
+            put(args, 0);
+        }
         // The rate goes in Rust's shortest exact decimal form, which Lua's
         // `tonumber` reads back to the same double.
-        Algorithm::TokenBucket(p) => invocation
-            .arg("tb")
-            .arg(p.capacity())
-            .arg(p.refill_per_second())
-            .arg(0),
-        Algorithm::Gcra(p) => invocation.arg("gc").arg(p.burst()).arg(p.interval()).arg(0),
-        Algorithm::SlidingWindowCounter(p) => invocation
-            .arg("sc")
-            .arg(p.limit())
-            .arg(p.window().as_micros())
-            .arg(0),
-    };
-    invocation.arg(cost).arg(last);
+        Algorithm::TokenBucket(p) => {
+            put(args, "tb");
+            put(args, p.capacity());
+            put(args, p.refill_per_second());
+            put(args, 0);
+        }
+        Algorithm::Gcra(p) => {
+            put(args, "gc");
+            put(args, p.burst());
+            put(args, p.interval());
+            put(args, 0);
+        }
+        Algorithm::SlidingWindowCounter(p) => {
+            put(args, "sc");
+            put(args, p.limit());
+            put(args, p.window().as_micros());
+            put(args, 0);
+        }
+    }
+    put(args, cost);
+    put(args, last);
 }
 
 /// Reads [`DECIDE`]'s reply for `limits`: exactly one [`Decided`] per

@@ -5,11 +5,13 @@
 //!
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
 //! for a pinned server certificate), behind a `breaker` (on a Cluster, one
-//! per primary: `node_breakers`), as `redis_settings` say; `memory` keeps state in this process, reading the
+//! per primary: `node_breakers`), as `redis_settings` say, many calls to one
+//! Redis as one script call where it can (`batch`); `memory` keeps state in this process, reading the
 //! time from `clock` (beside the script part that reads Redis's); `options`
 //! turns the command line into settings.
 
 mod backend;
+mod batch;
 pub mod breaker;
 mod clock;
 mod managers;
@@ -21,6 +23,7 @@ pub mod redis;
 mod redis_settings;
 
 pub use self::backend::Backend;
+pub use self::batch::Batchable;
 pub use self::clock::{CLOCK_LUA, Clock, ManualClock, SystemClock};
 pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};

@@ -19,8 +19,10 @@ use redis::{
     AsyncConnectionConfig, ClientTlsConfig, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
     RedisError, RetryMethod, ScriptInvocation, TlsCertificates, Value,
 };
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::debug;
 
+use super::batch::{self, Batchable, Batcher, Outcome, Pending};
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
 use super::node_breakers::NodeBreakers;
@@ -103,6 +105,9 @@ pub struct RedisStore {
     pools: Pools,
     command_timeout: Duration,
     breakers: Arc<Breakers>,
+    /// The calls waiting to go out in a batch; none on a Cluster, whose
+    /// calls go out one by one.
+    batcher: Option<Arc<Batcher>>,
     /// Which Redis it is, for metrics and logs: `main` or `per_second`.
     label: &'static str,
 }
@@ -191,10 +196,12 @@ impl RedisStore {
             )),
             _ => Breakers::One(Arc::new(CircuitBreaker::new(settings.breaker_threshold))),
         };
+        let batcher = (!matches!(pools, Pools::Cluster(_))).then(|| Arc::new(Batcher::new()));
         Ok(Self {
             pools,
             command_timeout: settings.command_timeout,
             breakers: Arc::new(breakers),
+            batcher,
             label: MAIN,
         })
     }
@@ -235,6 +242,142 @@ impl RedisStore {
             .await;
         metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
         reply
+    }
+
+    /// Runs `call` as [`RedisStore::run_script`] runs it alone, in a batch
+    /// with the calls waiting for the same Redis (see `batch`): the same
+    /// reply, the same errors. `key` is one of its keys.
+    pub async fn run_batched<T: FromRedisValue + Send>(
+        &self,
+        key: &str,
+        call: Batchable,
+    ) -> Result<T, StoreError> {
+        let Some(batcher) = &self.batcher else {
+            return self.run_alone(key, call).await;
+        };
+        if !self.breakers.for_key(key).allows() {
+            metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
+            return Err(StoreError::CircuitOpen);
+        }
+        let (outcome, slot) = batcher.enqueue(call);
+        if let Some(slot) = slot {
+            // A task of its own, so that a caller that gives up does not
+            // take the other callers' batch with it.
+            tokio::spawn(self.clone().drive(slot));
+        }
+        let outcome = match tokio::time::timeout(self.command_timeout, outcome).await {
+            Err(_) => return Err(StoreError::Timeout(self.command_timeout)),
+            Ok(Err(_)) => return Err(StoreError::Unavailable("the batch was dropped".into())),
+            Ok(Ok(outcome)) => outcome,
+        };
+        match outcome {
+            Outcome::Reply(value) => {
+                T::from_redis_value(value).map_err(|err| StoreError::Reply(err.to_string()))
+            }
+            Outcome::Failed(err) => Err(err),
+            Outcome::OnItsOwn(call) => self.run_alone(key, call).await,
+        }
+    }
+
+    /// `call` on its own, as [`RedisStore::run_script`] runs it. (Boxed:
+    /// the compiler then proves it `Send` once, here, rather than inside
+    /// every caller's future, which would take it too deep.)
+    fn run_alone<'a, T: FromRedisValue + Send + 'a>(
+        &'a self,
+        key: &'a str,
+        call: Batchable,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+        Box::pin(async move { self.run_script(key, &call.alone()).await })
+    }
+
+    /// Sends the queued calls, batch after batch, while there are any.
+    /// (Boxed: the compiler then proves it `Send` once, here, rather than
+    /// inside every caller's future.)
+    fn drive(
+        self,
+        mut slot: OwnedSemaphorePermit,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let Some(batcher) = self.batcher.clone() else {
+                return;
+            };
+            loop {
+                let batch = batcher.take();
+                if batch.is_empty() {
+                    drop(slot);
+                    match batcher.lead_again() {
+                        Some(again) => slot = again,
+                        None => return,
+                    }
+                    continue;
+                }
+                self.run_batch(batch).await;
+            }
+        })
+    }
+
+    /// Runs a batch of one: the call alone, as the single script.
+    async fn run_one(&self, breaker: &CircuitBreaker, pending: Pending) {
+        let started = std::time::Instant::now();
+        let invocation = pending.call().alone();
+        let reply = self
+            .bounded(breaker, async {
+                on_shared_connection!(&self.pools, |connection| invocation
+                    .invoke_async::<Value>(&mut connection))
+                .map_err(classify)
+            })
+            .await;
+        metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
+        pending.answer(match reply {
+            Ok(value) => Outcome::Reply(value),
+            Err(err) => Outcome::Failed(err),
+        });
+    }
+
+    /// Runs one batch and hands each caller its outcome.
+    async fn run_batch(&self, mut batch: Vec<Pending>) {
+        metrics::redis_batch(self.label, batch.len());
+        let breaker = match batch
+            .first()
+            .and_then(|pending| pending.call().keys.first())
+        {
+            Some(key) => self.breakers.for_key(key),
+            None => self.breakers.for_key(""),
+        };
+        if batch.len() == 1 {
+            if let Some(pending) = batch.pop() {
+                self.run_one(&breaker, pending).await;
+            }
+            return;
+        }
+        let started = std::time::Instant::now();
+        let Some(invocation) = batch::invocation(&batch) else {
+            return;
+        };
+        let reply = self
+            .within_timeout(async {
+                Ok(on_shared_connection!(&self.pools, |connection| invocation
+                    .invoke_async::<Value>(
+                    &mut connection
+                )))
+            })
+            .await;
+        let reply = match reply {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(err)) if refused_unrun(&err) => {
+                // Redis refused the batch before running it (a failover's
+                // READONLY, LOADING, BUSY, OOM...): nothing of it was
+                // written, so each call goes out on its own, meeting the
+                // refusal (or not) as it would have alone.
+                debug!(%err, "batch refused; its calls go out one by one");
+                batch.into_iter().for_each(Pending::on_its_own);
+                return;
+            }
+            Ok(Err(err)) => Err(classify(err)),
+            Err(err) => Err(err),
+        };
+        metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
+        batch::answer_all(batch, reply, &breaker, classify);
     }
 
     /// Reports the pool's connections in use and idle to the metrics.
@@ -399,6 +542,19 @@ fn classify(err: RedisError) -> StoreError {
         RetryMethod::NoRetry => StoreError::Reply(err.to_string()),
         _ => StoreError::Unavailable(err.to_string()),
     }
+}
+
+/// Did Redis answer a script call with an error before running it? Any
+/// error reply to the whole batch script is one: its driver catches the
+/// errors of the calls it runs. A lost connection or a timeout is not: the
+/// script may have run.
+fn refused_unrun(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    ) && !err.is_io_error()
+        && !err.is_timeout()
+        && !err.is_connection_dropped()
 }
 
 fn classify_pool(err: PoolError) -> StoreError {

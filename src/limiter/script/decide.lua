@@ -3,6 +3,12 @@
 -- above this part in the same script; `limiter::script` is its Rust side
 -- (encoder, decoder, and the names of the numbers below).
 --
+-- `decide_call(k0, a0, count)` decides one call whose keys are KEYS[k0 + 1]
+-- to KEYS[k0 + count] and whose values start after ARGV[a0]; the layout
+-- below is that of a call alone (k0 = a0 = 0, count = #KEYS), which
+-- single.lua, this part's tail in the single-call script, decides. The
+-- batch driver (batch.lua) decides many such calls in one script.
+--
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
 --          algorithm, three parameters, cost, shadow (1|0)
@@ -30,93 +36,94 @@
 --          never), mark (what refund.lua needs to take a spend back)
 local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
 
-local function decide(i, cost, spend)
-  local at = ARGS_PER_LIMIT * (i - 1)
-  local algorithm = ARGV[at + 1]
-  local p1 = tonumber(ARGV[at + 2])
-  local p2 = tonumber(ARGV[at + 3])
-  local p3 = tonumber(ARGV[at + 4])
-  if algorithm == 'fw' then
-    return {fixed_window(KEYS[i], now, p1, p2, p3, cost, spend)}
-  elseif algorithm == 'sw' then
-    return {sliding_window(KEYS[i], now, p1, p2, cost, spend)}
-  elseif algorithm == 'tb' then
-    return {token_bucket(KEYS[i], now, p1, p2, cost, spend)}
-  elseif algorithm == 'gc' then
-    return {gcra(KEYS[i], now, p1, p2, cost, spend)}
-  elseif algorithm == 'sc' then
-    return {sliding_window_counter(KEYS[i], now, p1, p2, cost, spend)}
-  end
-  error('unknown algorithm ' .. tostring(algorithm))
-end
-
-local reply = {}
-local function answer(i, decision)
-  for j = 1, REPLY_PER_LIMIT do
-    reply[REPLY_PER_LIMIT * (i - 1) + j] = decision[j]
-  end
-end
-
-local function cost_of(i)
-  return tonumber(ARGV[ARGS_PER_LIMIT * (i - 1) + 5])
-end
-
-local function in_shadow(i)
-  return ARGV[ARGS_PER_LIMIT * (i - 1) + 6] == '1'
-end
-
-local count = #KEYS
-local mode = ARGV[ARGS_PER_LIMIT * count + 1]
-if mode == 'dry' or mode == 'look' then
-  for i = 1, count do
-    local cost = 0
-    if mode == 'dry' then
-      cost = cost_of(i)
+local function decide_call(k0, a0, count)
+  local function decide(i, cost, spend)
+    local at = a0 + ARGS_PER_LIMIT * (i - 1)
+    local algorithm = ARGV[at + 1]
+    local p1 = tonumber(ARGV[at + 2])
+    local p2 = tonumber(ARGV[at + 3])
+    local p3 = tonumber(ARGV[at + 4])
+    if algorithm == 'fw' then
+      return {fixed_window(KEYS[k0 + i], now, p1, p2, p3, cost, spend)}
+    elseif algorithm == 'sw' then
+      return {sliding_window(KEYS[k0 + i], now, p1, p2, cost, spend)}
+    elseif algorithm == 'tb' then
+      return {token_bucket(KEYS[k0 + i], now, p1, p2, cost, spend)}
+    elseif algorithm == 'gc' then
+      return {gcra(KEYS[k0 + i], now, p1, p2, cost, spend)}
+    elseif algorithm == 'sc' then
+      return {sliding_window_counter(KEYS[k0 + i], now, p1, p2, cost, spend)}
     end
-    answer(i, decide(i, cost, DRY))
+    error('unknown algorithm ' .. tostring(algorithm))
   end
-  return reply
-end
-if mode == 'denied' then
-  for i = 1, count do
-    local decision = decide(i, cost_of(i), DRY)
-    if decision[1] == 1 then
-      decision = decide(i, 0, DRY)
-    end
-    answer(i, decision)
-  end
-  return reply
-end
-if mode == 'each' then
-  for i = 1, count do
-    answer(i, decide(i, cost_of(i), ALWAYS))
-  end
-  return reply
-end
-if mode ~= 'decide' then
-  error('unknown mode ' .. tostring(mode))
-end
-if count == 1 then
-  -- Alone, a limit spends only if it allows: no dry run needed.
-  answer(1, decide(1, cost_of(1), IF_ALLOWED))
-  return reply
-end
 
-local dry = {}
-local all_allow = true
-for i = 1, count do
-  dry[i] = decide(i, cost_of(i), DRY)
-  if dry[i][1] == 0 and not in_shadow(i) then
-    all_allow = false
+  local reply = {}
+  local function answer(i, decision)
+    for j = 1, REPLY_PER_LIMIT do
+      reply[REPLY_PER_LIMIT * (i - 1) + j] = decision[j]
+    end
   end
-end
-for i = 1, count do
-  if dry[i][1] == 0 then
-    answer(i, dry[i])
-  elseif all_allow then
-    answer(i, decide(i, cost_of(i), IF_ALLOWED))
-  else
-    answer(i, decide(i, 0, DRY))
+
+  local function cost_of(i)
+    return tonumber(ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 5])
   end
+
+  local function in_shadow(i)
+    return ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 6] == '1'
+  end
+
+  local mode = ARGV[a0 + ARGS_PER_LIMIT * count + 1]
+  if mode == 'dry' or mode == 'look' then
+    for i = 1, count do
+      local cost = 0
+      if mode == 'dry' then
+        cost = cost_of(i)
+      end
+      answer(i, decide(i, cost, DRY))
+    end
+    return reply
+  end
+  if mode == 'denied' then
+    for i = 1, count do
+      local decision = decide(i, cost_of(i), DRY)
+      if decision[1] == 1 then
+        decision = decide(i, 0, DRY)
+      end
+      answer(i, decision)
+    end
+    return reply
+  end
+  if mode == 'each' then
+    for i = 1, count do
+      answer(i, decide(i, cost_of(i), ALWAYS))
+    end
+    return reply
+  end
+  if mode ~= 'decide' then
+    error('unknown mode ' .. tostring(mode))
+  end
+  if count == 1 then
+    -- Alone, a limit spends only if it allows: no dry run needed.
+    answer(1, decide(1, cost_of(1), IF_ALLOWED))
+    return reply
+  end
+
+  local dry = {}
+  local all_allow = true
+  for i = 1, count do
+    dry[i] = decide(i, cost_of(i), DRY)
+    if dry[i][1] == 0 and not in_shadow(i) then
+      all_allow = false
+    end
+  end
+  for i = 1, count do
+    if dry[i][1] == 0 then
+      answer(i, dry[i])
+    elseif all_allow then
+      answer(i, decide(i, cost_of(i), IF_ALLOWED))
+    else
+      answer(i, decide(i, 0, DRY))
+    end
+  end
+  return reply
 end
-return reply

@@ -1,0 +1,264 @@
+//! Many script calls to one Redis as one: the calls waiting for the same
+//! Redis go out together as one call of a batch script, which runs each in
+//! arrival order exactly as it would have run alone, and each caller gets
+//! its own reply. Redis spends most of a short script call on the call
+//! itself, so under load one batch costs it little more than one call.
+//!
+//! Nothing waits for a batch to fill. A few batches may be in flight at a
+//! time ([`SLOTS`]); a caller queues its call and, if a slot is free,
+//! starts a driver that sends whatever is queued, itself included, until
+//! the queue is empty. A caller that finds every slot taken is picked up by
+//! a driver that is already running. A lone call goes out at once, as the
+//! single script it would have been without batching.
+//!
+//! The batch script's layout, which this side writes and `run_batch` reads:
+//! `KEYS` every call's keys, one call's after the other's; `ARGV` the number
+//! of calls `n`, then each call's number of keys, then each call's number
+//! of values, then every call's values; its reply, `n` replies in order,
+//! each the call's own reply or, as a string, the text of the error it met.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::{RedisError, Script, ScriptInvocation, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::breaker::CircuitBreaker;
+use crate::error::StoreError;
+
+/// Batches in flight to one Redis at a time: while one runs, the next
+/// fills, and one in flight more keeps Redis busy while a reply travels.
+const SLOTS: usize = 2;
+
+/// The most calls in one batch.
+const MAX_CALLS: usize = 64;
+
+/// The most keys in one batch (a single call may have this many alone):
+/// a script blocks its Redis while it runs, so a batch stays as short as
+/// the longest single call.
+const MAX_KEYS: usize = 64;
+
+/// One script call that may go out in a batch: its keys and values, the
+/// script that runs it alone, and the batch script that runs many of them.
+#[derive(Debug)]
+pub struct Batchable {
+    /// The script for this call alone.
+    pub single: &'static Script,
+    /// The script for many such calls (the layout in this module's header).
+    pub batch: &'static Script,
+    /// The call's keys.
+    pub keys: Vec<String>,
+    /// The call's values.
+    pub args: Vec<Vec<u8>>,
+}
+
+impl Batchable {
+    /// The call alone, as the single script.
+    pub fn alone(&self) -> ScriptInvocation<'static> {
+        let mut invocation = self.single.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        for arg in &self.args {
+            invocation.arg(arg);
+        }
+        invocation
+    }
+
+    /// `calls` (all for the first one's batch script) as one call of the
+    /// batch script, laid out as this module's header says; none for no
+    /// calls.
+    pub fn together(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
+        let first = calls.first()?;
+        let mut invocation = first.batch.prepare_invoke();
+        invocation.arg(calls.len());
+        for call in calls {
+            invocation.arg(call.keys.len());
+        }
+        for call in calls {
+            invocation.arg(call.args.len());
+        }
+        for call in calls {
+            for key in &call.keys {
+                invocation.key(key);
+            }
+            for arg in &call.args {
+                invocation.arg(arg);
+            }
+        }
+        Some(invocation)
+    }
+}
+
+/// What became of a queued call.
+pub(super) enum Outcome {
+    /// Its reply.
+    Reply(Value),
+    /// The error it met, as it would have met it alone.
+    Failed(StoreError),
+    /// Its batch was refused before it ran (Redis answered the batch with
+    /// an error): the call goes out on its own.
+    OnItsOwn(Batchable),
+}
+
+/// A queued call and where its outcome goes.
+pub(super) struct Pending {
+    call: Batchable,
+    outcome: oneshot::Sender<Outcome>,
+}
+
+impl Pending {
+    /// The call.
+    pub(super) fn call(&self) -> &Batchable {
+        &self.call
+    }
+
+    /// Hands the caller its outcome (a caller that gave up is gone).
+    pub(super) fn answer(self, outcome: Outcome) {
+        let _gone = self.outcome.send(outcome);
+    }
+
+    /// Sends the call back to its caller, to go out on its own.
+    pub(super) fn on_its_own(self) {
+        let outcome = Outcome::OnItsOwn(self.call);
+        let _gone = self.outcome.send(outcome);
+    }
+}
+
+/// The calls waiting for one Redis, and the batches in flight to it.
+pub(super) struct Batcher {
+    queue: Mutex<VecDeque<Pending>>,
+    slots: Arc<Semaphore>,
+}
+
+impl Batcher {
+    pub(super) fn new() -> Self {
+        Self {
+            queue: Mutex::new(VecDeque::new()),
+            slots: Arc::new(Semaphore::new(SLOTS)),
+        }
+    }
+
+    /// Queues `call`: where its outcome will come, and a slot if one was
+    /// free (the caller then starts a driver with it).
+    pub(super) fn enqueue(
+        &self,
+        call: Batchable,
+    ) -> (oneshot::Receiver<Outcome>, Option<OwnedSemaphorePermit>) {
+        let (outcome, receiver) = oneshot::channel();
+        self.queue().push_back(Pending { call, outcome });
+        (receiver, Arc::clone(&self.slots).try_acquire_owned().ok())
+    }
+
+    /// The next batch: the calls at the front of the queue, within the
+    /// bounds, all for the same batch script; calls whose callers gave up
+    /// are dropped.
+    pub(super) fn take(&self) -> Vec<Pending> {
+        let mut queue = self.queue();
+        let mut batch: Vec<Pending> = Vec::new();
+        let mut keys = 0;
+        while let Some(next) = queue.front() {
+            if next.outcome.is_closed() {
+                queue.pop_front();
+                continue;
+            }
+            if let Some(first) = batch.first() {
+                let full = batch.len() >= MAX_CALLS || keys + next.call.keys.len() > MAX_KEYS;
+                if full || !std::ptr::eq(first.call.batch, next.call.batch) {
+                    break;
+                }
+            }
+            keys += next.call.keys.len();
+            batch.extend(queue.pop_front());
+        }
+        batch
+    }
+
+    /// After a driver gave its slot back on finding the queue empty: a slot
+    /// for it to go on with, if a call came in meanwhile and no other
+    /// driver took the slot (so that no call is left in the queue with no
+    /// driver coming).
+    pub(super) fn lead_again(&self) -> Option<OwnedSemaphorePermit> {
+        if self.queue().is_empty() {
+            return None;
+        }
+        Arc::clone(&self.slots).try_acquire_owned().ok()
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        // The queue is left whole by every holder: a panic elsewhere does
+        // not make it unusable.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One call's part of the batch script's reply: its own reply, or the
+/// error it met, as its own call would have met it.
+fn reply_of_one(reply: Value) -> Result<Value, RedisError> {
+    let text = match reply {
+        Value::BulkString(text) => text,
+        Value::SimpleString(text) => text.into_bytes(),
+        value => return Ok(value),
+    };
+    let mut line = Vec::with_capacity(text.len() + 3);
+    line.push(b'-');
+    line.extend(text.iter().map(|&byte| match byte {
+        b'\r' | b'\n' => b' ',
+        other => other,
+    }));
+    line.extend(b"\r\n");
+    match redis::parse_redis_value(&line) {
+        Ok(Value::ServerError(err)) => Err(err.into()),
+        Ok(_) => Err(RedisError::from((
+            redis::ErrorKind::Extension,
+            "script error",
+            String::from_utf8_lossy(&text).into_owned(),
+        ))),
+        Err(err) => Err(err),
+    }
+}
+
+/// Hands each caller of `batch` its part of the batch script's `reply`,
+/// and tells `breaker` how the call went; `classify` reads a call's error
+/// as the store reads any.
+pub(super) fn answer_all(
+    batch: Vec<Pending>,
+    reply: Result<Value, StoreError>,
+    breaker: &CircuitBreaker,
+    classify: fn(RedisError) -> StoreError,
+) {
+    match reply {
+        Ok(Value::Array(replies)) if replies.len() == batch.len() => {
+            breaker.record_success();
+            for (pending, reply) in batch.into_iter().zip(replies) {
+                pending.answer(match reply_of_one(reply) {
+                    Ok(value) => Outcome::Reply(value),
+                    Err(err) => Outcome::Failed(classify(err)),
+                });
+            }
+        }
+        Ok(other) => {
+            breaker.record_success();
+            let err = StoreError::Reply(format!("batch script replied {other:?}"));
+            for pending in batch {
+                pending.answer(Outcome::Failed(err.clone()));
+            }
+        }
+        Err(err) => {
+            // As if each call had failed alone: its failure counts towards
+            // the breaker as its own call's would have.
+            for pending in batch {
+                if err.is_transient() {
+                    breaker.record_failure();
+                }
+                pending.answer(Outcome::Failed(err.clone()));
+            }
+        }
+    }
+}
+
+/// The batch script's call for `batch` (see [`Batchable::together`]).
+pub(super) fn invocation(batch: &[Pending]) -> Option<ScriptInvocation<'static>> {
+    let calls: Vec<&Batchable> = batch.iter().map(Pending::call).collect();
+    Batchable::together(&calls)
+}
