@@ -43,7 +43,9 @@ impl RateLimiter for Echo {
         &self,
         _request: Request<CheckLimitsRequest>,
     ) -> Result<Response<CheckLimitsResponse>, Status> {
-        Err(Status::unimplemented("the echo server answers CheckLimit only"))
+        Err(Status::unimplemented(
+            "the echo server answers CheckLimit only",
+        ))
     }
 }
 
