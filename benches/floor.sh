@@ -25,33 +25,9 @@ CONNECTIONS=${CONNECTIONS:-2}
 
 cargo build --release --features bench --bins --example echo_server --quiet
 BIN=target/release
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-wait_port() {
-    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null; do
-        sleep 0.1
-    done
-}
-cpu_seconds() {
-    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"
-}
-
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$WORK" --logfile "$WORK/redis.log" &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+# shellcheck source=benches/common.sh
+source benches/common.sh
+start_redis
 
 declare -A PORT PID
 PORT[echo]=$(free_port)
@@ -63,7 +39,7 @@ PORT[embedded]=$(free_port)
 PID[embedded]=$!
 PORT[redis]=$(free_port)
 "$BIN/ratelimitd" --listen "127.0.0.1:${PORT[redis]}" --http-listen "" \
-    --redis-url "redis://127.0.0.1:$REDIS_PORT/0" > "$WORK/redis-ratelimitd.log" 2>&1 &
+    --redis-url "$REDIS_URL" > "$WORK/redis-ratelimitd.log" 2>&1 &
 PID[redis]=$!
 PIDS+=("${PID[echo]}" "${PID[embedded]}" "${PID[redis]}")
 for server in echo embedded redis; do wait_port "${PORT[$server]}"; done

@@ -21,26 +21,10 @@ ALGORITHMS=${ALGORITHMS:-fixed-window sliding-window token-bucket gcra sliding-w
 
 cargo build --release --features bench --bins --quiet
 BIN=target/release
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# A redis-server of our own; never the machine's on 6379.
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$WORK" --logfile "$WORK/redis.log" &
-PIDS+=($!)
-REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+start_redis
 
 script_calls() {
     redis-cli -p "$REDIS_PORT" info commandstats |
@@ -73,12 +57,6 @@ stop_ratelimitd() {
     wait "$RATELIMITD_PID" 2>/dev/null || true
 }
 
-# CPU seconds (user + system) a process has used so far.
-cpu_seconds() {
-    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"
-}
-
-REDIS_PID=${PIDS[0]}
 
 # One run, with the CPU each process spent on it; prints
 # "bench_cpu ratelimitd_cpu redis_cpu<TAB>json report".

@@ -57,34 +57,15 @@ fi
 
 cargo build --release --features bench --bins --quiet
 BIN=target/release
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-wait_port() {
-    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null; do
-        sleep 0.1
-    done
-}
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 LIMIT=1000000000
 ours_args=()
 theirs_store=(memory)
 if [ "$STORE" = redis ]; then
-    REDIS_PORT=$(free_port)
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-        --dir "$WORK" --logfile "$WORK/redis.log" &
-    PIDS+=($!)
-    until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
-    ours_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/0")
+    start_redis
+    ours_args=(--redis-url "$REDIS_URL")
     theirs_store=(redis "redis://127.0.0.1:$REDIS_PORT")
 fi
 

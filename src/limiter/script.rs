@@ -180,6 +180,17 @@ pub fn decide_batchable_on(
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> Batchable {
+    let args = decide_args(mode, limits);
+    Batchable {
+        single,
+        batch,
+        keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
+        args,
+    }
+}
+
+/// `decide.lua`'s values for `limits` in `mode`.
+fn decide_args(mode: Mode, limits: &[ScriptLimit<'_>]) -> Vec<Vec<u8>> {
     let mut args = Vec::with_capacity(ARGS_PER_LIMIT * limits.len() + 1);
     for limit in limits {
         push_limit(
@@ -190,12 +201,7 @@ pub fn decide_batchable_on(
         );
     }
     put(&mut args, mode.arg());
-    Batchable {
-        single,
-        batch,
-        keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
-        args,
-    }
+    args
 }
 
 /// A call of `script`, a [`DECIDE`] with a clock of its own (tests), for
@@ -205,16 +211,7 @@ pub fn decide_call_on<'s>(
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> ScriptInvocation<'s> {
-    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * limits.len() + 1);
-    for limit in limits {
-        push_limit(
-            &mut args,
-            limit.algorithm,
-            limit.cost,
-            u64::from(limit.shadow),
-        );
-    }
-    put(&mut args, mode.arg());
+    let args = decide_args(mode, limits);
     let mut invocation = script.prepare_invoke();
     for limit in limits {
         invocation.key(limit.key);

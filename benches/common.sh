@@ -1,0 +1,38 @@
+# Sourced by the benches/*.sh scripts: a scratch folder $WORK removed at
+# exit with every process listed in $PIDS, free loopback ports, a private
+# redis-server (never the machine's on 6379), and a process's CPU time.
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Waits until something listens on loopback port $1.
+wait_port() {
+    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null; do
+        sleep 0.1
+    done
+}
+
+# Starts a redis-server of our own: sets REDIS_PORT, REDIS_PID, REDIS_URL.
+start_redis() {
+    REDIS_PORT=$(free_port)
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$WORK" --logfile "$WORK/redis.log" &
+    REDIS_PID=$!
+    PIDS+=("$REDIS_PID")
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+    until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+}
+
+# CPU seconds (user + system) process $1 has used so far.
+cpu_seconds() {
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"
+}
