@@ -17,9 +17,11 @@ use crate::telemetry::WarnThrottle;
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Beats every `shared.settings.beat_interval()` until the server shuts
-/// down, while any Envoy subscribes here: an instance without subscribers
-/// has no shares to hand on, and stays off Redis (its last beat runs out,
-/// which is what a stop looks like).
+/// down, from the first Envoy's subscription on: an instance that never
+/// had one has no shares to hand on and stays off Redis. (It goes on
+/// beating when its subscribers have gone: one that stopped and started
+/// again would be taken for dead by the others, who would drop its new
+/// subscribers' entries, until its next beat.)
 pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
     let mut shutdown = shared.shutdown.clone();
     let mut beats = tokio::time::interval(shared.settings.beat_interval());
@@ -28,6 +30,7 @@ pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
     // The first beat reads every nudge still kept: one written before it
     // (say, for a bucket subscribed here a moment ago) is not missed.
     let mut since = 0;
+    let mut subscribed_once = false;
     loop {
         tokio::select! {
             _ = beats.tick() => {}
@@ -35,7 +38,8 @@ pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
                 return;
             },
         }
-        if shared.subscriptions.load(Ordering::Relaxed) == 0 {
+        subscribed_once = subscribed_once || shared.subscriptions.load(Ordering::Relaxed) > 0;
+        if !subscribed_once {
             continue;
         }
         match presence.beat(since).await {
