@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::prometheus::{scrape, value};
+use common::prometheus::{self, scrape, value};
 use common::rls::{descriptor, with_hits};
 use common::{RedisServer, ServerProcess, check, fixed_window, free_port, token_bucket};
 use ratelimitd::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -217,16 +217,7 @@ fn present(
     name: &str,
     labels: &[(&str, &str)],
 ) -> Vec<f64> {
-    let found: Vec<f64> = series
-        .iter()
-        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
-        .filter(|(key, _)| {
-            labels
-                .iter()
-                .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
-        })
-        .map(|(_, value)| *value)
-        .collect();
+    let found: Vec<f64> = prometheus::matching(series, name, labels).collect();
     assert!(!found.is_empty(), "{name} {labels:?} exported: {text}");
     found
 }

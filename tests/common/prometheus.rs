@@ -24,19 +24,28 @@ pub async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
     (body, series)
 }
 
-/// The sum of the series whose name is `name` and whose labels include
+/// The values of the series whose name is `name` and whose labels include
 /// every `labels` pair.
-pub fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub fn matching<'a>(
+    series: &'a HashMap<String, f64>,
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = f64> + 'a {
     series
         .iter()
-        .filter(|(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
-        .filter(|(key, _)| {
+        .filter(move |(key, _)| key.starts_with(&format!("{name}{{")) || key.as_str() == name)
+        .filter(move |(key, _)| {
             labels
                 .iter()
                 .all(|(label, wanted)| key.contains(&format!("{label}=\"{wanted}\"")))
         })
         .map(|(_, value)| *value)
-        .sum()
+}
+
+/// The sum of the series whose name is `name` and whose labels include
+/// every `labels` pair.
+pub fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+    matching(series, name, labels).sum()
 }
 
 /// [`value`] of a fresh scrape of `port`, as a count.
