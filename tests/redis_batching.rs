@@ -3,10 +3,14 @@
 //! the batch script answers a random sequence of calls exactly as the
 //! single script answers them one by one (both on the differential test's
 //! clock, tests/fixtures/twins/fake_clock.lua), an error in one call of a
-//! batch touching no other; several ratelimitd processes on one Redis still
-//! admit exactly the limit of a hot key, for every algorithm, with fewer
-//! script calls than decisions; and 50 callers at once need fewer than half
-//! a script call per decision (`INFO commandstats`).
+//! batch touching no other, in both layouts (every key declared, and a
+//! Cluster node's, the keys among the values); several ratelimitd
+//! processes on one Redis or one Redis Cluster still admit exactly the
+//! limit of a hot key, for every algorithm, with fewer script calls than
+//! decisions; and 50 callers at once need fewer than half a script call per
+//! decision (`INFO commandstats`). On a Cluster, a node's batch stops a
+//! call whose key the node does not serve before the call writes anything,
+//! and a batch the node refuses goes out call by call.
 
 mod common;
 
@@ -14,12 +18,13 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use common::random::Random;
+use common::redis::{RedisCluster, info_field};
 use common::{
     RedisServer, ServerProcess, allowed_of_concurrent_calls, check, every_algorithm,
     every_model_algorithm, fixed_window,
 };
 use ratelimitd::limit::Algorithm;
-use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
+use ratelimitd::limiter::script::{self, BatchScripts, Mode, ScriptLimit};
 use ratelimitd::store::Batchable;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
@@ -35,6 +40,28 @@ static SINGLE_AT: LazyLock<redis::Script> = LazyLock::new(|| {
 static BATCH_AT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(&[CLOCK, script::ALGORITHMS_LUA, script::DECIDE_BATCH_LUA].concat())
 });
+
+/// The batch script for one Cluster node, under the test's clock.
+static NODE_BATCH_AT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        &[
+            script::NODE_BATCH_FLAGS,
+            CLOCK,
+            script::ALGORITHMS_LUA,
+            script::DECIDE_NODE_BATCH_LUA,
+        ]
+        .concat(),
+    )
+});
+
+/// The three scripts under the test's clock.
+fn scripts_at() -> BatchScripts {
+    BatchScripts {
+        single: &SINGLE_AT,
+        batch: &BATCH_AT,
+        node_batch: &NODE_BATCH_AT,
+    }
+}
 
 /// A real epoch in microseconds, as Redis `TIME` gives.
 const START: u64 = 1_764_806_400_000_000;
@@ -86,15 +113,17 @@ fn batchable(call: &Call, algorithms: &[Algorithm], prefix: &str) -> Batchable {
             shadow,
         })
         .collect();
-    script::decide_batchable_on(&SINGLE_AT, &BATCH_AT, call.mode, &limits)
+    script::decide_batchable_on(scripts_at(), call.mode, &limits)
 }
 
 /// A call the script cannot decide: an unknown algorithm.
 fn broken_call(prefix: &str) -> Batchable {
     let args = ["xx", "1", "1", "0", "1", "0", "decide"];
+    let scripts = scripts_at();
     Batchable {
-        single: &SINGLE_AT,
-        batch: &BATCH_AT,
+        single: scripts.single,
+        batch: scripts.batch,
+        node_batch: scripts.node_batch,
         keys: vec![format!("{prefix}broken")],
         args: args.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
     }
@@ -107,10 +136,27 @@ async fn alone(redis: &mut MultiplexedConnection, call: &Batchable, now: u64) ->
     }
 }
 
+/// How a batch is laid out: every key declared (a standalone Redis), or,
+/// as for one Cluster node, the keys among the values.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    Keys,
+    Node,
+}
+
 /// A batch's replies, a call's error (its text) written as [`alone`] writes
 /// it.
-async fn together(redis: &mut MultiplexedConnection, calls: &[&Batchable], now: u64) -> Vec<Value> {
-    let mut invocation = Batchable::together(calls).expect("calls");
+async fn together(
+    redis: &mut MultiplexedConnection,
+    layout: Layout,
+    calls: &[&Batchable],
+    now: u64,
+) -> Vec<Value> {
+    let mut invocation = match layout {
+        Layout::Keys => Batchable::together(calls),
+        Layout::Node => Batchable::together_on_node(calls),
+    }
+    .expect("calls");
     let reply: Value = invocation
         .arg(now)
         .invoke_async(redis)
@@ -132,10 +178,21 @@ async fn together(redis: &mut MultiplexedConnection, calls: &[&Batchable], now: 
 
 #[tokio::test]
 async fn a_batch_decides_each_call_exactly_as_it_would_be_decided_alone() {
+    batches_decide_as_calls_alone(Layout::Keys, 0x0ba7_c4e5).await;
+}
+
+#[tokio::test]
+async fn a_cluster_node_batch_decides_each_call_exactly_as_it_would_be_decided_alone() {
+    batches_decide_as_calls_alone(Layout::Node, 0x0ba7_c4e6).await;
+}
+
+/// 200 rounds of random batches in `layout`, each call's reply compared
+/// with the same call's alone, on keys of their own.
+async fn batches_decide_as_calls_alone(layout: Layout, seed: u64) {
     let redis = RedisServer::start().await;
     let mut connection = redis.connection().await;
     let algorithms = every_model_algorithm(5);
-    let mut random = Random::new(0x0ba7_c4e5);
+    let mut random = Random::new(seed);
     let mut now = START;
     for round in 0..200 {
         let calls: Vec<Call> = (0..random.between(1, 12))
@@ -153,7 +210,7 @@ async fn a_batch_decides_each_call_exactly_as_it_would_be_decided_alone() {
             singles.push(batchable(call, &algorithms, "b:"));
         }
         let refs: Vec<&Batchable> = batched.iter().collect();
-        let in_batch = together(&mut connection, &refs, now).await;
+        let in_batch = together(&mut connection, layout, &refs, now).await;
         let mut one_by_one = Vec::new();
         for call in &singles {
             one_by_one.push(alone(&mut connection, call, now).await);
@@ -182,17 +239,73 @@ async fn a_batch_decides_each_call_exactly_as_it_would_be_decided_alone() {
 /// the script calls counted are the decisions' own.
 const NO_CACHE: [&str; 4] = ["--redis-command-timeout", "10s", "--local-cache-size", "0"];
 
+/// The Redis the ratelimitd processes of a test share.
+enum Shared {
+    Standalone(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Shared {
+    async fn standalone() -> Self {
+        Self::Standalone(RedisServer::start().await)
+    }
+
+    async fn cluster() -> Self {
+        Self::Cluster(RedisCluster::start().await)
+    }
+
+    /// The flags that point ratelimitd at it, with [`NO_CACHE`] and
+    /// `extra`.
+    fn flags(&self, extra: &[&str]) -> Vec<String> {
+        let mut flags = match self {
+            Self::Standalone(redis) => vec!["--redis-url".to_owned(), redis.url()],
+            Self::Cluster(cluster) => vec![
+                "--redis-mode".to_owned(),
+                "cluster".to_owned(),
+                "--redis-url".to_owned(),
+                cluster.urls().join(","),
+            ],
+        };
+        flags.extend(NO_CACHE.iter().chain(extra).map(|flag| (*flag).to_owned()));
+        flags
+    }
+
+    async fn servers(&self, count: usize, extra: &[&str]) -> Vec<ServerProcess> {
+        let flags = self.flags(extra);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let mut servers = Vec::new();
+        for _ in 0..count {
+            servers.push(ServerProcess::start(&flags).await);
+        }
+        servers
+    }
+
+    async fn script_calls(&self) -> u64 {
+        match self {
+            Self::Standalone(redis) => redis.script_calls().await,
+            Self::Cluster(cluster) => cluster.script_calls().await,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_processes_batching_on_one_redis_admit_exactly_the_limit() {
-    let redis = RedisServer::start().await;
-    let url = redis.url();
-    let mut flags = vec!["--redis-url", &url];
-    flags.extend(NO_CACHE);
-    let servers = [
-        ServerProcess::start(&flags).await,
-        ServerProcess::start(&flags).await,
-        ServerProcess::start(&flags).await,
-    ];
+    let redis = Shared::standalone().await;
+    three_processes_admit_exactly_the_limit(&redis).await;
+    if let Shared::Standalone(redis) = &redis {
+        redis.assert_every_key_expires().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_processes_batching_on_one_cluster_admit_exactly_the_limit() {
+    three_processes_admit_exactly_the_limit(&Shared::cluster().await).await;
+}
+
+/// 3 processes x 4 clients, 600 calls at once on one key per algorithm:
+/// exactly 200 admitted, in fewer script calls than decisions.
+async fn three_processes_admit_exactly_the_limit(redis: &Shared) {
+    let servers = redis.servers(3, &[]).await;
     let mut clients = Vec::new();
     for server in &servers {
         for _ in 0..4 {
@@ -212,21 +325,27 @@ async fn three_processes_batching_on_one_redis_admit_exactly_the_limit() {
         calls < decisions,
         "{calls} script calls for {decisions} decisions: no batch formed"
     );
-    redis.assert_every_key_expires().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_callers_at_once_take_less_than_half_a_script_call_per_decision() {
+    fifty_callers_take_less_than_half_a_call_per_decision(&Shared::standalone().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_callers_on_a_cluster_take_less_than_half_a_script_call_per_decision() {
+    fifty_callers_take_less_than_half_a_call_per_decision(&Shared::cluster().await).await;
+}
+
+/// 50 callers at once, each on keys of its own (on a Cluster, spread over
+/// every primary): fewer than half a script call per decision.
+async fn fifty_callers_take_less_than_half_a_call_per_decision(redis: &Shared) {
     const CALLERS: usize = 50;
     const EACH: usize = 40;
-    let redis = RedisServer::start().await;
-    let url = redis.url();
-    let mut flags = vec!["--redis-url", &url];
-    flags.extend(NO_CACHE);
-    let server = ServerProcess::start(&flags).await;
+    let servers = redis.servers(1, &[]).await;
     let mut clients = Vec::new();
     for _ in 0..8 {
-        clients.push(server.client().await);
+        clients.push(servers[0].client().await);
     }
     let limit = fixed_window(1_000_000, Duration::from_secs(3600));
     let before = redis.script_calls().await;
@@ -248,4 +367,129 @@ async fn fifty_callers_at_once_take_less_than_half_a_script_call_per_decision() 
         calls * 2 < decisions,
         "{calls} script calls for {decisions} decisions"
     );
+}
+
+/// A key of `cluster` whose primary is (or, with `on` false, is not) the
+/// one on `port`.
+async fn key_where(cluster: &RedisCluster, name: &str, port: u16, on: bool) -> String {
+    for i in 0.. {
+        let key = format!("{name}-{i}");
+        if (cluster.primary_for_key(&key).await.port == port) == on {
+            return key;
+        }
+    }
+    unreachable!("some key hashes there")
+}
+
+#[tokio::test]
+async fn a_cluster_node_batch_stops_a_call_whose_keys_live_elsewhere_before_it_writes() {
+    let cluster = RedisCluster::start().await;
+    let here = cluster.primaries().await[0].port;
+    let mut node = cluster.node_connection(here).await;
+    let local = key_where(&cluster, "here", here, true).await;
+    let also_local = key_where(&cluster, "also-here", here, true).await;
+    let elsewhere = key_where(&cluster, "there", here, false).await;
+    let limit = every_model_algorithm(5)[0];
+    let call = |keys: &[&String], mode: Mode| {
+        let limits: Vec<ScriptLimit<'_>> = keys
+            .iter()
+            .map(|key| ScriptLimit {
+                key,
+                algorithm: &limit,
+                cost: 1,
+                shadow: false,
+            })
+            .collect();
+        script::decide_batchable(mode, &limits)
+    };
+    let decided = call(&[&local], Mode::Decide);
+    let moved = call(&[&elsewhere], Mode::Decide);
+    // Each on its own would spend the local key before reaching the other.
+    let half_here = call(&[&also_local, &elsewhere], Mode::Each);
+    let after = call(&[&local], Mode::Decide);
+    let reply: Value = Batchable::together_on_node(&[&decided, &moved, &half_here, &after])
+        .expect("calls")
+        .invoke_async(&mut node)
+        .await
+        .expect("the batch runs");
+    let Value::Array(replies) = reply else {
+        panic!("the batch replied {reply:?}");
+    };
+    let text = |reply: &Value| match reply {
+        Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
+        other => panic!("expected an error's text, got {other:?}"),
+    };
+    let remaining = |reply: &Value| match reply {
+        Value::Array(values) => values[1].clone(),
+        other => panic!("expected a decision, got {other:?}"),
+    };
+    assert_eq!(remaining(&replies[0]), Value::Int(4));
+    assert!(
+        text(&replies[1]).contains("non local key"),
+        "{:?}",
+        replies[1]
+    );
+    assert!(
+        text(&replies[2]).contains("non local key"),
+        "{:?}",
+        replies[2]
+    );
+    assert_eq!(remaining(&replies[3]), Value::Int(3));
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&also_local)
+        .query_async(&mut node)
+        .await
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "the stopped call wrote {also_local}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_a_cluster_node_refuses_goes_out_call_by_call() {
+    // Out of memory, a node refuses a flagged script (the node batch
+    // script) before it runs, while an unflagged one (the single script)
+    // runs and fails only if it writes: a denial writes nothing. So every
+    // caller of a refused batch still gets its denial, not the failure
+    // policy's answer (`fail-open` would allow).
+    let shared = Shared::cluster().await;
+    let Shared::Cluster(cluster) = &shared else {
+        unreachable!("a cluster")
+    };
+    let servers = shared.servers(1, &["--failure-policy", "fail-open"]).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(servers[0].client().await);
+    }
+    let limit = fixed_window(3, Duration::from_secs(3600));
+    let key = "refused";
+    assert_eq!(
+        allowed_of_concurrent_calls(&clients, 3, key, &limit).await,
+        3
+    );
+    let primaries = cluster.primaries().await;
+    for primary in &primaries {
+        set_maxmemory(cluster, primary.port, "1").await;
+    }
+    let allowed = allowed_of_concurrent_calls(&clients, 200, key, &limit).await;
+    let mut refused = 0;
+    for primary in &primaries {
+        let info: String = redis::cmd("INFO")
+            .arg("errorstats")
+            .query_async(&mut cluster.node_connection(primary.port).await)
+            .await
+            .expect("INFO errorstats");
+        refused += info_field(&info, "errorstat_OOM")
+            .and_then(|count| count.strip_prefix("count="))
+            .map_or(0, |count| count.parse::<u64>().expect("a count"));
+        set_maxmemory(cluster, primary.port, "0").await;
+    }
+    assert_eq!(allowed, 0, "calls of a refused batch were not decided");
+    assert!(refused > 0, "no batch was refused");
+}
+
+async fn set_maxmemory(cluster: &RedisCluster, port: u16, bytes: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxmemory", bytes])
+        .query_async(&mut cluster.node_connection(port).await)
+        .await
+        .expect("CONFIG SET maxmemory");
 }

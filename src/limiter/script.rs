@@ -39,12 +39,26 @@ pub const DECIDE_LUA: &str = concat!(
 );
 
 /// The driver that decides many calls, each as [`DECIDE_LUA`] decides
-/// one, in one script; it needs the algorithms and a clock defined above
-/// it.
+/// one, in one script, on a standalone Redis; it needs the algorithms and a
+/// clock defined above it.
 pub const DECIDE_BATCH_LUA: &str = concat!(
     include_str!("script/decide.lua"),
-    include_str!("script/batch.lua")
+    include_str!("script/batch.lua"),
+    include_str!("script/batch_keys.lua")
 );
+
+/// [`DECIDE_BATCH_LUA`] for the calls waiting for one node of a Redis
+/// Cluster, whose keys may hash to several slots of that node; it needs the
+/// algorithms and a clock above it, and [`NODE_BATCH_FLAGS`] first.
+pub const DECIDE_NODE_BATCH_LUA: &str = concat!(
+    include_str!("script/decide.lua"),
+    include_str!("script/batch.lua"),
+    include_str!("script/batch_node.lua")
+);
+
+/// The first line of a script built on [`DECIDE_NODE_BATCH_LUA`]: Redis
+/// lets it touch keys of several hash slots, all on the node it runs on.
+pub const NODE_BATCH_FLAGS: &str = "#!lua flags=allow-cross-slot-keys\n";
 
 /// The script behind every decision on Redis: the algorithms, the clock,
 /// then `decide.lua`. Loaded once per Redis and called by SHA.
@@ -54,6 +68,19 @@ pub static DECIDE: LazyLock<Script> =
 /// [`DECIDE`] for many calls at once (see `store::batch`).
 pub static DECIDE_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_BATCH_LUA].concat()));
+
+/// [`DECIDE`] for many calls at once on one node of a Redis Cluster.
+pub static DECIDE_NODE_BATCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            NODE_BATCH_FLAGS,
+            ALGORITHMS_LUA,
+            CLOCK_LUA,
+            DECIDE_NODE_BATCH_LUA,
+        ]
+        .concat(),
+    )
+});
 
 /// Takes back what [`DECIDE`] spent, when a request spanning several Redis
 /// Cluster nodes was denied by one after another had spent.
@@ -166,24 +193,43 @@ pub fn decide_call(mode: Mode, limits: &[ScriptLimit<'_>]) -> ScriptInvocation<'
 }
 
 /// A [`DECIDE`] call for `limits` (on one Redis node) in `mode`, which may
-/// go out in a batch with others ([`DECIDE_BATCH`]).
+/// go out in a batch with others ([`DECIDE_BATCH`], or on a Redis Cluster
+/// [`DECIDE_NODE_BATCH`]).
 pub fn decide_batchable(mode: Mode, limits: &[ScriptLimit<'_>]) -> Batchable {
-    decide_batchable_on(&DECIDE, &DECIDE_BATCH, mode, limits)
+    decide_batchable_on(
+        BatchScripts {
+            single: &DECIDE,
+            batch: &DECIDE_BATCH,
+            node_batch: &DECIDE_NODE_BATCH,
+        },
+        mode,
+        limits,
+    )
 }
 
-/// A call of `single`, a [`DECIDE`] with a clock of its own (tests), for
-/// `limits` in `mode`, which may go out in a batch of `batch` (the same
-/// clock under [`DECIDE_BATCH_LUA`]).
+/// The three forms of [`DECIDE`] a batchable call names.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchScripts {
+    /// The call alone ([`DECIDE`]).
+    pub single: &'static Script,
+    /// Many calls on a standalone Redis ([`DECIDE_BATCH`]).
+    pub batch: &'static Script,
+    /// Many calls on one node of a Redis Cluster ([`DECIDE_NODE_BATCH`]).
+    pub node_batch: &'static Script,
+}
+
+/// A call of `scripts` (the [`DECIDE`] family, or, in tests, the same
+/// under a clock of their own) for `limits` in `mode`.
 pub fn decide_batchable_on(
-    single: &'static Script,
-    batch: &'static Script,
+    scripts: BatchScripts,
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> Batchable {
     let args = decide_args(mode, limits);
     Batchable {
-        single,
-        batch,
+        single: scripts.single,
+        batch: scripts.batch,
+        node_batch: scripts.node_batch,
         keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
         args,
     }

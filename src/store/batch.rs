@@ -16,6 +16,12 @@
 //! of calls `n`, then each call's number of keys, then each call's number
 //! of values, then every call's values; its reply, `n` replies in order,
 //! each the call's own reply or, as a string, the text of the error it met.
+//! On a Redis Cluster, where one script may not declare keys of several
+//! hash slots, a batch holds the calls waiting for one node, and its keys
+//! move to `ARGV`, after the counts and before the values; `KEYS` is then
+//! the first call's first key alone, which routes the batch to the node.
+//! A call there whose key the node does not serve (the slot moved) is
+//! stopped before it writes anything and goes out again on its own.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,6 +52,8 @@ pub struct Batchable {
     pub single: &'static Script,
     /// The script for many such calls (the layout in this module's header).
     pub batch: &'static Script,
+    /// The script for many such calls on one node of a Redis Cluster.
+    pub node_batch: &'static Script,
     /// The call's keys.
     pub keys: Vec<String>,
     /// The call's values.
@@ -82,6 +90,33 @@ impl Batchable {
             for key in &call.keys {
                 invocation.key(key);
             }
+            for arg in &call.args {
+                invocation.arg(arg);
+            }
+        }
+        Some(invocation)
+    }
+
+    /// `calls` (all for the first one's batch script, and all waiting for
+    /// one node of a Redis Cluster) as one call of its node batch script,
+    /// the keys among the values; none for no calls.
+    pub fn together_on_node(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
+        let first = calls.first()?;
+        let mut invocation = first.node_batch.prepare_invoke();
+        invocation.key(first.keys.first()?);
+        invocation.arg(calls.len());
+        for call in calls {
+            invocation.arg(call.keys.len());
+        }
+        for call in calls {
+            invocation.arg(call.args.len());
+        }
+        for call in calls {
+            for key in &call.keys {
+                invocation.arg(key);
+            }
+        }
+        for call in calls {
             for arg in &call.args {
                 invocation.arg(arg);
             }
@@ -218,6 +253,18 @@ fn reply_of_one(reply: Value) -> Result<Value, RedisError> {
     }
 }
 
+/// Did a call of a Redis Cluster node's batch stop because the node does
+/// not serve its keys (their slot moved, or is moving) or cannot serve them
+/// now (the cluster is down)? Redis stops a script's command on such a key
+/// before it runs, and the batch script touches every key of a call before
+/// deciding it, so the call wrote nothing: it can go out on its own, to
+/// the node that serves it, and meet there what it would have met alone.
+fn not_served_here(err: &RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("Script attempted to access a non local key")
+        || text.contains("while the cluster is down")
+}
+
 /// Hands each caller of `batch` its part of the batch script's `reply`,
 /// and tells `breaker` how the call went; `classify` reads a call's error
 /// as the store reads any.
@@ -231,10 +278,11 @@ pub(super) fn answer_all(
         Ok(Value::Array(replies)) if replies.len() == batch.len() => {
             breaker.record_success();
             for (pending, reply) in batch.into_iter().zip(replies) {
-                pending.answer(match reply_of_one(reply) {
-                    Ok(value) => Outcome::Reply(value),
-                    Err(err) => Outcome::Failed(classify(err)),
-                });
+                match reply_of_one(reply) {
+                    Ok(value) => pending.answer(Outcome::Reply(value)),
+                    Err(err) if not_served_here(&err) => pending.on_its_own(),
+                    Err(err) => pending.answer(Outcome::Failed(classify(err))),
+                }
             }
         }
         Ok(other) => {
@@ -257,8 +305,71 @@ pub(super) fn answer_all(
     }
 }
 
-/// The batch script's call for `batch` (see [`Batchable::together`]).
-pub(super) fn invocation(batch: &[Pending]) -> Option<ScriptInvocation<'static>> {
+/// The batch script's call for `batch` (see [`Batchable::together`]), for
+/// one node of a Redis Cluster if `on_cluster`
+/// ([`Batchable::together_on_node`]).
+pub(super) fn invocation(batch: &[Pending], on_cluster: bool) -> Option<ScriptInvocation<'static>> {
     let calls: Vec<&Batchable> = batch.iter().map(Pending::call).collect();
-    Batchable::together(&calls)
+    if on_cluster {
+        Batchable::together_on_node(&calls)
+    } else {
+        Batchable::together(&calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::LazyLock;
+
+    use super::*;
+
+    static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
+
+    fn queued(key: &str) -> (Pending, oneshot::Receiver<Outcome>) {
+        let (outcome, receiver) = oneshot::channel();
+        let call = Batchable {
+            single: &SCRIPT,
+            batch: &SCRIPT,
+            node_batch: &SCRIPT,
+            keys: vec![key.to_owned()],
+            args: Vec::new(),
+        };
+        (Pending { call, outcome }, receiver)
+    }
+
+    #[tokio::test]
+    async fn a_call_whose_key_the_node_does_not_serve_goes_out_on_its_own() {
+        let (decided, decided_outcome) = queued("a");
+        let (moved, moved_outcome) = queued("b");
+        let (down, down_outcome) = queued("c");
+        let (broken, broken_outcome) = queued("d");
+        let reply = Value::Array(vec![
+            Value::Array(vec![Value::Int(1)]),
+            Value::BulkString(
+                b"ERR Script attempted to access a non local key in a cluster node script: 1f"
+                    .to_vec(),
+            ),
+            Value::BulkString(
+                b"ERR Script attempted to execute a command while the cluster is down".to_vec(),
+            ),
+            Value::BulkString(b"ERR unknown algorithm xx".to_vec()),
+        ]);
+        let breaker = CircuitBreaker::new(1);
+        answer_all(
+            vec![decided, moved, down, broken],
+            Ok(reply),
+            &breaker,
+            |err| StoreError::Reply(err.to_string()),
+        );
+        assert!(matches!(
+            decided_outcome.await,
+            Ok(Outcome::Reply(Value::Array(_)))
+        ));
+        assert!(matches!(moved_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["b"]));
+        assert!(matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["c"]));
+        assert!(
+            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Reply(text))) if text.contains("unknown algorithm"))
+        );
+        assert!(breaker.allows());
+    }
 }

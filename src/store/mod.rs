@@ -4,11 +4,11 @@
 //! (`limiter::Store`).
 //!
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
-//! for a pinned server certificate), behind a `breaker` (on a Cluster, one
-//! per primary: `node_breakers`), as `redis_settings` say, many calls to one
-//! Redis as one script call where it can (`batch`); `memory` keeps state in this process, reading the
-//! time from `clock` (beside the script part that reads Redis's); `options`
-//! turns the command line into settings.
+//! for a pinned server certificate), behind a `breaker` per node (on a
+//! Cluster, one per primary: `nodes`), as `redis_settings` say, many calls
+//! to one node as one script call (`batch`); `memory` keeps state in this
+//! process, reading the time from `clock` (beside the script part that
+//! reads Redis's); `options` turns the command line into settings.
 
 mod backend;
 mod batch;
@@ -16,7 +16,7 @@ pub mod breaker;
 mod clock;
 mod managers;
 pub mod memory;
-mod node_breakers;
+mod nodes;
 pub mod options;
 mod pinned_tls;
 pub mod redis;

@@ -3,8 +3,8 @@
 //! Redis, a Redis Cluster, or the primary a set of Sentinels names, bounded
 //! by a command timeout, and classifies what goes wrong where it enters.
 //! A circuit breaker stands in front: one for the whole Redis, or on a
-//! Cluster one per primary (`node_breakers`), so that a failed node's keys
-//! stop waiting while every other node's are still decided.
+//! Cluster one per primary (`nodes`), so that a failed node's keys stop
+//! waiting while every other node's are still decided.
 //!
 //! Scripts are called by SHA (`EVALSHA`); redis-rs answers a `NOSCRIPT` (after
 //! a Redis restart or `SCRIPT FLUSH`) by loading the script and calling it
@@ -20,12 +20,12 @@ use redis::{
     RedisError, RetryMethod, ScriptInvocation, TlsCertificates, Value,
 };
 use tokio::sync::OwnedSemaphorePermit;
-use tracing::debug;
+use tracing::{debug, warn};
 
-use super::batch::{self, Batchable, Batcher, Outcome, Pending};
+use super::batch::{self, Batchable, Outcome, Pending};
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
-use super::node_breakers::NodeBreakers;
+use super::nodes::{ClusterNodes, Node, Nodes};
 use super::pinned_tls::{PinnedTls, Trust};
 use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
@@ -80,34 +80,13 @@ impl Pools {
     }
 }
 
-/// The circuit breakers in front of a Redis.
-enum Breakers {
-    /// One for the whole of it (standalone, Sentinel), closed by the
-    /// health probe.
-    One(Arc<CircuitBreaker>),
-    /// One per Cluster primary, found by the key's slot.
-    PerNode(NodeBreakers),
-}
-
-impl Breakers {
-    /// The breaker a call on `key` goes through.
-    fn for_key(&self, key: &str) -> Arc<CircuitBreaker> {
-        match self {
-            Self::One(breaker) => Arc::clone(breaker),
-            Self::PerNode(nodes) => nodes.for_key(key.as_bytes()),
-        }
-    }
-}
-
 /// A pool of connections to Redis, behind a circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
     pools: Pools,
     command_timeout: Duration,
-    breakers: Arc<Breakers>,
-    /// The calls waiting to go out in a batch; none on a Cluster, whose
-    /// calls go out one by one.
-    batcher: Option<Arc<Batcher>>,
+    /// The breakers and batch queues in front of its node or nodes.
+    nodes: Arc<Nodes>,
     /// Which Redis it is, for metrics and logs: `main` or `per_second`.
     label: &'static str,
 }
@@ -189,19 +168,17 @@ impl RedisStore {
         metrics::redis_store(MAIN);
         // A node's breaker tries a call every command timeout: so at most
         // about one call at a time waits on a node that is down.
-        let breakers = match &pools {
-            Pools::Cluster(_) => Breakers::PerNode(NodeBreakers::new(
+        let nodes = match &pools {
+            Pools::Cluster(_) => Nodes::PerPrimary(ClusterNodes::new(
                 settings.breaker_threshold,
                 settings.command_timeout,
             )),
-            _ => Breakers::One(Arc::new(CircuitBreaker::new(settings.breaker_threshold))),
+            _ => Nodes::one(settings.breaker_threshold),
         };
-        let batcher = (!matches!(pools, Pools::Cluster(_))).then(|| Arc::new(Batcher::new()));
         Ok(Self {
             pools,
             command_timeout: settings.command_timeout,
-            breakers: Arc::new(breakers),
-            batcher,
+            nodes: Arc::new(nodes),
             label: MAIN,
         })
     }
@@ -227,14 +204,14 @@ impl RedisStore {
         key: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let breaker = self.breakers.for_key(key);
-        if !breaker.allows() {
+        let node = self.nodes.for_key(key);
+        if !node.breaker.allows() {
             metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
         let started = std::time::Instant::now();
         let reply = self
-            .bounded(&breaker, async {
+            .bounded(&node.breaker, async {
                 on_shared_connection!(&self.pools, |connection| invocation
                     .invoke_async::<T>(&mut connection))
                 .map_err(classify)
@@ -245,25 +222,26 @@ impl RedisStore {
     }
 
     /// Runs `call` as [`RedisStore::run_script`] runs it alone, in a batch
-    /// with the calls waiting for the same Redis (see `batch`): the same
-    /// reply, the same errors. `key` is one of its keys.
+    /// with the calls waiting for the same Redis node (see `batch`): the
+    /// same reply, the same errors. `key` is one of its keys.
     pub async fn run_batched<T: FromRedisValue + Send>(
         &self,
         key: &str,
         call: Batchable,
     ) -> Result<T, StoreError> {
-        let Some(batcher) = &self.batcher else {
+        if !self.nodes.batch() {
             return self.run_alone(key, call).await;
-        };
-        if !self.breakers.for_key(key).allows() {
+        }
+        let node = self.nodes.for_key(key);
+        if !node.breaker.allows() {
             metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
-        let (outcome, slot) = batcher.enqueue(call);
+        let (outcome, slot) = node.batcher.enqueue(call);
         if let Some(slot) = slot {
             // A task of its own, so that a caller that gives up does not
             // take the other callers' batch with it.
-            tokio::spawn(self.clone().drive(slot));
+            tokio::spawn(self.clone().drive(node, slot));
         }
         let outcome = match tokio::time::timeout(self.command_timeout, outcome).await {
             Err(_) => return Err(StoreError::Timeout(self.command_timeout)),
@@ -290,28 +268,26 @@ impl RedisStore {
         Box::pin(async move { self.run_script(key, &call.alone()).await })
     }
 
-    /// Sends the queued calls, batch after batch, while there are any.
-    /// (Boxed: the compiler then proves it `Send` once, here, rather than
-    /// inside every caller's future.)
+    /// Sends the calls queued for `node`, batch after batch, while there
+    /// are any. (Boxed: the compiler then proves it `Send` once, here,
+    /// rather than inside every caller's future.)
     fn drive(
         self,
+        node: Arc<Node>,
         mut slot: OwnedSemaphorePermit,
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            let Some(batcher) = self.batcher.clone() else {
-                return;
-            };
             loop {
-                let batch = batcher.take();
+                let batch = node.batcher.take();
                 if batch.is_empty() {
                     drop(slot);
-                    match batcher.lead_again() {
+                    match node.batcher.lead_again() {
                         Some(again) => slot = again,
                         None => return,
                     }
                     continue;
                 }
-                self.run_batch(batch).await;
+                self.run_batch(&node.breaker, batch).await;
             }
         })
     }
@@ -334,24 +310,20 @@ impl RedisStore {
         });
     }
 
-    /// Runs one batch and hands each caller its outcome.
-    async fn run_batch(&self, mut batch: Vec<Pending>) {
+    /// Runs one batch, of the calls queued behind `breaker`, and hands
+    /// each caller its outcome.
+    async fn run_batch(&self, breaker: &CircuitBreaker, mut batch: Vec<Pending>) {
         metrics::redis_batch(self.label, batch.len());
-        let breaker = match batch
-            .first()
-            .and_then(|pending| pending.call().keys.first())
-        {
-            Some(key) => self.breakers.for_key(key),
-            None => self.breakers.for_key(""),
-        };
         if batch.len() == 1 {
             if let Some(pending) = batch.pop() {
-                self.run_one(&breaker, pending).await;
+                self.run_one(breaker, pending).await;
             }
             return;
         }
         let started = std::time::Instant::now();
-        let Some(invocation) = batch::invocation(&batch) else {
+        let Some(invocation) = batch::invocation(&batch, self.is_cluster()) else {
+            // Nothing to route a Cluster's batch by: each call on its own.
+            batch.into_iter().for_each(Pending::on_its_own);
             return;
         };
         let reply = self
@@ -370,6 +342,16 @@ impl RedisStore {
                 // written, so each call goes out on its own, meeting the
                 // refusal (or not) as it would have alone.
                 debug!(%err, "batch refused; its calls go out one by one");
+                if let Nodes::PerPrimary(nodes) = &*self.nodes
+                    && cannot_compile(&err)
+                {
+                    warn!(
+                        %err,
+                        "a Redis Cluster node cannot run the batch script (it needs Redis 7 or \
+                         later); decisions go out one script call each"
+                    );
+                    nodes.stop_batching();
+                }
                 batch.into_iter().for_each(Pending::on_its_own);
                 return;
             }
@@ -377,7 +359,7 @@ impl RedisStore {
             Err(err) => Err(err),
         };
         metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
-        batch::answer_all(batch, reply, &breaker, classify);
+        batch::answer_all(batch, reply, breaker, classify);
     }
 
     /// Reports the pool's connections in use and idle to the metrics.
@@ -402,7 +384,7 @@ impl RedisStore {
     /// own calls tell which node fails). A Cluster is first asked who
     /// serves which slots, for the breakers.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        if let Breakers::PerNode(nodes) = &*self.breakers {
+        if let Nodes::PerPrimary(nodes) = &*self.nodes {
             self.learn_slots(nodes).await;
         }
         // Through `query_async`, so that an error reply (NOAUTH, LOADING...)
@@ -416,11 +398,11 @@ impl RedisStore {
                 .map_err(classify)
             })
             .await;
-        match (&*self.breakers, &result) {
-            (Breakers::One(breaker), Err(err)) if err.is_transient() => breaker.record_failure(),
-            (Breakers::One(breaker), _) => breaker.record_success(),
-            (Breakers::PerNode(_), Err(err)) if err.is_transient() => {}
-            (Breakers::PerNode(nodes), _) => nodes.record_success(),
+        match (&*self.nodes, &result) {
+            (Nodes::One(node), Err(err)) if err.is_transient() => node.breaker.record_failure(),
+            (Nodes::One(node), _) => node.breaker.record_success(),
+            (Nodes::PerPrimary(_), Err(err)) if err.is_transient() => {}
+            (Nodes::PerPrimary(nodes), _) => nodes.record_success(),
         }
         result
     }
@@ -428,7 +410,7 @@ impl RedisStore {
     /// Asks a Cluster node `CLUSTER SLOTS`, for the breakers to follow
     /// failovers and resharding. Unanswered, the breakers keep what they
     /// knew.
-    async fn learn_slots(&self, nodes: &NodeBreakers) {
+    async fn learn_slots(&self, nodes: &ClusterNodes) {
         let mut ask = redis::cmd("CLUSTER");
         ask.arg("SLOTS");
         let reply = self
@@ -555,6 +537,12 @@ fn refused_unrun(err: &RedisError) -> bool {
     ) && !err.is_io_error()
         && !err.is_timeout()
         && !err.is_connection_dropped()
+}
+
+/// Did Redis refuse a script because it could not compile it? A Redis
+/// before 7 cannot read the flags line the node batch script starts with.
+fn cannot_compile(err: &RedisError) -> bool {
+    err.to_string().contains("Error compiling script")
 }
 
 fn classify_pool(err: PoolError) -> StoreError {

@@ -3,11 +3,12 @@
 -- above this part in the same script; `limiter::script` is its Rust side
 -- (encoder, decoder, and the names of the numbers below).
 --
--- `decide_call(k0, a0, count)` decides one call whose keys are KEYS[k0 + 1]
--- to KEYS[k0 + count] and whose values start after ARGV[a0]; the layout
--- below is that of a call alone (k0 = a0 = 0, count = #KEYS), which
--- single.lua, this part's tail in the single-call script, decides. The
--- batch driver (batch.lua) decides many such calls in one script.
+-- `decide_call(keys, k0, a0, count)` decides one call whose keys are
+-- keys[k0 + 1] to keys[k0 + count] and whose values start after ARGV[a0];
+-- the layout below is that of a call alone (keys = KEYS, k0 = a0 = 0,
+-- count = #KEYS), which single.lua, this part's tail in the single-call
+-- script, decides. The batch driver (batch.lua) decides many such calls in
+-- one script.
 --
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
@@ -36,7 +37,7 @@
 --          never), mark (what refund.lua needs to take a spend back)
 local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
 
-local function decide_call(k0, a0, count)
+local function decide_call(keys, k0, a0, count)
   local function decide(i, cost, spend)
     local at = a0 + ARGS_PER_LIMIT * (i - 1)
     local algorithm = ARGV[at + 1]
@@ -44,15 +45,15 @@ local function decide_call(k0, a0, count)
     local p2 = tonumber(ARGV[at + 3])
     local p3 = tonumber(ARGV[at + 4])
     if algorithm == 'fw' then
-      return {fixed_window(KEYS[k0 + i], now, p1, p2, p3, cost, spend)}
+      return {fixed_window(keys[k0 + i], now, p1, p2, p3, cost, spend)}
     elseif algorithm == 'sw' then
-      return {sliding_window(KEYS[k0 + i], now, p1, p2, cost, spend)}
+      return {sliding_window(keys[k0 + i], now, p1, p2, cost, spend)}
     elseif algorithm == 'tb' then
-      return {token_bucket(KEYS[k0 + i], now, p1, p2, cost, spend)}
+      return {token_bucket(keys[k0 + i], now, p1, p2, cost, spend)}
     elseif algorithm == 'gc' then
-      return {gcra(KEYS[k0 + i], now, p1, p2, cost, spend)}
+      return {gcra(keys[k0 + i], now, p1, p2, cost, spend)}
     elseif algorithm == 'sc' then
-      return {sliding_window_counter(KEYS[k0 + i], now, p1, p2, cost, spend)}
+      return {sliding_window_counter(keys[k0 + i], now, p1, p2, cost, spend)}
     end
     error('unknown algorithm ' .. tostring(algorithm))
   end

@@ -11,7 +11,7 @@ use super::access::{Access, Secured};
 use super::cluster_node::ClusterNode;
 use super::directives::directive;
 use super::process::Nodes;
-use super::queries::run;
+use super::queries::{run, script_calls_in};
 use super::security::{Security, Setup};
 use crate::common::process::free_port;
 
@@ -191,6 +191,22 @@ impl RedisCluster {
             counts.push((primary.port, keys));
         }
         counts
+    }
+
+    /// Script calls (`EVALSHA` and `EVAL`) the primaries have run, from
+    /// their `INFO commandstats`.
+    pub async fn script_calls(&self) -> u64 {
+        let mut calls = 0;
+        for primary in self.primaries().await {
+            let info: String = self
+                .setup
+                .access()
+                .query(primary.port, redis::cmd("INFO").arg("commandstats"))
+                .await
+                .unwrap_or_else(|why| panic!("INFO commandstats on {}: {why}", primary.port));
+            calls += script_calls_in(&info);
+        }
+        calls
     }
 
     /// SIGKILLs the primary at `index` of [`RedisCluster::primaries`], as in

@@ -28,6 +28,7 @@ pub use self::{
     access::Secured,
     cluster::RedisCluster,
     cluster_node::{CLUSTER_SLOTS, ClusterNode, Role},
+    queries::info_field,
     security::{ClientCertificates, Security, SentinelPassword},
     sentinel::{MASTER_NAME, RedisSentinel},
     standalone::RedisServer,

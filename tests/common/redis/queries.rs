@@ -148,3 +148,15 @@ pub async fn run(program: &str, args: Vec<String>, timeout: Duration) -> Result<
     .await
     .expect("the thread running a command")
 }
+
+/// Script calls (`EVALSHA` and `EVAL`) in an `INFO commandstats` reply.
+pub fn script_calls_in(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            let calls = line.split_once("calls=")?.1;
+            calls.split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}

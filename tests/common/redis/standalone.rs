@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::access::{Access, Secured};
 use super::process::RedisProcess;
+use super::queries::script_calls_in;
 use super::security::{ClientCertificates, Security, Setup};
 use crate::common::tls::TlsFiles;
 
@@ -169,15 +170,7 @@ impl RedisServer {
             .query_async(&mut connection)
             .await
             .expect("INFO commandstats");
-        info.lines()
-            .filter(|line| {
-                line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")
-            })
-            .filter_map(|line| {
-                let calls = line.split_once("calls=")?.1;
-                calls.split(',').next()?.parse::<u64>().ok()
-            })
-            .sum()
+        script_calls_in(&info)
     }
 
     /// Every key in the database.

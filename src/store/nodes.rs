@@ -1,8 +1,13 @@
-//! The circuit breakers of a Redis Cluster: one per primary, so that a
-//! node that fails opens the breaker of its own keys only, and every other
-//! node's keys are still decided meanwhile. Which primary serves which hash
-//! slot is learnt from `CLUSTER SLOTS` at each health probe; until the
-//! first answer, one breaker stands for every slot.
+//! What stands in front of each Redis node: a circuit breaker and the
+//! queue of calls waiting to go out to it in a batch ([`Node`]). One for a
+//! standalone Redis (or the primary Sentinels name); on a Redis Cluster,
+//! one per primary, found by a key's hash slot, so that a node that fails
+//! opens the breaker of its own keys only, every other node's keys still
+//! decided meanwhile, and a batch holds one node's calls. Which primary
+//! serves which hash slot is learnt from `CLUSTER SLOTS` at each health
+//! probe; until the first answer, one node stands for every slot (its
+//! batches then go where their first key lives, and a call whose keys live
+//! elsewhere goes out again on its own: see `batch`).
 //!
 //! A node's breaker lets a trial call through every so often while open
 //! (see `breaker`): the probe's `PING` goes to every primary, so it cannot
@@ -10,21 +15,75 @@
 //! failover the replica that took over answers the first trial.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::Value;
 
+use super::batch::Batcher;
 use super::breaker::CircuitBreaker;
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
 
-/// One breaker per primary, found by a key's hash slot.
-pub(super) struct NodeBreakers {
+/// One Redis node's breaker and batch queue.
+pub(super) struct Node {
+    pub(super) breaker: CircuitBreaker,
+    pub(super) batcher: Batcher,
+}
+
+impl Node {
+    fn new(breaker: CircuitBreaker) -> Arc<Self> {
+        Arc::new(Self {
+            breaker,
+            batcher: Batcher::new(),
+        })
+    }
+}
+
+/// The nodes of a Redis: one, or a Cluster's primaries.
+pub(super) enum Nodes {
+    /// A standalone Redis, or the primary Sentinels name: its breaker is
+    /// closed by the health probe.
+    One(Arc<Node>),
+    /// A Cluster's primaries, found by the key's slot.
+    PerPrimary(ClusterNodes),
+}
+
+impl Nodes {
+    /// One node, whose breaker opens after `threshold` failures in a row.
+    pub(super) fn one(threshold: u32) -> Self {
+        Self::One(Node::new(CircuitBreaker::new(threshold)))
+    }
+
+    /// The node a call on `key` goes to.
+    pub(super) fn for_key(&self, key: &str) -> Arc<Node> {
+        match self {
+            Self::One(node) => Arc::clone(node),
+            Self::PerPrimary(nodes) => nodes.for_key(key.as_bytes()),
+        }
+    }
+
+    /// Do calls go out in batches? Always, but on a Cluster whose nodes
+    /// cannot run the node batch script.
+    pub(super) fn batch(&self) -> bool {
+        match self {
+            Self::One(_) => true,
+            Self::PerPrimary(nodes) => nodes.batching.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A Redis Cluster's primaries, found by a key's hash slot.
+pub(super) struct ClusterNodes {
     table: ArcSwap<SlotTable>,
     threshold: u32,
     trial_every: Duration,
+    /// Cleared for good when a node cannot compile the node batch script
+    /// (its first line, the script's flags, is Redis 7's): every call then
+    /// goes out on its own.
+    batching: AtomicBool,
 }
 
 /// Who serves each slot, as last learnt.
@@ -32,18 +91,15 @@ struct SlotTable {
     /// For each slot, its primary's place in `nodes`.
     owner: Box<[u16]>,
     /// `host:port` of each primary (empty for the stand-in for all of
-    /// them), with its breaker.
-    nodes: Vec<(String, Arc<CircuitBreaker>)>,
+    /// them), with its node.
+    nodes: Vec<(String, Arc<Node>)>,
 }
 
-impl NodeBreakers {
-    /// Breakers that open after `threshold` failures in a row on a node,
-    /// and let a trial through every `trial_every` while open.
+impl ClusterNodes {
+    /// Nodes whose breakers open after `threshold` failures in a row, and
+    /// let a trial through every `trial_every` while open.
     pub(super) fn new(threshold: u32, trial_every: Duration) -> Self {
-        let everyone = (
-            String::new(),
-            Arc::new(CircuitBreaker::with_trials(threshold, trial_every)),
-        );
+        let everyone = (String::new(), Self::node(threshold, trial_every));
         Self {
             table: ArcSwap::from_pointee(SlotTable {
                 owner: vec![0; SLOTS].into_boxed_slice(),
@@ -51,11 +107,21 @@ impl NodeBreakers {
             }),
             threshold,
             trial_every,
+            batching: AtomicBool::new(true),
         }
     }
 
-    /// The breaker of the node that serves `key`'s slot.
-    pub(super) fn for_key(&self, key: &[u8]) -> Arc<CircuitBreaker> {
+    /// Calls go out one by one from now on (see `batching`).
+    pub(super) fn stop_batching(&self) {
+        self.batching.store(false, Ordering::Relaxed);
+    }
+
+    fn node(threshold: u32, trial_every: Duration) -> Arc<Node> {
+        Node::new(CircuitBreaker::with_trials(threshold, trial_every))
+    }
+
+    /// The node that serves `key`'s slot.
+    pub(super) fn for_key(&self, key: &[u8]) -> Arc<Node> {
         let table = self.table.load();
         let node = table.owner[usize::from(slot(key))];
         Arc::clone(&table.nodes[usize::from(node)].1)
@@ -63,14 +129,14 @@ impl NodeBreakers {
 
     /// Every node answered (the probe's `PING`): every breaker closes.
     pub(super) fn record_success(&self) {
-        for (_, breaker) in &self.table.load().nodes {
-            breaker.record_success();
+        for (_, node) in &self.table.load().nodes {
+            node.breaker.record_success();
         }
     }
 
     /// Takes in a `CLUSTER SLOTS` reply. A primary already known keeps its
-    /// breaker (open or not); a new one gets a closed breaker; slots no one
-    /// serves keep the stand-in's.
+    /// node (its breaker open or not, its queue); a new one gets a closed
+    /// breaker; slots no one serves keep the stand-in's.
     pub(super) fn learn(&self, reply: &Value) -> Result<(), String> {
         let ranges = primaries(reply)?;
         let old = self.table.load();
@@ -80,18 +146,13 @@ impl NodeBreakers {
             let index = match nodes.iter().position(|(known, _)| *known == address) {
                 Some(index) => index,
                 None => {
-                    let breaker = old
+                    let node = old
                         .nodes
                         .iter()
                         .find(|(known, _)| *known == address)
-                        .map(|(_, breaker)| Arc::clone(breaker))
-                        .unwrap_or_else(|| {
-                            Arc::new(CircuitBreaker::with_trials(
-                                self.threshold,
-                                self.trial_every,
-                            ))
-                        });
-                    nodes.push((address, breaker));
+                        .map(|(_, node)| Arc::clone(node))
+                        .unwrap_or_else(|| Self::node(self.threshold, self.trial_every));
+                    nodes.push((address, node));
                     nodes.len() - 1
                 }
             };
@@ -222,17 +283,17 @@ mod tests {
 
     #[test]
     fn one_stand_in_breaker_until_the_slots_are_known() {
-        let breakers = NodeBreakers::new(1, Duration::from_secs(60));
-        breakers.for_key(b"a").record_failure();
-        assert!(!breakers.for_key(b"b").allows());
-        breakers.record_success();
-        assert!(breakers.for_key(b"b").allows());
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
+        nodes.for_key(b"a").breaker.record_failure();
+        assert!(!nodes.for_key(b"b").breaker.allows());
+        nodes.record_success();
+        assert!(nodes.for_key(b"b").breaker.allows());
     }
 
     #[test]
     fn a_failing_node_opens_its_own_keys_breaker_only() {
-        let breakers = NodeBreakers::new(2, Duration::from_secs(60));
-        breakers
+        let nodes = ClusterNodes::new(2, Duration::from_secs(60));
+        nodes
             .learn(&slots(&[
                 (0, 5460, 7000),
                 (5461, 10922, 7002),
@@ -240,47 +301,58 @@ mod tests {
             ]))
             .expect("learnt");
         let (failing, other) = (key_in(0..=5460), key_in(5461..=10922));
-        breakers.for_key(failing.as_bytes()).record_failure();
-        breakers.for_key(failing.as_bytes()).record_failure();
-        assert!(!breakers.for_key(key_in(0..=5460).as_bytes()).allows());
-        assert!(breakers.for_key(other.as_bytes()).allows());
-        assert!(breakers.for_key(key_in(10923..=16383).as_bytes()).allows());
+        nodes.for_key(failing.as_bytes()).breaker.record_failure();
+        nodes.for_key(failing.as_bytes()).breaker.record_failure();
+        assert!(!nodes.for_key(key_in(0..=5460).as_bytes()).breaker.allows());
+        assert!(nodes.for_key(other.as_bytes()).breaker.allows());
+        assert!(
+            nodes
+                .for_key(key_in(10923..=16383).as_bytes())
+                .breaker
+                .allows()
+        );
 
         // Learnt again, the same node keeps its open breaker; when its
         // replica (a new address) serves its slots, they have a closed one.
-        breakers
+        nodes
             .learn(&slots(&[(0, 5460, 7000), (5461, 16383, 7002)]))
             .expect("learnt");
-        assert!(!breakers.for_key(failing.as_bytes()).allows());
-        breakers
+        assert!(!nodes.for_key(failing.as_bytes()).breaker.allows());
+        nodes
             .learn(&slots(&[(0, 5460, 7001), (5461, 16383, 7002)]))
             .expect("learnt");
-        assert!(breakers.for_key(failing.as_bytes()).allows());
+        assert!(nodes.for_key(failing.as_bytes()).breaker.allows());
     }
 
     #[test]
     fn slots_no_one_serves_keep_the_stand_in() {
-        let breakers = NodeBreakers::new(1, Duration::from_secs(60));
-        breakers.learn(&slots(&[(0, 99, 7000)])).expect("learnt");
-        breakers
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
+        nodes.learn(&slots(&[(0, 99, 7000)])).expect("learnt");
+        nodes
             .for_key(key_in(100..=16383).as_bytes())
+            .breaker
             .record_failure();
-        assert!(breakers.for_key(key_in(0..=99).as_bytes()).allows());
-        assert!(!breakers.for_key(key_in(200..=16383).as_bytes()).allows());
+        assert!(nodes.for_key(key_in(0..=99).as_bytes()).breaker.allows());
+        assert!(
+            !nodes
+                .for_key(key_in(200..=16383).as_bytes())
+                .breaker
+                .allows()
+        );
     }
 
     #[test]
     fn a_malformed_reply_is_refused_and_changes_nothing() {
-        let breakers = NodeBreakers::new(1, Duration::from_secs(60));
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
         for reply in [
             Value::Nil,
             Value::Array(vec![Value::Int(1)]),
             slots(&[(0, 16384, 7000)]),
             slots(&[(10, 5, 7000)]),
         ] {
-            assert!(breakers.learn(&reply).is_err(), "{reply:?}");
+            assert!(nodes.learn(&reply).is_err(), "{reply:?}");
         }
-        breakers.for_key(b"a").record_failure();
-        assert!(!breakers.for_key(b"b").allows());
+        nodes.for_key(b"a").breaker.record_failure();
+        assert!(!nodes.for_key(b"b").breaker.allows());
     }
 }

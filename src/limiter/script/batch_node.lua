@@ -1,0 +1,13 @@
+-- The tail of the batch script for one node of a Redis Cluster: every
+-- call's keys are values (batch.lua's header), since one script may not
+-- declare keys of several hash slots; KEYS[1], one of them, routes the
+-- script to the node. The script runs with the flag
+-- `allow-cross-slot-keys` (its first line), so that it may touch keys of
+-- several slots on the node.
+local calls = tonumber(ARGV[1])
+local k0 = 1 + 2 * calls
+local a0 = k0
+for j = 1, calls do
+  a0 = a0 + tonumber(ARGV[1 + j])
+end
+return decide_calls(ARGV, k0, a0, true)
