@@ -1,5 +1,7 @@
 //! The caller keys a run's requests name: one hot key, keys drawn uniformly,
-//! or keys drawn by a Zipf distribution.
+//! keys drawn by a Zipf distribution, or every key in turn.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::Rng;
 use rand_distr::{Distribution, Zipf};
@@ -16,13 +18,15 @@ enum Draw {
     Hot,
     Uniform,
     Zipf(Zipf<f64>),
+    /// The next key in turn, shared by every worker.
+    Sequence(AtomicUsize),
 }
 
 impl Keys {
     pub(crate) fn new(options: &Options) -> Result<Self, String> {
         let count = match options.keys {
             KeyPattern::Hot => 1,
-            KeyPattern::Uniform | KeyPattern::Zipf => options.key_count,
+            KeyPattern::Uniform | KeyPattern::Zipf | KeyPattern::Sequence => options.key_count,
         };
         let draw = match options.keys {
             KeyPattern::Hot => Draw::Hot,
@@ -31,6 +35,7 @@ impl Keys {
                 Zipf::new(count as f64, options.zipf_exponent)
                     .map_err(|err| format!("--zipf-exponent: {err}"))?,
             ),
+            KeyPattern::Sequence => Draw::Sequence(AtomicUsize::new(0)),
         };
         let names = (0..count)
             .map(|i| format!("{}{i}", options.key_prefix))
@@ -45,6 +50,7 @@ impl Keys {
             Draw::Uniform => rng.random_range(0..self.names.len()),
             // Zipf draws 1..=n as a float; the most likely key is index 0.
             Draw::Zipf(zipf) => (zipf.sample(rng) as usize).saturating_sub(1),
+            Draw::Sequence(next) => next.fetch_add(1, Ordering::Relaxed) % self.names.len(),
         };
         self.names
             .get(index)
@@ -57,6 +63,7 @@ impl Keys {
         match options.keys {
             KeyPattern::Hot => format!("one hot key ({})", self.names[0]),
             KeyPattern::Uniform => format!("uniform over {} keys", self.names.len()),
+            KeyPattern::Sequence => format!("each of {} keys in turn", self.names.len()),
             KeyPattern::Zipf => format!(
                 "zipf (s = {}) over {} keys",
                 options.zipf_exponent,
@@ -106,5 +113,20 @@ mod tests {
         let seen: std::collections::HashSet<&str> =
             (0..1000).map(|_| uniform.draw(&mut rng)).collect();
         assert_eq!(seen.len(), 10);
+    }
+
+    #[test]
+    fn sequence_names_every_key_once_before_any_twice() {
+        let keys = keys(&[
+            "--keys",
+            "sequence",
+            "--key-count",
+            "3",
+            "--key-prefix",
+            "s",
+        ]);
+        let mut rng = SmallRng::seed_from_u64(1);
+        let drawn: Vec<&str> = (0..7).map(|_| keys.draw(&mut rng)).collect();
+        assert_eq!(drawn, ["s0", "s1", "s2", "s0", "s1", "s2", "s0"]);
     }
 }

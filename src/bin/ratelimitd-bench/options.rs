@@ -92,7 +92,7 @@ pub(crate) struct Options {
     #[arg(long, value_enum, default_value_t = KeyPattern::Uniform)]
     pub keys: KeyPattern,
 
-    /// How many keys `uniform` and `zipf` draw from.
+    /// How many keys `uniform`, `zipf` and `sequence` draw from.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub key_count: u64,
 
@@ -148,6 +148,9 @@ pub(crate) enum KeyPattern {
     Uniform,
     /// `--key-count` keys, the k-th drawn in proportion to 1/k^s.
     Zipf,
+    /// `--key-count` keys in turn, each once before any twice: fills a
+    /// store with that many live keys in as many requests.
+    Sequence,
 }
 
 impl Options {
