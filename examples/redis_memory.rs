@@ -32,6 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),
         breaker_threshold: 3,
+        batch_calls: 64,
         tls: Default::default(),
     })?;
     let limiter = Limiter::new(Store::Redis(store), PREFIX);

@@ -42,6 +42,7 @@ async fn main() -> Result<(), Error> {
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(10),
         breaker_threshold: 3,
+        batch_calls: 64,
         tls: Default::default(),
     })?;
     // No denial cache: every question goes to Redis.

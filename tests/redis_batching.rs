@@ -369,6 +369,23 @@ async fn fifty_callers_take_less_than_half_a_call_per_decision(redis: &Shared) {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_batches_of_one_call_every_decision_is_a_script_call_of_its_own() {
+    let redis = Shared::standalone().await;
+    let servers = redis.servers(1, &["--redis-batch-calls", "1"]).await;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(servers[0].client().await);
+    }
+    let limit = fixed_window(100, Duration::from_secs(3600));
+    // Loads the script: calls that meet NOSCRIPT are counted twice.
+    check(&mut clients[0], "first", &limit, None).await;
+    let before = redis.script_calls().await;
+    let allowed = allowed_of_concurrent_calls(&clients, 300, "alone", &limit).await;
+    assert_eq!(allowed, 100);
+    assert_eq!(redis.script_calls().await - before, 300);
+}
+
 /// A key of `cluster` whose primary is (or, with `on` false, is not) the
 /// one on `port`.
 async fn key_where(cluster: &RedisCluster, name: &str, port: u16, on: bool) -> String {

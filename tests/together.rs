@@ -31,6 +31,7 @@ fn redis_limiter(redis: &RedisServer) -> Limiter {
         connect_timeout: Duration::from_secs(5),
         command_timeout: Duration::from_secs(10),
         breaker_threshold: 3,
+        batch_calls: 64,
         tls: Default::default(),
     })
     .expect("redis store");

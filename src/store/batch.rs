@@ -36,7 +36,7 @@ use crate::error::StoreError;
 /// fills, and one in flight more keeps Redis busy while a reply travels.
 const SLOTS: usize = 2;
 
-/// The most calls in one batch.
+/// The most calls in one batch (`--redis-batch-calls` may say fewer).
 const MAX_CALLS: usize = 64;
 
 /// The most keys in one batch (a single call may have this many alone):
@@ -164,13 +164,17 @@ impl Pending {
 pub(super) struct Batcher {
     queue: Mutex<VecDeque<Pending>>,
     slots: Arc<Semaphore>,
+    max_calls: usize,
 }
 
 impl Batcher {
-    pub(super) fn new() -> Self {
+    /// A queue whose batches carry at most `max_calls` calls (at most
+    /// [`MAX_CALLS`]).
+    pub(super) fn new(max_calls: usize) -> Self {
         Self {
             queue: Mutex::new(VecDeque::new()),
             slots: Arc::new(Semaphore::new(SLOTS)),
+            max_calls: max_calls.clamp(1, MAX_CALLS),
         }
     }
 
@@ -198,7 +202,7 @@ impl Batcher {
                 continue;
             }
             if let Some(first) = batch.first() {
-                let full = batch.len() >= MAX_CALLS || keys + next.call.keys.len() > MAX_KEYS;
+                let full = batch.len() >= self.max_calls || keys + next.call.keys.len() > MAX_KEYS;
                 if full || !std::ptr::eq(first.call.batch, next.call.batch) {
                     break;
                 }
@@ -207,6 +211,11 @@ impl Batcher {
             batch.extend(queue.pop_front());
         }
         batch
+    }
+
+    /// Do its batches carry more than one call?
+    pub(super) fn batches(&self) -> bool {
+        self.max_calls > 1
     }
 
     /// After a driver gave its slot back on finding the queue empty: a slot

@@ -34,10 +34,10 @@ pub(super) struct Node {
 }
 
 impl Node {
-    fn new(breaker: CircuitBreaker) -> Arc<Self> {
+    fn new(breaker: CircuitBreaker, batch_calls: usize) -> Arc<Self> {
         Arc::new(Self {
             breaker,
-            batcher: Batcher::new(),
+            batcher: Batcher::new(batch_calls),
         })
     }
 }
@@ -52,9 +52,10 @@ pub(super) enum Nodes {
 }
 
 impl Nodes {
-    /// One node, whose breaker opens after `threshold` failures in a row.
-    pub(super) fn one(threshold: u32) -> Self {
-        Self::One(Node::new(CircuitBreaker::new(threshold)))
+    /// One node, whose breaker opens after `threshold` failures in a row,
+    /// batching up to `batch_calls` calls.
+    pub(super) fn one(threshold: u32, batch_calls: usize) -> Self {
+        Self::One(Node::new(CircuitBreaker::new(threshold), batch_calls))
     }
 
     /// The node a call on `key` goes to.
@@ -65,12 +66,14 @@ impl Nodes {
         }
     }
 
-    /// Do calls go out in batches? Always, but on a Cluster whose nodes
-    /// cannot run the node batch script.
+    /// Do calls go out in batches? Unless batches are of one call, or on
+    /// a Cluster whose nodes cannot run the node batch script.
     pub(super) fn batch(&self) -> bool {
         match self {
-            Self::One(_) => true,
-            Self::PerPrimary(nodes) => nodes.batching.load(Ordering::Relaxed),
+            Self::One(node) => node.batcher.batches(),
+            Self::PerPrimary(nodes) => {
+                nodes.batch_calls > 1 && nodes.batching.load(Ordering::Relaxed)
+            }
         }
     }
 }
@@ -80,6 +83,7 @@ pub(super) struct ClusterNodes {
     table: ArcSwap<SlotTable>,
     threshold: u32,
     trial_every: Duration,
+    batch_calls: usize,
     /// Cleared for good when a node cannot compile the node batch script
     /// (its first line, the script's flags, is Redis 7's): every call then
     /// goes out on its own.
@@ -97,9 +101,13 @@ struct SlotTable {
 
 impl ClusterNodes {
     /// Nodes whose breakers open after `threshold` failures in a row, and
-    /// let a trial through every `trial_every` while open.
-    pub(super) fn new(threshold: u32, trial_every: Duration) -> Self {
-        let everyone = (String::new(), Self::node(threshold, trial_every));
+    /// let a trial through every `trial_every` while open, batching up to
+    /// `batch_calls` calls.
+    pub(super) fn new(threshold: u32, trial_every: Duration, batch_calls: usize) -> Self {
+        let everyone = (
+            String::new(),
+            Self::node(threshold, trial_every, batch_calls),
+        );
         Self {
             table: ArcSwap::from_pointee(SlotTable {
                 owner: vec![0; SLOTS].into_boxed_slice(),
@@ -107,6 +115,7 @@ impl ClusterNodes {
             }),
             threshold,
             trial_every,
+            batch_calls,
             batching: AtomicBool::new(true),
         }
     }
@@ -116,8 +125,11 @@ impl ClusterNodes {
         self.batching.store(false, Ordering::Relaxed);
     }
 
-    fn node(threshold: u32, trial_every: Duration) -> Arc<Node> {
-        Node::new(CircuitBreaker::with_trials(threshold, trial_every))
+    fn node(threshold: u32, trial_every: Duration, batch_calls: usize) -> Arc<Node> {
+        Node::new(
+            CircuitBreaker::with_trials(threshold, trial_every),
+            batch_calls,
+        )
     }
 
     /// The node that serves `key`'s slot.
@@ -151,7 +163,9 @@ impl ClusterNodes {
                         .iter()
                         .find(|(known, _)| *known == address)
                         .map(|(_, node)| Arc::clone(node))
-                        .unwrap_or_else(|| Self::node(self.threshold, self.trial_every));
+                        .unwrap_or_else(|| {
+                            Self::node(self.threshold, self.trial_every, self.batch_calls)
+                        });
                     nodes.push((address, node));
                     nodes.len() - 1
                 }
@@ -283,7 +297,7 @@ mod tests {
 
     #[test]
     fn one_stand_in_breaker_until_the_slots_are_known() {
-        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60), 64);
         nodes.for_key(b"a").breaker.record_failure();
         assert!(!nodes.for_key(b"b").breaker.allows());
         nodes.record_success();
@@ -292,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_failing_node_opens_its_own_keys_breaker_only() {
-        let nodes = ClusterNodes::new(2, Duration::from_secs(60));
+        let nodes = ClusterNodes::new(2, Duration::from_secs(60), 64);
         nodes
             .learn(&slots(&[
                 (0, 5460, 7000),
@@ -326,7 +340,7 @@ mod tests {
 
     #[test]
     fn slots_no_one_serves_keep_the_stand_in() {
-        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60), 64);
         nodes.learn(&slots(&[(0, 99, 7000)])).expect("learnt");
         nodes
             .for_key(key_in(100..=16383).as_bytes())
@@ -343,7 +357,7 @@ mod tests {
 
     #[test]
     fn a_malformed_reply_is_refused_and_changes_nothing() {
-        let nodes = ClusterNodes::new(1, Duration::from_secs(60));
+        let nodes = ClusterNodes::new(1, Duration::from_secs(60), 64);
         for reply in [
             Value::Nil,
             Value::Array(vec![Value::Int(1)]),

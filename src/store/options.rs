@@ -163,6 +163,14 @@ pub struct StoreOptions {
           help_heading = "Failure policy")]
     pub redis_breaker_threshold: u32,
 
+    /// The most decisions waiting for one Redis node that go out together,
+    /// as one script call that decides each exactly as alone, in arrival
+    /// order. Nothing waits for a batch to fill: a lone decision goes out
+    /// at once. 1: every decision is a script call of its own.
+    #[arg(long, env = "RATELIMITD_REDIS_BATCH_CALLS", default_value_t = 64,
+          value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub redis_batch_calls: u8,
+
     /// How often health checks that the store answers.
     #[arg(long, env = "RATELIMITD_HEALTH_INTERVAL", default_value = "1s",
           value_parser = positive_duration, help_heading = "Failure policy")]
@@ -333,6 +341,7 @@ impl StoreOptions {
             connect_timeout: self.redis_connect_timeout,
             command_timeout: self.redis_command_timeout,
             breaker_threshold: self.redis_breaker_threshold,
+            batch_calls: usize::from(self.redis_batch_calls),
             tls,
         }))
     }

@@ -172,8 +172,9 @@ impl RedisStore {
             Pools::Cluster(_) => Nodes::PerPrimary(ClusterNodes::new(
                 settings.breaker_threshold,
                 settings.command_timeout,
+                settings.batch_calls,
             )),
-            _ => Nodes::one(settings.breaker_threshold),
+            _ => Nodes::one(settings.breaker_threshold, settings.batch_calls),
         };
         Ok(Self {
             pools,

@@ -95,6 +95,8 @@ pub struct RedisSettings {
     pub command_timeout: Duration,
     /// Failures in a row that open the circuit breaker.
     pub breaker_threshold: u32,
+    /// The most calls one batch script call carries (1: no batches).
+    pub batch_calls: usize,
     /// For `rediss://`: certificates other than the system's.
     pub tls: RedisTls,
 }
