@@ -36,3 +36,29 @@ start_redis() {
 cpu_seconds() {
     awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"
 }
+
+# Starts a Redis Cluster of our own: 3 primaries, no replicas, on free
+# ports; sets CLUSTER_PORTS, CLUSTER_PIDS and CLUSTER_URLS (comma-separated).
+start_redis_cluster() {
+    CLUSTER_PORTS=()
+    CLUSTER_PIDS=()
+    local port addresses=()
+    for node in 1 2 3; do
+        port=$(free_port)
+        mkdir -p "$WORK/cluster-$node"
+        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+            --cluster-enabled yes --cluster-config-file nodes.conf \
+            --dir "$WORK/cluster-$node" --logfile "$WORK/cluster-$node/redis.log" &
+        CLUSTER_PIDS+=($!)
+        PIDS+=($!)
+        CLUSTER_PORTS+=("$port")
+        addresses+=("127.0.0.1:$port")
+        until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+    done
+    redis-cli --cluster create "${addresses[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
+    for port in "${CLUSTER_PORTS[@]}"; do
+        until redis-cli -p "$port" cluster info | grep -q '^cluster_state:ok'; do sleep 0.1; done
+    done
+    CLUSTER_URLS=$(printf 'redis://%s,' "${addresses[@]}")
+    CLUSTER_URLS=${CLUSTER_URLS%,}
+}
