@@ -1,28 +1,35 @@
 //! The HTTP/1.1 side, on axum: one way to serve a router on a listener
-//! until told to stop ([`Served`]), and the routers of the two listeners
-//! envoyproxy/ratelimit has. The service listener ([`service_routes`]):
-//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]);
-//! a feature of its own adds its routes to it with `Router::merge`. The
-//! debug listener: [`debug`].
+//! until told to stop ([`Served`]), and the routers of the two listeners.
+//! The service listener ([`service_routes`], every route of it in
+//! [`Endpoint::ALL`]): the JSON API ([`api`]), `/healthz` and `/readyz`,
+//! its OpenAPI document ([`openapi`]), and envoyproxy/ratelimit's
+//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]).
+//! The debug listener: [`debug`].
 
+pub mod api;
+pub mod body;
 pub mod debug;
 pub mod json;
+pub mod openapi;
 pub mod options;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{MethodRouter, any, get, post};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use self::body::BodyBounds;
 pub use self::options::HttpOptions;
+use crate::api::check::CheckService;
 use crate::api::envoy::EnvoyService;
 use crate::health::Health;
 
@@ -83,15 +90,117 @@ impl Served {
     }
 }
 
-/// The service listener's routes: `/healthcheck` and `/json` (with bodies
-/// of up to `max_body` bytes); any other path is 404, as upstream's. A
-/// feature adds its own routes with `merge` (a router without a fallback
-/// of its own).
-pub fn service_routes(health: Health, envoy: EnvoyService, max_body: usize) -> Router {
-    let for_json = health.clone();
-    Router::new()
-        .route("/healthcheck", any(move || healthcheck(health.clone())))
-        .merge(json::routes(envoy, for_json, max_body))
+/// Every route of the service listener. The router is built from this
+/// list ([`service_routes`]) and so is the OpenAPI document
+/// ([`openapi::document`]): neither has a route the other lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/check`: [`api::check`].
+    Check,
+    /// `POST /v1/check-many`: [`api::check_many`].
+    CheckMany,
+    /// `GET /healthz`: [`api::healthz`].
+    Healthz,
+    /// `GET /readyz`: [`api::readyz`].
+    Readyz,
+    /// `GET /openapi.json`: [`openapi::document`].
+    OpenApi,
+    /// envoyproxy/ratelimit's `/json` (any method): [`json`].
+    Json,
+    /// envoyproxy/ratelimit's `/healthcheck` (any method).
+    Healthcheck,
+}
+
+impl Endpoint {
+    /// All of them.
+    pub const ALL: [Self; 7] = [
+        Self::Check,
+        Self::CheckMany,
+        Self::Healthz,
+        Self::Readyz,
+        Self::OpenApi,
+        Self::Json,
+        Self::Healthcheck,
+    ];
+
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Check => "/v1/check",
+            Self::CheckMany => "/v1/check-many",
+            Self::Healthz => "/healthz",
+            Self::Readyz => "/readyz",
+            Self::OpenApi => "/openapi.json",
+            Self::Json => "/json",
+            Self::Healthcheck => "/healthcheck",
+        }
+    }
+}
+
+/// What the service listener serves.
+pub struct ServiceParts {
+    /// Whether the instance can decide.
+    pub health: Health,
+    /// Envoy's RLS, for `/json`.
+    pub envoy: EnvoyService,
+    /// ratelimitd's own API, for `/v1`.
+    pub check: CheckService,
+    /// How much a request's body may hold and how long it may take.
+    pub bounds: BodyBounds,
+}
+
+/// The service listener's routes ([`Endpoint::ALL`]); any other path is
+/// 404, as upstream's. A feature adds its own routes with `merge` (a
+/// router without a fallback of its own).
+pub fn service_routes(parts: ServiceParts) -> Router {
+    let api = api::Api {
+        check: parts.check,
+        health: parts.health.clone(),
+        bounds: parts.bounds,
+    };
+    // Built once: it describes the binary, which does not change.
+    let document: Bytes = serde_json::to_vec(&openapi::document())
+        .map(Bytes::from)
+        .unwrap_or_else(|err| {
+            warn!(%err, "cannot write the OpenAPI document");
+            Bytes::new()
+        });
+    let route = |endpoint: Endpoint| -> MethodRouter {
+        match endpoint {
+            Endpoint::Check => {
+                let api = api.clone();
+                post(move |headers: HeaderMap, body: Body| api::check(api.clone(), headers, body))
+            }
+            Endpoint::CheckMany => {
+                let api = api.clone();
+                post(move |headers: HeaderMap, body: Body| {
+                    api::check_many(api.clone(), headers, body)
+                })
+            }
+            Endpoint::Healthz => get(api::healthz),
+            Endpoint::Readyz => {
+                let health = parts.health.clone();
+                get(move || api::readyz(health.clone()))
+            }
+            Endpoint::OpenApi => {
+                let document = document.clone();
+                get(move || {
+                    let document = document.clone();
+                    async move { ([(CONTENT_TYPE, api::JSON)], document).into_response() }
+                })
+            }
+            Endpoint::Json => json::route(parts.envoy.clone(), parts.health.clone(), parts.bounds),
+            Endpoint::Healthcheck => {
+                let health = parts.health.clone();
+                any(move || healthcheck(health.clone()))
+            }
+        }
+    };
+    Endpoint::ALL
+        .into_iter()
+        .fold(Router::new(), |router, endpoint| {
+            router.route(endpoint.path(), route(endpoint))
+        })
         .fallback(|| async { not_found() })
 }
 
