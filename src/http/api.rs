@@ -109,10 +109,7 @@ pub async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
         Ok(response) => {
             let response = response.into_inner();
             let quota = quota_headers(&windows, &response);
-            match written::<_, json::CheckLimitResponse>(&response) {
-                Ok(body) => (StatusCode::OK, quota, body).into_response(),
-                Err(answer) => answer,
-            }
+            written::<_, json::CheckLimitResponse>(&response, quota)
         }
         Err(status) => failed(&status),
     }
@@ -128,10 +125,9 @@ pub async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
             Err(answer) => return answer,
         };
     match api.check.check_limits(tonic::Request::new(request)).await {
-        Ok(response) => match written::<_, json::CheckLimitsResponse>(&response.into_inner()) {
-            Ok(body) => (StatusCode::OK, body).into_response(),
-            Err(answer) => answer,
-        },
+        Ok(response) => {
+            written::<_, json::CheckLimitsResponse>(&response.into_inner(), HeaderMap::new())
+        }
         Err(status) => failed(&status),
     }
 }
@@ -242,23 +238,24 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case(JSON))
 }
 
-/// `response` in JSON (`Json` its pbjson twin), as a body with its type.
+/// 200 with `response` in JSON (`Json` its pbjson twin) and `headers`.
 fn written<Grpc: Message, Json: Message + Default + Serialize>(
     response: &Grpc,
-) -> Result<([(HeaderName, &'static str); 1], Vec<u8>), Response> {
+    headers: HeaderMap,
+) -> Response {
     let write = || -> Result<Vec<u8>, String> {
         let twin = Json::decode(response.encode_to_vec().as_slice()).map_err(|e| e.to_string())?;
         serde_json::to_vec(&twin).map_err(|e| e.to_string())
     };
     match write() {
-        Ok(body) => Ok(([(CONTENT_TYPE, JSON)], body)),
+        Ok(body) => (StatusCode::OK, headers, [(CONTENT_TYPE, JSON)], body).into_response(),
         Err(err) => {
             warn!(%err, "cannot write the response");
-            Err(failure(
+            failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Code::Internal,
                 format!("cannot write the response: {err}"),
-            ))
+            )
         }
     }
 }

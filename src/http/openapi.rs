@@ -576,10 +576,9 @@ fn message_schema(
         let json_name = field.json_name().to_owned();
         if let Some(index) = field.oneof_index
             && !field.proto3_optional()
+            && let Some(members) = oneofs.get_mut(index as usize)
         {
-            if let Some(members) = oneofs.get_mut(index as usize) {
-                members.push(format!("`{json_name}`"));
-            }
+            members.push(format!("`{json_name}`"));
         }
         let entry = field
             .type_name()
