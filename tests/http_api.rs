@@ -1,7 +1,7 @@
 //! The HTTP JSON API against the built binary: every operation its OpenAPI
 //! document lists answers with a status the document lists (and the
 //! document is valid OpenAPI, by openapi-spec-validator, and lists every
-//! route the server has); bad bodies of every kind are refused naming the
+//! route the server has), and so does the README's example; bad bodies of every kind are refused naming the
 //! field and the rule; slow bodies meet the read deadline; one key is
 //! decided the same through HTTP and gRPC, in every form of the request;
 //! a store that cannot decide is 503 and `/readyz` says so.
@@ -179,6 +179,17 @@ async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is
         asked >= Endpoint::ALL.len() + 2,
         "the three forms of /v1/check"
     );
+
+    // The README's example asks what the document says it may.
+    let readme = include_str!("../README.md");
+    let example = readme
+        .split("\n## Ask it over HTTP\n")
+        .nth(1)
+        .and_then(|section| section.split("-d '").nth(1))
+        .and_then(|rest| rest.split('\'').next())
+        .expect("the README's curl example, with -d '...'");
+    let answer = post_json(port, "/v1/check", example).await;
+    assert_eq!(body_json(&answer)["allowed"], true, "{answer:?}");
 
     // What is not listed is not served: another path, another method.
     let elsewhere = get(port, "/v1/nothing", &[]).await.expect("an answer");
