@@ -45,22 +45,26 @@ pub struct Served {
 }
 
 impl Served {
-    /// Serves `router` on `listener` (`name` says which, in logs).
-    pub fn start(name: &'static str, listener: TcpListener, router: Router) -> Self {
+    /// Serves `router` on `listener` (`name` says which, in logs), over
+    /// HTTP/1.1; a client must send a request's headers whole within
+    /// `header_timeout` of starting them, or its connection is closed.
+    pub fn start(
+        name: &'static str,
+        listener: TcpListener,
+        router: Router,
+        header_timeout: Duration,
+    ) -> Self {
         let address = listener.local_addr().ok();
         match address {
             Some(address) => info!(%address, "serving {name}"),
             None => info!("serving {name} (local address unknown)"),
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(err) = serve.await {
-                warn!(%err, "{name} listener failed");
-            }
-        });
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout);
+        let task = tokio::spawn(serve(name, listener, router, http1, stopped));
         Self {
             name,
             address,
@@ -88,6 +92,62 @@ impl Served {
             abort.abort();
         }
     }
+}
+
+/// Accepts connections on `listener` and serves `router` on each until
+/// `stopped`; then stops accepting, asks each connection to close once its
+/// request in flight is answered, and returns when all have. (axum's own
+/// `serve` sets no deadline on a request's headers: this is it, with one.)
+async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: Router,
+    http1: hyper::server::conn::http1::Builder,
+    stopped: oneshot::Receiver<()>,
+) {
+    let (closing, close) = tokio::sync::watch::channel(false);
+    // Dropped with this task (aborted past the grace): so are they.
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                    let http1 = http1.clone();
+                    let mut close = close.clone();
+                    connections.spawn(async move {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let connection = http1.serve_connection(io, service);
+                        let mut connection = std::pin::pin!(connection);
+                        let closing = async move {
+                            // The guard it returns must not live across
+                            // the graceful close below.
+                            let _ = close.wait_for(|closing| *closing).await;
+                        };
+                        tokio::select! {
+                            _ = connection.as_mut() => {}
+                            () = closing => {
+                                connection.as_mut().graceful_shutdown();
+                                let _ = connection.await;
+                            }
+                        }
+                    });
+                }
+                // Out of file descriptors, or a connection reset before it
+                // was accepted: the next accept may do.
+                Err(err) => {
+                    warn!(%err, "{name}: cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
 }
 
 /// Every route of the service listener. The router is built from this

@@ -20,9 +20,10 @@ pub struct HttpOptions {
           value_parser = address_or_off)]
     pub http_listen: AddressOrOff,
 
-    /// Longest the HTTP listener waits for a request's body, from its
-    /// headers to its last byte (slower: 408 Request Timeout), so a client
-    /// that sends slowly cannot hold a connection open for ever.
+    /// Longest the HTTP listeners wait for a request's headers (slower: the
+    /// connection is closed) and then for its body, to its last byte
+    /// (slower: 408 Request Timeout), so a client that sends slowly cannot
+    /// hold a connection open for ever.
     #[arg(long, env = "RATELIMITD_HTTP_READ_TIMEOUT", default_value = "5s",
           value_parser = positive_duration)]
     pub http_read_timeout: Duration,

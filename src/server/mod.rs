@@ -141,7 +141,7 @@ pub async fn run(
         .tasks
         .extend(tls.as_ref().map(|tls| tokio::spawn(tls.watch())));
     let Listeners { grpc, http, debug } = listeners;
-    let http_side = http_side.start(http, debug);
+    let http_side = http_side.start(http, debug, config.http.http_read_timeout);
     let grace = config.listener.shutdown_grace;
     let mut shutdown = std::pin::pin!(shutdown);
     if waits_for_rules && !first_configuration(&rules, shutdown.as_mut()).await {
@@ -284,17 +284,24 @@ impl HttpSide {
         }
     }
 
-    /// Serves each router on its listener, when it has one.
-    fn start(self, http: Option<TcpListener>, debug: Option<TcpListener>) -> HttpServed {
+    /// Serves each router on its listener, when it has one, with
+    /// `header_timeout` for a request's headers.
+    fn start(
+        self,
+        http: Option<TcpListener>,
+        debug: Option<TcpListener>,
+        header_timeout: Duration,
+    ) -> HttpServed {
         HttpServed {
             service: http.map(|l| {
                 Served::start(
                     "HTTP (/v1, /healthz, /readyz, /healthcheck, /json)",
                     l,
                     self.service,
+                    header_timeout,
                 )
             }),
-            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug)),
+            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug, header_timeout)),
         }
     }
 }
