@@ -18,6 +18,7 @@ use ratelimitd::http::Endpoint;
 use ratelimitd::pb::json::ratelimitd::v1 as json;
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The policy the document's policy example names, and one of our own.
 const POLICIES: &str = "\
@@ -313,7 +314,7 @@ async fn bad_requests_are_refused_naming_the_field_and_the_rule() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_slower_than_the_read_deadline_gets_408() {
+async fn a_body_slower_than_the_read_deadline_gets_408_and_slow_headers_a_closed_connection() {
     let (server, _dir) = start(&["--http-read-timeout", "300ms"]).await;
     let port = port(&server);
     // Half a body, and then nothing: the server answers when its deadline
@@ -329,6 +330,27 @@ async fn a_body_slower_than_the_read_deadline_gets_408() {
             assert_refused(&answer, 408, "request", "--http-read-timeout");
         }
     }
+    // Half the headers, and then nothing: the server closes the
+    // connection when its deadline passes (PATIENCE only bounds a server
+    // that never would).
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-")
+        .await
+        .expect("half the headers");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(common::PATIENCE, stream.read_to_end(&mut answer)).await;
+    assert!(
+        matches!(read, Ok(Ok(_))),
+        "the server kept a connection whose headers stalled: {read:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&answer).contains(" 200 "),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
     server.terminate().await;
 }
 
