@@ -1,8 +1,8 @@
 //! Compiles `proto/` into Rust with a vendored `protoc`, so a fresh machine
 //! needs no system protobuf compiler, and writes the descriptor set that
-//! server reflection serves; then compiles Envoy's RLS messages a second
-//! time, on their own, with serde in proto3's JSON mapping (pbjson) for the
-//! HTTP `/json` endpoint.
+//! server reflection serves; then compiles Envoy's RLS messages and
+//! ratelimitd's own a second time, on their own, with serde in proto3's
+//! JSON mapping (pbjson) for the HTTP endpoints (`/json`, `/v1/...`).
 
 use std::path::{Path, PathBuf};
 
@@ -36,10 +36,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Envoy's RLS messages alone into `dir`, with pbjson's well-known types
-/// (which have serde) and pbjson's serde impls beside them. Kept apart
-/// from the gRPC code, whose well-known types stay prost's: `/json`
-/// converts between the two through the protobuf encoding.
+/// Envoy's RLS messages and ratelimitd's into `dir`, with pbjson's
+/// well-known types (which have serde) and pbjson's serde impls beside
+/// them. Kept apart from the gRPC code, whose well-known types stay
+/// prost's: the HTTP endpoints convert between the two through the
+/// protobuf encoding.
 fn json_messages(dir: &Path, includes: &[PathBuf]) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
     let descriptors = dir.join("descriptor.bin");
@@ -48,10 +49,25 @@ fn json_messages(dir: &Path, includes: &[PathBuf]) -> Result<(), Box<dyn std::er
         .file_descriptor_set_path(&descriptors)
         .compile_well_known_types()
         .extern_path(".google.protobuf", "::pbjson_types")
-        .compile_protos(&["proto/envoy/service/ratelimit/v3/rls.proto"], includes)?;
+        .compile_protos(
+            &[
+                "proto/envoy/service/ratelimit/v3/rls.proto",
+                "proto/ratelimitd/v1/ratelimit.proto",
+            ],
+            includes,
+        )?;
+    let descriptors = std::fs::read(&descriptors)?;
+    // `/json` writes as upstream's protojson does: no default values.
     pbjson_build::Builder::new()
         .out_dir(dir)
-        .register_descriptors(&std::fs::read(&descriptors)?)?
+        .register_descriptors(&descriptors)?
         .build(&[".envoy"])?;
+    // The `/v1` API writes every field, `"allowed": false` included, so a
+    // client reads a field rather than knowing proto3's defaults.
+    pbjson_build::Builder::new()
+        .out_dir(dir)
+        .register_descriptors(&descriptors)?
+        .emit_fields()
+        .build(&[".ratelimitd", ".google.rpc"])?;
     Ok(())
 }

@@ -44,21 +44,39 @@ pub enum Error {
     /// The request broke a rule.
     #[error(transparent)]
     InvalidArgument(#[from] InvalidArgument),
-    /// The request names something the server does not know (a policy).
-    #[error("{0}")]
-    NotFound(String),
+    /// The request names something the server does not know (a policy):
+    /// the field that names it, and what the server lacks.
+    #[error(transparent)]
+    NotFound(InvalidArgument),
     /// The store could not decide.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 impl From<Error> for tonic::Status {
+    /// The message is `field: rule` for a refused request, and the
+    /// [`InvalidArgument`] itself rides along as the status's source, so
+    /// that a caller in this process (the HTTP API) reads the field and the
+    /// rule without parsing the message.
     fn from(err: Error) -> Self {
         match err {
-            Error::InvalidArgument(err) => tonic::Status::invalid_argument(err.to_string()),
-            Error::NotFound(what) => tonic::Status::not_found(what),
+            Error::InvalidArgument(err) => {
+                with_source(tonic::Status::invalid_argument(err.to_string()), err)
+            }
+            Error::NotFound(err) => with_source(tonic::Status::not_found(err.to_string()), err),
             Error::Store(err) if err.is_transient() => tonic::Status::unavailable(err.to_string()),
             Error::Store(err) => tonic::Status::internal(err.to_string()),
         }
     }
+}
+
+fn with_source(mut status: tonic::Status, err: InvalidArgument) -> tonic::Status {
+    status.set_source(std::sync::Arc::new(err));
+    status
+}
+
+/// The field and the rule a refused call broke, when `status` came from
+/// an [`Error`] (see `From<Error> for tonic::Status`).
+pub fn refusal(status: &tonic::Status) -> Option<&InvalidArgument> {
+    std::error::Error::source(status)?.downcast_ref::<InvalidArgument>()
 }

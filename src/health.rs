@@ -77,6 +77,11 @@ impl Health {
         self.state.borrow().serving()
     }
 
+    /// Each part of health now.
+    pub fn state(&self) -> State {
+        *self.state.borrow()
+    }
+
     /// Is the gRPC port open? What `/json` asks before deciding, so that
     /// it answers only when gRPC would.
     pub fn is_open(&self) -> bool {

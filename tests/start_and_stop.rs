@@ -11,7 +11,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::http::{get, post};
+use common::http::{get, post, request};
 use common::rls::descriptor;
 use common::xds::{Seen, TestAds, serve, snapshot};
 use common::{RedisServer, ServerProcess, free_port};
@@ -98,6 +98,16 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
         (503, "Service Unavailable\n"),
         "/json decides only when gRPC would"
     );
+    // The JSON API neither, and /readyz says why.
+    let check = r#"{"key": "u", "fixedWindow": {"limit": "1", "window": "1s"}}"#;
+    let headers = [("content-type", "application/json")];
+    let early = request(port, "POST", "/v1/check", &headers, check)
+        .await
+        .expect("an answer");
+    assert_eq!(early.status, 503, "{early:?}");
+    let readyz = get(port, "/readyz", &[]).await.expect("an answer");
+    assert_eq!(readyz.status, 503, "{readyz:?}");
+    assert!(readyz.body.contains(r#""open":false"#), "{readyz:?}");
 
     let (_publish, current) = watch::channel(snapshot("1", 3, conf::RateLimitUnit::Hour));
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -115,6 +125,10 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
     assert_eq!(xds_limit(&server).await, Some(3), "the first configuration");
     assert_eq!(healthcheck(&server).await, Some(200));
     let answered = post(port, "/json", ask).await.expect("an answer");
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let answered = request(port, "POST", "/v1/check", &headers, check)
+        .await
+        .expect("an answer");
     assert_eq!(answered.status, 200, "{answered:?}");
     server.terminate().await;
 }

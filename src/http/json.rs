@@ -12,20 +12,21 @@
 //! the bounds); 429 when the overall code is OVER_LIMIT; 500 when the
 //! overall code is UNKNOWN or the service failed (the store, with a failure
 //! policy that does not answer); 503 while the gRPC port is not open
-//! (upstream's HTTP port is not open either then); else 200. Errors are a
-//! status line's text, as Go's `http.Error` writes them.
+//! (upstream's HTTP port is not open either then); 413 for a body over
+//! `--max-request-bytes` and 408 for one slower than
+//! `--http-read-timeout` ([`super::body`]); else 200. Errors are a status
+//! line's text, as Go's `http.Error` writes them.
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::body::Body;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{MethodRouter, any};
 use prost::Message;
 use tonic::Code;
 use tracing::{debug, warn};
 
+use super::body::{self, BodyBounds, BodyError};
 use super::status_only;
 use crate::api::envoy::EnvoyService;
 use crate::health::Health;
@@ -33,25 +34,38 @@ use crate::pb::envoy::service::ratelimit::v3 as rls;
 use crate::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use crate::pb::json::envoy::service::ratelimit::v3 as json;
 
-/// `/json` on `envoy`, with bodies of up to `max_body` bytes, answering
-/// only while `health` says the gRPC port is open. Any method, as
-/// upstream.
-pub fn routes(envoy: EnvoyService, health: Health, max_body: usize) -> Router {
-    Router::new()
-        .route(
-            "/json",
-            any(move |body: Bytes| answer(envoy.clone(), health.clone(), body)),
-        )
-        .layer(DefaultBodyLimit::max(max_body))
+/// `/json` on `envoy`, with bodies within `bounds`, answering only while
+/// `health` says the gRPC port is open. Any method, as upstream.
+pub fn route(envoy: EnvoyService, health: Health, bounds: BodyBounds) -> MethodRouter {
+    any(move |headers: HeaderMap, body: Body| {
+        answer(envoy.clone(), health.clone(), bounds, headers, body)
+    })
 }
 
-async fn answer(envoy: EnvoyService, health: Health, body: Bytes) -> Response {
+async fn answer(
+    envoy: EnvoyService,
+    health: Health,
+    bounds: BodyBounds,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     // Before the gRPC port opens (waiting for the first xDS
     // configuration) and once it closes at shutdown, gRPC would not
     // answer either.
     if !health.is_open() {
         return status_only(StatusCode::SERVICE_UNAVAILABLE);
     }
+    let body = match body::read(body, &headers, bounds).await {
+        Ok(body) => body,
+        Err(err) => {
+            warn!(%err, "/json: the body");
+            return status_only(match err {
+                BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyError::Broken(_) => StatusCode::BAD_REQUEST,
+            });
+        }
+    };
     let request = match read(&body) {
         Ok(request) => request,
         Err(err) => {

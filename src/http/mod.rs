@@ -1,28 +1,35 @@
 //! The HTTP/1.1 side, on axum: one way to serve a router on a listener
-//! until told to stop ([`Served`]), and the routers of the two listeners
-//! envoyproxy/ratelimit has. The service listener ([`service_routes`]):
-//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]);
-//! a feature of its own adds its routes to it with `Router::merge`. The
-//! debug listener: [`debug`].
+//! until told to stop ([`Served`]), and the routers of the two listeners.
+//! The service listener ([`service_routes`], every route of it in
+//! [`Endpoint::ALL`]): the JSON API ([`api`]), `/healthz` and `/readyz`,
+//! its OpenAPI document ([`openapi`]), and envoyproxy/ratelimit's
+//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]).
+//! The debug listener: [`debug`].
 
+pub mod api;
+pub mod body;
 pub mod debug;
 pub mod json;
+pub mod openapi;
 pub mod options;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{MethodRouter, any, get, post};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use self::body::BodyBounds;
 pub use self::options::HttpOptions;
+use crate::api::check::CheckService;
 use crate::api::envoy::EnvoyService;
 use crate::health::Health;
 
@@ -38,22 +45,26 @@ pub struct Served {
 }
 
 impl Served {
-    /// Serves `router` on `listener` (`name` says which, in logs).
-    pub fn start(name: &'static str, listener: TcpListener, router: Router) -> Self {
+    /// Serves `router` on `listener` (`name` says which, in logs), over
+    /// HTTP/1.1; a client must send a request's headers whole within
+    /// `header_timeout` of starting them, or its connection is closed.
+    pub fn start(
+        name: &'static str,
+        listener: TcpListener,
+        router: Router,
+        header_timeout: Duration,
+    ) -> Self {
         let address = listener.local_addr().ok();
         match address {
             Some(address) => info!(%address, "serving {name}"),
             None => info!("serving {name} (local address unknown)"),
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
-            if let Err(err) = serve.await {
-                warn!(%err, "{name} listener failed");
-            }
-        });
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(header_timeout);
+        let task = tokio::spawn(serve(name, listener, router, http1, stopped));
         Self {
             name,
             address,
@@ -83,15 +94,173 @@ impl Served {
     }
 }
 
-/// The service listener's routes: `/healthcheck` and `/json` (with bodies
-/// of up to `max_body` bytes); any other path is 404, as upstream's. A
-/// feature adds its own routes with `merge` (a router without a fallback
-/// of its own).
-pub fn service_routes(health: Health, envoy: EnvoyService, max_body: usize) -> Router {
-    let for_json = health.clone();
-    Router::new()
-        .route("/healthcheck", any(move || healthcheck(health.clone())))
-        .merge(json::routes(envoy, for_json, max_body))
+/// Accepts connections on `listener` and serves `router` on each until
+/// `stopped`; then stops accepting, asks each connection to close once its
+/// request in flight is answered, and returns when all have. (axum's own
+/// `serve` sets no deadline on a request's headers: this is it, with one.)
+async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: Router,
+    http1: hyper::server::conn::http1::Builder,
+    stopped: oneshot::Receiver<()>,
+) {
+    let (closing, close) = tokio::sync::watch::channel(false);
+    // Dropped with this task (aborted past the grace): so are they.
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stopped = std::pin::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                    let http1 = http1.clone();
+                    let mut close = close.clone();
+                    connections.spawn(async move {
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let connection = http1.serve_connection(io, service);
+                        let mut connection = std::pin::pin!(connection);
+                        let closing = async move {
+                            // The guard it returns must not live across
+                            // the graceful close below.
+                            let _ = close.wait_for(|closing| *closing).await;
+                        };
+                        tokio::select! {
+                            _ = connection.as_mut() => {}
+                            () = closing => {
+                                connection.as_mut().graceful_shutdown();
+                                let _ = connection.await;
+                            }
+                        }
+                    });
+                }
+                // Out of file descriptors, or a connection reset before it
+                // was accepted: the next accept may do.
+                Err(err) => {
+                    warn!(%err, "{name}: cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Every route of the service listener. The router is built from this
+/// list ([`service_routes`]) and so is the OpenAPI document
+/// ([`openapi::document`]): neither has a route the other lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/check`: [`api::check`].
+    Check,
+    /// `POST /v1/check-many`: [`api::check_many`].
+    CheckMany,
+    /// `GET /healthz`: [`api::healthz`].
+    Healthz,
+    /// `GET /readyz`: [`api::readyz`].
+    Readyz,
+    /// `GET /openapi.json`: [`openapi::document`].
+    OpenApi,
+    /// envoyproxy/ratelimit's `/json` (any method): [`json`].
+    Json,
+    /// envoyproxy/ratelimit's `/healthcheck` (any method).
+    Healthcheck,
+}
+
+impl Endpoint {
+    /// All of them.
+    pub const ALL: [Self; 7] = [
+        Self::Check,
+        Self::CheckMany,
+        Self::Healthz,
+        Self::Readyz,
+        Self::OpenApi,
+        Self::Json,
+        Self::Healthcheck,
+    ];
+
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Check => "/v1/check",
+            Self::CheckMany => "/v1/check-many",
+            Self::Healthz => "/healthz",
+            Self::Readyz => "/readyz",
+            Self::OpenApi => "/openapi.json",
+            Self::Json => "/json",
+            Self::Healthcheck => "/healthcheck",
+        }
+    }
+}
+
+/// What the service listener serves.
+pub struct ServiceParts {
+    /// Whether the instance can decide.
+    pub health: Health,
+    /// Envoy's RLS, for `/json`.
+    pub envoy: EnvoyService,
+    /// ratelimitd's own API, for `/v1`.
+    pub check: CheckService,
+    /// How much a request's body may hold and how long it may take.
+    pub bounds: BodyBounds,
+}
+
+/// The service listener's routes ([`Endpoint::ALL`]); any other path is
+/// 404, as upstream's. A feature adds its own routes with `merge` (a
+/// router without a fallback of its own).
+pub fn service_routes(parts: ServiceParts) -> Router {
+    let api = api::Api {
+        check: parts.check,
+        health: parts.health.clone(),
+        bounds: parts.bounds,
+    };
+    // Built once: it describes the binary, which does not change.
+    let document: Bytes = serde_json::to_vec(&openapi::document())
+        .map(Bytes::from)
+        .unwrap_or_else(|err| {
+            warn!(%err, "cannot write the OpenAPI document");
+            Bytes::new()
+        });
+    let route = |endpoint: Endpoint| -> MethodRouter {
+        match endpoint {
+            Endpoint::Check => {
+                let api = api.clone();
+                post(move |headers: HeaderMap, body: Body| api::check(api.clone(), headers, body))
+            }
+            Endpoint::CheckMany => {
+                let api = api.clone();
+                post(move |headers: HeaderMap, body: Body| {
+                    api::check_many(api.clone(), headers, body)
+                })
+            }
+            Endpoint::Healthz => get(api::healthz),
+            Endpoint::Readyz => {
+                let health = parts.health.clone();
+                get(move || api::readyz(health.clone()))
+            }
+            Endpoint::OpenApi => {
+                let document = document.clone();
+                get(move || {
+                    let document = document.clone();
+                    async move { ([(CONTENT_TYPE, api::JSON)], document).into_response() }
+                })
+            }
+            Endpoint::Json => json::route(parts.envoy.clone(), parts.health.clone(), parts.bounds),
+            Endpoint::Healthcheck => {
+                let health = parts.health.clone();
+                any(move || healthcheck(health.clone()))
+            }
+        }
+    };
+    Endpoint::ALL
+        .into_iter()
+        .fold(Router::new(), |router, endpoint| {
+            router.route(endpoint.path(), route(endpoint))
+        })
         .fallback(|| async { not_found() })
 }
 

@@ -1,19 +1,32 @@
-//! The HTTP listeners' options: where `/healthcheck` and `/json` are
-//! served (on by default, on loopback), and where the debug endpoints are
-//! (off by default).
+//! The HTTP listeners' options: where the service listener is (on by
+//! default, on loopback: `/healthcheck`, `/json`, the `/v1` API, health
+//! and its OpenAPI document), how long it waits for a request's body, and
+//! where the debug endpoints are (off by default).
 
-use crate::options::{AddressOrOff, address_or_off};
+use std::time::Duration;
+
+use crate::options::{AddressOrOff, address_or_off, positive_duration};
 
 /// Where the HTTP side is served.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
 #[command(next_help_heading = "HTTP and debug listeners")]
 pub struct HttpOptions {
     /// Address to serve HTTP/1.1 on: `/healthcheck` (200 `OK` while
-    /// health is SERVING, else 500) and `/json` (ShouldRateLimit in
-    /// proto3's JSON mapping). Empty: no HTTP listener.
+    /// health is SERVING, else 500), `/json` (ShouldRateLimit in proto3's
+    /// JSON mapping), the JSON API (`POST /v1/check`, `POST
+    /// /v1/check-many`), `/healthz`, `/readyz` and `/openapi.json`. Empty:
+    /// no HTTP listener.
     #[arg(long, env = "RATELIMITD_HTTP_LISTEN", default_value = "127.0.0.1:8080",
           value_parser = address_or_off)]
     pub http_listen: AddressOrOff,
+
+    /// Longest the HTTP listeners wait for a request's headers (slower: the
+    /// connection is closed) and then for its body, to its last byte
+    /// (slower: 408 Request Timeout), so a client that sends slowly cannot
+    /// hold a connection open for ever.
+    #[arg(long, env = "RATELIMITD_HTTP_READ_TIMEOUT", default_value = "5s",
+          value_parser = positive_duration)]
+    pub http_read_timeout: Duration,
 
     /// Address to serve the debug endpoints on: `/rlconfig` (the rules in
     /// force, as text), `/metrics` (Prometheus text), and `/` listing them.

@@ -133,7 +133,7 @@ pub async fn run(
     let apis = Apis::new(&config, &limiter, rules.clone(), quota_shutdown_watch);
     let health = Health::new(config.envoy.health_requires_rules);
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let http_side = HttpSide::new(&config, &health, &apis.envoy, &rules, metrics);
+    let http_side = HttpSide::new(&config, &health, &apis.envoy, &apis.check, &rules, metrics);
     let router = grpc_router(&config, apis, health_service)?;
     let mut background = Background::start(&config, &limiter, &health, &rules, reporter);
     background.tasks.extend(rules_task);
@@ -141,7 +141,7 @@ pub async fn run(
         .tasks
         .extend(tls.as_ref().map(|tls| tokio::spawn(tls.watch())));
     let Listeners { grpc, http, debug } = listeners;
-    let http_side = http_side.start(http, debug);
+    let http_side = http_side.start(http, debug, config.http.http_read_timeout);
     let grace = config.listener.shutdown_grace;
     let mut shutdown = std::pin::pin!(shutdown);
     if waits_for_rules && !first_configuration(&rules, shutdown.as_mut()).await {
@@ -265,21 +265,43 @@ impl HttpSide {
         config: &Config,
         health: &Health,
         envoy: &EnvoyService,
+        check: &CheckService,
         rules: &RulesHandle,
         metrics: Option<PrometheusHandle>,
     ) -> Self {
-        let max_body = config.bounds.max_request_bytes as usize;
+        let bounds = http::BodyBounds {
+            max_bytes: config.bounds.max_request_bytes as usize,
+            read_timeout: config.http.http_read_timeout,
+        };
         Self {
-            service: http::service_routes(health.clone(), envoy.clone(), max_body),
+            service: http::service_routes(http::ServiceParts {
+                health: health.clone(),
+                envoy: envoy.clone(),
+                check: check.clone(),
+                bounds,
+            }),
             debug: http::debug::routes(rules.clone(), metrics),
         }
     }
 
-    /// Serves each router on its listener, when it has one.
-    fn start(self, http: Option<TcpListener>, debug: Option<TcpListener>) -> HttpServed {
+    /// Serves each router on its listener, when it has one, with
+    /// `header_timeout` for a request's headers.
+    fn start(
+        self,
+        http: Option<TcpListener>,
+        debug: Option<TcpListener>,
+        header_timeout: Duration,
+    ) -> HttpServed {
         HttpServed {
-            service: http.map(|l| Served::start("HTTP (/healthcheck, /json)", l, self.service)),
-            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug)),
+            service: http.map(|l| {
+                Served::start(
+                    "HTTP (/v1, /healthz, /readyz, /healthcheck, /json)",
+                    l,
+                    self.service,
+                    header_timeout,
+                )
+            }),
+            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug, header_timeout)),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Plain HTTP/1.1 on loopback for the tests, below any library: a GET (or
-//! any request) that reports what came back (Envoy's answers, its admin interface, a metrics
+//! any request, or raw bytes) that reports what came back (Envoy's answers, its admin interface, a metrics
 //! endpoint), and an upstream server that answers `200 ok` to everything.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -79,7 +79,6 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Option<HttpResponse> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     let mut request =
         format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
     for (name, value) in headers {
@@ -90,7 +89,15 @@ pub async fn request(
     }
     request.push_str("\r\n");
     request.push_str(body);
-    stream.write_all(request.as_bytes()).await.ok()?;
+    exchange(port, request.as_bytes()).await
+}
+
+/// Sends `raw` (a request as it goes on the wire, which should say
+/// `connection: close`) on its own connection and reads the answer until
+/// the server closes; `None` if nothing answered.
+pub async fn exchange(port: u16, raw: &[u8]) -> Option<HttpResponse> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    stream.write_all(raw).await.ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.ok()?;
     let head_end = find(&raw, b"\r\n\r\n")?;

@@ -85,9 +85,12 @@ pub(super) fn question(
         limit::check_name("policy", &request.policy)?;
         let known = rules.and_then(|rules| rules.policy(&request.policy));
         let Some(policy) = known.cloned() else {
-            return Err(Error::NotFound(format!(
-                "policy: '{}' is not defined in the server's policies",
-                request.policy
+            return Err(Error::NotFound(InvalidArgument::new(
+                "policy",
+                format!(
+                    "'{}' is not defined in the server's policies",
+                    request.policy
+                ),
             )));
         };
         let key = CallerKey::new(request.key)?;

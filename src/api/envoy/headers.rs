@@ -34,7 +34,7 @@ pub fn header_fields(quota: &Quota<'_>) -> [(&'static str, String); 2] {
 
 /// A structured-field String: quoted, with `"` and `\` escaped, and any
 /// character outside printable ASCII (which the type cannot hold) as `_`.
-fn sf_string(text: &str) -> String {
+pub fn sf_string(text: &str) -> String {
     let mut quoted = String::with_capacity(text.len() + 2);
     quoted.push('"');
     for c in text.chars() {
