@@ -44,7 +44,9 @@ start_redis_cluster() {
     CLUSTER_PIDS=()
     local port addresses=()
     for node in 1 2 3; do
+        # A node's bus listens 10 000 ports higher: the port must be 55535 at most.
         port=$(free_port)
+        while [ "$port" -gt 55535 ]; do port=$(free_port); done
         mkdir -p "$WORK/cluster-$node"
         redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
             --cluster-enabled yes --cluster-config-file nodes.conf \
