@@ -4,13 +4,16 @@
 # against three servers, in alternating rounds, with the CPU each process
 # spent per decision (from /proc/<pid>/stat):
 #
-#   echo      examples/echo_server.rs: tonic answering "allowed" at once
-#   embedded  ratelimitd on its embedded store
-#   redis     ratelimitd on a private redis-server
+#   echo        examples/echo_server.rs: tonic answering "allowed" at once
+#   embedded    ratelimitd on its embedded store
+#   echo-redis  the echo server after one Redis PING per request (redis-rs,
+#               one multiplexed connection)
+#   redis       ratelimitd on a private redis-server
 #
 # The echo server is the floor for any tonic service under this client;
 # embedded minus echo is ratelimitd's own work (validation, the limiter,
-# metrics), and redis minus embedded is the Redis path's.
+# metrics). echo-redis is the floor for one Redis round trip per request,
+# and redis minus echo-redis what ratelimitd's Redis path adds to it.
 #
 #   benches/floor.sh                      # 3 rounds of 10 s
 #   ROUNDS=5 DURATION=5s benches/floor.sh
@@ -33,6 +36,10 @@ declare -A PORT PID
 PORT[echo]=$(free_port)
 "$BIN/examples/echo_server" "127.0.0.1:${PORT[echo]}" 2> "$WORK/echo.log" &
 PID[echo]=$!
+PORT[echo-redis]=$(free_port)
+"$BIN/examples/echo_server" "127.0.0.1:${PORT[echo-redis]}" "$REDIS_URL" \
+    2> "$WORK/echo-redis.log" &
+PID[echo-redis]=$!
 PORT[embedded]=$(free_port)
 "$BIN/ratelimitd" --listen "127.0.0.1:${PORT[embedded]}" --http-listen "" \
     > "$WORK/embedded.log" 2>&1 &
@@ -41,15 +48,15 @@ PORT[redis]=$(free_port)
 "$BIN/ratelimitd" --listen "127.0.0.1:${PORT[redis]}" --http-listen "" \
     --redis-url "$REDIS_URL" > "$WORK/redis-ratelimitd.log" 2>&1 &
 PID[redis]=$!
-PIDS+=("${PID[echo]}" "${PID[embedded]}" "${PID[redis]}")
-for server in echo embedded redis; do wait_port "${PORT[$server]}"; done
+SERVERS=(echo embedded echo-redis redis)
+for server in "${SERVERS[@]}"; do PIDS+=("${PID[$server]}"); wait_port "${PORT[$server]}"; done
 
 echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
 echo
 echo "| round | server | decisions/s | p50 µs | p99 µs | CPU µs per decision: bench / server / redis |"
 echo "|---|---|---:|---:|---:|---|"
 for round in $(seq 1 "$ROUNDS"); do
-    for server in echo embedded redis; do
+    for server in "${SERVERS[@]}"; do
         s0=$(cpu_seconds "${PID[$server]}"); r0=$(cpu_seconds "$REDIS_PID")
         TIMEFORMAT='%U %S'
         bench_cpu=$( { time "$BIN/ratelimitd-bench" --address "http://127.0.0.1:${PORT[$server]}" \
@@ -65,7 +72,7 @@ sent = r["decisions"] + r["decisions_per_second"] * r["warm_up_seconds"]
 bench = sum(float(x) for x in bench_cpu.split()) * 1e6 / sent
 own = (float(s1) - float(s0)) * 1e6 / sent
 redis = (float(r1) - float(r0)) * 1e6 / sent
-redis_text = f"{redis:.1f}" if server == "redis" else "-"
+redis_text = f"{redis:.1f}" if server in ("redis", "echo-redis") else "-"
 l = r["latency_us"]
 print(f"| {round_} | {server} | {r['decisions_per_second']:,.0f} | {l['p50']} | {l['p99']} "
       f"| {bench:.1f} / {own:.1f} / {redis_text} |")

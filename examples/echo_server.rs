@@ -3,9 +3,12 @@
 //! and no store, on the same multi-threaded tokio runtime ratelimitd uses.
 //! Driven by the same load generator as ratelimitd, the difference is what
 //! ratelimitd itself spends per decision above tonic, HTTP/2 and protobuf.
+//! Given a Redis URL too, it first sends Redis one `PING` per CheckLimit,
+//! through one redis-rs multiplexed connection: the floor under any tonic
+//! service that makes one Redis round trip per request.
 //!
 //! ```text
-//! cargo run --release --example echo_server -- 127.0.0.1:50061 &
+//! cargo run --release --example echo_server -- 127.0.0.1:50061 [redis://127.0.0.1:6379] &
 //! target/release/ratelimitd-bench --address 127.0.0.1:50061 --duration 10s
 //! ```
 
@@ -17,8 +20,11 @@ use ratelimitd::pb::ratelimitd::v1::{
 };
 use tonic::{Request, Response, Status};
 
-/// Answers every CheckLimit "allowed", as a full limit of 1000 would.
-struct Echo;
+/// Answers every CheckLimit "allowed", as a full limit of 1000 would,
+/// after a Redis `PING` if it has a Redis.
+struct Echo {
+    redis: Option<redis::aio::MultiplexedConnection>,
+}
 
 #[tonic::async_trait]
 impl RateLimiter for Echo {
@@ -26,6 +32,12 @@ impl RateLimiter for Echo {
         &self,
         _request: Request<CheckLimitRequest>,
     ) -> Result<Response<CheckLimitResponse>, Status> {
+        if let Some(redis) = &self.redis {
+            let _pong: String = redis::cmd("PING")
+                .query_async(&mut redis.clone())
+                .await
+                .map_err(|err| Status::unavailable(err.to_string()))?;
+        }
         Ok(Response::new(CheckLimitResponse {
             allowed: true,
             limit: 1000,
@@ -55,11 +67,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:50061".to_owned())
         .parse()?;
+    let redis = match std::env::args().nth(2) {
+        Some(url) => Some(
+            redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?,
+        ),
+        None => None,
+    };
     eprintln!("echo server on {address}");
     // Small replies go out at once, as ratelimitd's do.
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
-        .add_service(RateLimiterServer::new(Echo))
+        .add_service(RateLimiterServer::new(Echo { redis }))
         .serve(address)
         .await?;
     Ok(())
