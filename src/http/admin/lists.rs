@@ -21,8 +21,7 @@ pub fn timestamp(time: SystemTime) -> String {
 /// Where a rule, policy or quota policy was written.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Written {
-    /// The file, relative to the configuration directory (`xds:<name>`
-    /// for a resource from xDS).
+    /// The file, as read (`xds:<name>` for a resource from xDS).
     pub file: String,
     /// Its line, 1-based.
     pub line: u64,
