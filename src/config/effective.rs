@@ -110,7 +110,6 @@ impl fmt::Debug for Effective {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::config::Config;
 
     #[test]

@@ -30,14 +30,8 @@ use utoipa::openapi::{
 };
 use utoipa::{PartialSchema, ToSchema};
 
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-
 use super::Endpoint;
-use super::admin::lists::{
-    AlgorithmEntry, ConfigList, FlagEntry, PoliciesList, PolicyEntry, PolicyLimitEntry,
-    QuotaDomainEntry, QuotaList, QuotaPolicyEntry, RuleEntry, RulesList, Written,
-};
-use super::admin::{ResetAnswer, ResetEntry};
+use super::admin::openapi as admin;
 use super::api::{Failure, JSON, Liveness, Readiness, Refusal};
 use crate::pb::FILE_DESCRIPTOR_SET;
 
@@ -51,9 +45,6 @@ const ROOTS: [&str; 6] = [
     "envoy.service.ratelimit.v3.RateLimitRequest",
     "envoy.service.ratelimit.v3.RateLimitResponse",
 ];
-
-/// The name of the admin API's security scheme.
-const ADMIN_TOKEN: &str = "adminToken";
 
 /// The document of a server that serves the admin API (`admin`) or not.
 pub fn document(admin: bool) -> OpenApi {
@@ -73,33 +64,7 @@ pub fn document(admin: bool) -> OpenApi {
         components.schemas.insert(name.into_owned(), schema);
     }
     if admin {
-        for (name, schema) in [
-            (ResetAnswer::name(), ResetAnswer::schema()),
-            (ResetEntry::name(), ResetEntry::schema()),
-            (RulesList::name(), RulesList::schema()),
-            (RuleEntry::name(), RuleEntry::schema()),
-            (Written::name(), Written::schema()),
-            (PoliciesList::name(), PoliciesList::schema()),
-            (PolicyEntry::name(), PolicyEntry::schema()),
-            (PolicyLimitEntry::name(), PolicyLimitEntry::schema()),
-            (AlgorithmEntry::name(), AlgorithmEntry::schema()),
-            (QuotaList::name(), QuotaList::schema()),
-            (QuotaDomainEntry::name(), QuotaDomainEntry::schema()),
-            (QuotaPolicyEntry::name(), QuotaPolicyEntry::schema()),
-            (ConfigList::name(), ConfigList::schema()),
-            (FlagEntry::name(), FlagEntry::schema()),
-        ] {
-            components.schemas.insert(name.into_owned(), schema);
-        }
-        components.add_security_scheme(
-            ADMIN_TOKEN,
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("The server's --admin-token."))
-                    .build(),
-            ),
-        );
+        admin::components(&mut components);
     }
     let mut paths = Paths::new();
     for endpoint in Endpoint::served(admin) {
@@ -240,117 +205,30 @@ pub fn check_examples() -> [(&'static str, serde_json::Value); 3] {
     ]
 }
 
-/// An admin operation: the bearer token required, 401 and 403 answered.
-fn admin_operation(id: &str, summary: &str, description: &str) -> OperationBuilder {
-    OperationBuilder::new()
-        .operation_id(Some(id))
-        .tag("admin")
-        .summary(Some(summary))
-        .description(Some(description))
-        .security(SecurityRequirement::new(ADMIN_TOKEN, Vec::<String>::new()))
+/// An operation on a `CheckLimitRequest` (the admin API's): its body, with
+/// `/v1/check`'s examples, and the answers every API call shares.
+fn on_check_request(operation: OperationBuilder) -> utoipa::openapi::path::Operation {
+    refusals(operation)
+        .request_body(Some(
+            json_body("ratelimitd.v1.CheckLimitRequest", &check_examples()).build(),
+        ))
         .response(
-            "401",
-            refusal("No `Authorization: Bearer` credentials. The body is the same as 403's."),
+            "404",
+            refusal("The request names a policy the server does not know."),
         )
-        .response(
-            "403",
-            refusal("A token other than the server's. The body is the same as 401's."),
-        )
-}
-
-/// An admin list: 200 with `schema`.
-fn admin_list(
-    id: &str,
-    summary: &str,
-    description: &str,
-    schema: &str,
-) -> (HttpMethod, utoipa::openapi::path::Operation) {
-    (
-        HttpMethod::Get,
-        admin_operation(id, summary, description)
-            .response(
-                "200",
-                ResponseBuilder::new()
-                    .description("The list.")
-                    .content(JSON, json_content(schema_ref(schema)))
-                    .build(),
-            )
-            .build(),
-    )
-}
-
-/// An admin operation on the limits a `CheckLimitRequest` names.
-fn admin_on_limits(
-    id: &str,
-    summary: &str,
-    description: &str,
-    answer: ResponseBuilder,
-) -> (HttpMethod, utoipa::openapi::path::Operation) {
-    (
-        HttpMethod::Post,
-        refusals(admin_operation(id, summary, description))
-            .request_body(Some(
-                json_body("ratelimitd.v1.CheckLimitRequest", &check_examples()).build(),
-            ))
-            .response("200", answer.build())
-            .response(
-                "404",
-                refusal("The request names a policy the server does not know."),
-            )
-            .build(),
-    )
+        .build()
 }
 
 /// Each endpoint's method and operation. A new endpoint does not compile
 /// until it is described here.
 fn operation(endpoint: Endpoint) -> (HttpMethod, utoipa::openapi::path::Operation) {
     match endpoint {
-        Endpoint::AdminPeek => admin_on_limits(
-            "adminPeek",
-            "What the limits of a request have left, spending nothing",
-            "The request in any form `/v1/check` takes, decided as `/v1/check` decides it but \
-             at cost 0 (on every limit): the answer says what is left, and nothing is spent.",
-            ResponseBuilder::new()
-                .description("The decision at cost 0, with /v1/check's headers.")
-                .content(JSON, json_content(schema_ref("ratelimitd.v1.CheckLimitResponse"))),
-        ),
-        Endpoint::AdminReset => admin_on_limits(
-            "adminReset",
-            "Reset the limits of a request",
-            "Deletes the counter of every limit the request names (in any form `/v1/check` \
-             takes; its cost is ignored) on the store, and forgets this instance's cached \
-             denials of them. Other instances' cached denials stand until they lift.",
-            ResponseBuilder::new()
-                .description("What was reset, one entry per limit.")
-                .content(JSON, json_content(schema_ref(&ResetAnswer::name()))),
-        ),
-        Endpoint::AdminRules => admin_list(
-            "adminRules",
-            "The Envoy rules in force",
-            "Every limit of every domain, with the file (or xDS resource) and line it was \
-             written at, and when the rules were put in force.",
-            &RulesList::name(),
-        ),
-        Endpoint::AdminPolicies => admin_list(
-            "adminPolicies",
-            "The named policies in force",
-            "Every `CheckLimit` policy with its limits and where it was written.",
-            &PoliciesList::name(),
-        ),
-        Endpoint::AdminQuotaBuckets => admin_list(
-            "adminQuotaBuckets",
-            "The quota service's policies, and this instance's subscriptions",
-            "Every domain's quota bucket policies with where they were written, and how many \
-             bucket subscriptions this instance's streams hold.",
-            &QuotaList::name(),
-        ),
-        Endpoint::AdminConfig => admin_list(
-            "adminConfig",
-            "The configuration in force",
-            "Every flag's value and where it came from; secrets show as `***`, Redis URLs \
-             without their credentials.",
-            &ConfigList::name(),
-        ),
+        Endpoint::AdminPeek => (HttpMethod::Post, on_check_request(admin::peek())),
+        Endpoint::AdminReset => (HttpMethod::Post, on_check_request(admin::reset())),
+        Endpoint::AdminRules => (HttpMethod::Get, admin::rules()),
+        Endpoint::AdminPolicies => (HttpMethod::Get, admin::policies()),
+        Endpoint::AdminQuotaBuckets => (HttpMethod::Get, admin::quota_buckets()),
+        Endpoint::AdminConfig => (HttpMethod::Get, admin::config()),
         Endpoint::Check => (
             HttpMethod::Post,
             refusals(
@@ -971,7 +849,7 @@ mod tests {
             }
             assert_eq!(document["openapi"], "3.1.0");
             let schemes = &document["components"]["securitySchemes"];
-            assert_eq!(schemes[ADMIN_TOKEN].is_object(), admin, "{schemes}");
+            assert_eq!(schemes[admin::ADMIN_TOKEN].is_object(), admin, "{schemes}");
             // Every reference resolves.
             let text = document.to_string();
             for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
@@ -984,7 +862,7 @@ mod tests {
         }
         let document = serde_json::to_value(document(true)).unwrap();
         let peek = &document["paths"]["/admin/v1/peek"]["post"];
-        assert_eq!(peek["security"], json!([{ADMIN_TOKEN: []}]));
+        assert_eq!(peek["security"], json!([{admin::ADMIN_TOKEN: []}]));
         assert!(document["paths"]["/v1/check"]["post"]["security"].is_null());
     }
 }

@@ -305,7 +305,7 @@ fn written_at(source: &str) -> Written {
 
 /// Milliseconds as `"<seconds>s"`, as durations are written in the API.
 fn seconds(millis: u64) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         format!("{}s", millis / 1000)
     } else {
         format!("{}.{:03}s", millis / 1000, millis % 1000)

@@ -14,6 +14,7 @@
 //! (`ratelimitd_admin_requests_total`).
 
 pub mod lists;
+pub mod openapi;
 pub mod options;
 
 use std::net::SocketAddr;
