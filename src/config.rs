@@ -7,6 +7,7 @@
 //! it. Secrets are held in types whose `Debug` hides them, so the whole
 //! configuration can be logged.
 
+pub mod effective;
 #[cfg(test)]
 mod tests;
 pub mod upstream;
@@ -15,6 +16,7 @@ use std::ffi::OsString;
 
 use clap::{CommandFactory, Parser};
 
+use self::effective::Effective;
 use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report};
 use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
@@ -93,6 +95,11 @@ pub struct Config {
     /// names them.
     #[arg(skip)]
     pub origins: Origins,
+
+    /// Every flag's value and where it came from, secrets hidden (empty
+    /// unless read by [`Config::load_from`]): what the admin API shows.
+    #[arg(skip)]
+    pub effective: Effective,
 }
 
 /// A configuration that cannot start ratelimitd.
@@ -138,8 +145,10 @@ impl Config {
         environment: &Environment,
     ) -> Result<(Self, Report), InvalidConfig> {
         let args: Vec<OsString> = args.iter().cloned().map(Into::into).collect();
-        let parsed = upstream::parse::<Self>(Self::annotated_command(), &args, environment)?;
+        let command = Self::annotated_command();
+        let parsed = upstream::parse::<Self>(command.clone(), &args, environment)?;
         let mut config = parsed.options;
+        config.effective = Effective::from_matches(&command, &parsed.matches, &parsed.origins);
         config.origins = parsed.origins;
         Ok((config, parsed.report))
     }

@@ -208,6 +208,17 @@ pub fn shadow_decision(domain: &str) {
     counter!("ratelimitd_shadow_decisions_total", "domain" => domain.to_owned()).increment(1);
 }
 
+/// One call of the admin API, by endpoint (its route's name) and
+/// outcome (`ok`, `unauthenticated`, `forbidden`, `refused`, `failed`).
+pub fn admin_request(endpoint: &'static str, outcome: &'static str) {
+    counter!(
+        "ratelimitd_admin_requests_total",
+        "endpoint" => endpoint,
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
 /// A request answered from the local over-limit cache, without Redis.
 pub fn denial_cache_hit() {
     counter!("ratelimitd_local_cache_hits_total").increment(1);

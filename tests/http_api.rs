@@ -132,7 +132,8 @@ async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is
     // Every route the server has is in it, and nothing else.
     let paths = document["paths"].as_object().expect("paths");
     let mut listed: Vec<&str> = paths.keys().map(String::as_str).collect();
-    let mut routes: Vec<&str> = Endpoint::ALL.iter().map(|e| e.path()).collect();
+    // (The admin API's are served only with an admin token: tests/admin_api.rs.)
+    let mut routes: Vec<&str> = Endpoint::served(false).map(|e| e.path()).collect();
     listed.sort_unstable();
     routes.sort_unstable();
     assert_eq!(listed, routes);
@@ -177,7 +178,7 @@ async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is
         }
     }
     assert!(
-        asked >= Endpoint::ALL.len() + 2,
+        asked >= Endpoint::served(false).count() + 2,
         "the three forms of /v1/check"
     );
 

@@ -1,10 +1,12 @@
 //! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated
 //! questions to the limiter (one limit, several, or a named policy's),
 //! decisions back to protobuf; and batches of such questions. Nothing else
-//! happens here: `question` validates, `answer` answers.
+//! happens here: `question` validates, `answer` answers; `reset` is an
+//! operator's reset of the limits a request names.
 
 mod answer;
 mod question;
+mod reset;
 
 use futures::StreamExt;
 use tonic::{Request, Response, Status};
@@ -14,6 +16,7 @@ pub use self::answer::response;
 use self::answer::several_response;
 pub use self::question::limit_request;
 use self::question::{Form, question};
+pub use self::reset::ResetLimit;
 use crate::error::Error;
 use crate::limit::InvalidArgument;
 use crate::limiter::Limiter;

@@ -104,6 +104,12 @@ pub async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
             Ok(request) => request,
             Err(answer) => return answer,
         };
+    decide(&api, request).await
+}
+
+/// `request` decided as `POST /v1/check` decides it: the answer, with its
+/// headers.
+pub(super) async fn decide(api: &Api, request: pb::CheckLimitRequest) -> Response {
     let windows = windows(&request);
     match api.check.check_limit(tonic::Request::new(request)).await {
         Ok(response) => {
@@ -163,7 +169,7 @@ pub async fn readyz(health: Health) -> Response {
 }
 
 /// `body` in JSON, with `status`.
-fn json_answer(status: StatusCode, body: &impl Serialize) -> Response {
+pub(super) fn json_answer(status: StatusCode, body: &impl Serialize) -> Response {
     match serde_json::to_vec(body) {
         Ok(body) => (status, [(CONTENT_TYPE, JSON)], body).into_response(),
         Err(err) => {
@@ -176,7 +182,7 @@ fn json_answer(status: StatusCode, body: &impl Serialize) -> Response {
 /// The request of a call, as the gRPC service takes it (`Json` its
 /// pbjson twin, `name` its message's name in errors); or the answer that
 /// refuses it.
-async fn accept<Json, Grpc>(
+pub(super) async fn accept<Json, Grpc>(
     api: &Api,
     headers: &HeaderMap,
     body: Body,
@@ -261,7 +267,7 @@ fn written<Grpc: Message, Json: Message + Default + Serialize>(
 }
 
 /// The answer to a call the service did not decide.
-fn failed(status: &tonic::Status) -> Response {
+pub(super) fn failed(status: &tonic::Status) -> Response {
     let code = status.code();
     match code {
         Code::InvalidArgument | Code::NotFound => {
@@ -290,7 +296,7 @@ fn failed(status: &tonic::Status) -> Response {
     }
 }
 
-fn refused(status: StatusCode, field: &str, rule: String) -> Response {
+pub(super) fn refused(status: StatusCode, field: &str, rule: String) -> Response {
     json_answer(
         status,
         &Refusal {

@@ -4,8 +4,10 @@
 //! [`Endpoint::ALL`]): the JSON API ([`api`]), `/healthz` and `/readyz`,
 //! its OpenAPI document ([`openapi`]), and envoyproxy/ratelimit's
 //! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]).
+//! With an admin token, the admin API ([`admin`]) too.
 //! The debug listener: [`debug`].
 
+pub mod admin;
 pub mod api;
 pub mod body;
 pub mod debug;
@@ -114,8 +116,16 @@ async fn serve(
             _ = &mut stopped => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let service = hyper_util::service::TowerToHyperService::new(router.clone());
+                Ok((stream, peer)) => {
+                    // The caller's address, for the handlers that log it.
+                    let router = tower::ServiceExt::map_request(
+                        router.clone(),
+                        move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                            request.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+                            request
+                        },
+                    );
+                    let service = hyper_util::service::TowerToHyperService::new(router);
                     let http1 = http1.clone();
                     let mut close = close.clone();
                     connections.spawn(async move {
@@ -169,11 +179,23 @@ pub enum Endpoint {
     Json,
     /// envoyproxy/ratelimit's `/healthcheck` (any method).
     Healthcheck,
+    /// `POST /admin/v1/peek`: [`admin`].
+    AdminPeek,
+    /// `POST /admin/v1/reset`: [`admin`].
+    AdminReset,
+    /// `GET /admin/v1/rules`: [`admin`].
+    AdminRules,
+    /// `GET /admin/v1/policies`: [`admin`].
+    AdminPolicies,
+    /// `GET /admin/v1/quota-buckets`: [`admin`].
+    AdminQuotaBuckets,
+    /// `GET /admin/v1/config`: [`admin`].
+    AdminConfig,
 }
 
 impl Endpoint {
     /// All of them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 13] = [
         Self::Check,
         Self::CheckMany,
         Self::Healthz,
@@ -181,7 +203,34 @@ impl Endpoint {
         Self::OpenApi,
         Self::Json,
         Self::Healthcheck,
+        Self::AdminPeek,
+        Self::AdminReset,
+        Self::AdminRules,
+        Self::AdminPolicies,
+        Self::AdminQuotaBuckets,
+        Self::AdminConfig,
     ];
+
+    /// The admin API's: served only with an admin token.
+    pub fn is_admin(self) -> bool {
+        matches!(
+            self,
+            Self::AdminPeek
+                | Self::AdminReset
+                | Self::AdminRules
+                | Self::AdminPolicies
+                | Self::AdminQuotaBuckets
+                | Self::AdminConfig
+        )
+    }
+
+    /// Those a server serves: all with the admin API on, else all but
+    /// the admin API's.
+    pub fn served(admin: bool) -> impl Iterator<Item = Self> {
+        Self::ALL
+            .into_iter()
+            .filter(move |endpoint| admin || !endpoint.is_admin())
+    }
 
     /// Its path.
     pub fn path(self) -> &'static str {
@@ -193,6 +242,12 @@ impl Endpoint {
             Self::OpenApi => "/openapi.json",
             Self::Json => "/json",
             Self::Healthcheck => "/healthcheck",
+            Self::AdminPeek => "/admin/v1/peek",
+            Self::AdminReset => "/admin/v1/reset",
+            Self::AdminRules => "/admin/v1/rules",
+            Self::AdminPolicies => "/admin/v1/policies",
+            Self::AdminQuotaBuckets => "/admin/v1/quota-buckets",
+            Self::AdminConfig => "/admin/v1/config",
         }
     }
 }
@@ -207,6 +262,8 @@ pub struct ServiceParts {
     pub check: CheckService,
     /// How much a request's body may hold and how long it may take.
     pub bounds: BodyBounds,
+    /// The admin API's, when it has a token; without, it is not served.
+    pub admin: Option<admin::AdminParts>,
 }
 
 /// The service listener's routes ([`Endpoint::ALL`]); any other path is
@@ -218,15 +275,18 @@ pub fn service_routes(parts: ServiceParts) -> Router {
         health: parts.health.clone(),
         bounds: parts.bounds,
     };
+    let admin = parts
+        .admin
+        .map(|admin| admin::Admin::new(admin, api.clone()));
     // Built once: it describes the binary, which does not change.
-    let document: Bytes = serde_json::to_vec(&openapi::document())
+    let document: Bytes = serde_json::to_vec(&openapi::document(admin.is_some()))
         .map(Bytes::from)
         .unwrap_or_else(|err| {
             warn!(%err, "cannot write the OpenAPI document");
             Bytes::new()
         });
-    let route = |endpoint: Endpoint| -> MethodRouter {
-        match endpoint {
+    let route = |endpoint: Endpoint| -> Option<MethodRouter> {
+        Some(match endpoint {
             Endpoint::Check => {
                 let api = api.clone();
                 post(move |headers: HeaderMap, body: Body| api::check(api.clone(), headers, body))
@@ -254,18 +314,24 @@ pub fn service_routes(parts: ServiceParts) -> Router {
                 let health = parts.health.clone();
                 any(move || healthcheck(health.clone()))
             }
-        }
+            Endpoint::AdminPeek
+            | Endpoint::AdminReset
+            | Endpoint::AdminRules
+            | Endpoint::AdminPolicies
+            | Endpoint::AdminQuotaBuckets
+            | Endpoint::AdminConfig => return admin.as_ref()?.route(endpoint),
+        })
     };
-    Endpoint::ALL
-        .into_iter()
-        .fold(Router::new(), |router, endpoint| {
-            router.route(endpoint.path(), route(endpoint))
+    Endpoint::served(admin.is_some())
+        .filter_map(|endpoint| Some((endpoint, route(endpoint)?)))
+        .fold(Router::new(), |router, (endpoint, method)| {
+            router.route(endpoint.path(), method)
         })
         .fallback(|| async { not_found() })
 }
 
 /// Go's `http.NotFound`, as upstream's router answers an unknown path.
-fn not_found() -> Response {
+pub(super) fn not_found() -> Response {
     (
         StatusCode::NOT_FOUND,
         [

@@ -7,7 +7,9 @@
 //! `"1.5s"`, unknown fields refused), with the proto's comments as their
 //! descriptions; the API's own bodies from their Rust types. A field or
 //! route added in one place is in the document, and none can be left in it
-//! once gone.
+//! once gone. The admin API's operations are in it only when the server
+//! serves them (it has an admin token), each requiring the bearer token
+//! (the `adminToken` security scheme).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,6 +31,7 @@ use utoipa::openapi::{
 use utoipa::{PartialSchema, ToSchema};
 
 use super::Endpoint;
+use super::admin::openapi as admin;
 use super::api::{Failure, JSON, Liveness, Readiness, Refusal};
 use crate::pb::FILE_DESCRIPTOR_SET;
 
@@ -43,8 +46,8 @@ const ROOTS: [&str; 6] = [
     "envoy.service.ratelimit.v3.RateLimitResponse",
 ];
 
-/// The document.
-pub fn document() -> OpenApi {
+/// The document of a server that serves the admin API (`admin`) or not.
+pub fn document(admin: bool) -> OpenApi {
     let mut components = Components::new();
     match MessageSchemas::from_descriptors() {
         Ok(schemas) => components.schemas.extend(schemas.0),
@@ -60,8 +63,11 @@ pub fn document() -> OpenApi {
     ] {
         components.schemas.insert(name.into_owned(), schema);
     }
+    if admin {
+        admin::components(&mut components);
+    }
     let mut paths = Paths::new();
-    for endpoint in Endpoint::ALL {
+    for endpoint in Endpoint::served(admin) {
         let (method, operation) = operation(endpoint);
         paths
             .paths
@@ -199,10 +205,30 @@ pub fn check_examples() -> [(&'static str, serde_json::Value); 3] {
     ]
 }
 
+/// An operation on a `CheckLimitRequest` (the admin API's): its body, with
+/// `/v1/check`'s examples, and the answers every API call shares.
+fn on_check_request(operation: OperationBuilder) -> utoipa::openapi::path::Operation {
+    refusals(operation)
+        .request_body(Some(
+            json_body("ratelimitd.v1.CheckLimitRequest", &check_examples()).build(),
+        ))
+        .response(
+            "404",
+            refusal("The request names a policy the server does not know."),
+        )
+        .build()
+}
+
 /// Each endpoint's method and operation. A new endpoint does not compile
 /// until it is described here.
 fn operation(endpoint: Endpoint) -> (HttpMethod, utoipa::openapi::path::Operation) {
     match endpoint {
+        Endpoint::AdminPeek => (HttpMethod::Post, on_check_request(admin::peek())),
+        Endpoint::AdminReset => (HttpMethod::Post, on_check_request(admin::reset())),
+        Endpoint::AdminRules => (HttpMethod::Get, admin::rules()),
+        Endpoint::AdminPolicies => (HttpMethod::Get, admin::policies()),
+        Endpoint::AdminQuotaBuckets => (HttpMethod::Get, admin::quota_buckets()),
+        Endpoint::AdminConfig => (HttpMethod::Get, admin::config()),
         Endpoint::Check => (
             HttpMethod::Post,
             refusals(
@@ -750,7 +776,7 @@ mod tests {
     use super::*;
 
     fn document_json() -> serde_json::Value {
-        serde_json::to_value(document()).unwrap()
+        serde_json::to_value(document(false)).unwrap()
     }
 
     #[test]
@@ -809,13 +835,34 @@ mod tests {
     }
 
     #[test]
-    fn every_endpoint_has_its_path() {
-        let document = document_json();
-        let paths = document["paths"].as_object().unwrap();
-        assert_eq!(paths.len(), Endpoint::ALL.len());
-        for endpoint in Endpoint::ALL {
-            assert!(paths.contains_key(endpoint.path()), "{endpoint:?}");
+    fn every_endpoint_served_has_its_path_and_only_those() {
+        for admin in [false, true] {
+            let document = serde_json::to_value(document(admin)).unwrap();
+            let paths = document["paths"].as_object().unwrap();
+            assert_eq!(paths.len(), Endpoint::served(admin).count());
+            for endpoint in Endpoint::ALL {
+                assert_eq!(
+                    paths.contains_key(endpoint.path()),
+                    admin || !endpoint.is_admin(),
+                    "{endpoint:?}, admin {admin}"
+                );
+            }
+            assert_eq!(document["openapi"], "3.1.0");
+            let schemes = &document["components"]["securitySchemes"];
+            assert_eq!(schemes[admin::ADMIN_TOKEN].is_object(), admin, "{schemes}");
+            // Every reference resolves.
+            let text = document.to_string();
+            for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+                let name = reference.split('"').next().unwrap();
+                assert!(
+                    document["components"]["schemas"][name].is_object(),
+                    "{name} is referenced, not described"
+                );
+            }
         }
-        assert_eq!(document["openapi"], "3.1.0");
+        let document = serde_json::to_value(document(true)).unwrap();
+        let peek = &document["paths"]["/admin/v1/peek"]["post"];
+        assert_eq!(peek["security"], json!([{admin::ADMIN_TOKEN: []}]));
+        assert!(document["paths"]["/v1/check"]["post"]["security"].is_null());
     }
 }

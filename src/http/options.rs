@@ -1,10 +1,12 @@
 //! The HTTP listeners' options: where the service listener is (on by
 //! default, on loopback: `/healthcheck`, `/json`, the `/v1` API, health
 //! and its OpenAPI document), how long it waits for a request's body, and
-//! where the debug endpoints are (off by default).
+//! where the debug endpoints are (off by default); the admin API's token
+//! ([`AdminOptions`]).
 
 use std::time::Duration;
 
+use super::admin::AdminOptions;
 use crate::options::{AddressOrOff, address_or_off, positive_duration};
 
 /// Where the HTTP side is served.
@@ -34,4 +36,8 @@ pub struct HttpOptions {
     #[arg(long, env = "RATELIMITD_DEBUG_LISTEN", default_value = "", hide_default_value = true,
           value_parser = address_or_off)]
     pub debug_listen: AddressOrOff,
+
+    /// The admin API on the HTTP listener, when a token is given.
+    #[command(flatten)]
+    pub admin: AdminOptions,
 }

@@ -31,7 +31,7 @@ pub struct Limiter {
     /// Where `Local` decides while Redis cannot: this instance's own state.
     pub(super) local: Option<Arc<MemoryStore<State>>>,
     /// Keys Redis denied until a known instant, answered without Redis.
-    denials: Option<Arc<DenialCache>>,
+    pub(super) denials: Option<Arc<DenialCache>>,
 }
 
 impl Limiter {

@@ -294,6 +294,16 @@ impl DenialCache {
         self.show_entries();
     }
 
+    /// Forgets the denial held for `key`, if any (an operator reset the
+    /// key): whether one was held.
+    pub fn forget(&self, key: &str) -> bool {
+        let held = self.denials.remove(key).is_some();
+        if held {
+            self.show_entries();
+        }
+        held
+    }
+
     /// Keys held now (stale ones included until evicted or replaced).
     pub fn len(&self) -> usize {
         self.denials.len()

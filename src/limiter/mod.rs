@@ -7,7 +7,8 @@
 //! and groups a call's keys, `on_redis` and `in_memory` drive the two
 //! stores (the scripts' side in `script`), `split` decides a call across
 //! the main Redis and the per-second one, `failure` answers while Redis
-//! cannot, and `denial_cache` remembers what Redis denied.
+//! cannot, `denial_cache` remembers what Redis denied, and `reset` is an
+//! operator's reset of keys.
 
 mod decisions;
 mod denial_cache;
@@ -16,6 +17,7 @@ mod in_memory;
 mod keys;
 mod on_redis;
 mod options;
+mod reset;
 pub mod script;
 mod split;
 mod store;
@@ -24,4 +26,5 @@ pub use self::decisions::Limiter;
 pub use self::denial_cache::DenialCache;
 pub use self::keys::{Route, storage_key};
 pub use self::options::{DEFAULT_KEY_PREFIX, LimiterOptions};
+pub use self::reset::ResetKey;
 pub use self::store::Store;

@@ -8,26 +8,19 @@
 //! <n>` and `, algorithm: <name>` to the lines of rules that use them.
 
 use super::rule::Limit;
-use super::tree::Level;
 use super::{Rule, Rules};
 use crate::limit::Algorithm;
 
 impl Rules {
     /// Every limit of every domain, a line each, sorted.
     pub fn dump(&self) -> String {
-        let mut lines = Vec::new();
-        for (domain, level) in &self.domains {
-            collect(domain, level, &mut lines);
-        }
+        let mut lines: Vec<String> = self
+            .each_rule()
+            .into_iter()
+            .map(|(domain, rule)| line(domain, rule))
+            .collect();
         lines.sort();
         lines.concat()
-    }
-}
-
-fn collect(domain: &str, level: &Level, lines: &mut Vec<String>) {
-    for node in level.nodes() {
-        lines.extend(node.rules.iter().map(|rule| line(domain, rule)));
-        collect(domain, &node.children, lines);
     }
 }
 

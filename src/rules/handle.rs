@@ -4,7 +4,8 @@
 //! so far ([`Loads`]), for what waits on a configuration: the start (with
 //! xDS) and health (when it requires rules).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -28,6 +29,9 @@ pub struct RulesHandle(Arc<Shared>);
 struct Shared {
     rules: ArcSwap<Rules>,
     loads: watch::Sender<Loads>,
+    /// When the rules in force were put in force (none before the first
+    /// configuration), for the admin API.
+    loaded_at: Mutex<Option<SystemTime>>,
 }
 
 impl Default for RulesHandle {
@@ -44,7 +48,9 @@ impl RulesHandle {
             arrived: true,
             in_force: !rules.is_empty(),
         };
-        Self::with(rules, loads)
+        let handle = Self::with(rules, loads);
+        handle.loaded_now();
+        handle
     }
 
     fn with(rules: Rules, loads: Loads) -> Self {
@@ -52,7 +58,27 @@ impl RulesHandle {
         Self(Arc::new(Shared {
             rules: ArcSwap::from_pointee(rules),
             loads: watch::Sender::new(loads),
+            loaded_at: Mutex::new(None),
         }))
+    }
+
+    /// The rules in force now, and when they were put in force (`None`:
+    /// no configuration has been yet).
+    pub fn current_with_time(&self) -> (Arc<Rules>, Option<SystemTime>) {
+        let loaded_at = self
+            .0
+            .loaded_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (self.current(), *loaded_at)
+    }
+
+    fn loaded_now(&self) {
+        *self
+            .0
+            .loaded_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(SystemTime::now());
     }
 
     /// The rules now.
@@ -64,7 +90,17 @@ impl RulesHandle {
     pub fn replace(&self, rules: Rules) {
         let in_force = !rules.is_empty();
         rules.export_zeros();
-        self.0.rules.store(Arc::new(rules));
+        {
+            // Held across the swap, so a reader sees the rules and their
+            // time together.
+            let mut loaded_at = self
+                .0
+                .loaded_at
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.0.rules.store(Arc::new(rules));
+            *loaded_at = Some(SystemTime::now());
+        }
         self.0.loads.send_if_modified(|loads| {
             let before = *loads;
             *loads = Loads {

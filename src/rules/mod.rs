@@ -10,13 +10,15 @@
 //!   ([`tree`], [`rule`]).
 //! - [`quota_file`]: the quota service's buckets into [`quota`] policies.
 //! - `CheckLimit`'s policies are a room of their own: [`crate::policy`].
-//! - [`dump`]: the rules in force as upstream's debug endpoint prints them.
+//! - [`dump`]: the rules in force as upstream's debug endpoint prints them;
+//!   [`listing`]: as lists, for it and the admin API.
 
 pub mod descriptors_file;
 pub mod directory;
 pub mod document;
 pub mod dump;
 pub mod handle;
+pub mod listing;
 pub mod quota;
 pub mod quota_file;
 pub mod rule;

@@ -123,6 +123,7 @@ pub async fn run(
     let tls = config.tls.settings().map(ServerTls::load).transpose()?;
     let store = config.store_settings()?;
     let rules_source = config.rules_source()?;
+    let admin = AdminStart::read(&config, &rules_source)?;
     // Before the rules are loaded: loading them is counted.
     let metrics = install_telemetry(&config)?;
     let start_without_rules = config.envoy.start_without_rules;
@@ -133,7 +134,8 @@ pub async fn run(
     let apis = Apis::new(&config, &limiter, rules.clone(), quota_shutdown_watch);
     let health = Health::new(config.envoy.health_requires_rules);
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let http_side = HttpSide::new(&config, &health, &apis.envoy, &apis.check, &rules, metrics);
+    let admin = admin.map(|admin| admin.parts(&config, &rules, &apis));
+    let http_side = HttpSide::new(&config, &health, &apis, &rules, metrics, admin);
     let router = grpc_router(&config, apis, health_service)?;
     let mut background = Background::start(&config, &limiter, &health, &rules, reporter);
     background.tasks.extend(rules_task);
@@ -182,6 +184,47 @@ pub async fn run(
     http_side.stop(grace).await;
     info!("stopped");
     Ok(())
+}
+
+/// The admin API's token (its file read: an error stops the start) and
+/// where the rules come from, before anything starts.
+struct AdminStart {
+    token: crate::options::Secret,
+    rules_origin: String,
+}
+
+impl AdminStart {
+    /// `None` without a token: no admin API.
+    fn read(config: &Config, source: &RulesSource) -> Result<Option<Self>, ServeError> {
+        let token = config
+            .http
+            .admin
+            .token()
+            .map_err(|err| config.invalid(err))?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        let rules_origin = match source {
+            RulesSource::None => "none".to_owned(),
+            RulesSource::Files { path, .. } => format!("files {}", path.display()),
+            RulesSource::Xds(xds) => format!("xds {}", xds.server),
+        };
+        Ok(Some(Self {
+            token,
+            rules_origin,
+        }))
+    }
+
+    /// What the admin API serves.
+    fn parts(self, config: &Config, rules: &RulesHandle, apis: &Apis) -> http::admin::AdminParts {
+        http::admin::AdminParts {
+            token: self.token,
+            rules: rules.clone(),
+            rules_origin: self.rules_origin,
+            quota: apis.quota.clone(),
+            effective: config.effective.clone(),
+        }
+    }
 }
 
 /// Waits until the rules source has delivered its first configuration
@@ -264,10 +307,10 @@ impl HttpSide {
     fn new(
         config: &Config,
         health: &Health,
-        envoy: &EnvoyService,
-        check: &CheckService,
+        apis: &Apis,
         rules: &RulesHandle,
         metrics: Option<PrometheusHandle>,
+        admin: Option<http::admin::AdminParts>,
     ) -> Self {
         let bounds = http::BodyBounds {
             max_bytes: config.bounds.max_request_bytes as usize,
@@ -276,9 +319,10 @@ impl HttpSide {
         Self {
             service: http::service_routes(http::ServiceParts {
                 health: health.clone(),
-                envoy: envoy.clone(),
-                check: check.clone(),
+                envoy: apis.envoy.clone(),
+                check: apis.check.clone(),
                 bounds,
+                admin,
             }),
             debug: http::debug::routes(rules.clone(), metrics),
         }

@@ -282,6 +282,17 @@ impl<S: HeapSize + Send + 'static> MemoryStore<S> {
         Some((slot.state.clone()?, slot.expires_at))
     }
 
+    /// Removes `key`, live or expired: whether it held live state.
+    pub fn remove(&self, key: &str) -> bool {
+        let now = self.clock.now();
+        let mut shard = lock(&self.shards[self.shard_of(key)]);
+        let Some((held, slot)) = shard.map.remove_entry(key) else {
+            return false;
+        };
+        shard.entry_bytes -= Shard::entry_bytes(&held, &slot);
+        slot.expires_at > now && slot.state.is_some()
+    }
+
     /// Locks the shards of all `keys` (in ascending order) and runs `work`,
     /// which may decide on any of them through [`LockedKeys::decide`]; no
     /// other call sees any of these keys until `work` returns.

@@ -378,6 +378,24 @@ impl RedisStore {
         matches!(self.pools, Pools::Cluster(_))
     }
 
+    /// Deletes `key` (`DEL`; on a Cluster, on the node serving its slot),
+    /// whatever the breakers say: an operator's reset, not a decision.
+    /// Whether the key was there.
+    pub async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let mut delete = redis::cmd("DEL");
+        delete.arg(key);
+        let started = std::time::Instant::now();
+        let deleted = self
+            .within_timeout(async {
+                on_shared_connection!(&self.pools, |connection| delete
+                    .query_async::<i64>(&mut connection))
+                .map_err(classify)
+            })
+            .await;
+        metrics::redis_command(self.label, started.elapsed(), deleted.as_ref().map(drop));
+        deleted.map(|count| count > 0)
+    }
+
     /// Asks Redis for `PING`, whatever the breakers say: the health
     /// check's probe, whose answer also closes (or opens) the breaker. On a
     /// Cluster the `PING` goes to every primary, and closes every node's

@@ -18,6 +18,7 @@ pub mod checks;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
+pub mod openapi;
 pub mod pip_tool;
 pub mod process;
 pub mod prometheus;

@@ -100,6 +100,15 @@ impl QuotaService {
         Self { shared }
     }
 
+    /// This instance's id among the instances on the same store, and how
+    /// many bucket subscriptions its streams hold now: for the admin API.
+    pub fn subscriptions(&self) -> (&str, usize) {
+        (
+            &self.shared.instance,
+            self.shared.subscriptions.load(Ordering::Relaxed),
+        )
+    }
+
     /// The tonic service.
     pub fn into_server(
         self,

@@ -70,6 +70,9 @@ pub struct Parsed<C> {
     pub report: Report,
     /// Which flags they set.
     pub origins: Origins,
+    /// The matches the options were read from: every flag's value as
+    /// given, and where from.
+    pub matches: ArgMatches,
 }
 
 /// Parses `args` (the program's name first) with `command`, whose flags
@@ -98,6 +101,7 @@ pub fn parse<C: FromArgMatches + PartialEq>(
             options: own,
             report,
             origins: Origins::default(),
+            matches,
         });
     }
     let mut arguments: Vec<OsString> = args.iter().take(1).cloned().collect();
@@ -140,6 +144,7 @@ pub fn parse<C: FromArgMatches + PartialEq>(
         options,
         report,
         origins,
+        matches,
     })
 }
 
