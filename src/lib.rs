@@ -58,6 +58,7 @@ pub mod policy;
 pub mod quota;
 pub mod rules;
 pub mod server;
+pub mod simulate;
 pub mod spec;
 pub mod stats;
 pub mod store;
