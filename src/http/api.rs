@@ -163,7 +163,7 @@ pub async fn readyz(health: Health) -> Response {
 }
 
 /// `body` in JSON, with `status`.
-fn json_answer(status: StatusCode, body: &impl Serialize) -> Response {
+pub(super) fn json_answer(status: StatusCode, body: &impl Serialize) -> Response {
     match serde_json::to_vec(body) {
         Ok(body) => (status, [(CONTENT_TYPE, JSON)], body).into_response(),
         Err(err) => {
@@ -230,7 +230,7 @@ where
 }
 
 /// `application/json`, with parameters or without.
-fn is_json(headers: &HeaderMap) -> bool {
+pub(super) fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -239,7 +239,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// 200 with `response` in JSON (`Json` its pbjson twin) and `headers`.
-fn written<Grpc: Message, Json: Message + Default + Serialize>(
+pub(super) fn written<Grpc: Message, Json: Message + Default + Serialize>(
     response: &Grpc,
     headers: HeaderMap,
 ) -> Response {
@@ -290,7 +290,7 @@ fn failed(status: &tonic::Status) -> Response {
     }
 }
 
-fn refused(status: StatusCode, field: &str, rule: String) -> Response {
+pub(super) fn refused(status: StatusCode, field: &str, rule: String) -> Response {
     json_answer(
         status,
         &Refusal {
@@ -300,7 +300,7 @@ fn refused(status: StatusCode, field: &str, rule: String) -> Response {
     )
 }
 
-fn failure(status: StatusCode, code: Code, message: String) -> Response {
+pub(super) fn failure(status: StatusCode, code: Code, message: String) -> Response {
     json_answer(
         status,
         &Failure {

@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod body;
+pub mod console;
 pub mod debug;
 pub mod json;
 pub mod openapi;
@@ -169,11 +170,13 @@ pub enum Endpoint {
     Json,
     /// envoyproxy/ratelimit's `/healthcheck` (any method).
     Healthcheck,
+    /// `POST /v1/simulate`: [`console::simulate`].
+    Simulate,
 }
 
 impl Endpoint {
     /// All of them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Check,
         Self::CheckMany,
         Self::Healthz,
@@ -181,6 +184,7 @@ impl Endpoint {
         Self::OpenApi,
         Self::Json,
         Self::Healthcheck,
+        Self::Simulate,
     ];
 
     /// Its path.
@@ -193,6 +197,7 @@ impl Endpoint {
             Self::OpenApi => "/openapi.json",
             Self::Json => "/json",
             Self::Healthcheck => "/healthcheck",
+            Self::Simulate => "/v1/simulate",
         }
     }
 }
@@ -218,6 +223,7 @@ pub fn service_routes(parts: ServiceParts) -> Router {
         health: parts.health.clone(),
         bounds: parts.bounds,
     };
+    let simulator = console::Simulator::new(parts.bounds);
     // Built once: it describes the binary, which does not change.
     let document: Bytes = serde_json::to_vec(&openapi::document())
         .map(Bytes::from)
@@ -253,6 +259,12 @@ pub fn service_routes(parts: ServiceParts) -> Router {
             Endpoint::Healthcheck => {
                 let health = parts.health.clone();
                 any(move || healthcheck(health.clone()))
+            }
+            Endpoint::Simulate => {
+                let simulator = simulator.clone();
+                post(move |headers: HeaderMap, body: Body| {
+                    console::simulate(simulator.clone(), headers, body)
+                })
             }
         }
     };

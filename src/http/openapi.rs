@@ -34,13 +34,15 @@ use crate::pb::FILE_DESCRIPTOR_SET;
 
 /// The messages the API reads and writes; every message they hold is
 /// described too.
-const ROOTS: [&str; 6] = [
+const ROOTS: [&str; 8] = [
     "ratelimitd.v1.CheckLimitRequest",
     "ratelimitd.v1.CheckLimitResponse",
     "ratelimitd.v1.CheckLimitsRequest",
     "ratelimitd.v1.CheckLimitsResponse",
     "envoy.service.ratelimit.v3.RateLimitRequest",
     "envoy.service.ratelimit.v3.RateLimitResponse",
+    "ratelimitd.v1.SimulateRequest",
+    "ratelimitd.v1.SimulateResponse",
 ];
 
 /// The document.
@@ -89,22 +91,22 @@ pub fn document() -> OpenApi {
 }
 
 /// `name` in `#/components/schemas`.
-fn schema_ref(name: &str) -> RefOr<Schema> {
+pub(super) fn schema_ref(name: &str) -> RefOr<Schema> {
     RefOr::Ref(Ref::from_schema_name(name))
 }
 
-fn json_content(schema: RefOr<Schema>) -> utoipa::openapi::Content {
+pub(super) fn json_content(schema: RefOr<Schema>) -> utoipa::openapi::Content {
     ContentBuilder::new().schema(Some(schema)).build()
 }
 
-fn text_content() -> utoipa::openapi::Content {
+pub(super) fn text_content() -> utoipa::openapi::Content {
     ContentBuilder::new()
         .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
         .build()
 }
 
 /// A 4xx answer with a [`Refusal`].
-fn refusal(description: &str) -> utoipa::openapi::Response {
+pub(super) fn refusal(description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(JSON, json_content(schema_ref(&Refusal::name())))
@@ -112,7 +114,7 @@ fn refusal(description: &str) -> utoipa::openapi::Response {
 }
 
 /// A 5xx answer with a [`Failure`].
-fn failure(description: &str) -> utoipa::openapi::Response {
+pub(super) fn failure(description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(JSON, json_content(schema_ref(&Failure::name())))
@@ -127,7 +129,7 @@ fn header(description: &str) -> utoipa::openapi::header::Header {
 }
 
 /// The answers every API call shares, but its 200.
-fn refusals(operation: OperationBuilder) -> OperationBuilder {
+pub(super) fn refusals(operation: OperationBuilder) -> OperationBuilder {
     operation
         .response(
             "400",
@@ -156,7 +158,10 @@ fn refusals(operation: OperationBuilder) -> OperationBuilder {
         )
 }
 
-fn json_body(schema: &str, examples: &[(&str, serde_json::Value)]) -> RequestBodyBuilder {
+pub(super) fn json_body(
+    schema: &str,
+    examples: &[(&str, serde_json::Value)],
+) -> RequestBodyBuilder {
     RequestBodyBuilder::new()
         .required(Some(Required::True))
         .content(
@@ -440,6 +445,7 @@ fn operation(endpoint: Endpoint) -> (HttpMethod, utoipa::openapi::path::Operatio
                 )
                 .build(),
         ),
+        Endpoint::Simulate => (HttpMethod::Post, super::console::simulate_operation()),
     }
 }
 
