@@ -50,6 +50,7 @@ pub mod http;
 pub mod incoming;
 pub mod limit;
 pub mod limiter;
+pub mod live;
 pub mod load_shed;
 pub mod metrics;
 pub mod options;

@@ -175,3 +175,132 @@ async fn simulate_answers_the_servers_own_algorithms_and_refuses_bad_bodies() {
     assert_eq!(wrong.status, 405, "{wrong:?}");
     server.terminate().await;
 }
+
+/// The live series of `origin`/`name`/`algorithm` from a live view: its
+/// allowed and denied, summed over the seconds shown.
+fn live_totals(view: &Value, origin: &str, name: &str, algorithm: &str) -> (u64, u64) {
+    let sum = |values: &Value| -> u64 {
+        values
+            .as_array()
+            .expect("per-second counts")
+            .iter()
+            .map(|count| count.as_u64().expect("a count"))
+            .sum()
+    };
+    view["series"]
+        .as_array()
+        .expect("series")
+        .iter()
+        .find(|series| {
+            series["origin"] == origin && series["name"] == name && series["algorithm"] == algorithm
+        })
+        .map_or((0, 0), |series| {
+            (sum(&series["allowed"]), sum(&series["denied"]))
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_counts_decisions_as_prometheus_does_and_names_the_most_denied_keys() {
+    let dir = tempfile::tempdir().expect("a config directory");
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "policies:\n  tiny:\n    - {per: 1h, limit: 1}\n",
+    )
+    .expect("write the policies");
+    std::fs::write(
+        dir.path().join("web.yaml"),
+        "domain: web\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("write the rules");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().to_string_lossy().into_owned();
+    let (server, port) = start(&[
+        "--config",
+        &config,
+        "--metrics-listen",
+        &metrics,
+        "--failure-policy",
+        "fail-open",
+    ])
+    .await;
+    let metrics_port: u16 = metrics.rsplit(':').next().unwrap().parse().unwrap();
+
+    // Nothing yet: every second at zero, the configuration shown.
+    let answer = request(port, "GET", "/v1/console/live", &[], "")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.header("content-type"), Some("application/json"));
+    let view = body_json(&answer);
+    assert_eq!(view["failurePolicy"], "FAIL_OPEN");
+    assert_eq!(view["store"]["serving"], true);
+    assert_eq!(view["store"]["stores"], json!(["embedded"]));
+    assert_eq!(view["times"].as_array().map(Vec::len), Some(300));
+    assert_eq!(view["topDeniedKeys"], json!([]));
+
+    // 5 on a limit of 2 for "hot", 1 for "cool"; twice the policy of 1.
+    let hot = json!({"key": "hot", "fixedWindow": {"limit": 2, "window": "3600s"}}).to_string();
+    for _ in 0..5 {
+        assert_eq!(post_json(port, "/v1/check", &hot).await.status, 200);
+    }
+    let cool = json!({"key": "cool", "fixedWindow": {"limit": 2, "window": "3600s"}}).to_string();
+    assert_eq!(post_json(port, "/v1/check", &cool).await.status, 200);
+    let tiny = json!({"key": "someone", "policy": "tiny"}).to_string();
+    for _ in 0..2 {
+        assert_eq!(post_json(port, "/v1/check", &tiny).await.status, 200);
+    }
+
+    // Twice Envoy's rule of 1 an hour, through upstream's /json.
+    let envoy =
+        json!({"domain": "web", "descriptors": [{"entries": [{"key": "user", "value": "u1"}]}]});
+    for status in [200, 429] {
+        let answer = post_json(port, "/json", &envoy.to_string()).await;
+        assert_eq!(answer.status, status, "{answer:?}");
+    }
+
+    let view = body_json(
+        &request(port, "GET", "/v1/console/live", &[], "")
+            .await
+            .expect("an answer"),
+    );
+    assert_eq!(live_totals(&view, "request", "", "fixed_window"), (3, 3));
+    assert_eq!(live_totals(&view, "policy", "tiny", "fixed_window"), (1, 1));
+    assert_eq!(
+        live_totals(&view, "rule", "web.user", "fixed_window"),
+        (1, 1)
+    );
+    // The same decisions Prometheus counted.
+    let (_, series) = common::prometheus::scrape(metrics_port).await;
+    let prometheus = |outcome: &str| {
+        common::prometheus::value(
+            &series,
+            "ratelimitd_decisions_total",
+            &[("api", "check_limit"), ("outcome", outcome)],
+        ) as u64
+    };
+    assert_eq!((prometheus("allowed"), prometheus("denied")), (4, 4));
+    let keys: Vec<(String, u64)> = view["topDeniedKeys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().expect("a key").to_owned(),
+                k["denied"].as_u64().expect("a count"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        // A policy's limit counts on `<policy>/<limit>:<key>`.
+        // An Envoy descriptor's counter is named by its entries and window.
+        [
+            ("hot".to_owned(), 3),
+            ("3:web|4:user|2:u1|w3600000".to_owned(), 1),
+            ("tiny/1h:someone".to_owned(), 1),
+        ],
+        "{}",
+        view["topDeniedKeys"]
+    );
+    server.terminate().await;
+}

@@ -11,6 +11,7 @@ pub mod body;
 pub mod console;
 pub mod debug;
 pub mod json;
+pub mod live;
 pub mod openapi;
 pub mod options;
 
@@ -172,11 +173,13 @@ pub enum Endpoint {
     Healthcheck,
     /// `POST /v1/simulate`: [`console::simulate`].
     Simulate,
+    /// `GET /v1/console/live`: [`live::live`].
+    ConsoleLive,
 }
 
 impl Endpoint {
     /// All of them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Check,
         Self::CheckMany,
         Self::Healthz,
@@ -185,6 +188,7 @@ impl Endpoint {
         Self::Json,
         Self::Healthcheck,
         Self::Simulate,
+        Self::ConsoleLive,
     ];
 
     /// Its path.
@@ -198,6 +202,7 @@ impl Endpoint {
             Self::Json => "/json",
             Self::Healthcheck => "/healthcheck",
             Self::Simulate => "/v1/simulate",
+            Self::ConsoleLive => "/v1/console/live",
         }
     }
 }
@@ -265,6 +270,10 @@ pub fn service_routes(parts: ServiceParts) -> Router {
                 post(move |headers: HeaderMap, body: Body| {
                     console::simulate(simulator.clone(), headers, body)
                 })
+            }
+            Endpoint::ConsoleLive => {
+                let health = parts.health.clone();
+                get(move || live::live(health.clone()))
             }
         }
     };

@@ -62,6 +62,7 @@ pub fn document() -> OpenApi {
     ] {
         components.schemas.insert(name.into_owned(), schema);
     }
+    components.schemas.extend(super::live::schemas());
     let mut paths = Paths::new();
     for endpoint in Endpoint::ALL {
         let (method, operation) = operation(endpoint);
@@ -446,6 +447,7 @@ fn operation(endpoint: Endpoint) -> (HttpMethod, utoipa::openapi::path::Operatio
                 .build(),
         ),
         Endpoint::Simulate => (HttpMethod::Post, super::console::simulate_operation()),
+        Endpoint::ConsoleLive => (HttpMethod::Get, super::live::operation()),
     }
 }
 
