@@ -180,9 +180,53 @@ fn millis(
 
 /// Validates a request into a run; the error names the field and the rule.
 pub fn simulation(request: pb::SimulateRequest) -> Result<Simulation, InvalidArgument> {
-    let traffic = request
-        .traffic
-        .ok_or_else(|| InvalidArgument::new("traffic", "is required"))?;
+    let (traffic, traffic_cost) = traffic(request.traffic)?;
+    let step = match request.step {
+        None => Micros::from_duration(DEFAULT_STEP),
+        Some(step) => millis("step", Some(step), MAX_DURATION)?,
+    };
+    let steps = traffic.duration.as_micros().div_ceil(step.as_micros());
+    if steps > MAX_STEPS {
+        return Err(InvalidArgument::new(
+            "step",
+            format!(
+                "makes {steps} steps of the duration: at most {MAX_STEPS} (take a longer step)"
+            ),
+        ));
+    }
+    if request.limits.is_empty() {
+        return Err(InvalidArgument::new(
+            "limits",
+            format!("must hold 1 to {MAX_LIMITS} limits"),
+        ));
+    }
+    if request.limits.len() > MAX_LIMITS {
+        return Err(InvalidArgument::new(
+            "limits",
+            format!(
+                "must hold at most {MAX_LIMITS} limits (got {})",
+                request.limits.len()
+            ),
+        ));
+    }
+    let limits = request
+        .limits
+        .into_iter()
+        .enumerate()
+        .map(|(i, limit)| {
+            simulated_limit(limit, traffic_cost).map_err(|err| err.within(&format!("limits[{i}]")))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Simulation {
+        limits,
+        traffic,
+        step,
+    })
+}
+
+/// The traffic of a request, and what each of its requests costs.
+fn traffic(traffic: Option<pb::SimulatedTraffic>) -> Result<(Traffic, u64), InvalidArgument> {
+    let traffic = traffic.ok_or_else(|| InvalidArgument::new("traffic", "is required"))?;
     let within = |err: InvalidArgument| err.within("traffic");
     let duration = millis("duration", traffic.duration, MAX_DURATION).map_err(within)?;
     let period = || {
@@ -239,47 +283,7 @@ pub fn simulation(request: pb::SimulateRequest) -> Result<Simulation, InvalidArg
             ),
         ));
     }
-    let step = match request.step {
-        None => Micros::from_duration(DEFAULT_STEP),
-        Some(step) => millis("step", Some(step), MAX_DURATION)?,
-    };
-    let steps = duration.as_micros().div_ceil(step.as_micros());
-    if steps > MAX_STEPS {
-        return Err(InvalidArgument::new(
-            "step",
-            format!(
-                "makes {steps} steps of the duration: at most {MAX_STEPS} (take a longer step)"
-            ),
-        ));
-    }
-    if request.limits.is_empty() {
-        return Err(InvalidArgument::new(
-            "limits",
-            format!("must hold 1 to {MAX_LIMITS} limits"),
-        ));
-    }
-    if request.limits.len() > MAX_LIMITS {
-        return Err(InvalidArgument::new(
-            "limits",
-            format!(
-                "must hold at most {MAX_LIMITS} limits (got {})",
-                request.limits.len()
-            ),
-        ));
-    }
-    let limits = request
-        .limits
-        .into_iter()
-        .enumerate()
-        .map(|(i, limit)| {
-            simulated_limit(limit, traffic_cost).map_err(|err| err.within(&format!("limits[{i}]")))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(Simulation {
-        limits,
-        traffic,
-        step,
-    })
+    Ok((traffic, traffic_cost))
 }
 
 fn simulated_limit(limit: pb::Limit, traffic_cost: u64) -> Result<SimulatedLimit, InvalidArgument> {

@@ -85,7 +85,12 @@ impl CheckService {
                 let request = &question.requests[0];
                 let decision = self.limiter.check(request, question.failure_policy).await?;
                 metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
-                live::decision(Api::CheckLimit, live::Origin::Request, request, &decision);
+                live::decision(
+                    live::Face::CheckLimit,
+                    live::Origin::Request,
+                    request,
+                    &decision,
+                );
                 debug!(
                     algorithm = request.algorithm.name(),
                     allowed = decision.is_allowed(),
@@ -105,7 +110,7 @@ impl CheckService {
                 };
                 for (request, decision) in question.requests.iter().zip(&decisions) {
                     metrics::decision(Api::CheckLimit, request.algorithm.name(), decision);
-                    live::decision(Api::CheckLimit, origin, request, decision);
+                    live::decision(live::Face::CheckLimit, origin, request, decision);
                 }
                 let response = several_response(&labels, &decisions);
                 if let Some(policy) = &policy {

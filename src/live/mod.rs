@@ -25,7 +25,6 @@ use serde::Serialize;
 
 use self::sketch::SpaceSaving;
 use crate::limit::{Decision, FailurePolicy, LimitRequest};
-use crate::metrics::Api;
 
 /// Seconds of history kept.
 pub const HISTORY_SECONDS: usize = 300;
@@ -60,6 +59,15 @@ fn this_second() -> u64 {
         .map_or(0, |since| since.as_secs())
 }
 
+/// Which face a decision came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// `CheckLimit` (over gRPC or `/v1/check`).
+    CheckLimit,
+    /// Envoy's `ShouldRateLimit` (over gRPC or `/json`).
+    Envoy,
+}
+
 /// Where a decision's limit comes from, as far as the console labels it.
 #[derive(Debug, Clone, Copy)]
 pub enum Origin<'a> {
@@ -74,7 +82,7 @@ pub enum Origin<'a> {
 }
 
 /// One decision, into the recorder when it is on.
-pub fn decision(api: Api, origin: Origin<'_>, request: &LimitRequest, decision: &Decision) {
+pub fn decision(api: Face, origin: Origin<'_>, request: &LimitRequest, decision: &Decision) {
     if let Some(live) = get() {
         live.record(this_second(), api, origin, request, decision);
     }
@@ -180,14 +188,14 @@ impl Live {
     pub fn record(
         &self,
         now: u64,
-        api: Api,
+        api: Face,
         origin: Origin<'_>,
         request: &LimitRequest,
         decision: &Decision,
     ) {
         let api = match api {
-            Api::CheckLimit => "check_limit",
-            Api::Envoy => "envoy",
+            Face::CheckLimit => "check_limit",
+            Face::Envoy => "envoy",
         };
         let (origin, name) = match origin {
             Origin::Request => ("request", String::new()),
@@ -241,56 +249,7 @@ impl Live {
         let state = self.state();
         let first = now.saturating_sub(HISTORY_SECONDS as u64 - 1);
         let times: Vec<u64> = (first..=now).collect();
-        let at = |second: u64| (second - first) as usize;
-        let mut series: Vec<LiveSeries> = state
-            .series
-            .iter()
-            .map(|key| LiveSeries {
-                api: key.api.to_owned(),
-                origin: key.origin.to_owned(),
-                name: key.name.clone(),
-                algorithm: key.algorithm.to_owned(),
-                allowed: vec![0; times.len()],
-                denied: vec![0; times.len()],
-                degraded: vec![0; times.len()],
-            })
-            .collect();
-        let mut latency: BTreeMap<&'static str, StoreLatency> = self
-            .stores
-            .iter()
-            .map(|&store| (store, StoreLatency::new(store, times.len())))
-            .collect();
-        for second in state
-            .seconds
-            .iter()
-            .filter(|second| (first..=now).contains(&second.at))
-        {
-            let i = at(second.at);
-            for (&number, counts) in &second.decisions {
-                if let Some(series) = series.get_mut(number) {
-                    series.allowed[i] = counts[0];
-                    series.denied[i] = counts[1];
-                    series.degraded[i] = counts[2];
-                }
-            }
-            for (&store, calls) in &second.store {
-                let line = latency
-                    .entry(store)
-                    .or_insert_with(|| StoreLatency::new(store, times.len()));
-                line.calls[i] = calls.calls;
-                line.failed[i] = calls.failed;
-                line.mean_seconds[i] = calls.total.as_secs_f64() / calls.calls.max(1) as f64;
-                line.max_seconds[i] = calls.slowest.as_secs_f64();
-            }
-        }
-        series.sort_by(|a, b| {
-            (&a.api, &a.origin, &a.name, &a.algorithm).cmp(&(
-                &b.api,
-                &b.origin,
-                &b.name,
-                &b.algorithm,
-            ))
-        });
+        let (series, latency) = self.per_second(&state, first, now);
         LiveView {
             now,
             times,
@@ -298,7 +257,7 @@ impl Live {
             store: StoreView {
                 serving: store_serving,
                 stores: self.stores.iter().map(|s| (*s).to_owned()).collect(),
-                latency: latency.into_values().collect(),
+                latency,
             },
             failure_policy: match self.failure_policy {
                 FailurePolicy::FailClosed => "FAIL_CLOSED",
@@ -327,6 +286,67 @@ impl Live {
                 })
                 .collect(),
         }
+    }
+
+    /// The decision series and the stores' calls, one value per second
+    /// from `first` to `now`; series in order of their labels.
+    fn per_second(
+        &self,
+        state: &State,
+        first: u64,
+        now: u64,
+    ) -> (Vec<LiveSeries>, Vec<StoreLatency>) {
+        let seconds = (now - first + 1) as usize;
+        let mut series: Vec<LiveSeries> = state
+            .series
+            .iter()
+            .map(|key| LiveSeries {
+                api: key.api.to_owned(),
+                origin: key.origin.to_owned(),
+                name: key.name.clone(),
+                algorithm: key.algorithm.to_owned(),
+                allowed: vec![0; seconds],
+                denied: vec![0; seconds],
+                degraded: vec![0; seconds],
+            })
+            .collect();
+        let mut latency: BTreeMap<&'static str, StoreLatency> = self
+            .stores
+            .iter()
+            .map(|&store| (store, StoreLatency::new(store, seconds)))
+            .collect();
+        for second in state
+            .seconds
+            .iter()
+            .filter(|second| (first..=now).contains(&second.at))
+        {
+            let i = (second.at - first) as usize;
+            for (&number, counts) in &second.decisions {
+                if let Some(series) = series.get_mut(number) {
+                    series.allowed[i] = counts[0];
+                    series.denied[i] = counts[1];
+                    series.degraded[i] = counts[2];
+                }
+            }
+            for (&store, calls) in &second.store {
+                let line = latency
+                    .entry(store)
+                    .or_insert_with(|| StoreLatency::new(store, seconds));
+                line.calls[i] = calls.calls;
+                line.failed[i] = calls.failed;
+                line.mean_seconds[i] = calls.total.as_secs_f64() / calls.calls.max(1) as f64;
+                line.max_seconds[i] = calls.slowest.as_secs_f64();
+            }
+        }
+        series.sort_by(|a, b| {
+            (&a.api, &a.origin, &a.name, &a.algorithm).cmp(&(
+                &b.api,
+                &b.origin,
+                &b.name,
+                &b.algorithm,
+            ))
+        });
+        (series, latency.into_values().collect())
     }
 }
 

@@ -36,7 +36,7 @@ fn decisions_are_counted_per_second_and_series() {
     for _ in 0..3 {
         live.record(
             T,
-            Api::CheckLimit,
+            Face::CheckLimit,
             Origin::Request,
             &request("a", fixed()),
             &allowed(),
@@ -44,21 +44,21 @@ fn decisions_are_counted_per_second_and_series() {
     }
     live.record(
         T,
-        Api::CheckLimit,
+        Face::CheckLimit,
         Origin::Request,
         &request("a", fixed()),
         &denied(),
     );
     live.record(
         T + 2,
-        Api::CheckLimit,
+        Face::CheckLimit,
         Origin::Policy("free"),
         &request("b", gcra),
         &denied(),
     );
     live.record(
         T + 2,
-        Api::Envoy,
+        Face::Envoy,
         Origin::Rule("web", "per_ip"),
         &request("c", fixed()),
         &allowed().marked_degraded(),
@@ -101,7 +101,7 @@ fn seconds_older_than_the_history_leave_the_ring() {
     let live = Live::new(FailurePolicy::FailClosed, vec!["embedded"]);
     live.record(
         T,
-        Api::CheckLimit,
+        Face::CheckLimit,
         Origin::Request,
         &request("a", fixed()),
         &allowed(),
@@ -109,7 +109,7 @@ fn seconds_older_than_the_history_leave_the_ring() {
     let later = T + HISTORY_SECONDS as u64;
     live.record(
         later,
-        Api::CheckLimit,
+        Face::CheckLimit,
         Origin::Request,
         &request("a", fixed()),
         &allowed(),
@@ -129,7 +129,7 @@ fn series_past_the_bound_count_together_as_other() {
         let name = format!("p{policy}");
         live.record(
             T,
-            Api::CheckLimit,
+            Face::CheckLimit,
             Origin::Policy(&name),
             &request("a", fixed()),
             &allowed(),

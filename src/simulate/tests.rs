@@ -200,17 +200,27 @@ fn a_limits_own_cost_and_the_traffics_cost_are_spent() {
     assert_eq!(answer.limits[1].admitted, vec![2]);
 }
 
+/// A request the other cases break one field of.
+fn good() -> pb::SimulateRequest {
+    request(
+        vec![fixed(10, 1000)],
+        traffic(PbShape::Steady, 10.0, 1000),
+        None,
+    )
+}
+
+/// Each case is refused naming `field`, its rule saying `rule`.
+fn assert_refused(cases: Vec<(pb::SimulateRequest, &str, &str)>) {
+    for (request, field, rule) in cases {
+        let err = simulation(request.clone()).unwrap_err();
+        assert_eq!(err.field, field, "{request:?}: {err}");
+        assert!(err.rule.contains(rule), "{request:?}: {err}");
+    }
+}
+
 #[test]
-fn every_bound_is_refused_naming_its_field() {
-    let good = || {
-        request(
-            vec![fixed(10, 1000)],
-            traffic(PbShape::Steady, 10.0, 1000),
-            None,
-        )
-    };
-    let refused = |request: pb::SimulateRequest| simulation(request).unwrap_err();
-    let cases: Vec<(pb::SimulateRequest, &str, &str)> = vec![
+fn bounds_of_the_request_and_the_shape_are_refused_naming_the_field() {
+    assert_refused(vec![
         (
             pb::SimulateRequest {
                 traffic: None,
@@ -244,6 +254,12 @@ fn every_bound_is_refused_naming_its_field() {
             "traffic.shape",
             "STEADY",
         ),
+    ]);
+}
+
+#[test]
+fn bounds_of_the_traffics_rate_and_duration_are_refused_naming_the_field() {
+    assert_refused(vec![
         (
             request(
                 vec![fixed(1, 1000)],
@@ -285,6 +301,12 @@ fn every_bound_is_refused_naming_its_field() {
             "traffic.duration",
             "positive",
         ),
+    ]);
+}
+
+#[test]
+fn bounds_of_the_period_and_the_step_are_refused_naming_the_field() {
+    assert_refused(vec![
         (
             request(
                 vec![fixed(1, 1000)],
@@ -349,6 +371,12 @@ fn every_bound_is_refused_naming_its_field() {
             "step",
             "whole number of milliseconds",
         ),
+    ]);
+}
+
+#[test]
+fn bounds_of_the_limits_are_refused_naming_the_field() {
+    assert_refused(vec![
         (
             request(
                 vec![fixed(0, 1000)],
@@ -391,12 +419,7 @@ fn every_bound_is_refused_naming_its_field() {
             "limits[0].name",
             "ASCII letters",
         ),
-    ];
-    for (request, field, rule) in cases {
-        let err = refused(request.clone());
-        assert_eq!(err.field, field, "{request:?}: {err}");
-        assert!(err.rule.contains(rule), "{request:?}: {err}");
-    }
+    ]);
 }
 
 trait WithStep {

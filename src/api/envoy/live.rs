@@ -4,8 +4,7 @@
 
 use super::plan::{Governed, Plan};
 use crate::limit::Decision;
-use crate::live::{self, Origin};
-use crate::metrics::Api;
+use crate::live::{self, Face, Origin};
 
 /// Records `decisions`, one per `plan.requests`.
 pub(super) fn record(plan: &Plan, decisions: &[Decision]) {
@@ -27,6 +26,6 @@ pub(super) fn record(plan: &Plan, decisions: &[Decision]) {
         } else {
             Origin::Rule(&plan.domain, rule.policy_id())
         };
-        live::decision(Api::Envoy, origin, request, decision);
+        live::decision(Face::Envoy, origin, request, decision);
     }
 }
