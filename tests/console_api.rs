@@ -304,3 +304,37 @@ async fn the_live_view_counts_decisions_as_prometheus_does_and_names_the_most_de
     );
     server.terminate().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_self_contained_and_runs_only_its_own_scripts() {
+    let (server, port) = start(&[]).await;
+    let page = request(port, "GET", "/", &[], "").await.expect("an answer");
+    assert_eq!(page.status, 200, "{page:?}");
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert!(
+        page.body.contains("uPlot (v1.6.32)"),
+        "the chart library is inlined"
+    );
+    // Nothing from anywhere else: no URL but the page's own in a src or href.
+    for attribute in ["src=\"http", "href=\"http", "src=\"//", "href=\"//"] {
+        assert!(!page.body.contains(attribute), "{attribute} in the page");
+    }
+    let policy = page
+        .header("content-security-policy")
+        .expect("a Content-Security-Policy");
+    assert!(
+        policy.starts_with("default-src 'none'; script-src 'sha256-"),
+        "{policy}"
+    );
+    assert!(policy.contains("connect-src 'self'"), "{policy}");
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    // Only GET.
+    let wrong = request(port, "POST", "/", &[], "")
+        .await
+        .expect("an answer");
+    assert_eq!(wrong.status, 405, "{wrong:?}");
+    server.terminate().await;
+}

@@ -3,7 +3,8 @@
 //! simulated clock, [`crate::simulate`]) and their OpenAPI operations. The
 //! request and answer are `ratelimitd.v1.SimulateRequest` and
 //! `SimulateResponse` in proto3's JSON mapping, read and written as
-//! `/v1/check`'s are (unknown fields refused, every field written).
+//! `/v1/check`'s are (unknown fields refused, every field written); and the
+//! page at `/`. Their OpenAPI operations are `openapi::console`'s.
 
 use std::sync::Arc;
 
@@ -18,7 +19,6 @@ use tracing::warn;
 
 use super::api::{self, JSON};
 use super::body::{self, BodyBounds, BodyError};
-use super::openapi;
 use crate::pb::json::ratelimitd::v1 as json;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::simulate;
@@ -149,43 +149,143 @@ pub fn simulate_example() -> serde_json::Value {
     })
 }
 
-/// `POST /v1/simulate`'s OpenAPI operation.
-pub fn simulate_operation() -> utoipa::openapi::path::Operation {
-    use utoipa::openapi::path::OperationBuilder;
-    use utoipa::openapi::response::ResponseBuilder;
-    openapi::refusals(
-        OperationBuilder::new()
-            .operation_id(Some("simulate"))
-            .tag("console")
-            .summary(Some(
-                "Run limits under a traffic pattern on a simulated clock",
-            ))
-            .description(Some(
-                "Each limit is decided by the server's own algorithm code (the embedded store's), \
-                 on its own simulated counter, on a clock that starts at zero: nothing is stored \
-                 and the same request always gets the same answer. Bounded: at most 10 limits, \
-                 100000 requests, 10000 steps and 1 h of traffic; more is 400 naming the field. \
-                 503 when two simulations are running already.",
-            ))
-            .request_body(Some(
-                openapi::json_body(
-                    "ratelimitd.v1.SimulateRequest",
-                    &[("five algorithms under bursts", simulate_example())],
-                )
-                .build(),
-            )),
-    )
-    .response(
-        "200",
-        ResponseBuilder::new()
-            .description(
-                "Per step: requests sent, and each limit's admitted, denied and remaining.",
-            )
-            .content(
-                JSON,
-                openapi::json_content(openapi::schema_ref("ratelimitd.v1.SimulateResponse")),
-            )
-            .build(),
-    )
-    .build()
+/// The console's files, built into the binary: nothing is fetched from
+/// anywhere else, so the page works behind a firewall.
+mod assets {
+    pub(super) const INDEX: &str = include_str!("../../assets/console/index.html");
+    pub(super) const STYLE: &str = include_str!("../../assets/console/console.css");
+    pub(super) const SCRIPT: &str = include_str!("../../assets/console/console.js");
+    pub(super) const CHART_STYLE: &str = include_str!("../../assets/console/vendor/uPlot.min.css");
+    pub(super) const CHART_SCRIPT: &str =
+        include_str!("../../assets/console/vendor/uPlot.iife.min.js");
+}
+
+/// The page `GET /` serves, made once: `index.html` with its styles and
+/// scripts inlined (one request loads all of it), and the
+/// `Content-Security-Policy` that lets those scripts run and nothing else.
+#[derive(Clone)]
+pub struct Page {
+    html: axum::body::Bytes,
+    policy: axum::http::HeaderValue,
+}
+
+impl Page {
+    /// The page.
+    pub fn new() -> Self {
+        let inline = [
+            ("vendor/uPlot.min.css", assets::CHART_STYLE),
+            ("console.css", assets::STYLE),
+            ("vendor/uPlot.iife.min.js", assets::CHART_SCRIPT),
+            ("console.js", assets::SCRIPT),
+        ];
+        let html = inline
+            .iter()
+            .fold(assets::INDEX.to_owned(), |html, (name, text)| {
+                html.replace(&format!("/*! inline: {name} */"), text)
+            });
+        // Each inline script by its digest: an injected one would not run.
+        let scripts: Vec<String> = [assets::CHART_SCRIPT, assets::SCRIPT]
+            .iter()
+            .map(|script| {
+                let digest = ring::digest::digest(&ring::digest::SHA256, script.as_bytes());
+                format!("'sha256-{}'", base64(digest.as_ref()))
+            })
+            .collect();
+        let policy = format!(
+            "default-src 'none'; script-src {}; style-src 'unsafe-inline'; img-src data:; \
+             connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            scripts.join(" ")
+        );
+        Self {
+            html: axum::body::Bytes::from(html),
+            policy: axum::http::HeaderValue::try_from(policy)
+                .unwrap_or_else(|_| axum::http::HeaderValue::from_static("default-src 'none'")),
+        }
+    }
+
+    /// `GET /`.
+    pub fn serve(&self) -> Response {
+        use axum::http::header::{
+            CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS,
+        };
+        use axum::response::IntoResponse;
+        (
+            [
+                (
+                    CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("text/html; charset=utf-8"),
+                ),
+                (CONTENT_SECURITY_POLICY, self.policy.clone()),
+                (
+                    X_CONTENT_TYPE_OPTIONS,
+                    axum::http::HeaderValue::from_static("nosniff"),
+                ),
+                (
+                    CACHE_CONTROL,
+                    axum::http::HeaderValue::from_static("no-cache"),
+                ),
+            ],
+            self.html.clone(),
+        )
+            .into_response()
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Standard base64, padded (a CSP hash source's encoding).
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                text.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                text.push('=');
+            }
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_pads_as_the_standard_says() {
+        for (bytes, text) in [
+            (&b""[..], ""),
+            (b"f", "Zg=="),
+            (b"fo", "Zm8="),
+            (b"foo", "Zm9v"),
+            (b"foobar", "Zm9vYmFy"),
+            (&[0xfb, 0xff][..], "+/8="),
+        ] {
+            assert_eq!(base64(bytes), text);
+        }
+    }
+
+    #[test]
+    fn the_page_inlines_every_asset_and_hashes_its_scripts() {
+        let page = Page::new();
+        let html = std::str::from_utf8(&page.html).unwrap();
+        assert!(!html.contains("/*! inline:"), "every marker is replaced");
+        assert!(html.contains("https://github.com/leeoniya/uPlot (v1.6.32)"));
+        assert!(html.contains("ratelimitdConsole"));
+        let policy = page.policy.to_str().unwrap();
+        assert_eq!(policy.matches("'sha256-").count(), 2, "{policy}");
+        assert!(!policy.contains("unsafe-eval") && !policy.contains("script-src 'unsafe-inline'"));
+    }
 }

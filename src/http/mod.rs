@@ -175,11 +175,13 @@ pub enum Endpoint {
     Simulate,
     /// `GET /v1/console/live`: [`live::live`].
     ConsoleLive,
+    /// `GET /`: the web console, [`console::Page`].
+    Console,
 }
 
 impl Endpoint {
     /// All of them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Check,
         Self::CheckMany,
         Self::Healthz,
@@ -189,6 +191,7 @@ impl Endpoint {
         Self::Healthcheck,
         Self::Simulate,
         Self::ConsoleLive,
+        Self::Console,
     ];
 
     /// Its path.
@@ -203,6 +206,7 @@ impl Endpoint {
             Self::Healthcheck => "/healthcheck",
             Self::Simulate => "/v1/simulate",
             Self::ConsoleLive => "/v1/console/live",
+            Self::Console => "/",
         }
     }
 }
@@ -229,6 +233,7 @@ pub fn service_routes(parts: ServiceParts) -> Router {
         bounds: parts.bounds,
     };
     let simulator = console::Simulator::new(parts.bounds);
+    let page = console::Page::new();
     // Built once: it describes the binary, which does not change.
     let document: Bytes = serde_json::to_vec(&openapi::document())
         .map(Bytes::from)
@@ -274,6 +279,13 @@ pub fn service_routes(parts: ServiceParts) -> Router {
             Endpoint::ConsoleLive => {
                 let health = parts.health.clone();
                 get(move || live::live(health.clone()))
+            }
+            Endpoint::Console => {
+                let page = page.clone();
+                get(move || {
+                    let page = page.clone();
+                    async move { page.serve() }
+                })
             }
         }
     };

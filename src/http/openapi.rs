@@ -32,6 +32,8 @@ use super::Endpoint;
 use super::api::{Failure, JSON, Liveness, Readiness, Refusal};
 use crate::pb::FILE_DESCRIPTOR_SET;
 
+mod console;
+
 /// The messages the API reads and writes; every message they hold is
 /// described too.
 const ROOTS: [&str; 8] = [
@@ -62,7 +64,7 @@ pub fn document() -> OpenApi {
     ] {
         components.schemas.insert(name.into_owned(), schema);
     }
-    components.schemas.extend(super::live::schemas());
+    components.schemas.extend(console::schemas());
     let mut paths = Paths::new();
     for endpoint in Endpoint::ALL {
         let (method, operation) = operation(endpoint);
@@ -92,22 +94,22 @@ pub fn document() -> OpenApi {
 }
 
 /// `name` in `#/components/schemas`.
-pub(super) fn schema_ref(name: &str) -> RefOr<Schema> {
+fn schema_ref(name: &str) -> RefOr<Schema> {
     RefOr::Ref(Ref::from_schema_name(name))
 }
 
-pub(super) fn json_content(schema: RefOr<Schema>) -> utoipa::openapi::Content {
+fn json_content(schema: RefOr<Schema>) -> utoipa::openapi::Content {
     ContentBuilder::new().schema(Some(schema)).build()
 }
 
-pub(super) fn text_content() -> utoipa::openapi::Content {
+fn text_content() -> utoipa::openapi::Content {
     ContentBuilder::new()
         .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
         .build()
 }
 
 /// A 4xx answer with a [`Refusal`].
-pub(super) fn refusal(description: &str) -> utoipa::openapi::Response {
+fn refusal(description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(JSON, json_content(schema_ref(&Refusal::name())))
@@ -115,7 +117,7 @@ pub(super) fn refusal(description: &str) -> utoipa::openapi::Response {
 }
 
 /// A 5xx answer with a [`Failure`].
-pub(super) fn failure(description: &str) -> utoipa::openapi::Response {
+fn failure(description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(JSON, json_content(schema_ref(&Failure::name())))
@@ -130,7 +132,7 @@ fn header(description: &str) -> utoipa::openapi::header::Header {
 }
 
 /// The answers every API call shares, but its 200.
-pub(super) fn refusals(operation: OperationBuilder) -> OperationBuilder {
+fn refusals(operation: OperationBuilder) -> OperationBuilder {
     operation
         .response(
             "400",
@@ -159,10 +161,7 @@ pub(super) fn refusals(operation: OperationBuilder) -> OperationBuilder {
         )
 }
 
-pub(super) fn json_body(
-    schema: &str,
-    examples: &[(&str, serde_json::Value)],
-) -> RequestBodyBuilder {
+fn json_body(schema: &str, examples: &[(&str, serde_json::Value)]) -> RequestBodyBuilder {
     RequestBodyBuilder::new()
         .required(Some(Required::True))
         .content(
@@ -446,8 +445,9 @@ fn operation(endpoint: Endpoint) -> (HttpMethod, utoipa::openapi::path::Operatio
                 )
                 .build(),
         ),
-        Endpoint::Simulate => (HttpMethod::Post, super::console::simulate_operation()),
-        Endpoint::ConsoleLive => (HttpMethod::Get, super::live::operation()),
+        Endpoint::Simulate | Endpoint::ConsoleLive | Endpoint::Console => {
+            console::operation(endpoint)
+        }
     }
 }
 
