@@ -234,6 +234,7 @@ pub fn redis_batch(store: &'static str, calls: usize) {
 /// took, and how it failed if it did.
 pub fn redis_command(store: &'static str, took: Duration, outcome: Result<(), &StoreError>) {
     histogram!("ratelimitd_redis_command_seconds", "store" => store).record(took.as_secs_f64());
+    crate::live::store_call(store, took, outcome.is_err());
     if let Err(err) = outcome {
         let kind = match err {
             StoreError::Timeout(_) => "timeout",
@@ -313,6 +314,7 @@ pub fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
         "policy" => policy.to_owned()
     )
     .increment(delta);
+    crate::live::quota_subscribers(domain, policy, delta);
 }
 
 /// The rate this instance has assigned under a quota policy, in requests
@@ -324,6 +326,7 @@ pub fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
         "policy" => policy.to_owned()
     )
     .increment(delta);
+    crate::live::quota_assigned_rate(domain, policy, delta);
 }
 
 /// What Envoys reported under a quota policy.

@@ -20,6 +20,7 @@ pub use self::reset::ResetLimit;
 use crate::error::Error;
 use crate::limit::InvalidArgument;
 use crate::limiter::Limiter;
+use crate::live;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
 use crate::pb::google::rpc;
@@ -87,6 +88,12 @@ impl CheckService {
                 let request = &question.requests[0];
                 let decision = self.limiter.check(request, question.failure_policy).await?;
                 metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
+                live::decision(
+                    live::Face::CheckLimit,
+                    live::Origin::Request,
+                    request,
+                    &decision,
+                );
                 debug!(
                     algorithm = request.algorithm.name(),
                     allowed = decision.is_allowed(),
@@ -100,8 +107,13 @@ impl CheckService {
                     .limiter
                     .check_all(&question.requests, question.failure_policy)
                     .await?;
+                let origin = match &policy {
+                    Some(policy) => live::Origin::Policy(&policy.name),
+                    None => live::Origin::Request,
+                };
                 for (request, decision) in question.requests.iter().zip(&decisions) {
                     metrics::decision(Api::CheckLimit, request.algorithm.name(), decision);
+                    live::decision(live::Face::CheckLimit, origin, request, decision);
                 }
                 let response = several_response(&labels, &decisions);
                 if let Some(policy) = &policy {

@@ -236,7 +236,7 @@ where
 }
 
 /// `application/json`, with parameters or without.
-fn is_json(headers: &HeaderMap) -> bool {
+pub(super) fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -245,7 +245,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// 200 with `response` in JSON (`Json` its pbjson twin) and `headers`.
-fn written<Grpc: Message, Json: Message + Default + Serialize>(
+pub(super) fn written<Grpc: Message, Json: Message + Default + Serialize>(
     response: &Grpc,
     headers: HeaderMap,
 ) -> Response {
@@ -306,7 +306,7 @@ pub(super) fn refused(status: StatusCode, field: &str, rule: String) -> Response
     )
 }
 
-fn failure(status: StatusCode, code: Code, message: String) -> Response {
+pub(super) fn failure(status: StatusCode, code: Code, message: String) -> Response {
     json_answer(
         status,
         &Failure {

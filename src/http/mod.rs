@@ -10,8 +10,10 @@
 pub mod admin;
 pub mod api;
 pub mod body;
+pub mod console;
 pub mod debug;
 pub mod json;
+pub mod live;
 pub mod openapi;
 pub mod options;
 
@@ -191,11 +193,17 @@ pub enum Endpoint {
     AdminQuotaBuckets,
     /// `GET /admin/v1/config`: [`admin`].
     AdminConfig,
+    /// `POST /v1/simulate`: [`console::simulate`].
+    Simulate,
+    /// `GET /v1/console/live`: [`live::live`].
+    ConsoleLive,
+    /// `GET /`: the web console, [`console::Page`].
+    Console,
 }
 
 impl Endpoint {
     /// All of them.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 16] = [
         Self::Check,
         Self::CheckMany,
         Self::Healthz,
@@ -209,6 +217,9 @@ impl Endpoint {
         Self::AdminPolicies,
         Self::AdminQuotaBuckets,
         Self::AdminConfig,
+        Self::Simulate,
+        Self::ConsoleLive,
+        Self::Console,
     ];
 
     /// The admin API's: served only with an admin token.
@@ -248,6 +259,9 @@ impl Endpoint {
             Self::AdminPolicies => "/admin/v1/policies",
             Self::AdminQuotaBuckets => "/admin/v1/quota-buckets",
             Self::AdminConfig => "/admin/v1/config",
+            Self::Simulate => "/v1/simulate",
+            Self::ConsoleLive => "/v1/console/live",
+            Self::Console => "/",
         }
     }
 }
@@ -278,6 +292,8 @@ pub fn service_routes(parts: ServiceParts) -> Router {
     let admin = parts
         .admin
         .map(|admin| admin::Admin::new(admin, api.clone()));
+    let simulator = console::Simulator::new(parts.bounds);
+    let page = console::Page::new();
     // Built once: it describes the binary, which does not change.
     let document: Bytes = serde_json::to_vec(&openapi::document(admin.is_some()))
         .map(Bytes::from)
@@ -320,6 +336,23 @@ pub fn service_routes(parts: ServiceParts) -> Router {
             | Endpoint::AdminPolicies
             | Endpoint::AdminQuotaBuckets
             | Endpoint::AdminConfig => return admin.as_ref()?.route(endpoint),
+            Endpoint::Simulate => {
+                let simulator = simulator.clone();
+                post(move |headers: HeaderMap, body: Body| {
+                    console::simulate(simulator.clone(), headers, body)
+                })
+            }
+            Endpoint::ConsoleLive => {
+                let health = parts.health.clone();
+                get(move || live::live(health.clone()))
+            }
+            Endpoint::Console => {
+                let page = page.clone();
+                get(move || {
+                    let page = page.clone();
+                    async move { page.serve() }
+                })
+            }
         })
     };
     Endpoint::served(admin.is_some())

@@ -130,6 +130,11 @@ pub async fn run(
     let waits_for_rules = matches!(rules_source, RulesSource::Xds(_)) && !start_without_rules;
     let (rules, rules_task) = follow_rules(rules_source, start_without_rules)?;
     let limiter = config.limiter.build(&store)?;
+    if listeners.http.is_some() {
+        // The web console's live view, served on the HTTP listener.
+        let stores = limiter.stores().iter().map(|store| store.label()).collect();
+        crate::live::install(config.limiter.failure_policy, stores);
+    }
     let (quota_shutdown, quota_shutdown_watch) = watch::channel(false);
     let apis = Apis::new(&config, &limiter, rules.clone(), quota_shutdown_watch);
     let health = Health::new(config.envoy.health_requires_rules);

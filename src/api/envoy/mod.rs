@@ -19,6 +19,7 @@
 //! the limiter decides, `response` answers, [`upstream_stats`] counts.
 
 pub mod headers;
+mod live;
 pub mod metadata;
 pub mod options;
 mod plan;
@@ -131,6 +132,7 @@ impl EnvoyService {
         for (request, decision) in plan.requests.iter().zip(&decisions) {
             metrics::decision(Api::Envoy, request.algorithm.name(), decision);
         }
+        live::record(&plan, &decisions);
         let answers = response::answers(&plan, &decisions, now);
         upstream_stats::record(&plan, &answers, &decisions);
         let response = response::response(&plan, request, answers, &decisions, &self.settings, now);

@@ -1,0 +1,78 @@
+"""Drives ratelimitd's web console in a real headless Chromium for
+tests/console.rs, and prints what it saw as one JSON object: what the
+live chart plots, what the simulator's charts plot after the form is
+filled in and run, and the browser's console log.
+
+Usage: drive.py <settings JSON>, with url, chromium, chromedriver,
+patience (seconds), live_allowed and live_denied (the counts the live chart
+must reach), form (field name -> value; true/false for a checkbox) and
+charts (how many simulator charts to wait for).
+"""
+
+import json
+import sys
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+LIVE = """
+const chart = window.ratelimitdConsole && window.ratelimitdConsole.charts.live;
+if (!chart) return null;
+const sum = (values) => values.reduce((a, b) => a + (b || 0), 0);
+return {allowed: sum(chart.data[1]), denied: sum(chart.data[2]), seconds: chart.data[0].length};
+"""
+
+
+def main():
+    settings = json.loads(sys.argv[1])
+    options = webdriver.ChromeOptions()
+    options.binary_location = settings["chromium"]
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=settings["chromedriver"]), options=options)
+    try:
+        wait = WebDriverWait(driver, settings["patience"])
+        driver.get(settings["url"])
+
+        def live_reached(driver):
+            live = driver.execute_script(LIVE)
+            if live and live["allowed"] >= settings["live_allowed"] and live["denied"] >= settings["live_denied"]:
+                return live
+            return None
+
+        live = wait.until(live_reached, "the live chart to show the traffic sent")
+
+        for name, value in settings["form"].items():
+            field = driver.find_element(By.NAME, name)
+            if field.tag_name == "select":
+                Select(field).select_by_value(value)
+            elif field.get_attribute("type") == "checkbox":
+                if field.is_selected() != value:
+                    field.click()
+            else:
+                field.clear()
+                field.send_keys(value)
+        driver.find_element(By.ID, "sim-run").click()
+        wait.until(
+            lambda driver: driver.execute_script(
+                "const c = window.ratelimitdConsole;"
+                "return c.lastSimulation !== null && c.charts.simulation.length === arguments[0];",
+                settings["charts"],
+            ),
+            "the simulator's charts",
+        )
+        simulated = driver.execute_script(
+            "return window.ratelimitdConsole.charts.simulation.map((chart) => chart.data);"
+        )
+        sim_state = driver.find_element(By.ID, "sim-state").text
+        log = driver.get_log("browser")
+    finally:
+        driver.quit()
+    print(json.dumps({"live": live, "simulated": simulated, "sim_state": sim_state, "log": log}))
+
+
+if __name__ == "__main__":
+    main()
