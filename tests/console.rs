@@ -2,8 +2,10 @@
 //! `chromium-driver`), driven by Selenium from the PyPI package in
 //! `target/envoy-venv` (`tests/console/drive.py`): the page loads with
 //! nothing on the browser's console at error level, the live chart plots
-//! the traffic this test sent, and the simulator, its form filled in,
-//! plots exactly the numbers `/v1/simulate` answers for the same request.
+//! the traffic this test sent, the simulator, its form filled in, plots
+//! exactly the numbers `/v1/simulate` answers for the same request, and,
+//! the admin token given in the page, its key section peeks at a denied
+//! key (spending nothing) and resets it.
 
 mod common;
 
@@ -69,7 +71,8 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
 
     let port = free_port();
     let http = format!("127.0.0.1:{port}");
-    let mut server = ServerProcess::start_logged(&["--http-listen", &http]).await;
+    let mut server =
+        ServerProcess::start_logged(&["--http-listen", &http, "--admin-token", ADMIN_TOKEN]).await;
     server.http = Some(http.parse().expect("an address"));
 
     // Traffic: 3 allowed and 2 denied on a limit of 3 an hour.
@@ -117,6 +120,7 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
         "live_denied": 2,
         "form": form,
         "charts": 4,
+        "admin": {"token": ADMIN_TOKEN, "request": asked},
     });
     let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/drive.py");
     let output = tokio::task::spawn_blocking(move || {
@@ -210,5 +214,27 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
         format!("{sent} requests in {steps} steps"),
         "{seen}"
     );
+
+    // With the admin token given, the key section peeks (spending
+    // nothing: none left) and resets (then the key is allowed again).
+    let peek = &seen["admin"]["peek"];
+    assert_eq!(peek["status"], 200, "{peek}");
+    let peeked = body_json(peek["body"].as_str().expect("a body"));
+    assert_eq!(peeked["remaining"], "0", "{peeked}");
+    assert_eq!(peeked["limit"], "3", "{peeked}");
+    assert_eq!(seen["admin"]["reset"]["status"], 200, "{}", seen["admin"]);
+    let after = request(
+        port,
+        "POST",
+        "/v1/check",
+        &[("content-type", "application/json")],
+        &asked.to_string(),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(body_json(&after.body)["allowed"], true, "{after:?}");
     server.terminate().await;
 }
+
+/// The admin token the console is given (the server's `--admin-token`).
+const ADMIN_TOKEN: &str = "console-test-admin-token";

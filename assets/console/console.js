@@ -13,6 +13,7 @@
     charts: { live: null, latency: null, simulation: [] },
     lastLive: null,
     lastSimulation: null,
+    lastKey: null,
   });
   const colors = { allowed: '#1a7f37', denied: '#cf222e', degraded: '#bf8700', sent: '#8c959f', remaining: '#0969da' };
 
@@ -283,6 +284,51 @@
       state.textContent = `the simulation failed: ${err.message}`;
     }
   });
+
+  // --- a key: peek and reset (admin) ---------------------------------------
+  async function onKey(action) {
+    const state = $('key-state');
+    const answerBox = $('key-answer');
+    answerBox.textContent = '';
+    if (!token()) {
+      state.className = 'error';
+      state.textContent = 'give the admin token first (top right)';
+      return;
+    }
+    let body;
+    try {
+      body = JSON.parse($('key-request').value);
+    } catch (err) {
+      state.className = 'error';
+      state.textContent = `not JSON: ${err.message}`;
+      return;
+    }
+    state.className = 'muted';
+    state.textContent = `${action}…`;
+    try {
+      const answer = await hook.adminFetch(`/admin/v1/${action}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      const text = await answer.text();
+      let shown = text;
+      try {
+        shown = JSON.stringify(JSON.parse(text), null, 2);
+      } catch (_) {
+        // Not JSON: shown as it came.
+      }
+      hook.lastKey = { action, status: answer.status, body: text };
+      state.className = answer.ok ? 'muted' : 'error';
+      state.textContent = `${action}: ${answer.status}`;
+      answerBox.textContent = shown;
+    } catch (err) {
+      state.className = 'error';
+      state.textContent = `${action} failed: ${err.message}`;
+    }
+  }
+  $('key-peek').addEventListener('click', () => onKey('peek'));
+  $('key-reset').addEventListener('click', () => onKey('reset'));
 
   pollLive();
 })();

@@ -1,12 +1,14 @@
 """Drives ratelimitd's web console in a real headless Chromium for
 tests/console.rs, and prints what it saw as one JSON object: what the
 live chart plots, what the simulator's charts plot after the form is
-filled in and run, and the browser's console log.
+filled in and run, what the key section's peek and reset answered with the
+admin token given, and the browser's console log.
 
 Usage: drive.py <settings JSON>, with url, chromium, chromedriver,
 patience (seconds), live_allowed and live_denied (the counts the live chart
-must reach), form (field name -> value; true/false for a checkbox) and
-charts (how many simulator charts to wait for).
+must reach), form (field name -> value; true/false for a checkbox),
+charts (how many simulator charts to wait for), and admin (token and
+request: peeked at, then reset, through the page's key section).
 """
 
 import json
@@ -68,10 +70,38 @@ def main():
             "return window.ratelimitdConsole.charts.simulation.map((chart) => chart.data);"
         )
         sim_state = driver.find_element(By.ID, "sim-state").text
+        admin = None
+        if "admin" in settings:
+            admin = use_the_key_section(driver, wait, settings["admin"])
         log = driver.get_log("browser")
     finally:
         driver.quit()
-    print(json.dumps({"live": live, "simulated": simulated, "sim_state": sim_state, "log": log}))
+    print(json.dumps({"live": live, "simulated": simulated, "sim_state": sim_state, "admin": admin, "log": log}))
+
+
+def use_the_key_section(driver, wait, admin):
+    """Gives the page the admin token, then peeks at and resets the
+    request `admin["request"]` with the page's buttons; returns what each
+    answered (status and body)."""
+    driver.find_element(By.ID, "token").send_keys(admin["token"])
+    driver.find_element(By.CSS_SELECTOR, "#token-form button[type=submit]").click()
+    wait.until(lambda driver: driver.find_element(By.ID, "token-state").text == "admin token set",
+               "the page to take the token")
+    box = driver.find_element(By.ID, "key-request")
+    box.clear()
+    box.send_keys(json.dumps(admin["request"]))
+    answers = {}
+    for action in ("peek", "reset"):
+        driver.find_element(By.ID, f"key-{action}").click()
+        answers[action] = wait.until(
+            lambda driver: driver.execute_script(
+                "const k = window.ratelimitdConsole.lastKey;"
+                "return k && k.action === arguments[0] ? k : null;",
+                action,
+            ),
+            f"the page's {action}",
+        )
+    return answers
 
 
 if __name__ == "__main__":
