@@ -14,7 +14,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::http::{HttpResponse, exchange, request};
+use common::http::{HttpResponse, body_json, exchange, request};
 use common::prometheus;
 use common::{PATIENCE, RedisServer, ServerProcess, eventually, free_port};
 use ratelimitd::http::Endpoint;
@@ -105,11 +105,6 @@ async fn admin_ok(port: u16, method: &str, path: &str, body: &str) -> Value {
     let answer = admin(port, method, path, body).await;
     assert_eq!(answer.status, 200, "{method} {path} {body}: {answer:?}");
     body_json(&answer)
-}
-
-fn body_json(response: &HttpResponse) -> Value {
-    serde_json::from_str(&response.body)
-        .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
 }
 
 /// A decision on `/v1/check`.

@@ -8,7 +8,7 @@ mod common;
 
 use common::ServerProcess;
 use common::free_port;
-use common::http::{HttpResponse, exchange, request};
+use common::http::{assert_refused, body_json, exchange, post_json, request};
 use prost::Message;
 use ratelimitd::pb::json::ratelimitd::v1 as json;
 use ratelimitd::pb::ratelimitd::v1 as pb;
@@ -24,37 +24,6 @@ async fn start(flags: &[&str]) -> (ServerProcess, u16) {
     let mut server = ServerProcess::start_logged(&all).await;
     server.http = Some(http.parse().expect("an address"));
     (server, port)
-}
-
-async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
-    request(
-        port,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await
-    .expect("an answer")
-}
-
-fn body_json(response: &HttpResponse) -> Value {
-    serde_json::from_str(&response.body)
-        .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
-}
-
-/// A refusal: `status`, naming `field`, its rule containing `rule`.
-fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &str) {
-    assert_eq!(response.status, status, "{response:?}");
-    assert_eq!(response.header("content-type"), Some("application/json"));
-    let body = body_json(response);
-    assert_eq!(body["field"], field, "{response:?}");
-    assert!(
-        body["rule"]
-            .as_str()
-            .is_some_and(|text| text.contains(rule)),
-        "rule should say {rule:?}: {response:?}"
-    );
 }
 
 /// The library's answer to `request` (JSON), in JSON as the server writes it.

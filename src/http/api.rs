@@ -202,6 +202,23 @@ where
             "not deciding yet, or any more: the gRPC port is not open".into(),
         ));
     }
+    read_message::<Json, Grpc>(api.bounds, headers, body, name).await
+}
+
+/// The message a JSON body holds (`Json` its pbjson twin, `name` its
+/// message's name in errors), as the gRPC type; or the answer refusing
+/// it: 415 for another content type, 413 over the size bound, 408 too
+/// slow, 400 for anything but such a message.
+pub(super) async fn read_message<Json, Grpc>(
+    bounds: BodyBounds,
+    headers: &HeaderMap,
+    body: Body,
+    name: &str,
+) -> Result<Grpc, Response>
+where
+    Json: Message + for<'de> serde::Deserialize<'de>,
+    Grpc: Message + Default,
+{
     if !is_json(headers) {
         return Err(refused(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -209,7 +226,7 @@ where
             format!("must be {JSON}"),
         ));
     }
-    let body = body::read(body, headers, api.bounds).await.map_err(|err| {
+    let body = body::read(body, headers, bounds).await.map_err(|err| {
         let status = match err {
             BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,

@@ -11,14 +11,13 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use prost::Message;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tonic::Code;
 use tracing::warn;
 
-use super::api::{self, JSON};
-use super::body::{self, BodyBounds, BodyError};
+use super::api;
+use super::body::BodyBounds;
 use crate::pb::json::ratelimitd::v1 as json;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::simulate;
@@ -46,7 +45,7 @@ impl Simulator {
 
 /// `POST /v1/simulate`.
 pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> Response {
-    let request = match read::<json::SimulateRequest, pb::SimulateRequest>(
+    let request = match api::read_message::<json::SimulateRequest, pb::SimulateRequest>(
         simulator.bounds,
         &headers,
         body,
@@ -84,53 +83,6 @@ pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> R
             )
         }
     }
-}
-
-/// The message a JSON body holds (`Json` its pbjson twin, `name` its
-/// message's name in errors), as the gRPC type; or the answer refusing
-/// it: 415 for another content type, 413 over the size bound, 408 too
-/// slow, 400 for anything but such a message.
-async fn read<Json, Grpc>(
-    bounds: BodyBounds,
-    headers: &HeaderMap,
-    body: Body,
-    name: &str,
-) -> Result<Grpc, Response>
-where
-    Json: Message + for<'de> serde::Deserialize<'de>,
-    Grpc: Message + Default,
-{
-    if !api::is_json(headers) {
-        return Err(api::refused(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "content-type",
-            format!("must be {JSON}"),
-        ));
-    }
-    let body = body::read(body, headers, bounds).await.map_err(|err| {
-        let status = match err {
-            BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            BodyError::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
-            BodyError::Broken(_) => StatusCode::BAD_REQUEST,
-        };
-        api::refused(status, "request", err.to_string())
-    })?;
-    let request: Json = serde_json::from_slice(&body).map_err(|err| {
-        api::refused(
-            StatusCode::BAD_REQUEST,
-            "request",
-            format!("must be a {name} in proto3's JSON mapping: {err}"),
-        )
-    })?;
-    // Both types encode the same message: this cannot fail short of a bug.
-    Grpc::decode(request.encode_to_vec().as_slice()).map_err(|err| {
-        warn!(%err, "{name}: the JSON and gRPC types disagree");
-        api::failure(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Code::Internal,
-            format!("{name}: {err}"),
-        )
-    })
 }
 
 /// The example body of `POST /v1/simulate`: the five algorithms at ten a

@@ -148,3 +148,37 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         .windows(needle.len())
         .position(|window| window == needle)
 }
+
+/// A POST of JSON.
+pub async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
+    request(
+        port,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+    .expect("an answer")
+}
+
+/// The response's body as JSON.
+pub fn body_json(response: &HttpResponse) -> serde_json::Value {
+    serde_json::from_str(&response.body)
+        .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
+}
+
+/// A refusal of the JSON API: `status`, naming `field`, its rule
+/// containing `rule`.
+pub fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &str) {
+    assert_eq!(response.status, status, "{response:?}");
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let body = body_json(response);
+    assert_eq!(body["field"], field, "{response:?}");
+    assert!(
+        body["rule"]
+            .as_str()
+            .is_some_and(|text| text.contains(rule)),
+        "rule should say {rule:?}: {response:?}"
+    );
+}
