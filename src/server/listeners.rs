@@ -41,16 +41,19 @@ pub struct Listeners {
 impl Listeners {
     /// Binds the addresses `config` names.
     pub async fn bind(config: &Config) -> Result<Self, BindError> {
+        // The HTTP and debug listeners first: a gRPC port the system
+        // chooses (port 0) is then never one of theirs. Bound the other way
+        // round, the gRPC socket (bound, not yet listening) could be given
+        // the very port named for HTTP, which would then listen on it first
+        // and leave the gRPC port unable to.
+        let http = listen("http-listen", config.http.http_listen.0).await?;
+        let debug = listen("debug-listen", config.http.debug_listen.0).await?;
         let grpc = reserve(config.listener.listen).map_err(|source| BindError {
             flag: "listen",
             address: config.listener.listen,
             source,
         })?;
-        Ok(Self {
-            grpc,
-            http: listen("http-listen", config.http.http_listen.0).await?,
-            debug: listen("debug-listen", config.http.debug_listen.0).await?,
-        })
+        Ok(Self { grpc, http, debug })
     }
 
     /// The gRPC port's address (the port the system chose, for port 0).
