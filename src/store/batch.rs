@@ -77,33 +77,30 @@ impl Batchable {
     /// batch script, laid out as this module's header says; none for no
     /// calls.
     pub fn together(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
-        let first = calls.first()?;
-        let mut invocation = first.batch.prepare_invoke();
-        invocation.arg(calls.len());
-        for call in calls {
-            invocation.arg(call.keys.len());
-        }
-        for call in calls {
-            invocation.arg(call.args.len());
-        }
-        for call in calls {
-            for key in &call.keys {
-                invocation.key(key);
-            }
-            for arg in &call.args {
-                invocation.arg(arg);
-            }
-        }
-        Some(invocation)
+        Self::laid_out(calls, false)
     }
 
     /// `calls` (all for the first one's batch script, and all waiting for
     /// one node of a Redis Cluster) as one call of its node batch script,
     /// the keys among the values; none for no calls.
     pub fn together_on_node(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
+        Self::laid_out(calls, true)
+    }
+
+    /// The batch layout (this module's header): the keys as keys, or, for
+    /// one node of a Redis Cluster (`on_node`), among the values after the
+    /// counts, with the first key alone as the key that routes the call.
+    /// Every call's values come after; a standalone call's keys, being
+    /// keys, take no place among them.
+    fn laid_out(calls: &[&Self], on_node: bool) -> Option<ScriptInvocation<'static>> {
         let first = calls.first()?;
-        let mut invocation = first.node_batch.prepare_invoke();
-        invocation.key(first.keys.first()?);
+        let mut invocation = if on_node {
+            let mut invocation = first.node_batch.prepare_invoke();
+            invocation.key(first.keys.first()?);
+            invocation
+        } else {
+            first.batch.prepare_invoke()
+        };
         invocation.arg(calls.len());
         for call in calls {
             invocation.arg(call.keys.len());
@@ -111,15 +108,15 @@ impl Batchable {
         for call in calls {
             invocation.arg(call.args.len());
         }
-        for call in calls {
-            for key in &call.keys {
+        for key in calls.iter().flat_map(|call| &call.keys) {
+            if on_node {
                 invocation.arg(key);
+            } else {
+                invocation.key(key);
             }
         }
-        for call in calls {
-            for arg in &call.args {
-                invocation.arg(arg);
-            }
+        for arg in calls.iter().flat_map(|call| &call.args) {
+            invocation.arg(arg);
         }
         Some(invocation)
     }
@@ -319,11 +316,7 @@ pub(super) fn answer_all(
 /// ([`Batchable::together_on_node`]).
 pub(super) fn invocation(batch: &[Pending], on_cluster: bool) -> Option<ScriptInvocation<'static>> {
     let calls: Vec<&Batchable> = batch.iter().map(Pending::call).collect();
-    if on_cluster {
-        Batchable::together_on_node(&calls)
-    } else {
-        Batchable::together(&calls)
-    }
+    Batchable::laid_out(&calls, on_cluster)
 }
 
 #[cfg(test)]
