@@ -24,17 +24,7 @@ BIN=target/release
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-# Sum of $1 over every Redis port in REDIS_PORTS_NOW: script calls, or CPU
-# seconds of the servers.
-script_calls() {
-    local total=0 port calls
-    for port in "${REDIS_PORTS_NOW[@]}"; do
-        calls=$(redis-cli -p "$port" info commandstats |
-            sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | tr -d '\r')
-        total=$((total + ${calls:-0}))
-    done
-    echo "$total"
-}
+# CPU seconds of every Redis server in REDIS_PIDS_NOW, together.
 redis_cpu() {
     local pid
     for pid in "${REDIS_PIDS_NOW[@]}"; do cpu_seconds "$pid"; echo; done |
@@ -65,12 +55,12 @@ for topology in $TOPOLOGIES; do
             pid=$!
             PIDS+=("$pid")
             wait_port "$port"
-            s0=$(cpu_seconds "$pid"); r0=$(redis_cpu); c0=$(script_calls)
+            s0=$(cpu_seconds "$pid"); r0=$(redis_cpu); c0=$(script_calls "${REDIS_PORTS_NOW[@]}")
             "$BIN/ratelimitd-bench" --address "http://127.0.0.1:$port" \
                 --duration "$DURATION" --warm-up "$WARM_UP" --concurrency "$CONCURRENCY" \
                 --connections "$CONNECTIONS" --key-prefix "$topology$round-$calls:" \
                 --json > "$WORK/report.json"
-            s1=$(cpu_seconds "$pid"); r1=$(redis_cpu); c1=$(script_calls)
+            s1=$(cpu_seconds "$pid"); r1=$(redis_cpu); c1=$(script_calls "${REDIS_PORTS_NOW[@]}")
             kill "$pid"; wait "$pid" 2>/dev/null || true
             python3 - "$topology" "$round" "$calls" "$s0" "$s1" "$r0" "$r1" "$c0" "$c1" \
                 "$WORK/report.json" <<'PY'

@@ -32,6 +32,18 @@ start_redis() {
     until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
 }
 
+# Script calls (EVALSHA and EVAL) the Redis servers on ports "$@" (default:
+# $REDIS_PORT) have served so far, together.
+script_calls() {
+    local port total=0 calls
+    for port in "${@:-$REDIS_PORT}"; do
+        calls=$(redis-cli -p "$port" info commandstats | tr -d '\r' |
+            awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }')
+        total=$((total + calls))
+    done
+    echo "$total"
+}
+
 # CPU seconds (user + system) process $1 has used so far.
 cpu_seconds() {
     awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"

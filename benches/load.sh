@@ -26,11 +26,6 @@ source benches/common.sh
 
 start_redis
 
-script_calls() {
-    redis-cli -p "$REDIS_PORT" info commandstats |
-        sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p' | tr -d '\r'
-}
-
 # ratelimitd on Redis with one Envoy domain per algorithm; $1: extra flags.
 start_ratelimitd() {
     local port rules="$WORK/rules"
