@@ -19,7 +19,27 @@
 -- with INCRBY, and each count gives it a window to live (upstream's EXPIRE
 -- of the unit's seconds, here PEXPIRE of the same). A new window is a new
 -- key; the window's end, for reset_after, is the aligned one at `now`.
---
+
+-- Counts `cost` more units in KEY's window (see fixed_window's layouts) and
+-- returns the window's reset_after_us as it stands after counting.
+local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
+                        used, cost, reset_after)
+  if aligned == 1 then
+    redis.call('HSET', key, 'w', window, 'n', used + cost)
+    redis.call('PEXPIREAT', key, window_end_ms)
+    return window_end_ms * 1000 - now
+  elseif aligned == 2 then
+    redis.call('INCRBY', key, cost)
+    redis.call('PEXPIRE', key, window_ms)
+    return window_end_ms * 1000 - now
+  elseif in_window then
+    redis.call('INCRBY', key, cost)
+    return reset_after
+  end
+  redis.call('SET', key, cost, 'PX', window_ms)
+  return window_ms * 1000
+end
+
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
 -- window (0 when anchored or by name). With `spend` DRY it decides the
@@ -29,23 +49,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
   local used = 0
   local reset_after = 0
   local window, window_end_ms, in_window
-  if aligned == 1 or aligned == 2 then
-    window = math.floor(now / (window_ms * 1000))
-    window_end_ms = (window + 1) * window_ms
-  end
-  if aligned == 1 then
-    local stored = redis.call('HMGET', key, 'w', 'n')
-    in_window = tonumber(stored[1]) == window
-    if in_window then
-      used = tonumber(stored[2]) or 0
-    end
-  elseif aligned == 2 then
-    local stored = redis.call('GET', key)
-    in_window = stored ~= false
-    if in_window then
-      used = tonumber(stored) or 0
-    end
-  else
+  if aligned == 0 then
     local ttl_ms = redis.call('PTTL', key)
     -- -2: no window in progress. -1: a key without expiry that this script
     -- did not write; it is overwritten with one.
@@ -54,47 +58,53 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
       used = tonumber(redis.call('GET', key)) or 0
       reset_after = ttl_ms * 1000
     end
-  end
-  if in_window and window_end_ms then
-    reset_after = window_end_ms * 1000 - now
-  end
-
-  local function record()
+  else
+    window = math.floor(now / (window_ms * 1000))
+    window_end_ms = (window + 1) * window_ms
+    local stored
     if aligned == 1 then
-      redis.call('HSET', key, 'w', window, 'n', used + cost)
-      redis.call('PEXPIREAT', key, window_end_ms)
-      reset_after = window_end_ms * 1000 - now
-    elseif aligned == 2 then
-      redis.call('INCRBY', key, cost)
-      redis.call('PEXPIRE', key, window_ms)
-      reset_after = window_end_ms * 1000 - now
-    elseif in_window then
-      redis.call('INCRBY', key, cost)
+      stored = redis.call('HMGET', key, 'w', 'n')
+      in_window = tonumber(stored[1]) == window
+      stored = stored[2]
     else
-      redis.call('SET', key, cost, 'PX', window_ms)
-      reset_after = window_ms * 1000
+      stored = redis.call('GET', key)
+      in_window = stored ~= false
+    end
+    if in_window then
+      used = tonumber(stored) or 0
+      reset_after = window_end_ms * 1000 - now
     end
   end
 
-  local remaining = math.max(0, limit - used)
+  local remaining = limit - used
+  if remaining < 0 then
+    remaining = 0
+  end
   if cost > limit or used + cost > limit then
     if spend == ALWAYS and cost > 0 then
-      record()
-      remaining = math.max(0, limit - used - cost)
+      reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
+        used, cost, reset_after)
+      remaining = limit - used - cost
+      if remaining < 0 then
+        remaining = 0
+      end
     end
     if cost > limit then
       return 0, remaining, reset_after, -1, 0
     end
     -- The whole limit is back when the window ends (PTTL 0 means "within
     -- this millisecond").
-    return 0, remaining, reset_after, math.max(1000, reset_after), 0
+    if reset_after > 1000 then
+      return 0, remaining, reset_after, reset_after, 0
+    end
+    return 0, remaining, reset_after, 1000, 0
   end
   if cost > 0 and spend ~= DRY then
-    record()
+    reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
+      used, cost, reset_after)
   end
-  local mark = 0
   if aligned == 1 then
-    mark = window
+    return 1, remaining - cost, reset_after, 0, window
   end
-  return 1, remaining - cost, reset_after, 0, mark
+  return 1, remaining - cost, reset_after, 0, 0
 end

@@ -10,7 +10,16 @@
 -- expires at its TAT, so no key outlives its use. All values are integers
 -- below 2^53 (the limiter bounds burst * interval), so the arithmetic is
 -- exact.
---
+
+-- Requests that would pass at `now` with the TAT at `at`.
+local function gcra_remaining_at(now, tolerance, interval, at)
+  local left = math.floor((now + tolerance - at) / interval)
+  if left < 0 then
+    return 0
+  end
+  return left
+end
+
 -- Returns allowed (1|0), remaining (requests that would pass now),
 -- reset_after_us (until the TAT), retry_after_us (-1: never), and a mark
 -- for refund.lua (always 0: intervals are simply given back). With `spend`
@@ -21,24 +30,16 @@ local function gcra(key, now, burst, interval, cost, spend)
     tat = now
   end
   local tolerance = burst * interval
-  local function remaining_at(at)
-    local left = math.floor((now + tolerance - at) / interval)
-    if left < 0 then
-      return 0
-    end
-    return left
-  end
-
   if cost > burst then
-    return 0, remaining_at(tat), tat - now, -1, 0
+    return 0, gcra_remaining_at(now, tolerance, interval, tat), tat - now, -1, 0
   end
   local new_tat = tat + cost * interval
   local allow_at = new_tat - tolerance
   if allow_at > now then
-    return 0, remaining_at(tat), tat - now, allow_at - now, 0
+    return 0, gcra_remaining_at(now, tolerance, interval, tat), tat - now, allow_at - now, 0
   end
   if cost > 0 and spend ~= DRY then
     redis.call('SET', key, new_tat, 'PX', math.ceil((new_tat - now) / 1000))
   end
-  return 1, remaining_at(new_tat), new_tat - now, 0, 0
+  return 1, gcra_remaining_at(now, tolerance, interval, new_tat), new_tat - now, 0, 0
 end

@@ -12,7 +12,34 @@
 -- previous window's count. The key expires when its count no longer
 -- matters: at the end of the window after it. The weight is a double
 -- computed in the same order as the Rust twin, so both round alike.
---
+
+-- The previous window's share of `count` at `into` microseconds into the
+-- current window of `window`.
+local function sc_share(window, count, into)
+  return math.floor(count * ((window - into) / window))
+end
+
+-- The first instant (in microseconds into a window, `from` or later) at
+-- which `count`'s share is at most `allowed`: the share only falls as time
+-- passes.
+local function sc_first_fit(window, count, allowed, from)
+  if sc_share(window, count, from) <= allowed then
+    return from
+  end
+  -- The exact answer is this guess plus one; rounding may move it a step,
+  -- so a few steps settle it (bounded, whatever happens).
+  local into = math.floor(window - (allowed + 1) * window / count)
+  if into < from then
+    into = from
+  end
+  local steps = 0
+  while into < window and steps < 16 and sc_share(window, count, into) > allowed do
+    into = into + 1
+    steps = steps + 1
+  end
+  return into
+end
+
 -- Returns allowed (1|0), remaining, reset_after_us (until the estimate is
 -- 0 with no more requests), retry_after_us (-1: never), and a mark for
 -- refund.lua (the window index spent in). With `spend` DRY it decides
@@ -38,32 +65,7 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
     elapsed = 0
   end
 
-  -- The previous window's share at `elapsed` into the current one.
-  local function share(count, into)
-    return math.floor(count * ((window - into) / window))
-  end
-  -- The first instant (in microseconds into a window, `from` or later) at
-  -- which `count`'s share is at most `allowed`: the share only falls as
-  -- time passes.
-  local function first_fit(count, allowed, from)
-    if share(count, from) <= allowed then
-      return from
-    end
-    -- The exact answer is this guess plus one; rounding may move it a
-    -- step, so a few steps settle it (bounded, whatever happens).
-    local into = math.floor(window - (allowed + 1) * window / count)
-    if into < from then
-      into = from
-    end
-    local steps = 0
-    while into < window and steps < 16 and share(count, into) > allowed do
-      into = into + 1
-      steps = steps + 1
-    end
-    return into
-  end
-
-  local estimate = share(previous, elapsed) + current
+  local estimate = sc_share(window, previous, elapsed) + current
   local remaining = math.max(0, limit - estimate)
   local next_start = window - elapsed
   -- With no more requests, the estimate is 0 once this window's count has
@@ -81,9 +83,9 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
   if estimate + cost > limit then
     local retry_after
     if current + cost <= limit then
-      retry_after = first_fit(previous, limit - cost - current, elapsed) - elapsed
+      retry_after = sc_first_fit(window, previous, limit - cost - current, elapsed) - elapsed
     else
-      retry_after = next_start + first_fit(current, limit - cost, 0)
+      retry_after = next_start + sc_first_fit(window, current, limit - cost, 0)
     end
     return 0, remaining, reset_after, retry_after, index
   end

@@ -7,7 +7,12 @@
 -- again, so a missing key is a full bucket and no key outlives its use. If
 -- Redis's clock is behind the stored stamp (a clock step), nothing refills
 -- until it catches up.
---
+
+-- Microseconds until `amount` tokens have refilled at `rate` per second.
+local function tb_micros_to_refill(amount, rate)
+  return math.ceil(amount / rate * 1000000)
+end
+
 -- Returns allowed (1|0), remaining (whole tokens), reset_after_us,
 -- retry_after_us (-1: never), and a mark for refund.lua (always 0: tokens
 -- are simply given back). With `spend` DRY it decides the same and writes
@@ -28,20 +33,16 @@ local function token_bucket(key, now, capacity, rate, cost, spend)
     end
   end
 
-  local function micros_to_refill(amount)
-    return math.ceil(amount / rate * 1000000)
-  end
-
   local ahead = stamp - now
   if cost > capacity then
-    return 0, math.floor(tokens), ahead + micros_to_refill(capacity - tokens), -1, 0
+    return 0, math.floor(tokens), ahead + tb_micros_to_refill(capacity - tokens, rate), -1, 0
   end
   if cost > tokens then
-    return 0, math.floor(tokens), ahead + micros_to_refill(capacity - tokens),
-      ahead + micros_to_refill(cost - tokens), 0
+    return 0, math.floor(tokens), ahead + tb_micros_to_refill(capacity - tokens, rate),
+      ahead + tb_micros_to_refill(cost - tokens, rate), 0
   end
   tokens = tokens - cost
-  local reset_after = ahead + micros_to_refill(capacity - tokens)
+  local reset_after = ahead + tb_micros_to_refill(capacity - tokens, rate)
   if cost > 0 and spend ~= DRY then
     redis.call('HSET', key, 't', tokens, 'ts', stamp)
     redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))

@@ -37,93 +37,100 @@
 --          never), mark (what refund.lua needs to take a spend back)
 local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
 
+-- Limit i of the call whose keys start after keys[k0] and whose values
+-- start after ARGV[a0], decided at `cost` with `spend`: the algorithm's
+-- five values.
+local function decide_limit(keys, k0, a0, i, cost, spend)
+  local at = a0 + ARGS_PER_LIMIT * (i - 1)
+  local algorithm = ARGV[at + 1]
+  local key = keys[k0 + i]
+  local p1, p2 = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  if algorithm == 'fw' then
+    return fixed_window(key, now, p1, p2, tonumber(ARGV[at + 4]), cost, spend)
+  elseif algorithm == 'sw' then
+    return sliding_window(key, now, p1, p2, cost, spend)
+  elseif algorithm == 'tb' then
+    return token_bucket(key, now, p1, p2, cost, spend)
+  elseif algorithm == 'gc' then
+    return gcra(key, now, p1, p2, cost, spend)
+  elseif algorithm == 'sc' then
+    return sliding_window_counter(key, now, p1, p2, cost, spend)
+  end
+  error('unknown algorithm ' .. tostring(algorithm))
+end
+
+-- Writes limit i's five values into `reply`.
+local function answer(reply, i, allowed, remaining, reset_after, retry_after, mark)
+  local at = REPLY_PER_LIMIT * (i - 1)
+  reply[at + 1] = allowed
+  reply[at + 2] = remaining
+  reply[at + 3] = reset_after
+  reply[at + 4] = retry_after
+  reply[at + 5] = mark
+end
+
+local function cost_of(a0, i)
+  return tonumber(ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 5])
+end
+
 local function decide_call(keys, k0, a0, count)
-  local function decide(i, cost, spend)
-    local at = a0 + ARGS_PER_LIMIT * (i - 1)
-    local algorithm = ARGV[at + 1]
-    local p1 = tonumber(ARGV[at + 2])
-    local p2 = tonumber(ARGV[at + 3])
-    local p3 = tonumber(ARGV[at + 4])
-    if algorithm == 'fw' then
-      return {fixed_window(keys[k0 + i], now, p1, p2, p3, cost, spend)}
-    elseif algorithm == 'sw' then
-      return {sliding_window(keys[k0 + i], now, p1, p2, cost, spend)}
-    elseif algorithm == 'tb' then
-      return {token_bucket(keys[k0 + i], now, p1, p2, cost, spend)}
-    elseif algorithm == 'gc' then
-      return {gcra(keys[k0 + i], now, p1, p2, cost, spend)}
-    elseif algorithm == 'sc' then
-      return {sliding_window_counter(keys[k0 + i], now, p1, p2, cost, spend)}
-    end
-    error('unknown algorithm ' .. tostring(algorithm))
-  end
-
   local reply = {}
-  local function answer(i, decision)
-    for j = 1, REPLY_PER_LIMIT do
-      reply[REPLY_PER_LIMIT * (i - 1) + j] = decision[j]
-    end
-  end
-
-  local function cost_of(i)
-    return tonumber(ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 5])
-  end
-
-  local function in_shadow(i)
-    return ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 6] == '1'
-  end
-
   local mode = ARGV[a0 + ARGS_PER_LIMIT * count + 1]
+  if mode == 'decide' and count == 1 then
+    -- Alone, a limit spends only if it allows: no dry run needed.
+    answer(reply, 1, decide_limit(keys, k0, a0, 1, cost_of(a0, 1), IF_ALLOWED))
+    return reply
+  end
   if mode == 'dry' or mode == 'look' then
     for i = 1, count do
       local cost = 0
       if mode == 'dry' then
-        cost = cost_of(i)
+        cost = cost_of(a0, i)
       end
-      answer(i, decide(i, cost, DRY))
+      answer(reply, i, decide_limit(keys, k0, a0, i, cost, DRY))
     end
     return reply
   end
   if mode == 'denied' then
     for i = 1, count do
-      local decision = decide(i, cost_of(i), DRY)
-      if decision[1] == 1 then
-        decision = decide(i, 0, DRY)
+      local allowed, remaining, reset_after, retry_after, mark =
+        decide_limit(keys, k0, a0, i, cost_of(a0, i), DRY)
+      if allowed == 1 then
+        allowed, remaining, reset_after, retry_after, mark =
+          decide_limit(keys, k0, a0, i, 0, DRY)
       end
-      answer(i, decision)
+      answer(reply, i, allowed, remaining, reset_after, retry_after, mark)
     end
     return reply
   end
   if mode == 'each' then
     for i = 1, count do
-      answer(i, decide(i, cost_of(i), ALWAYS))
+      answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), ALWAYS))
     end
     return reply
   end
   if mode ~= 'decide' then
     error('unknown mode ' .. tostring(mode))
   end
-  if count == 1 then
-    -- Alone, a limit spends only if it allows: no dry run needed.
-    answer(1, decide(1, cost_of(1), IF_ALLOWED))
-    return reply
-  end
 
-  local dry = {}
+  -- All or nothing: every limit decided dry first; then, if every limit
+  -- not in shadow mode allows, each spends; otherwise a denying limit
+  -- reports its denial and an allowing one what it has.
   local all_allow = true
   for i = 1, count do
-    dry[i] = decide(i, cost_of(i), DRY)
-    if dry[i][1] == 0 and not in_shadow(i) then
+    answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), DRY))
+    if reply[REPLY_PER_LIMIT * (i - 1) + 1] == 0
+      and ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 6] ~= '1' then
       all_allow = false
     end
   end
   for i = 1, count do
-    if dry[i][1] == 0 then
-      answer(i, dry[i])
-    elseif all_allow then
-      answer(i, decide(i, cost_of(i), IF_ALLOWED))
-    else
-      answer(i, decide(i, 0, DRY))
+    if reply[REPLY_PER_LIMIT * (i - 1) + 1] == 1 then
+      if all_allow then
+        answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), IF_ALLOWED))
+      else
+        answer(reply, i, decide_limit(keys, k0, a0, i, 0, DRY))
+      end
     end
   end
   return reply
