@@ -125,7 +125,13 @@ fn broken_call(prefix: &str) -> Batchable {
         batch: scripts.batch,
         node_batch: scripts.node_batch,
         keys: vec![format!("{prefix}broken")],
-        args: args.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
+        args: {
+            let mut values = redis::Cmd::new();
+            for arg in args {
+                values.arg(arg);
+            }
+            values
+        },
     }
 }
 

@@ -6,11 +6,11 @@
 
 use std::sync::LazyLock;
 
-use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
+use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use crate::error::StoreError;
 use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
-use crate::store::{Batchable, CLOCK_LUA};
+use crate::store::{Batchable, CLOCK_LUA, script_values};
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -235,9 +235,12 @@ pub fn decide_batchable_on(
     }
 }
 
-/// `decide.lua`'s values for `limits` in `mode`.
-fn decide_args(mode: Mode, limits: &[ScriptLimit<'_>]) -> Vec<Vec<u8>> {
-    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * limits.len() + 1);
+/// `decide.lua`'s values for `limits` in `mode`, in one buffer (see
+/// [`Batchable::args`]).
+fn decide_args(mode: Mode, limits: &[ScriptLimit<'_>]) -> Cmd {
+    let values = ARGS_PER_LIMIT * limits.len() + 1;
+    // Each value is a short number or word.
+    let mut args = Cmd::with_capacity(values, 8 * values);
     for limit in limits {
         push_limit(
             &mut args,
@@ -262,7 +265,7 @@ pub fn decide_call_on<'s>(
     for limit in limits {
         invocation.key(limit.key);
     }
-    for arg in &args {
+    for arg in script_values(&args) {
         invocation.arg(arg);
     }
     invocation
@@ -272,12 +275,12 @@ pub fn decide_call_on<'s>(
 /// mark its decision replied).
 pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'static> {
     let mut invocation = REFUND.prepare_invoke();
-    let mut args = Vec::with_capacity(ARGS_PER_LIMIT * spent.len());
+    let mut args = Cmd::new();
     for (limit, mark) in spent {
         invocation.key(limit.key);
         push_limit(&mut args, limit.algorithm, limit.cost, mark.arg());
     }
-    for arg in &args {
+    for arg in script_values(&args) {
         invocation.arg(arg);
     }
     invocation
@@ -292,12 +295,13 @@ impl ToRedisArgs for Micros {
 }
 
 /// Appends `value` as a script's values, in Redis's own encoding.
-fn put(args: &mut Vec<Vec<u8>>, value: impl ToRedisArgs) {
-    args.extend(value.to_redis_args());
+fn put(args: &mut Cmd, value: impl ToRedisArgs) {
+    args.arg(value);
 }
 
+
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
-fn push_limit(args: &mut Vec<Vec<u8>>, algorithm: &Algorithm, cost: u64, last: u64) {
+fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
     match algorithm {
         Algorithm::FixedWindow(p) => {
             put(args, "fw");

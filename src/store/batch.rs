@@ -26,7 +26,11 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redis::{RedisError, Script, ScriptInvocation, Value};
+use redis::aio::ConnectionLike;
+use redis::{
+    Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, ScriptInvocation, ServerErrorKind,
+    ToRedisArgs, Value,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::breaker::CircuitBreaker;
@@ -56,8 +60,10 @@ pub struct Batchable {
     pub node_batch: &'static Script,
     /// The call's keys.
     pub keys: Vec<String>,
-    /// The call's values.
-    pub args: Vec<Vec<u8>>,
+    /// The call's values, in one buffer: a [`Cmd`] with no command name,
+    /// used as a list of arguments, so that building a call and laying it
+    /// into a batch takes no allocation per value.
+    pub args: Cmd,
 }
 
 impl Batchable {
@@ -67,7 +73,7 @@ impl Batchable {
         for key in &self.keys {
             invocation.key(key);
         }
-        for arg in &self.args {
+        for arg in script_values(&self.args) {
             invocation.arg(arg);
         }
         invocation
@@ -76,14 +82,14 @@ impl Batchable {
     /// `calls` (all for the first one's batch script) as one call of the
     /// batch script, laid out as this module's header says; none for no
     /// calls.
-    pub fn together(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
+    pub fn together(calls: &[&Self]) -> Option<BatchCall> {
         Self::laid_out(calls, false)
     }
 
     /// `calls` (all for the first one's batch script, and all waiting for
     /// one node of a Redis Cluster) as one call of its node batch script,
     /// the keys among the values; none for no calls.
-    pub fn together_on_node(calls: &[&Self]) -> Option<ScriptInvocation<'static>> {
+    pub fn together_on_node(calls: &[&Self]) -> Option<BatchCall> {
         Self::laid_out(calls, true)
     }
 
@@ -92,33 +98,91 @@ impl Batchable {
     /// counts, with the first key alone as the key that routes the call.
     /// Every call's values come after; a standalone call's keys, being
     /// keys, take no place among them.
-    fn laid_out(calls: &[&Self], on_node: bool) -> Option<ScriptInvocation<'static>> {
+    fn laid_out(calls: &[&Self], on_node: bool) -> Option<BatchCall> {
         let first = calls.first()?;
-        let mut invocation = if on_node {
-            let mut invocation = first.node_batch.prepare_invoke();
-            invocation.key(first.keys.first()?);
-            invocation
+        let script = if on_node {
+            first.node_batch
         } else {
-            first.batch.prepare_invoke()
+            first.batch
         };
-        invocation.arg(calls.len());
+        let keys = calls.iter().map(|call| call.keys.len()).sum::<usize>();
+        let values = calls.iter().map(|call| call.args.args_iter().len()).sum::<usize>();
+        let bytes = calls
+            .iter()
+            .map(|call| call.keys.iter().map(String::len).sum::<usize>() + values_len(&call.args))
+            .sum::<usize>();
+        // Room for the command, the counts, every key (twice at most) and
+        // every value, so that laying them out reallocates nothing.
+        let mut evalsha = Cmd::with_capacity(5 + 2 * calls.len() + keys + values, 64 + bytes);
+        evalsha.arg("EVALSHA").arg(script.get_hash());
+        if on_node {
+            evalsha.arg(1).arg(first.keys.first()?);
+        } else {
+            evalsha.arg(keys);
+            calls.iter().flat_map(|call| &call.keys).for_each(|key| {
+                evalsha.arg(key);
+            });
+        }
+        evalsha.arg(calls.len());
         for call in calls {
-            invocation.arg(call.keys.len());
+            evalsha.arg(call.keys.len());
         }
         for call in calls {
-            invocation.arg(call.args.len());
+            evalsha.arg(call.args.args_iter().len());
         }
-        for key in calls.iter().flat_map(|call| &call.keys) {
-            if on_node {
-                invocation.arg(key);
-            } else {
-                invocation.key(key);
+        if on_node {
+            calls.iter().flat_map(|call| &call.keys).for_each(|key| {
+                evalsha.arg(key);
+            });
+        }
+        for value in calls.iter().flat_map(|call| script_values(&call.args)) {
+            evalsha.arg(value);
+        }
+        Some(BatchCall { script, evalsha })
+    }
+}
+
+/// The values a script call's `args` (as [`Batchable::args`]) holds, in
+/// order.
+pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
+    // Only a SCAN's cursor is anything but a plain value: no call here
+    // has one.
+    args.args_iter().filter_map(|arg| match arg {
+        Arg::Simple(value) => Some(value),
+        _ => None,
+    })
+}
+
+/// Bytes of the values a [`Batchable`]'s `args` holds.
+fn values_len(args: &Cmd) -> usize {
+    script_values(args).map(<[u8]>::len).sum()
+}
+
+/// One call of a batch script, ready to send: its `EVALSHA` with every
+/// key and value in one buffer.
+pub struct BatchCall {
+    script: &'static Script,
+    evalsha: Cmd,
+}
+
+impl BatchCall {
+    /// Appends `value` to the call's values (a test's clock, after the
+    /// layout's last value).
+    pub fn arg(&mut self, value: impl ToRedisArgs) -> &mut Self {
+        self.evalsha.arg(value);
+        self
+    }
+
+    /// Runs the call on `connection`, loading the script first where Redis
+    /// does not have it yet (`NOSCRIPT`), as `ScriptInvocation` does.
+    pub async fn invoke_async(&self, connection: &mut impl ConnectionLike) -> RedisResult<Value> {
+        match self.evalsha.query_async(connection).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.prepare_invoke().load_async(connection).await?;
+                self.evalsha.query_async(connection).await
             }
+            reply => reply,
         }
-        for arg in calls.iter().flat_map(|call| &call.args) {
-            invocation.arg(arg);
-        }
-        Some(invocation)
     }
 }
 
@@ -314,7 +378,7 @@ pub(super) fn answer_all(
 /// The batch script's call for `batch` (see [`Batchable::together`]), for
 /// one node of a Redis Cluster if `on_cluster`
 /// ([`Batchable::together_on_node`]).
-pub(super) fn invocation(batch: &[Pending], on_cluster: bool) -> Option<ScriptInvocation<'static>> {
+pub(super) fn invocation(batch: &[Pending], on_cluster: bool) -> Option<BatchCall> {
     let calls: Vec<&Batchable> = batch.iter().map(Pending::call).collect();
     Batchable::laid_out(&calls, on_cluster)
 }
@@ -334,7 +398,7 @@ mod tests {
             batch: &SCRIPT,
             node_batch: &SCRIPT,
             keys: vec![key.to_owned()],
-            args: Vec::new(),
+            args: Cmd::new(),
         };
         (Pending { call, outcome }, receiver)
     }

@@ -330,9 +330,7 @@ impl RedisStore {
         let reply = self
             .within_timeout(async {
                 Ok(on_shared_connection!(&self.pools, |connection| invocation
-                    .invoke_async::<Value>(
-                    &mut connection
-                )))
+                    .invoke_async(&mut connection)))
             })
             .await;
         let reply = match reply {
