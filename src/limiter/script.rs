@@ -299,7 +299,6 @@ fn put(args: &mut Cmd, value: impl ToRedisArgs) {
     args.arg(value);
 }
 
-
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
 fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
     match algorithm {

@@ -106,7 +106,10 @@ impl Batchable {
             first.batch
         };
         let keys = calls.iter().map(|call| call.keys.len()).sum::<usize>();
-        let values = calls.iter().map(|call| call.args.args_iter().len()).sum::<usize>();
+        let values = calls
+            .iter()
+            .map(|call| call.args.args_iter().len())
+            .sum::<usize>();
         let bytes = calls
             .iter()
             .map(|call| call.keys.iter().map(String::len).sum::<usize>() + values_len(&call.args))
