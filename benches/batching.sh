@@ -31,7 +31,7 @@ redis_cpu() {
         awk '{ total += $1 } END { printf "%.3f", total }'
 }
 
-echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
+print_machine
 echo
 echo "| topology | round | --redis-batch-calls | decisions/s | p50 µs | p99 µs | evalsha per decision | CPU µs per decision: ratelimitd / Redis |"
 echo "|---|---|---:|---:|---:|---:|---:|---|"

@@ -30,7 +30,7 @@ BENCH=target/release/ratelimitd-bench
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
+print_machine
 echo
 echo "| round | build | store | decisions/s | p50 µs | p99 µs | script calls per decision | CPU µs per decision: bench / ratelimitd / redis |"
 echo "|---|---|---|---:|---:|---:|---:|---|"

@@ -44,6 +44,11 @@ script_calls() {
     echo "$total"
 }
 
+# The line each bench's output starts with: the machine and the day.
+print_machine() {
+    echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
+}
+
 # CPU seconds (user + system) process $1 has used so far.
 cpu_seconds() {
     awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"

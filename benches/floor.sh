@@ -51,7 +51,7 @@ PID[redis]=$!
 SERVERS=(echo embedded echo-redis redis)
 for server in "${SERVERS[@]}"; do PIDS+=("${PID[$server]}"); wait_port "${PORT[$server]}"; done
 
-echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(date -u +%F)"
+print_machine
 echo
 echo "| round | server | decisions/s | p50 µs | p99 µs | CPU µs per decision: bench / server / redis |"
 echo "|---|---|---:|---:|---:|---|"
