@@ -10,11 +10,6 @@ use ratelimitd::server::{self, Listeners};
 use ratelimitd::telemetry;
 use tracing::{error, info, warn};
 
-// A decision's buffers are often freed on another worker thread than the
-// one that allocated them; mimalloc frees those without a lock.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let (config, upstream) = match Config::load() {
