@@ -8,7 +8,7 @@ mod common;
 
 use common::ServerProcess;
 use common::free_port;
-use common::http::{assert_refused, body_json, exchange, post_json, request};
+use common::http::{assert_body_bounded_at_2048, assert_refused, body_json, post_json, request};
 use prost::Message;
 use ratelimitd::pb::json::ratelimitd::v1 as json;
 use ratelimitd::pb::ratelimitd::v1 as pb;
@@ -93,21 +93,7 @@ async fn simulate_answers_the_servers_own_algorithms_and_refuses_bad_bodies() {
     .expect("an answer");
     assert_refused(&answer, 415, "content-type", "application/json");
     // Over --max-request-bytes: said by its length, or found reading.
-    let declared = "POST /v1/simulate HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
-         content-type: application/json\r\ncontent-length: 2049\r\n\r\n";
-    let answer = exchange(port, declared.as_bytes())
-        .await
-        .expect("an answer");
-    assert_refused(&answer, 413, "request", "at most 2048 bytes");
-    let chunk = "x".repeat(3000);
-    let chunked = format!(
-        "POST /v1/simulate HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
-         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
-         {:x}\r\n{chunk}\r\n",
-        chunk.len()
-    );
-    let answer = exchange(port, chunked.as_bytes()).await.expect("an answer");
-    assert_refused(&answer, 413, "request", "at most 2048 bytes");
+    assert_body_bounded_at_2048(port, "/v1/simulate").await;
 
     // A run over its bounds, or with a bad limit: the field and the rule.
     let limits = json!([{"fixedWindow": {"limit": 10, "window": "1s"}}]);

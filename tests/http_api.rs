@@ -8,7 +8,10 @@
 
 mod common;
 
-use common::http::{HttpResponse, assert_refused, body_json, exchange, get, post_json, request};
+use common::http::{
+    HttpResponse, assert_body_bounded_at_2048, assert_refused, body_json, exchange, get, post_json,
+    request,
+};
 use common::{RedisServer, ServerProcess, free_port};
 use prost::Message;
 use ratelimitd::http::Endpoint;
@@ -162,23 +165,7 @@ async fn bad_requests_are_refused_naming_the_field_and_the_rule() {
             .expect("an answer");
         assert_refused(&answer, 415, "content-type", "application/json");
         // Over --max-request-bytes: said by its length, or found reading.
-        let declared = format!(
-            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
-             content-type: application/json\r\ncontent-length: 2049\r\n\r\n"
-        );
-        let answer = exchange(port, declared.as_bytes())
-            .await
-            .expect("an answer");
-        assert_refused(&answer, 413, "request", "at most 2048 bytes");
-        let chunk = "x".repeat(3000);
-        let chunked = format!(
-            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
-             content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
-             {:x}\r\n{chunk}\r\n",
-            chunk.len()
-        );
-        let answer = exchange(port, chunked.as_bytes()).await.expect("an answer");
-        assert_refused(&answer, 413, "request", "at most 2048 bytes");
+        assert_body_bounded_at_2048(port, path).await;
     }
     // The service's own rules, as gRPC names them.
     for (body, status, field, rule) in [

@@ -182,3 +182,26 @@ pub fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &
         "rule should say {rule:?}: {response:?}"
     );
 }
+
+/// A JSON body over a 2048-byte `--max-request-bytes` to `path` is
+/// refused with 413, whether its length is declared or found reading a
+/// chunked body.
+pub async fn assert_body_bounded_at_2048(port: u16, path: &str) {
+    let declared = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         content-type: application/json\r\ncontent-length: 2049\r\n\r\n"
+    );
+    let answer = exchange(port, declared.as_bytes())
+        .await
+        .expect("an answer");
+    assert_refused(&answer, 413, "request", "at most 2048 bytes");
+    let chunk = "x".repeat(3000);
+    let chunked = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+         {:x}\r\n{chunk}\r\n",
+        chunk.len()
+    );
+    let answer = exchange(port, chunked.as_bytes()).await.expect("an answer");
+    assert_refused(&answer, 413, "request", "at most 2048 bytes");
+}
