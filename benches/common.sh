@@ -10,6 +10,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Exits, saying how to install it, unless command $1 is on the PATH ($2: the
+# install command).
+need() {
+    command -v "$1" >/dev/null 2>&1 ||
+        { echo "$(basename "$0") needs $1: $2" >&2; exit 1; }
+}
+
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }

@@ -23,17 +23,14 @@ DURATION=${DURATION:-10s}
 STORE=${STORE:-redis}
 CONNECTIONS=${CONNECTIONS:-32}
 
-need() {
-    command -v "$1" >/dev/null 2>&1 || { echo "http_api.sh needs $1: $2" >&2; exit 1; }
-}
+# shellcheck source=benches/common.sh
+source benches/common.sh
 need h2load "apt-get install nghttp2-client"
 need redis-server "apt-get install redis-server"
 need python3 "apt-get install python3"
 
 cargo build --release --bin ratelimitd --quiet
 BIN=target/release
-# shellcheck source=benches/common.sh
-source benches/common.sh
 
 store_args=()
 if [ "$STORE" = redis ]; then

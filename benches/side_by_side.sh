@@ -33,9 +33,8 @@ H2_CONNECTIONS=${H2_CONNECTIONS:-4}
 H2_STREAMS=${H2_STREAMS:-16}
 LIMITADOR_TARGET=${LIMITADOR_TARGET:-$HOME/.cache/ratelimitd-bench/limitador-target}
 
-need() {
-    command -v "$1" >/dev/null 2>&1 || { echo "side_by_side.sh needs $1: $2" >&2; exit 1; }
-}
+# shellcheck source=benches/common.sh
+source benches/common.sh
 need h2load "apt-get install nghttp2-client"
 need redis-server "apt-get install redis-server"
 need python3 "apt-get install python3"
@@ -57,8 +56,6 @@ fi
 
 cargo build --release --features bench --bins --quiet
 BIN=target/release
-# shellcheck source=benches/common.sh
-source benches/common.sh
 
 LIMIT=1000000000
 ours_args=()
