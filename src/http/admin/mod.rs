@@ -194,28 +194,12 @@ impl Admin {
     ) -> Response {
         let admin = &self.0;
         match endpoint {
-            Endpoint::AdminPeek => {
-                let request = api::accept::<json::CheckLimitRequest, pb::CheckLimitRequest>(
-                    &admin.api,
-                    headers,
-                    body,
-                    "CheckLimitRequest",
-                )
-                .await;
-                match request {
-                    Ok(request) => api::decide(&admin.api, looking_only(request)).await,
-                    Err(answer) => answer,
-                }
-            }
+            Endpoint::AdminPeek => match check_request(admin, headers, body).await {
+                Ok(request) => api::decide(&admin.api, looking_only(request)).await,
+                Err(answer) => answer,
+            },
             Endpoint::AdminReset => {
-                let request = api::accept::<json::CheckLimitRequest, pb::CheckLimitRequest>(
-                    &admin.api,
-                    headers,
-                    body,
-                    "CheckLimitRequest",
-                )
-                .await;
-                let request = match request {
+                let request = match check_request(admin, headers, body).await {
                     Ok(request) => request,
                     Err(answer) => return answer,
                 };
@@ -298,6 +282,22 @@ fn token_refused(status: StatusCode) -> Response {
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     answer
+}
+
+/// The `CheckLimitRequest` a peek or a reset names, read as
+/// `POST /v1/check` reads it; or the answer refusing it.
+async fn check_request(
+    admin: &Inner,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<pb::CheckLimitRequest, Response> {
+    api::accept::<json::CheckLimitRequest, pb::CheckLimitRequest>(
+        &admin.api,
+        headers,
+        body,
+        "CheckLimitRequest",
+    )
+    .await
 }
 
 /// `request` spending nothing: cost 0 on it and on each of its limits
