@@ -110,13 +110,10 @@ impl Batchable {
             .iter()
             .map(|call| call.args.args_iter().len())
             .sum::<usize>();
-        let bytes = calls
-            .iter()
-            .map(|call| call.keys.iter().map(String::len).sum::<usize>() + values_len(&call.args))
-            .sum::<usize>();
-        // Room for the command, the counts, every key (twice at most) and
-        // every value, so that laying them out reallocates nothing.
-        let mut evalsha = Cmd::with_capacity(5 + 2 * calls.len() + keys + values, 64 + bytes);
+        // Room for the command and its counts, every key and every value:
+        // each a short word or number, or a key.
+        let arguments = 5 + 2 * calls.len() + keys + values;
+        let mut evalsha = Cmd::with_capacity(arguments, 24 * arguments);
         evalsha.arg("EVALSHA").arg(script.get_hash());
         if on_node {
             evalsha.arg(1).arg(first.keys.first()?);
@@ -154,11 +151,6 @@ pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
         Arg::Simple(value) => Some(value),
         _ => None,
     })
-}
-
-/// Bytes of the values a [`Batchable`]'s `args` holds.
-fn values_len(args: &Cmd) -> usize {
-    script_values(args).map(<[u8]>::len).sum()
 }
 
 /// One call of a batch script, ready to send: its `EVALSHA` with every
