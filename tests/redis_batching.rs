@@ -201,9 +201,30 @@ async fn batches_decide_as_calls_alone(layout: Layout, seed: u64) {
     let mut random = Random::new(seed);
     let mut now = START;
     for round in 0..200 {
-        let calls: Vec<Call> = (0..random.between(1, 12))
-            .map(|_| random_call(&mut random, algorithms.len()))
-            .collect();
+        let mut calls: Vec<Call> = Vec::new();
+        for _ in 0..random.between(1, 12) {
+            let call = match calls.len() {
+                // Half the calls after the first have the limits and mode of
+                // an earlier one, on keys drawn anew: in a batch they share
+                // that call's values.
+                earlier @ 1.. if random.chance(50) => {
+                    let like =
+                        &calls[usize::try_from(random.upto(earlier as u64 - 1)).expect("small")];
+                    Call {
+                        limits: like
+                            .limits
+                            .iter()
+                            .map(|&(algorithm, _, cost, shadow)| {
+                                (algorithm, random.upto(2), cost, shadow)
+                            })
+                            .collect(),
+                        mode: like.mode,
+                    }
+                }
+                _ => random_call(&mut random, algorithms.len()),
+            };
+            calls.push(call);
+        }
         let broken_at = random.chance(10).then(|| random.upto(calls.len() as u64));
         let mut batched = Vec::new();
         let mut singles = Vec::new();

@@ -11,11 +11,18 @@
 //! a driver that is already running. A lone call goes out at once, as the
 //! single script it would have been without batching.
 //!
-//! The batch script's layout, which this side writes and `run_batch` reads:
+//! The batch script's layout, which this side writes and the batch script
+//! reads. Calls waiting together are mostly the same limits on other keys,
+//! so a batch sends each distinct list of values (a *form*: the values and
+//! the number of keys they go with) once, and each call names its form.
 //! `KEYS` every call's keys, one call's after the other's; `ARGV` the number
-//! of calls `n`, then each call's number of keys, then each call's number
-//! of values, then every call's values; its reply, `n` replies in order,
-//! each the call's own reply or, as a string, the text of the error it met.
+//! of calls `n` and of forms `m`, then each call's form (1 to `m`), then
+//! each form's number of keys, then each form's number of values, then
+//! every form's values; its reply, `n` replies in order, each the call's own
+//! reply or, as a string, the text of the error it met. Redis spends a good
+//! part of a batch on turning its values into strings, twice (its own and
+//! Lua's), so a value sent once per form rather than once per call is work
+//! saved on the one process every instance shares.
 //! On a Redis Cluster, where one script may not declare keys of several
 //! hash slots, a batch holds the calls waiting for one node, and its keys
 //! move to `ARGV`, after the counts and before the values; `KEYS` is then
@@ -24,6 +31,7 @@
 //! stopped before it writes anything and goes out again on its own.
 
 use std::collections::VecDeque;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use redis::aio::ConnectionLike;
@@ -96,7 +104,7 @@ impl Batchable {
     /// The batch layout (this module's header): the keys as keys, or, for
     /// one node of a Redis Cluster (`on_node`), among the values after the
     /// counts, with the first key alone as the key that routes the call.
-    /// Every call's values come after; a standalone call's keys, being
+    /// Every form's values come after; a standalone call's keys, being
     /// keys, take no place among them.
     fn laid_out(calls: &[&Self], on_node: bool) -> Option<BatchCall> {
         let first = calls.first()?;
@@ -105,14 +113,16 @@ impl Batchable {
         } else {
             first.batch
         };
+        let forms = Forms::of(calls);
         let keys = calls.iter().map(|call| call.keys.len()).sum::<usize>();
-        let values = calls
+        let values = forms
+            .first_calls
             .iter()
             .map(|call| call.args.args_iter().len())
             .sum::<usize>();
         // Room for the command and its counts, every key and every value:
         // each a short word or number, or a key.
-        let arguments = 5 + 2 * calls.len() + keys + values;
+        let arguments = 6 + calls.len() + 2 * forms.first_calls.len() + keys + values;
         let mut evalsha = Cmd::with_capacity(arguments, 24 * arguments);
         evalsha.arg("EVALSHA").arg(script.get_hash());
         if on_node {
@@ -123,11 +133,14 @@ impl Batchable {
                 evalsha.arg(key);
             });
         }
-        evalsha.arg(calls.len());
-        for call in calls {
+        evalsha.arg(calls.len()).arg(forms.first_calls.len());
+        for form in &forms.of_call {
+            evalsha.arg(form + 1);
+        }
+        for call in &forms.first_calls {
             evalsha.arg(call.keys.len());
         }
-        for call in calls {
+        for call in &forms.first_calls {
             evalsha.arg(call.args.args_iter().len());
         }
         if on_node {
@@ -135,10 +148,63 @@ impl Batchable {
                 evalsha.arg(key);
             });
         }
-        for value in calls.iter().flat_map(|call| script_values(&call.args)) {
+        for value in forms
+            .first_calls
+            .iter()
+            .flat_map(|call| script_values(&call.args))
+        {
             evalsha.arg(value);
         }
         Some(BatchCall { script, evalsha })
+    }
+
+    /// The same form as `other`: as many keys, and the same values.
+    fn same_form(&self, other: &Self) -> bool {
+        self.keys.len() == other.keys.len() && self.args.args_iter().eq(other.args.args_iter())
+    }
+
+    /// A hash of the call's form, to tell most different forms apart
+    /// without comparing their values.
+    fn form_hash(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.keys.len().hash(&mut hasher);
+        for value in script_values(&self.args) {
+            value.hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+}
+
+/// The distinct forms of a batch's calls (this module's header), in the
+/// order they first appear, and which one each call has.
+struct Forms<'a> {
+    /// Each form's first call, which stands for it.
+    first_calls: Vec<&'a Batchable>,
+    /// Each call's form, an index into `first_calls`.
+    of_call: Vec<usize>,
+}
+
+impl<'a> Forms<'a> {
+    fn of(calls: &[&'a Batchable]) -> Self {
+        let mut first_calls: Vec<&Batchable> = Vec::new();
+        let mut hashes: Vec<u64> = Vec::new();
+        let mut of_call = Vec::with_capacity(calls.len());
+        for &call in calls {
+            let hash = call.form_hash();
+            let known = hashes
+                .iter()
+                .zip(&first_calls)
+                .position(|(&known, form)| known == hash && form.same_form(call));
+            of_call.push(known.unwrap_or_else(|| {
+                first_calls.push(call);
+                hashes.push(hash);
+                first_calls.len() - 1
+            }));
+        }
+        Self {
+            first_calls,
+            of_call,
+        }
     }
 }
 
@@ -396,6 +462,61 @@ mod tests {
             args: Cmd::new(),
         };
         (Pending { call, outcome }, receiver)
+    }
+
+    fn call(keys: &[&str], values: &[&str]) -> Batchable {
+        let mut args = Cmd::new();
+        for value in values {
+            args.arg(*value);
+        }
+        Batchable {
+            single: &SCRIPT,
+            batch: &SCRIPT,
+            node_batch: &SCRIPT,
+            keys: keys.iter().map(|&key| key.to_owned()).collect(),
+            args,
+        }
+    }
+
+    fn sent(batch: &BatchCall) -> Vec<String> {
+        script_values(&batch.evalsha)
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn calls_with_the_same_values_send_them_once() {
+        let a = call(&["a"], &["fw", "10", "1000", "decide"]);
+        let b = call(&["b"], &["fw", "10", "1000", "decide"]);
+        let c = call(&["c"], &["fw", "10", "1000", "dry"]);
+        // The same values with another number of keys are another form.
+        let d = call(&["d", "e"], &["fw", "10", "1000", "decide"]);
+        let e = call(&["f"], &["fw", "10", "1000", "dry"]);
+        let batch = Batchable::together(&[&a, &b, &c, &d, &e]).expect("calls");
+        let sha = SCRIPT.get_hash();
+        #[rustfmt::skip]
+        let expected = [
+            "EVALSHA", sha, "6", "a", "b", "c", "d", "e", "f",
+            "5", "3", // calls, forms
+            "1", "1", "2", "3", "2", // each call's form
+            "1", "1", "2", // each form's keys
+            "4", "4", "4", // each form's values
+            "fw", "10", "1000", "decide",
+            "fw", "10", "1000", "dry",
+            "fw", "10", "1000", "decide",
+        ];
+        assert_eq!(sent(&batch), expected);
+
+        let on_node = Batchable::together_on_node(&[&a, &b, &c]).expect("calls");
+        #[rustfmt::skip]
+        let expected = [
+            "EVALSHA", sha, "1", "a",
+            "3", "2", "1", "1", "2", "1", "1", "4", "4",
+            "a", "b", "c",
+            "fw", "10", "1000", "decide",
+            "fw", "10", "1000", "dry",
+        ];
+        assert_eq!(sent(&on_node), expected);
     }
 
     #[tokio::test]

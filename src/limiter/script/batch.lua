@@ -2,16 +2,20 @@
 -- order, each exactly as it would be decided alone (decide.lua's
 -- `decide_call`, above this part; one clock reading, `now`, for all).
 -- `store::batch` builds the call (its layout knows nothing of limits); one
--- of two tails below this part says where the keys are.
+-- of two tails below this part says where the keys are. Calls that share
+-- their values (the same limits, on other keys) share one copy of them, a
+-- form.
 --
 -- ARGV[1]  n, the number of calls
--- ARGV[1 + j]      the number of keys of call j (1 <= j <= n)
--- ARGV[1 + n + j]  the number of values of call j
+-- ARGV[2]  m, the number of forms
+-- ARGV[2 + j]          the form of call j (1 <= j <= n), from 1 to m
+-- ARGV[2 + n + f]      the number of keys of a call of form f
+-- ARGV[2 + n + m + f]  the number of values of form f
 --          then, in the tail for one node of a Redis Cluster only, every
 --          call's keys, one call's after the other's
---          then every call's values, one call's after the other's, each
+--          then every form's values, one form's after the other's, each
 --          laid out as decide.lua's header says (six per limit, then the
---          mode). Values after the last call's are not read (the
+--          mode). Values after the last form's are not read (the
 --          differential test's clock takes `now` from the last one).
 -- KEYS     batch_keys.lua: every call's keys, one call's after the
 --          other's. batch_node.lua: one key of the batch, which routes the
@@ -24,11 +28,11 @@
 --          whole reply's.)
 --
 -- `decide_calls(keys, k0, a0, touch_first)`: the calls whose keys are in
--- `keys` from keys[k0 + 1] and whose values start after ARGV[a0]. With
--- `touch_first`, a call of several keys reads each (EXISTS) before it is
--- decided: on a Redis Cluster, a key this node does not serve then stops
--- the call before it writes anything (a call of one key stops at its first
--- access anyway), and the caller sends it again on its own.
+-- `keys` from keys[k0 + 1] and whose forms' values start after ARGV[a0].
+-- With `touch_first`, a call of several keys reads each (EXISTS) before it
+-- is decided: on a Redis Cluster, a key this node does not serve then
+-- stops the call before it writes anything (a call of one key stops at its
+-- first access anyway), and the caller sends it again on its own.
 local function touch_then_decide(keys, k0, a0, count, touch_first)
   if touch_first and count > 1 then
     for i = 1, count do
@@ -39,11 +43,18 @@ local function touch_then_decide(keys, k0, a0, count, touch_first)
 end
 
 local function decide_calls(keys, k0, a0, touch_first)
-  local calls = tonumber(ARGV[1])
+  local calls, forms = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local form_keys, form_at = {}, {}
+  for f = 1, forms do
+    form_keys[f] = tonumber(ARGV[2 + calls + f])
+    form_at[f] = a0
+    a0 = a0 + tonumber(ARGV[2 + calls + forms + f])
+  end
   local replies = {}
   for j = 1, calls do
-    local count = tonumber(ARGV[1 + j])
-    local ok, reply = pcall(touch_then_decide, keys, k0, a0, count, touch_first)
+    local form = tonumber(ARGV[2 + j])
+    local count = form_keys[form]
+    local ok, reply = pcall(touch_then_decide, keys, k0, form_at[form], count, touch_first)
     if ok then
       replies[j] = reply
     elseif type(reply) == 'table' and reply.err then
@@ -52,7 +63,6 @@ local function decide_calls(keys, k0, a0, touch_first)
       replies[j] = 'ERR ' .. tostring(reply)
     end
     k0 = k0 + count
-    a0 = a0 + tonumber(ARGV[1 + calls + j])
   end
   return replies
 end
