@@ -454,16 +454,11 @@ mod tests {
 
     fn queued(key: &str) -> (Pending, oneshot::Receiver<Outcome>) {
         let (outcome, receiver) = oneshot::channel();
-        let call = Batchable {
-            single: &SCRIPT,
-            batch: &SCRIPT,
-            node_batch: &SCRIPT,
-            keys: vec![key.to_owned()],
-            args: Cmd::new(),
-        };
+        let call = call(&[key], &[]);
         (Pending { call, outcome }, receiver)
     }
 
+    /// A call of [`SCRIPT`] on `keys` with `values`.
     fn call(keys: &[&str], values: &[&str]) -> Batchable {
         let mut args = Cmd::new();
         for value in values {
