@@ -158,9 +158,11 @@ impl Batchable {
         Some(BatchCall { script, evalsha })
     }
 
-    /// The same form as `other`: as many keys, and the same values.
+    /// The same form as `other`: as many keys, and the same values (as
+    /// [`script_values`] reads them, and the batch sends them).
     fn same_form(&self, other: &Self) -> bool {
-        self.keys.len() == other.keys.len() && self.args.args_iter().eq(other.args.args_iter())
+        self.keys.len() == other.keys.len()
+            && script_values(&self.args).eq(script_values(&other.args))
     }
 
     /// A hash of the call's form, to tell most different forms apart
