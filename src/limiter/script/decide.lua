@@ -37,16 +37,34 @@
 --          never), mark (what refund.lua needs to take a spend back)
 local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
 
+-- Each limit's values as decide_limit reads them, turned into numbers once
+-- per script call and kept by where they start in ARGV: in a batch, the
+-- calls that share their values (a form) share them too.
+local limits_read = {}
+
+-- The limit whose values start after ARGV[at]: its algorithm, its three
+-- parameters as numbers, and its cost.
+local function limit_at(at)
+  local limit = limits_read[at]
+  if limit == nil then
+    limit = {
+      ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]),
+      tonumber(ARGV[at + 5]),
+    }
+    limits_read[at] = limit
+  end
+  return limit
+end
+
 -- Limit i of the call whose keys start after keys[k0] and whose values
 -- start after ARGV[a0], decided at `cost` with `spend`: the algorithm's
 -- five values.
 local function decide_limit(keys, k0, a0, i, cost, spend)
-  local at = a0 + ARGS_PER_LIMIT * (i - 1)
-  local algorithm = ARGV[at + 1]
+  local limit = limit_at(a0 + ARGS_PER_LIMIT * (i - 1))
+  local algorithm, p1, p2 = limit[1], limit[2], limit[3]
   local key = keys[k0 + i]
-  local p1, p2 = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   if algorithm == 'fw' then
-    return fixed_window(key, now, p1, p2, tonumber(ARGV[at + 4]), cost, spend)
+    return fixed_window(key, now, p1, p2, limit[4], cost, spend)
   elseif algorithm == 'sw' then
     return sliding_window(key, now, p1, p2, cost, spend)
   elseif algorithm == 'tb' then
@@ -70,17 +88,17 @@ local function answer(reply, i, allowed, remaining, reset_after, retry_after, ma
 end
 
 local function cost_of(a0, i)
-  return tonumber(ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 5])
+  return limit_at(a0 + ARGS_PER_LIMIT * (i - 1))[5]
 end
 
 local function decide_call(keys, k0, a0, count)
-  local reply = {}
   local mode = ARGV[a0 + ARGS_PER_LIMIT * count + 1]
   if mode == 'decide' and count == 1 then
-    -- Alone, a limit spends only if it allows: no dry run needed.
-    answer(reply, 1, decide_limit(keys, k0, a0, 1, cost_of(a0, 1), IF_ALLOWED))
-    return reply
+    -- Alone, a limit spends only if it allows: no dry run needed. (The
+    -- constructor sizes the reply once.)
+    return { decide_limit(keys, k0, a0, 1, cost_of(a0, 1), IF_ALLOWED) }
   end
+  local reply = {}
   if mode == 'dry' or mode == 'look' then
     for i = 1, count do
       local cost = 0
