@@ -11,6 +11,11 @@
 //! runs and stay `INTERNAL`, as the gRPC specification requires for them.
 //! The generated clients use this codec too; for them it only changes the
 //! code of an undecodable reply.
+//!
+//! Its buffers also start small: tonic allocates a codec's buffer size
+//! for every call's request and again for its response, 8 KiB each by
+//! default, where these messages take tens to hundreds of bytes. A buffer
+//! still grows as a larger message needs.
 
 use std::marker::PhantomData;
 
@@ -18,6 +23,19 @@ use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstDecoder, ProstEncoder};
+
+/// The buffer each call's request and response start with. Under glibc's
+/// malloc, a block below 1 KiB comes from the thread's cache; a larger one
+/// first merges the small blocks freed so far, on every call.
+const BUFFER_BYTES: usize = 512;
+
+/// How much of a streamed response tonic gathers before it writes: its
+/// own default.
+const YIELD_BYTES: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_BYTES, YIELD_BYTES)
+}
 
 /// A [`Codec`] for `application/grpc+proto` that answers an undecodable
 /// message with `INVALID_ARGUMENT`.
@@ -45,11 +63,11 @@ where
     type Decoder = StrictDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::default()
+        ProstEncoder::new(buffer_settings())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        StrictDecoder(ProstDecoder::default())
+        StrictDecoder(ProstDecoder::new(buffer_settings()))
     }
 }
 
