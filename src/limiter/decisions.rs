@@ -214,8 +214,8 @@ impl Limiter {
         if cached && let Some(known) = self.known_denial(groups, requests, sent) {
             return self.complete_denial(redis, groups, requests, known).await;
         }
-        // Boxed: the Redis path's future is kilobytes, and unboxed it would
-        // be copied with every embedded-store decision too.
+        // Boxed: the Redis path's future is hundreds of bytes, and unboxed
+        // it would be copied with every embedded-store decision too.
         match Box::pin(on_redis::decide(redis, groups, requests, combination)).await {
             Err(err) if err.is_transient() => failure::answer(
                 err,

@@ -86,7 +86,11 @@ pub(super) async fn decide_together(
     if !spent.decisions(groups)?.denies(groups) {
         return Together::spending(groups, spent);
     }
-    let refunded = scripts.give_back(&spent).await?;
+    // Boxed: giving back runs the refund script outside any batch, through
+    // a future of about 4 KiB; inline, every decision on Redis would
+    // allocate that room (4.3 KiB rather than 0.4 KiB per decision in
+    // flight), though few ever give back.
+    let refunded = Box::pin(scripts.give_back(&spent)).await?;
     Ok(Together::nothing_spent(
         scripts.after_refund(&spent, &refunded)?,
     ))
