@@ -26,7 +26,8 @@ use tonic_prost::{ProstDecoder, ProstEncoder};
 
 /// The buffer each call's request and response start with. Under glibc's
 /// malloc, a block below 1 KiB comes from the thread's cache; a larger one
-/// first merges the small blocks freed so far, on every call.
+/// is found among the free blocks, often after merging the small ones
+/// freed since.
 const BUFFER_BYTES: usize = 512;
 
 /// How much of a streamed response tonic gathers before it writes: its
