@@ -22,21 +22,24 @@
 
 -- Counts `cost` more units in KEY's window (see fixed_window's layouts) and
 -- returns the window's reset_after_us as it stands after counting.
+-- `window_sent` and `cost_sent` are `window_ms` and `cost` as the caller
+-- sent them (text): Redis 7.0 turns a number given to redis.call into text
+-- with printf's %.17g, which costs it more than the command itself.
 local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-                        used, cost, reset_after)
+                        used, cost, reset_after, window_sent, cost_sent)
   if aligned == 1 then
     redis.call('HSET', key, 'w', window, 'n', used + cost)
     redis.call('PEXPIREAT', key, window_end_ms)
     return window_end_ms * 1000 - now
   elseif aligned == 2 then
-    redis.call('INCRBY', key, cost)
-    redis.call('PEXPIRE', key, window_ms)
+    redis.call('INCRBY', key, cost_sent)
+    redis.call('PEXPIRE', key, window_sent)
     return window_end_ms * 1000 - now
   elseif in_window then
-    redis.call('INCRBY', key, cost)
+    redis.call('INCRBY', key, cost_sent)
     return reset_after
   end
-  redis.call('SET', key, cost, 'PX', window_ms)
+  redis.call('SET', key, cost_sent, 'PX', window_sent)
   return window_ms * 1000
 end
 
@@ -45,7 +48,14 @@ end
 -- window (0 when anchored or by name). With `spend` DRY it decides the
 -- same and writes nothing; with ALWAYS it counts a denied cost too (as
 -- envoyproxy/ratelimit does), and `remaining` is what is left after it.
-local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
+-- `window_sent` and `cost_sent` are `window_ms` and the limit's cost as
+-- sent (see fw_count): it writes only the limit's own cost.
+local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, window_sent,
+                            cost_sent)
+  -- A plain counter in its window that counts `cost` whatever the answer
+  -- (ALWAYS) is counted at once: INCRBY's reply says what it held before.
+  local count_at_once = spend == ALWAYS and cost > 0
+  local counted = false
   local used = 0
   local reset_after = 0
   local window, window_end_ms, in_window
@@ -55,7 +65,12 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
     -- did not write; it is overwritten with one.
     in_window = ttl_ms >= 0
     if in_window then
-      used = tonumber(redis.call('GET', key)) or 0
+      if count_at_once then
+        used = redis.call('INCRBY', key, cost_sent) - cost
+        counted = true
+      else
+        used = tonumber(redis.call('GET', key)) or 0
+      end
       reset_after = ttl_ms * 1000
     end
   else
@@ -66,6 +81,11 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
       stored = redis.call('HMGET', key, 'w', 'n')
       in_window = tonumber(stored[1]) == window
       stored = stored[2]
+    elseif count_at_once then
+      used = redis.call('INCRBY', key, cost_sent) - cost
+      redis.call('PEXPIRE', key, window_sent)
+      reset_after = window_end_ms * 1000 - now
+      counted = true
     else
       stored = redis.call('GET', key)
       in_window = stored ~= false
@@ -81,9 +101,11 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
     remaining = 0
   end
   if cost > limit or used + cost > limit then
-    if spend == ALWAYS and cost > 0 then
-      reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-        used, cost, reset_after)
+    if count_at_once then
+      if not counted then
+        reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
+          used, cost, reset_after, window_sent, cost_sent)
+      end
       remaining = limit - used - cost
       if remaining < 0 then
         remaining = 0
@@ -99,9 +121,9 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend)
     end
     return 0, remaining, reset_after, 1000, 0
   end
-  if cost > 0 and spend ~= DRY then
+  if cost > 0 and spend ~= DRY and not counted then
     reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-      used, cost, reset_after)
+      used, cost, reset_after, window_sent, cost_sent)
   end
   if aligned == 1 then
     return 1, remaining - cost, reset_after, 0, window

@@ -43,13 +43,14 @@ local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
 local limits_read = {}
 
 -- The limit whose values start after ARGV[at]: its algorithm, its three
--- parameters as numbers, and its cost.
+-- parameters as numbers, its cost, and, as sent (text, which redis.call
+-- passes on as it is), its second parameter and its cost.
 local function limit_at(at)
   local limit = limits_read[at]
   if limit == nil then
     limit = {
       ARGV[at + 1], tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4]),
-      tonumber(ARGV[at + 5]),
+      tonumber(ARGV[at + 5]), ARGV[at + 3], ARGV[at + 5],
     }
     limits_read[at] = limit
   end
@@ -64,7 +65,7 @@ local function decide_limit(keys, k0, a0, i, cost, spend)
   local algorithm, p1, p2 = limit[1], limit[2], limit[3]
   local key = keys[k0 + i]
   if algorithm == 'fw' then
-    return fixed_window(key, now, p1, p2, limit[4], cost, spend)
+    return fixed_window(key, now, p1, p2, limit[4], cost, spend, limit[6], limit[7])
   elseif algorithm == 'sw' then
     return sliding_window(key, now, p1, p2, cost, spend)
   elseif algorithm == 'tb' then
