@@ -24,7 +24,7 @@ use crate::http::HttpOptions;
 use crate::limiter::LimiterOptions;
 use crate::options::OptionsError;
 use crate::server::bounds::BoundsOptions;
-use crate::server::options::ListenerOptions;
+use crate::server::options::{ListenerOptions, RuntimeOptions};
 use crate::stats::StatsOptions;
 use crate::store::{StoreOptions, StoreSettings};
 use crate::telemetry::TelemetryOptions;
@@ -72,6 +72,10 @@ pub struct Config {
     /// Logs and metrics.
     #[command(flatten)]
     pub telemetry: TelemetryOptions,
+
+    /// The threads that serve.
+    #[command(flatten)]
+    pub runtime: RuntimeOptions,
 
     /// envoyproxy/ratelimit's statistics: statsd, and their Prometheus
     /// names.

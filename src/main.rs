@@ -1,17 +1,17 @@
-//! The `ratelimitd` binary: parse the command line, start logging, bind the
-//! listeners (and say where gRPC's is, with `--address-file`), serve until
+//! The `ratelimitd` binary: parse the command line, start the runtime and
+//! logging, bind the listeners (and say where gRPC's is, with `--address-file`), serve until
 //! SIGTERM or Ctrl-C.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimitd::config::Config;
+use ratelimitd::config::upstream::Report;
 use ratelimitd::server::{self, Listeners};
 use ratelimitd::telemetry;
 use tracing::{error, info, warn};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let (config, upstream) = match Config::load() {
         Ok(loaded) => loaded,
         Err(err) => {
@@ -19,8 +19,30 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(threads) = config.runtime.worker_threads {
+        runtime.worker_threads(threads.get());
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(serve(config, upstream)),
+        Err(err) => {
+            eprintln!("ratelimitd: cannot start the runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts logging, binds the listeners and serves until a shutdown signal.
+async fn serve(config: Config, upstream: Report) -> ExitCode {
     telemetry::init(config.telemetry.log_format, config.telemetry.log_level);
-    info!(?config, "starting ratelimitd {}", env!("CARGO_PKG_VERSION"));
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    info!(
+        ?config,
+        worker_threads,
+        "starting ratelimitd {}",
+        env!("CARGO_PKG_VERSION")
+    );
     if upstream.active {
         // Warn: upstream's default level is WARN, and this changes defaults.
         warn!(

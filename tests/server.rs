@@ -142,6 +142,36 @@ async fn starts_on_the_embedded_store_and_says_state_is_not_shared() {
     assert!(log.contains("NOT shared"), "start-up log: {log}");
 }
 
+/// `--worker-threads` sets how many threads serve; without it, as many as
+/// the cores the process may use. The start-up log says how many.
+#[tokio::test]
+async fn worker_threads_set_the_threads_that_serve() {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get());
+    let threads = if cores == 5 { 7 } else { 5 };
+    for (flags, expected) in [
+        (
+            vec!["--worker-threads".to_owned(), threads.to_string()],
+            threads,
+        ),
+        (vec![], cores),
+    ] {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = ServerProcess::start_logged(&flags).await;
+        let decided = server
+            .client()
+            .await
+            .check_limit(request("k", fixed_window(1, Duration::from_secs(1)), None))
+            .await
+            .expect("a decision");
+        assert!(decided.into_inner().allowed);
+        let log = server.log();
+        assert!(
+            log.contains(&format!("worker_threads={expected}")),
+            "{flags:?}: start-up log: {log}"
+        );
+    }
+}
+
 /// SIGTERM while a call waits on a frozen Redis: a health watcher sees
 /// NOT_SERVING, the call in flight still gets its answer, and the process
 /// exits 0.

@@ -521,3 +521,13 @@ fn the_table_names_only_flags_we_have_and_help_names_the_variables() {
     );
     assert!(help.contains("REDIS_TIMEOUT"), "{help}");
 }
+
+#[test]
+fn worker_threads_default_to_the_cores_and_zero_is_refused() {
+    let (config, _) = load(&[], &[]).unwrap();
+    assert_eq!(config.runtime.worker_threads, None);
+    let (config, _) = load(&["--worker-threads", "3"], &[]).unwrap();
+    assert_eq!(config.runtime.worker_threads.map(|n| n.get()), Some(3));
+    let err = load(&["--worker-threads", "0"], &[]).unwrap_err();
+    assert!(err.contains("--worker-threads"), "{err}");
+}

@@ -1,7 +1,9 @@
 //! The gRPC listener's options: where to serve, how long shutdown serves
-//! on and then waits, and whether reflection is on.
+//! on and then waits, and whether reflection is on; and the threads that
+//! serve.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,4 +45,17 @@ pub struct ListenerOptions {
     #[arg(long, env = "RATELIMITD_REFLECTION", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub reflection: bool,
+}
+
+/// The threads that serve.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+#[command(next_help_heading = "Runtime")]
+pub struct RuntimeOptions {
+    /// Threads that serve calls and talk to the stores. Default: as many as
+    /// the cores this process may use (its CPU affinity and cgroup quota).
+    /// On a host where other busy processes (Redis, Envoy, the
+    /// application) share those cores, fewer threads spend less CPU waking
+    /// one another: give ratelimitd as many as the cores it has to itself.
+    #[arg(long, env = "RATELIMITD_WORKER_THREADS")]
+    pub worker_threads: Option<NonZeroUsize>,
 }
