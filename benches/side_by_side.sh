@@ -17,6 +17,7 @@
 #   LIMITADOR_BIN=/path/to/limitador-server benches/side_by_side.sh
 #   LIMITADOR_SRC=/path/to/limitador benches/side_by_side.sh  # builds it once
 #   STORE=memory ROUNDS=5 DURATION=10s benches/side_by_side.sh
+#   OURS_FLAGS="--worker-threads 1" benches/side_by_side.sh  # more ratelimitd flags
 #
 # LIMITADOR_SRC is a Kuadrant/limitador source tree; it is built with
 # `cargo build --release -p limitador-server` into LIMITADOR_TARGET (default
@@ -80,8 +81,9 @@ cat > "$WORK/limitador.yaml" <<EOF
 EOF
 
 OURS_PORT=$(free_port)
+read -r -a ours_flags <<< "${OURS_FLAGS:-}"
 "$BIN/ratelimitd" --listen "127.0.0.1:$OURS_PORT" --http-listen "" --config "$WORK/rules" \
-    "${ours_args[@]}" > "$WORK/ratelimitd.log" 2>&1 &
+    "${ours_args[@]}" "${ours_flags[@]}" > "$WORK/ratelimitd.log" 2>&1 &
 PIDS+=($!)
 THEIRS_PORT=$(free_port)
 "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$THEIRS_PORT" --http-ip 127.0.0.1 \
@@ -129,6 +131,9 @@ bench() { # port [extra] -> "decisions/s p50 p99 p99.9" (µs)
         python3 "$WORK/summary.py"
 }
 
+print_machine
+echo "ratelimitd flags: ${OURS_FLAGS:-(none)}"
+echo
 echo "| round | server | h2load req/s | closed loop decisions/s | p50 / p99 / p99.9 µs | open 50% p99 µs | open 90% p99 µs |"
 echo "|---|---|---:|---:|---|---:|---:|"
 declare -A H2 CLOSED
