@@ -28,8 +28,13 @@
 local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
                         used, cost, reset_after, window_sent, cost_sent)
   if aligned == 1 then
-    redis.call('HSET', key, 'w', window, 'n', used + cost)
-    redis.call('PEXPIREAT', key, window_end_ms)
+    if in_window then
+      -- The key expires with its window, as set when the window began.
+      redis.call('HINCRBY', key, 'n', cost_sent)
+    else
+      redis.call('HSET', key, 'w', window, 'n', cost_sent)
+      redis.call('PEXPIREAT', key, window_end_ms)
+    end
     return window_end_ms * 1000 - now
   elseif aligned == 2 then
     redis.call('INCRBY', key, cost_sent)
