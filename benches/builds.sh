@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One or more builds of ratelimitd under the same CheckLimit load, in
-# alternating rounds A B A B ..., each on a private redis-server and on its
+# One or more builds of ratelimitd under the same CheckLimit (or, with
+# TARGET=should-rate-limit, ShouldRateLimit) load, in alternating rounds
+# A B A B ..., each on a private redis-server and on its
 # embedded store: decisions/s, latency, and the CPU each process spent per
 # decision (from /proc/<pid>/stat), with Redis's script calls per decision.
 # Closed loop, 50 in flight, 2 connections, 10 000 uniform keys, fixed
@@ -16,6 +17,8 @@
 #   benches/builds.sh /tmp/before /tmp/after
 #   ROUNDS=3 STORES=redis benches/builds.sh "/tmp/before:--redis-batch-calls 1" /tmp/after
 #   COMMANDSTATS=1 ...   # also Redis's INFO commandstats after each run
+#   TARGET=should-rate-limit ...  # Envoy's ShouldRateLimit instead, on the
+#                                 # rules side_by_side.sh serves
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +26,7 @@ ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10s}
 WARM_UP=${WARM_UP:-2s}
 STORES=${STORES:-redis embedded}
+TARGET=${TARGET:-check-limit}
 [ $# -ge 1 ] || { echo "usage: benches/builds.sh BUILD_DIR[:FLAGS]..." >&2; exit 2; }
 
 cargo build --release --features bench --bin ratelimitd-bench --quiet
@@ -31,6 +35,15 @@ BENCH=target/release/ratelimitd-bench
 source benches/common.sh
 
 print_machine
+echo "target: $TARGET"
+target_flags=(--target "$TARGET")
+rules_flags=()
+if [ "$TARGET" = should-rate-limit ]; then
+    mkdir -p "$WORK/rules"
+    "$BENCH" --print-envoy-config --domain bench --limit 1000000000 --window 1m \
+        > "$WORK/rules/bench.yaml"
+    rules_flags=(--config "$WORK/rules")
+fi
 echo
 echo "| round | build | store | decisions/s | p50 µs | p99 µs | script calls per decision | CPU µs per decision: bench / ratelimitd / redis |"
 echo "|---|---|---|---:|---:|---:|---:|---|"
@@ -45,15 +58,17 @@ for round in $(seq 1 "$ROUNDS"); do
             store_flags=()
             [ "$store" = redis ] && store_flags=(--redis-url "$REDIS_URL")
             "$dir/ratelimitd" --listen "127.0.0.1:$port" --http-listen "" \
-                "${store_flags[@]}" "${flags[@]}" > "$WORK/ratelimitd.log" 2>&1 &
+                "${store_flags[@]}" "${rules_flags[@]}" "${flags[@]}" \
+                > "$WORK/ratelimitd.log" 2>&1 &
             server=$!
             PIDS+=("$server")
             wait_port "$port"
-            "$BENCH" --address "http://127.0.0.1:$port" --duration "$WARM_UP" --warm-up 0s \
+            "$BENCH" "${target_flags[@]}" --address "http://127.0.0.1:$port" \
+                --duration "$WARM_UP" --warm-up 0s \
                 --key-prefix "w$round:" > /dev/null
             calls0=$(script_calls); s0=$(cpu_seconds "$server"); r0=$(cpu_seconds "$REDIS_PID")
             TIMEFORMAT='%U %S'
-            bench_cpu=$( { time "$BENCH" --address "http://127.0.0.1:$port" \
+            bench_cpu=$( { time "$BENCH" "${target_flags[@]}" --address "http://127.0.0.1:$port" \
                 --duration "$DURATION" --warm-up 0s --key-prefix "m$round:" \
                 --json > "$WORK/report.json"; } 2>&1 )
             calls1=$(script_calls); s1=$(cpu_seconds "$server"); r1=$(cpu_seconds "$REDIS_PID")
