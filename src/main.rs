@@ -1,6 +1,6 @@
 //! The `ratelimitd` binary: parse the command line, start the runtime and
-//! logging, bind the listeners (and say where gRPC's is, with `--address-file`), serve until
-//! SIGTERM or Ctrl-C.
+//! logging, bind the listeners (and say where gRPC's is, with
+//! `--address-file`), serve until SIGTERM or Ctrl-C.
 
 use std::path::Path;
 use std::process::ExitCode;
