@@ -21,12 +21,13 @@
 -- key; the window's end, for reset_after, is the aligned one at `now`.
 
 -- Counts `cost` more units in KEY's window (see fixed_window's layouts) and
--- returns the window's reset_after_us as it stands after counting.
+-- returns the window's reset_after_us as it stands after counting, then,
+-- for a plain counter counted by INCRBY, what it holds now.
 -- `window_sent` and `cost_sent` are `window_ms` and `cost` as the caller
 -- sent them (text): Redis 7.0 turns a number given to redis.call into text
 -- with printf's %.17g, which costs it more than the command itself.
 local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-                        used, cost, reset_after, window_sent, cost_sent)
+                        reset_after, window_sent, cost_sent)
   if aligned == 1 then
     if in_window then
       -- The key expires with its window, as set when the window began.
@@ -37,12 +38,11 @@ local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_
     end
     return window_end_ms * 1000 - now
   elseif aligned == 2 then
-    redis.call('INCRBY', key, cost_sent)
+    local total = redis.call('INCRBY', key, cost_sent)
     redis.call('PEXPIRE', key, window_sent)
-    return window_end_ms * 1000 - now
+    return window_end_ms * 1000 - now, total
   elseif in_window then
-    redis.call('INCRBY', key, cost_sent)
-    return reset_after
+    return reset_after, redis.call('INCRBY', key, cost_sent)
   end
   redis.call('SET', key, cost_sent, 'PX', window_sent)
   return window_ms * 1000
@@ -70,13 +70,16 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, wi
     -- did not write; it is overwritten with one.
     in_window = ttl_ms >= 0
     if in_window then
+      reset_after = ttl_ms * 1000
       if count_at_once then
-        used = redis.call('INCRBY', key, cost_sent) - cost
+        local total
+        reset_after, total = fw_count(key, now, window_ms, aligned, nil, nil, true, reset_after,
+          window_sent, cost_sent)
+        used = total - cost
         counted = true
       else
         used = tonumber(redis.call('GET', key)) or 0
       end
-      reset_after = ttl_ms * 1000
     end
   else
     window = math.floor(now / (window_ms * 1000))
@@ -87,9 +90,10 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, wi
       in_window = tonumber(stored[1]) == window
       stored = stored[2]
     elseif count_at_once then
-      used = redis.call('INCRBY', key, cost_sent) - cost
-      redis.call('PEXPIRE', key, window_sent)
-      reset_after = window_end_ms * 1000 - now
+      local total
+      reset_after, total = fw_count(key, now, window_ms, aligned, window, window_end_ms, true, 0,
+        window_sent, cost_sent)
+      used = total - cost
       counted = true
     else
       stored = redis.call('GET', key)
@@ -109,7 +113,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, wi
     if count_at_once then
       if not counted then
         reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-          used, cost, reset_after, window_sent, cost_sent)
+          reset_after, window_sent, cost_sent)
       end
       remaining = limit - used - cost
       if remaining < 0 then
@@ -128,7 +132,7 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, wi
   end
   if cost > 0 and spend ~= DRY and not counted then
     reset_after = fw_count(key, now, window_ms, aligned, window, window_end_ms, in_window,
-      used, cost, reset_after, window_sent, cost_sent)
+      reset_after, window_sent, cost_sent)
   end
   if aligned == 1 then
     return 1, remaining - cost, reset_after, 0, window
