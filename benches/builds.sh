@@ -39,9 +39,7 @@ echo "target: $TARGET"
 target_flags=(--target "$TARGET")
 rules_flags=()
 if [ "$TARGET" = should-rate-limit ]; then
-    mkdir -p "$WORK/rules"
-    "$BENCH" --print-envoy-config --domain bench --limit 1000000000 --window 1m \
-        > "$WORK/rules/bench.yaml"
+    write_side_by_side_rules "$BENCH" "$WORK/rules"
     rules_flags=(--config "$WORK/rules")
 fi
 echo

@@ -88,3 +88,16 @@ start_redis_cluster() {
     CLUSTER_URLS=$(printf 'redis://%s,' "${addresses[@]}")
     CLUSTER_URLS=${CLUSTER_URLS%,}
 }
+
+# The limit of the rules benches/side_by_side.sh serves: high enough that
+# nothing is denied, so every request is counted.
+SIDE_BY_SIDE_LIMIT=1000000000
+
+# Writes those rules into folder $2 with the ratelimitd-bench binary $1:
+# domain "bench", a fixed window of one minute per value of the
+# descriptor "key".
+write_side_by_side_rules() {
+    mkdir -p "$2"
+    "$1" --print-envoy-config --domain bench --limit "$SIDE_BY_SIDE_LIMIT" --window 1m \
+        > "$2/bench.yaml"
+}

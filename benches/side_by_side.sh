@@ -58,7 +58,7 @@ fi
 cargo build --release --features bench --bins --quiet
 BIN=target/release
 
-LIMIT=1000000000
+LIMIT=$SIDE_BY_SIDE_LIMIT
 ours_args=()
 theirs_store=(memory)
 if [ "$STORE" = redis ]; then
@@ -68,9 +68,7 @@ if [ "$STORE" = redis ]; then
 fi
 
 # The same limit twice: a descriptor ("key", <value>), a counter per value.
-mkdir -p "$WORK/rules"
-"$BIN/ratelimitd-bench" --print-envoy-config --domain bench --limit "$LIMIT" --window 1m \
-    > "$WORK/rules/bench.yaml"
+write_side_by_side_rules "$BIN/ratelimitd-bench" "$WORK/rules"
 cat > "$WORK/limitador.yaml" <<EOF
 - namespace: bench
   max_value: $LIMIT
