@@ -125,6 +125,7 @@ fn broken_call(prefix: &str) -> Batchable {
         batch: scripts.batch,
         node_batch: scripts.node_batch,
         keys: vec![format!("{prefix}broken")],
+        reply_values: script::REPLY_PER_LIMIT,
         args: {
             let mut values = redis::Cmd::new();
             for arg in args {
@@ -168,7 +169,7 @@ async fn together(
         .invoke_async(redis)
         .await
         .expect("the batch runs");
-    let Value::Array(replies) = reply else {
+    let Some(replies) = invocation.replies(reply.clone()) else {
         panic!("the batch replied {reply:?}");
     };
     replies
@@ -451,20 +452,19 @@ async fn a_cluster_node_batch_stops_a_call_whose_keys_live_elsewhere_before_it_w
     // Each on its own would spend the local key before reaching the other.
     let half_here = call(&[&also_local, &elsewhere], Mode::Each);
     let after = call(&[&local], Mode::Decide);
-    let reply: Value = Batchable::together_on_node(&[&decided, &moved, &half_here, &after])
-        .expect("calls")
-        .invoke_async(&mut node)
-        .await
-        .expect("the batch runs");
-    let Value::Array(replies) = reply else {
+    let batch =
+        Batchable::together_on_node(&[&decided, &moved, &half_here, &after]).expect("calls");
+    let reply: Value = batch.invoke_async(&mut node).await.expect("the batch runs");
+    let Some(replies) = batch.replies(reply.clone()) else {
         panic!("the batch replied {reply:?}");
     };
     let text = |reply: &Value| match reply {
         Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
         other => panic!("expected an error's text, got {other:?}"),
     };
+    // An allowed limit's first value is what remains.
     let remaining = |reply: &Value| match reply {
-        Value::Array(values) => values[1].clone(),
+        Value::Array(values) => values[0].clone(),
         other => panic!("expected a decision, got {other:?}"),
     };
     assert_eq!(remaining(&replies[0]), Value::Int(4));

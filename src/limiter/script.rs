@@ -96,9 +96,9 @@ pub static REFUND: LazyLock<Script> = LazyLock::new(|| {
 /// (decide) or mark (refund).
 pub const ARGS_PER_LIMIT: usize = 6;
 
-/// Reply values per limit: allowed, remaining, reset_after, retry_after,
-/// mark.
-pub const REPLY_PER_LIMIT: usize = 5;
+/// Reply values per limit: remaining (`-1 - remaining` if denied),
+/// reset_after, and the mark (allowed) or retry_after (denied).
+pub const REPLY_PER_LIMIT: usize = 3;
 
 /// How [`DECIDE`] decides a call's limits: its last `ARGV` value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +232,7 @@ pub fn decide_batchable_on(
         node_batch: scripts.node_batch,
         keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
         args,
+        reply_values: REPLY_PER_LIMIT * limits.len(),
     }
 }
 
@@ -363,10 +364,12 @@ pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>,
         .collect()
 }
 
-/// One limit's part of the reply, `{allowed, remaining, reset_after_us,
-/// retry_after_us (-1: never), mark}`.
+/// One limit's part of the reply, `{state, reset_after_us, last}`: `state`
+/// is the remaining units if the limit allows and `-1 - remaining` if it
+/// denies; `last` is the mark of an allowed limit, and the retry_after_us
+/// (-1: never) of a denied one.
 fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, StoreError> {
-    let &[allowed, remaining, reset_after, retry_after, mark] = reply else {
+    let &[state, reset_after, last] = reply else {
         return Err(StoreError::Reply(format!(
             "script replied {} values, not {REPLY_PER_LIMIT}",
             reply.len()
@@ -377,31 +380,23 @@ fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, StoreErro
             .map_err(|_| StoreError::Reply(format!("script replied {name} = {value}")))
     };
     let limit = algorithm.limit();
-    let remaining = non_negative("remaining", remaining)?;
     let reset_after = Micros::from_micros(non_negative("reset_after", reset_after)?);
-    let decision = match (allowed, retry_after) {
-        // An allowed limit has nothing to wait for.
-        (1, 0) => Decision::allowed(limit, remaining, reset_after),
-        (1, other) => {
-            return Err(StoreError::Reply(format!(
-                "script replied allowed = 1 with retry_after = {other}"
-            )));
-        }
-        (0, -1) => Decision::denied(limit, remaining, reset_after, RetryAfter::Never),
-        (0, value) => {
-            let wait = Micros::from_micros(non_negative("retry_after", value)?);
-            let retry_after = RetryAfter::After(wait);
-            Decision::denied(limit, remaining, reset_after, retry_after)
-        }
-        (other, _) => {
-            return Err(StoreError::Reply(format!(
-                "script replied allowed = {other}"
-            )));
-        }
+    if let Ok(remaining) = u64::try_from(state) {
+        return Ok(Decided {
+            decision: Decision::allowed(limit, remaining, reset_after),
+            mark: SpendMark::from_reply(algorithm, last)?,
+        });
+    }
+    // `state` is negative: -1 - state is at most i64::MAX.
+    let remaining = non_negative("remaining", -1 - state)?;
+    let retry_after = match last {
+        -1 => RetryAfter::Never,
+        wait => RetryAfter::After(Micros::from_micros(non_negative("retry_after", wait)?)),
     };
     Ok(Decided {
-        decision,
-        mark: SpendMark::from_reply(algorithm, mark)?,
+        decision: Decision::denied(limit, remaining, reset_after, retry_after),
+        // A denied limit spent nothing: there is nothing to give back.
+        mark: SpendMark::Unmarked,
     })
 }
 
@@ -426,17 +421,27 @@ mod tests {
             shadow: false,
         };
         let limits = [limit, limit];
-        assert!(decode(&limits, &[1, 2, 0, 0, 0]).is_err());
-        assert!(decode(&limits[..1], &[2, 2, 0, 0, 0]).is_err());
-        assert!(decode(&limits[..1], &[1, -1, 0, 0, 0]).is_err());
-        let decided = decode(&limits[..1], &[0, 0, 5, -1, 0]).expect("valid");
+        assert!(decode(&limits, &[2, 0, 0]).is_err());
+        assert!(decode(&limits[..1], &[2, 0, 0, 0, 0]).is_err());
+        assert!(decode(&limits[..1], &[2, -1, 0]).is_err());
+        assert!(
+            decode(&limits[..1], &[2, 0, -1]).is_err(),
+            "a negative mark"
+        );
+        assert!(
+            decode(&limits[..1], &[-1, 0, -2]).is_err(),
+            "a wait below never"
+        );
+        let decided = decode(&limits[..1], &[-1, 5, -1]).expect("valid");
+        assert!(!decided[0].decision.is_allowed());
+        assert_eq!(decided[0].decision.remaining(), 0);
         assert_eq!(decided[0].decision.retry_after(), RetryAfter::Never);
         assert_eq!(decided[0].decision.limit(), 3);
         assert_eq!(decided[0].mark, SpendMark::Unmarked);
     }
 
     #[test]
-    fn an_allowed_reply_with_a_wait_is_an_error_not_a_decision() {
+    fn the_sign_of_the_first_value_says_allowed_or_denied() {
         let algorithm = fixed();
         let limits = [ScriptLimit {
             key: "k",
@@ -444,16 +449,31 @@ mod tests {
             cost: 1,
             shadow: false,
         }];
-        for wait in [-1, 1] {
-            let err = decode(&limits, &[1, 2, 0, wait, 0]).expect_err("allowed with a wait");
-            assert!(err.to_string().contains("retry_after"), "{err}");
-        }
-        assert!(decode(&limits, &[0, 2, 0, -2, 0]).is_err());
-        let allowed = decode(&limits, &[1, 2, 7, 0, 0]).expect("valid")[0].decision;
+        let allowed = decode(&limits, &[2, 7, 0]).expect("valid")[0].decision;
         assert!(allowed.is_allowed());
+        assert_eq!(allowed.retry_after(), RetryAfter::After(Micros::ZERO));
         assert_eq!(
             (allowed.remaining(), allowed.reset_after()),
             (2, Micros::from_micros(7))
+        );
+        let denied = decode(&limits, &[-3, 7, 900]).expect("valid")[0].decision;
+        assert!(!denied.is_allowed());
+        assert_eq!(
+            (
+                denied.remaining(),
+                denied.reset_after(),
+                denied.retry_after()
+            ),
+            (
+                2,
+                Micros::from_micros(7),
+                RetryAfter::After(Micros::from_micros(900))
+            )
+        );
+        let at_bottom = decode(&limits, &[i64::MIN, 0, 1]).expect("valid")[0].decision;
+        assert_eq!(
+            at_bottom.remaining(),
+            u64::try_from(i64::MAX).expect("fits")
         );
     }
 }

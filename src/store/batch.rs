@@ -18,8 +18,11 @@
 //! `KEYS` every call's keys, one call's after the other's; `ARGV` the number
 //! of calls `n` and of forms `m`, then each call's form (1 to `m`), then
 //! each form's number of keys, then each form's number of values, then
-//! every form's values; its reply, `n` replies in order, each the call's own
-//! reply or, as a string, the text of the error it met. Redis spends a good
+//! every form's values; its reply, every call's reply in order in one flat
+//! list, each the call's own values (as many as [`Batchable::reply_values`]
+//! says) or, as one string, the text of the error it met. Redis spends a
+//! good part of a script call on each list in its reply, hence one list
+//! rather than one per call. Redis spends a good
 //! part of a batch on turning its values into strings, twice (its own and
 //! Lua's), so a value sent once per form rather than once per call is work
 //! saved on the one process every instance shares.
@@ -29,6 +32,8 @@
 //! the first call's first key alone, which routes the batch to the node.
 //! A call there whose key the node does not serve (the slot moved) is
 //! stopped before it writes anything and goes out again on its own.
+
+mod reply;
 
 use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -41,6 +46,7 @@ use redis::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
+use self::reply::{not_served_here, reply_of_one, split_replies};
 use super::breaker::CircuitBreaker;
 use crate::error::StoreError;
 
@@ -72,6 +78,9 @@ pub struct Batchable {
     /// used as a list of arguments, so that building a call and laying it
     /// into a batch takes no allocation per value.
     pub args: Cmd,
+    /// How many values the call's reply has when the script decides it:
+    /// its part of a batch's flat reply.
+    pub reply_values: usize,
 }
 
 impl Batchable {
@@ -155,7 +164,11 @@ impl Batchable {
         {
             evalsha.arg(value);
         }
-        Some(BatchCall { script, evalsha })
+        Some(BatchCall {
+            script,
+            evalsha,
+            reply_values: calls.iter().map(|call| call.reply_values).collect(),
+        })
     }
 
     /// The same form as `other`: as many keys, and the same values (as
@@ -226,6 +239,8 @@ pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
 pub struct BatchCall {
     script: &'static Script,
     evalsha: Cmd,
+    /// Each call's [`Batchable::reply_values`], in order.
+    reply_values: Vec<usize>,
 }
 
 impl BatchCall {
@@ -246,6 +261,13 @@ impl BatchCall {
             }
             reply => reply,
         }
+    }
+
+    /// The batch script's flat `reply` as each call's own: its values as
+    /// one list, or the text of the error it met; none if the reply is not
+    /// laid out as this batch's.
+    pub fn replies(&self, reply: Value) -> Option<Vec<Value>> {
+        split_replies(self.reply_values.iter().copied(), reply).ok()
     }
 }
 
@@ -360,44 +382,6 @@ impl Batcher {
     }
 }
 
-/// One call's part of the batch script's reply: its own reply, or the
-/// error it met, as its own call would have met it.
-fn reply_of_one(reply: Value) -> Result<Value, RedisError> {
-    let text = match reply {
-        Value::BulkString(text) => text,
-        Value::SimpleString(text) => text.into_bytes(),
-        value => return Ok(value),
-    };
-    let mut line = Vec::with_capacity(text.len() + 3);
-    line.push(b'-');
-    line.extend(text.iter().map(|&byte| match byte {
-        b'\r' | b'\n' => b' ',
-        other => other,
-    }));
-    line.extend(b"\r\n");
-    match redis::parse_redis_value(&line) {
-        Ok(Value::ServerError(err)) => Err(err.into()),
-        Ok(_) => Err(RedisError::from((
-            redis::ErrorKind::Extension,
-            "script error",
-            String::from_utf8_lossy(&text).into_owned(),
-        ))),
-        Err(err) => Err(err),
-    }
-}
-
-/// Did a call of a Redis Cluster node's batch stop because the node does
-/// not serve its keys (their slot moved, or is moving) or cannot serve them
-/// now (the cluster is down)? Redis stops a script's command on such a key
-/// before it runs, and the batch script touches every key of a call before
-/// deciding it, so the call wrote nothing: it can go out on its own, to
-/// the node that serves it, and meet there what it would have met alone.
-fn not_served_here(err: &RedisError) -> bool {
-    let text = err.to_string();
-    text.contains("Script attempted to access a non local key")
-        || text.contains("while the cluster is down")
-}
-
 /// Hands each caller of `batch` its part of the batch script's `reply`,
 /// and tells `breaker` how the call went; `classify` reads a call's error
 /// as the store reads any.
@@ -407,8 +391,10 @@ pub(super) fn answer_all(
     breaker: &CircuitBreaker,
     classify: fn(RedisError) -> StoreError,
 ) {
+    let reply = reply
+        .map(|reply| split_replies(batch.iter().map(|pending| pending.call.reply_values), reply));
     match reply {
-        Ok(Value::Array(replies)) if replies.len() == batch.len() => {
+        Ok(Ok(replies)) => {
             breaker.record_success();
             for (pending, reply) in batch.into_iter().zip(replies) {
                 match reply_of_one(reply) {
@@ -418,7 +404,7 @@ pub(super) fn answer_all(
                 }
             }
         }
-        Ok(other) => {
+        Ok(Err(other)) => {
             breaker.record_success();
             let err = StoreError::Reply(format!("batch script replied {other:?}"));
             for pending in batch {
@@ -472,6 +458,7 @@ mod tests {
             node_batch: &SCRIPT,
             keys: keys.iter().map(|&key| key.to_owned()).collect(),
             args,
+            reply_values: 2 * keys.len(),
         }
     }
 
@@ -523,7 +510,8 @@ mod tests {
         let (down, down_outcome) = queued("c");
         let (broken, broken_outcome) = queued("d");
         let reply = Value::Array(vec![
-            Value::Array(vec![Value::Int(1)]),
+            Value::Int(1),
+            Value::Int(2),
             Value::BulkString(
                 b"ERR Script attempted to access a non local key in a cluster node script: 1f"
                     .to_vec(),
@@ -542,7 +530,7 @@ mod tests {
         );
         assert!(matches!(
             decided_outcome.await,
-            Ok(Outcome::Reply(Value::Array(_)))
+            Ok(Outcome::Reply(Value::Array(values))) if values == [Value::Int(1), Value::Int(2)]
         ));
         assert!(matches!(moved_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["b"]));
         assert!(matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["c"]));

@@ -294,9 +294,9 @@ async fn redis_direct(
     )
     .await;
     match reply {
-        Ok(Ok(reply)) => match reply.first() {
-            Some(1) => Outcome::Allowed,
-            Some(0) => Outcome::Denied,
+        Ok(Ok(reply)) => match script::decode(&[limit], &reply).as_deref() {
+            Ok([decided]) if decided.decision.is_allowed() => Outcome::Allowed,
+            Ok([_]) => Outcome::Denied,
             _ => Outcome::Error(format!("script replied {reply:?}")),
         },
         Ok(Err(err)) => Outcome::Error(format!("redis {:?}", err.kind())),

@@ -3,12 +3,13 @@
 -- above this part in the same script; `limiter::script` is its Rust side
 -- (encoder, decoder, and the names of the numbers below).
 --
--- `decide_call(keys, k0, a0, count)` decides one call whose keys are
--- keys[k0 + 1] to keys[k0 + count] and whose values start after ARGV[a0];
--- the layout below is that of a call alone (keys = KEYS, k0 = a0 = 0,
--- count = #KEYS), which single.lua, this part's tail in the single-call
+-- `decide_call(keys, k0, a0, count, reply, r0)` decides one call whose
+-- keys are keys[k0 + 1] to keys[k0 + count] and whose values start after
+-- ARGV[a0], and writes its reply's values into `reply` after reply[r0];
+-- the layout below is that of a call alone (keys = KEYS, k0 = a0 = r0 =
+-- 0, count = #KEYS), which single.lua, this part's tail in the single-call
 -- script, decides. The batch driver (batch.lua) decides many such calls in
--- one script.
+-- one script, into one reply.
 --
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
@@ -32,10 +33,13 @@
 --            'denied'  the call is denied by a limit decided elsewhere (a
 --                      cached denial): each limit's denial of its cost, or,
 --                      if it would allow, what it has; nothing written
--- Reply    five integers per limit, limit i's from 5 * (i - 1) + 1:
---          allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
---          never), mark (what refund.lua needs to take a spend back)
-local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 5
+-- Reply    three integers per limit, limit i's from 3 * (i - 1) + 1:
+--          remaining if it allows, -1 - remaining if it denies;
+--          reset_after_us; and, if it allows, the mark (what refund.lua
+--          needs to take a spend back), if it denies, retry_after_us (-1:
+--          never). Three rather than five: Redis spends more on each value
+--          of a script's reply than on a command.
+local ARGS_PER_LIMIT, REPLY_PER_LIMIT = 6, 3
 
 -- Each limit's values as decide_limit reads them, turned into numbers once
 -- per script call and kept by where they start in ARGV: in a batch, the
@@ -78,37 +82,48 @@ local function decide_limit(keys, k0, a0, i, cost, spend)
   error('unknown algorithm ' .. tostring(algorithm))
 end
 
--- Writes limit i's five values into `reply`.
-local function answer(reply, i, allowed, remaining, reset_after, retry_after, mark)
-  local at = REPLY_PER_LIMIT * (i - 1)
-  reply[at + 1] = allowed
-  reply[at + 2] = remaining
-  reply[at + 3] = reset_after
-  reply[at + 4] = retry_after
-  reply[at + 5] = mark
+-- An algorithm's five values as a limit's three in the reply (this part's
+-- header).
+local function reply_values(allowed, remaining, reset_after, retry_after, mark)
+  if allowed == 1 then
+    return remaining, reset_after, mark
+  end
+  return -1 - remaining, reset_after, retry_after
+end
+
+-- Writes limit i's reply values into `reply`, the call's starting after
+-- reply[r0].
+local function answer(reply, r0, i, allowed, remaining, reset_after, retry_after, mark)
+  local at = r0 + REPLY_PER_LIMIT * (i - 1)
+  reply[at + 1], reply[at + 2], reply[at + 3] =
+    reply_values(allowed, remaining, reset_after, retry_after, mark)
+end
+
+-- Did limit i, as written into `reply` (the call's after reply[r0]), allow?
+local function allowed_in(reply, r0, i)
+  return reply[r0 + REPLY_PER_LIMIT * (i - 1) + 1] >= 0
 end
 
 local function cost_of(a0, i)
   return limit_at(a0 + ARGS_PER_LIMIT * (i - 1))[5]
 end
 
-local function decide_call(keys, k0, a0, count)
+local function decide_call(keys, k0, a0, count, reply, r0)
   local mode = ARGV[a0 + ARGS_PER_LIMIT * count + 1]
   if mode == 'decide' and count == 1 then
-    -- Alone, a limit spends only if it allows: no dry run needed. (The
-    -- constructor sizes the reply once.)
-    return { decide_limit(keys, k0, a0, 1, cost_of(a0, 1), IF_ALLOWED) }
+    -- Alone, a limit spends only if it allows: no dry run needed.
+    answer(reply, r0, 1, decide_limit(keys, k0, a0, 1, cost_of(a0, 1), IF_ALLOWED))
+    return
   end
-  local reply = {}
   if mode == 'dry' or mode == 'look' then
     for i = 1, count do
       local cost = 0
       if mode == 'dry' then
         cost = cost_of(a0, i)
       end
-      answer(reply, i, decide_limit(keys, k0, a0, i, cost, DRY))
+      answer(reply, r0, i, decide_limit(keys, k0, a0, i, cost, DRY))
     end
-    return reply
+    return
   end
   if mode == 'denied' then
     for i = 1, count do
@@ -118,15 +133,15 @@ local function decide_call(keys, k0, a0, count)
         allowed, remaining, reset_after, retry_after, mark =
           decide_limit(keys, k0, a0, i, 0, DRY)
       end
-      answer(reply, i, allowed, remaining, reset_after, retry_after, mark)
+      answer(reply, r0, i, allowed, remaining, reset_after, retry_after, mark)
     end
-    return reply
+    return
   end
   if mode == 'each' then
     for i = 1, count do
-      answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), ALWAYS))
+      answer(reply, r0, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), ALWAYS))
     end
-    return reply
+    return
   end
   if mode ~= 'decide' then
     error('unknown mode ' .. tostring(mode))
@@ -137,20 +152,18 @@ local function decide_call(keys, k0, a0, count)
   -- reports its denial and an allowing one what it has.
   local all_allow = true
   for i = 1, count do
-    answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), DRY))
-    if reply[REPLY_PER_LIMIT * (i - 1) + 1] == 0
-      and ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 6] ~= '1' then
+    answer(reply, r0, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), DRY))
+    if not allowed_in(reply, r0, i) and ARGV[a0 + ARGS_PER_LIMIT * (i - 1) + 6] ~= '1' then
       all_allow = false
     end
   end
   for i = 1, count do
-    if reply[REPLY_PER_LIMIT * (i - 1) + 1] == 1 then
+    if allowed_in(reply, r0, i) then
       if all_allow then
-        answer(reply, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), IF_ALLOWED))
+        answer(reply, r0, i, decide_limit(keys, k0, a0, i, cost_of(a0, i), IF_ALLOWED))
       else
-        answer(reply, i, decide_limit(keys, k0, a0, i, 0, DRY))
+        answer(reply, r0, i, decide_limit(keys, k0, a0, i, 0, DRY))
       end
     end
   end
-  return reply
 end
