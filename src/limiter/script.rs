@@ -66,8 +66,13 @@ pub static DECIDE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_LUA].concat()));
 
 /// [`DECIDE`] for many calls at once (see `store::batch`).
-pub static DECIDE_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&[ALGORITHMS_LUA, CLOCK_LUA, DECIDE_BATCH_LUA].concat()));
+pub static DECIDE_BATCH: LazyLock<Script> = LazyLock::new(|| Script::new(&decide_batch_source()));
+
+/// The text of [`DECIDE_BATCH`], for a tool that loads and calls it itself
+/// (`ratelimitd-bench --print-batch-script`).
+pub fn decide_batch_source() -> String {
+    [ALGORITHMS_LUA, CLOCK_LUA, DECIDE_BATCH_LUA].concat()
+}
 
 /// [`DECIDE`] for many calls at once on one node of a Redis Cluster.
 pub static DECIDE_NODE_BATCH: LazyLock<Script> = LazyLock::new(|| {

@@ -28,6 +28,10 @@ fn main() -> ExitCode {
         eprintln!("ratelimitd-bench: {err}");
         return ExitCode::from(2);
     }
+    if options.print_batch_script {
+        print!("{}", ratelimitd::limiter::script::decide_batch_source());
+        return ExitCode::SUCCESS;
+    }
     if options.print_envoy_config {
         return match target::envoy_config(&options) {
             Ok(config) => {

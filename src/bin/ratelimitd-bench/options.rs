@@ -128,6 +128,11 @@ pub(crate) struct Options {
     /// exit.
     #[arg(long)]
     pub print_envoy_config: bool,
+
+    /// Print the Lua script ratelimitd runs on a standalone Redis to decide
+    /// many calls at once (its layout: `batch.lua`'s header), and exit.
+    #[arg(long)]
+    pub print_batch_script: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
