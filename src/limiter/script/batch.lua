@@ -35,8 +35,8 @@
 -- is decided: on a Redis Cluster, a key this node does not serve then
 -- stops the call before it writes anything (a call of one key stops at its
 -- first access anyway), and the caller sends it again on its own.
-local function touch_then_decide(keys, k0, a0, count, touch_first, replies, r0)
-  if touch_first and count > 1 then
+local function touch_then_decide(keys, k0, a0, count, replies, r0)
+  if count > 1 then
     for i = 1, count do
       redis.call('EXISTS', keys[k0 + i])
     end
@@ -52,12 +52,15 @@ local function decide_calls(keys, k0, a0, touch_first)
     form_at[f] = a0
     a0 = a0 + tonumber(ARGV[2 + calls + forms + f])
   end
+  local decide = decide_call
+  if touch_first then
+    decide = touch_then_decide
+  end
   local replies, n = {}, 0
   for j = 1, calls do
     local form = tonumber(ARGV[2 + j])
     local count = form_keys[form]
-    local ok, err = pcall(touch_then_decide, keys, k0, form_at[form], count, touch_first,
-      replies, n)
+    local ok, err = pcall(decide, keys, k0, form_at[form], count, replies, n)
     if ok then
       n = n + REPLY_PER_LIMIT * count
     else
