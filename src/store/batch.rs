@@ -20,9 +20,9 @@
 //! each form's number of keys, then each form's number of values, then
 //! every form's values; its reply, every call's reply in order in one flat
 //! list, each the call's own values (as many as [`Batchable::reply_values`]
-//! says) or, as one string, the text of the error it met. Redis spends a
-//! good part of a script call on each list in its reply, hence one list
-//! rather than one per call. Redis spends a good
+//! says) or, as one string, the text of the error it met (one list: Redis
+//! spends more on each list in a script's reply than on a command).
+//! Redis spends a good
 //! part of a batch on turning its values into strings, twice (its own and
 //! Lua's), so a value sent once per form rather than once per call is work
 //! saved on the one process every instance shares.

@@ -4,10 +4,11 @@
 
 use redis::{RedisError, Value};
 
-/// A batch script's flat `reply` (this module's header) cut into each
-/// call's, given how many values each call's reply has (`reply_values`):
-/// a list of those values, or the error's text where the call met one. A
-/// reply of another shape comes back whole, as the error.
+/// A batch script's flat `reply` cut into each call's, given how many
+/// values each call's reply has (`reply_values`): a list of those values,
+/// or the error's text where the call met one. A call of no values has
+/// nothing that can fail, so text after it is the next call's. A reply of
+/// another shape comes back whole, as the error.
 pub(super) fn split_replies(
     reply_values: impl Iterator<Item = usize> + Clone,
     reply: Value,
@@ -20,7 +21,7 @@ pub(super) fn split_replies(
     let mut at = 0;
     for count in reply_values.clone() {
         at += match values.get(at) {
-            Some(value) if is_text(value) => 1,
+            Some(value) if count > 0 && is_text(value) => 1,
             _ => count,
         };
     }
@@ -30,7 +31,7 @@ pub(super) fn split_replies(
     let mut replies = Vec::new();
     let mut values = values.into_iter();
     for count in reply_values {
-        if values.as_slice().first().is_some_and(is_text) {
+        if count > 0 && values.as_slice().first().is_some_and(is_text) {
             replies.extend(values.next());
         } else {
             replies.push(Value::Array(values.by_ref().take(count).collect()));
@@ -93,6 +94,11 @@ mod tests {
                 text("ERR a"),
                 Value::Array(vec![int(3), int(4), int(5)]),
             ])
+        );
+        // A call of no values cannot fail: the text is the next call's.
+        assert_eq!(
+            split_replies([0, 1].into_iter(), Value::Array(vec![text("ERR c")])),
+            Ok(vec![Value::Array(vec![]), text("ERR c")])
         );
         // Too few values, one too many, a value where an error's text
         // would end the reply: each comes back whole.
