@@ -11,6 +11,8 @@
 #                reply of the same shape (one flat list, three integers per
 #                call)
 #   one-integer  same-work replying one integer per call
+#   list-of-five same-work replying as ratelimitd's script used to: a list
+#                per call, five integers in each
 #   empty        a loop over the keys that calls nothing: EVALSHA's own cost
 #   baseline     with BASELINE=<file>, that batch script (another build's
 #                `ratelimitd-bench --print-batch-script`), laid out the same
@@ -35,8 +37,8 @@ source benches/common.sh
 need redis-benchmark "apt-get install redis-tools"
 
 target/release/ratelimitd-bench --print-batch-script > "$WORK/ratelimitd.lua"
-SCRIPTS=(ratelimitd same-work one-integer empty)
-DECIDING=(ratelimitd same-work one-integer)
+SCRIPTS=(ratelimitd same-work list-of-five one-integer empty)
+DECIDING=(ratelimitd same-work list-of-five one-integer)
 if [ -n "${BASELINE:-}" ]; then
     cp "$BASELINE" "$WORK/baseline.lua"
     SCRIPTS=(baseline "${SCRIPTS[@]}")
@@ -70,6 +72,7 @@ same_work "local at = 3 * (j - 1)
   replies[at + 1], replies[at + 2], replies[at + 3] = limit - used - 1, reset_after, 0" \
     > "$WORK/same-work.lua"
 same_work "replies[j] = limit - used - 1" > "$WORK/one-integer.lua"
+same_work "replies[j] = { 1, limit - used - 1, reset_after, 0, 0 }" > "$WORK/list-of-five.lua"
 cat > "$WORK/empty.lua" <<'EOF'
 local n = 0
 for j = 1, #KEYS do
