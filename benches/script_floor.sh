@@ -10,9 +10,9 @@
 #                PTTL, then GET and INCRBY, or SET ... PX, per call) and a
 #                reply of the same shape (one flat list, three integers per
 #                call)
-#   one-integer  same-work replying one integer per call
 #   list-of-five same-work replying as ratelimitd's script used to: a list
 #                per call, five integers in each
+#   one-integer  same-work replying one integer per call
 #   empty        a loop over the keys that calls nothing: EVALSHA's own cost
 #   baseline     with BASELINE=<file>, that batch script (another build's
 #                `ratelimitd-bench --print-batch-script`), laid out the same
