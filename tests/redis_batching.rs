@@ -169,7 +169,7 @@ async fn together(
         .invoke_async(redis)
         .await
         .expect("the batch runs");
-    let Some(replies) = invocation.replies(reply.clone()) else {
+    let Some(replies) = Batchable::replies_of(calls, reply.clone()) else {
         panic!("the batch replied {reply:?}");
     };
     replies
@@ -452,10 +452,10 @@ async fn a_cluster_node_batch_stops_a_call_whose_keys_live_elsewhere_before_it_w
     // Each on its own would spend the local key before reaching the other.
     let half_here = call(&[&also_local, &elsewhere], Mode::Each);
     let after = call(&[&local], Mode::Decide);
-    let batch =
-        Batchable::together_on_node(&[&decided, &moved, &half_here, &after]).expect("calls");
+    let calls = [&decided, &moved, &half_here, &after];
+    let batch = Batchable::together_on_node(&calls).expect("calls");
     let reply: Value = batch.invoke_async(&mut node).await.expect("the batch runs");
-    let Some(replies) = batch.replies(reply.clone()) else {
+    let Some(replies) = Batchable::replies_of(&calls, reply.clone()) else {
         panic!("the batch replied {reply:?}");
     };
     let text = |reply: &Value| match reply {

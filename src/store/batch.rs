@@ -164,11 +164,15 @@ impl Batchable {
         {
             evalsha.arg(value);
         }
-        Some(BatchCall {
-            script,
-            evalsha,
-            reply_values: calls.iter().map(|call| call.reply_values).collect(),
-        })
+        Some(BatchCall { script, evalsha })
+    }
+
+    /// The batch script's flat `reply` to `calls` (as laid out by
+    /// [`Batchable::together`] or [`Batchable::together_on_node`]) as each
+    /// call's own: its values as one list, or the text of the error it met;
+    /// none if the reply is not laid out for these calls.
+    pub fn replies_of(calls: &[&Self], reply: Value) -> Option<Vec<Value>> {
+        split_replies(calls.iter().map(|call| call.reply_values), reply).ok()
     }
 
     /// The same form as `other`: as many keys, and the same values (as
@@ -239,8 +243,6 @@ pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
 pub struct BatchCall {
     script: &'static Script,
     evalsha: Cmd,
-    /// Each call's [`Batchable::reply_values`], in order.
-    reply_values: Vec<usize>,
 }
 
 impl BatchCall {
@@ -261,13 +263,6 @@ impl BatchCall {
             }
             reply => reply,
         }
-    }
-
-    /// The batch script's flat `reply` as each call's own: its values as
-    /// one list, or the text of the error it met; none if the reply is not
-    /// laid out as this batch's.
-    pub fn replies(&self, reply: Value) -> Option<Vec<Value>> {
-        split_replies(self.reply_values.iter().copied(), reply).ok()
     }
 }
 
