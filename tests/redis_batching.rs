@@ -119,21 +119,12 @@ fn batchable(call: &Call, algorithms: &[Algorithm], prefix: &str) -> Batchable {
 /// A call the script cannot decide: an unknown algorithm.
 fn broken_call(prefix: &str) -> Batchable {
     let args = ["xx", "1", "1", "0", "1", "0", "decide"];
-    let scripts = scripts_at();
-    Batchable {
-        single: scripts.single,
-        batch: scripts.batch,
-        node_batch: scripts.node_batch,
-        keys: vec![format!("{prefix}broken")],
-        reply_values: script::REPLY_PER_LIMIT,
-        args: {
-            let mut values = redis::Cmd::new();
-            for arg in args {
-                values.arg(arg);
-            }
-            values
-        },
+    let mut arguments = redis::Cmd::new();
+    arguments.arg(format!("{prefix}broken"));
+    for arg in args {
+        arguments.arg(arg);
     }
+    Batchable::new(scripts_at(), arguments, 1, script::REPLY_PER_LIMIT)
 }
 
 async fn alone(redis: &mut MultiplexedConnection, call: &Batchable, now: u64) -> Value {

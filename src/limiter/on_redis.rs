@@ -9,6 +9,7 @@ use crate::error::StoreError;
 use crate::limit::{Decision, LimitRequest};
 use crate::store::RedisStore;
 use futures::future::join_all;
+use redis::Value;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
@@ -217,11 +218,17 @@ fn script_partitions(
     groups: &Groups,
     members: impl IntoIterator<Item = usize>,
 ) -> Vec<Vec<usize>> {
-    let partitions = if redis.is_cluster() {
-        groups.by_slot(members)
-    } else {
-        vec![members.into_iter().collect()]
-    };
+    if !redis.is_cluster() {
+        let members: Vec<usize> = members.into_iter().collect();
+        if members.len() <= MAX_LIMITS_PER_SCRIPT {
+            return vec![members];
+        }
+        return members
+            .chunks(MAX_LIMITS_PER_SCRIPT)
+            .map(<[usize]>::to_vec)
+            .collect();
+    }
+    let partitions = groups.by_slot(members);
     partitions
         .iter()
         .flat_map(|members| members.chunks(MAX_LIMITS_PER_SCRIPT).map(<[usize]>::to_vec))
@@ -255,17 +262,25 @@ async fn on_every_node(
     partitions: &[Vec<usize>],
     mode: Mode,
 ) -> Result<Answers, StoreError> {
-    let replies = join_all(
-        partitions
-            .iter()
-            .map(|members| run_decide(redis, groups, requests, members, mode)),
-    )
-    .await;
     let mut answers = vec![None; groups.unique.len()];
+    if let [members] = partitions {
+        // One script (every call on a standalone Redis or Sentinel): no
+        // joining, which would take room for the futures of every script.
+        run_decide(redis, groups, requests, members, mode, &mut answers).await?;
+        return Ok(Answers(answers));
+    }
+    let replies = join_all(partitions.iter().map(|members| {
+        let mut answers = vec![None; groups.unique.len()];
+        async move {
+            run_decide(redis, groups, requests, members, mode, &mut answers).await?;
+            Ok::<_, StoreError>(answers)
+        }
+    }))
+    .await;
     for (members, reply) in partitions.iter().zip(replies) {
-        // `script::decode` gives exactly one answer per member.
-        for (&g, decided) in members.iter().zip(reply?) {
-            answers[g] = Some(decided);
+        let reply = reply?;
+        for &g in members {
+            answers[g] = reply[g];
         }
     }
     Ok(Answers(answers))
@@ -292,20 +307,24 @@ fn script_limits<'a>(
 }
 
 /// One call of the decision script for the groups `members` (all on one
-/// node): one answer per member, in order.
+/// node): each member's answer into `answers`, by group index.
 async fn run_decide(
     redis: &RedisStore,
     groups: &Groups,
     requests: &[LimitRequest],
     members: &[usize],
     mode: Mode,
-) -> Result<Vec<Decided>, StoreError> {
+    answers: &mut [Option<Decided>],
+) -> Result<(), StoreError> {
     let limits = script_limits(groups, requests, members);
     let slot_key = limits.first().map_or("", |limit| limit.key);
-    let reply: Vec<i64> = redis
+    let reply: Value = redis
         .run_batched(slot_key, script::decide_batchable(mode, &limits))
         .await?;
-    script::decode(&limits, &reply)
+    // `decode_each` gives exactly one answer per member.
+    script::decode_each(&limits, &reply, |i, decided| {
+        answers[members[i]] = Some(decided);
+    })
 }
 
 /// Gives back what the groups `members` (all on one node) spent.

@@ -6,10 +6,11 @@
 
 use std::sync::LazyLock;
 
-use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs};
+use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
 
 use crate::error::StoreError;
 use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
+pub use crate::store::BatchScripts;
 use crate::store::{Batchable, CLOCK_LUA, script_values};
 
 /// The most limits one script call decides. Each costs the script a few
@@ -212,17 +213,6 @@ pub fn decide_batchable(mode: Mode, limits: &[ScriptLimit<'_>]) -> Batchable {
     )
 }
 
-/// The three forms of [`DECIDE`] a batchable call names.
-#[derive(Debug, Clone, Copy)]
-pub struct BatchScripts {
-    /// The call alone ([`DECIDE`]).
-    pub single: &'static Script,
-    /// Many calls on a standalone Redis ([`DECIDE_BATCH`]).
-    pub batch: &'static Script,
-    /// Many calls on one node of a Redis Cluster ([`DECIDE_NODE_BATCH`]).
-    pub node_batch: &'static Script,
-}
-
 /// A call of `scripts` (the [`DECIDE`] family, or, in tests, the same
 /// under a clock of their own) for `limits` in `mode`.
 pub fn decide_batchable_on(
@@ -230,33 +220,29 @@ pub fn decide_batchable_on(
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> Batchable {
-    let args = decide_args(mode, limits);
-    Batchable {
-        single: scripts.single,
-        batch: scripts.batch,
-        node_batch: scripts.node_batch,
-        keys: limits.iter().map(|limit| limit.key.to_owned()).collect(),
-        args,
-        reply_values: REPLY_PER_LIMIT * limits.len(),
+    let values = ARGS_PER_LIMIT * limits.len() + 1;
+    let key_bytes = limits.iter().map(|limit| limit.key.len()).sum::<usize>();
+    // Each value is a short number or word.
+    let mut arguments = Cmd::with_capacity(limits.len() + values, key_bytes + 8 * values);
+    for limit in limits {
+        arguments.arg(limit.key);
     }
+    write_decide_args(&mut arguments, mode, limits);
+    Batchable::new(
+        scripts,
+        arguments,
+        limits.len(),
+        REPLY_PER_LIMIT * limits.len(),
+    )
 }
 
-/// `decide.lua`'s values for `limits` in `mode`, in one buffer (see
-/// [`Batchable::args`]).
-fn decide_args(mode: Mode, limits: &[ScriptLimit<'_>]) -> Cmd {
-    let values = ARGS_PER_LIMIT * limits.len() + 1;
-    // Each value is a short number or word.
-    let mut args = Cmd::with_capacity(values, 8 * values);
+/// Appends `decide.lua`'s values for `limits` in `mode` to `args` (see
+/// [`Batchable::new`]).
+fn write_decide_args(args: &mut Cmd, mode: Mode, limits: &[ScriptLimit<'_>]) {
     for limit in limits {
-        push_limit(
-            &mut args,
-            limit.algorithm,
-            limit.cost,
-            u64::from(limit.shadow),
-        );
+        push_limit(args, limit.algorithm, limit.cost, u64::from(limit.shadow));
     }
-    put(&mut args, mode.arg());
-    args
+    put(args, mode.arg());
 }
 
 /// A call of `script`, a [`DECIDE`] with a clock of its own (tests), for
@@ -266,7 +252,8 @@ pub fn decide_call_on<'s>(
     mode: Mode,
     limits: &[ScriptLimit<'_>],
 ) -> ScriptInvocation<'s> {
-    let args = decide_args(mode, limits);
+    let mut args = Cmd::new();
+    write_decide_args(&mut args, mode, limits);
     let mut invocation = script.prepare_invoke();
     for limit in limits {
         invocation.key(limit.key);
@@ -369,6 +356,40 @@ pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>,
         .collect()
 }
 
+/// Reads [`DECIDE`]'s reply for `limits` as Redis sent it (a list of
+/// integers): limit `i`'s [`Decided`] goes to `each(i, decided)`, in order,
+/// or an error says what was out of range. Nothing is collected, so a
+/// caller keeps the answers where it wants them.
+pub fn decode_each(
+    limits: &[ScriptLimit<'_>],
+    reply: &Value,
+    mut each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
+    let Value::Array(values) = reply else {
+        return Err(StoreError::Reply(format!("script replied {reply:?}")));
+    };
+    if values.len() != REPLY_PER_LIMIT * limits.len() {
+        return Err(StoreError::Reply(format!(
+            "script replied {} values for {} limits",
+            values.len(),
+            limits.len()
+        )));
+    }
+    let integer = |value: &Value| match value {
+        Value::Int(integer) => Ok(*integer),
+        other => Err(StoreError::Reply(format!("script replied {other:?}"))),
+    };
+    for (i, (limit, part)) in limits
+        .iter()
+        .zip(values.chunks_exact(REPLY_PER_LIMIT))
+        .enumerate()
+    {
+        let part = [integer(&part[0])?, integer(&part[1])?, integer(&part[2])?];
+        each(i, decode_one(limit.algorithm, &part)?);
+    }
+    Ok(())
+}
+
 /// One limit's part of the reply, `{state, reset_after_us, last}`: `state`
 /// is the remaining units if the limit allows and `-1 - remaining` if it
 /// denies; `last` is the mark of an allowed limit, and the retry_after_us
@@ -443,6 +464,44 @@ mod tests {
         assert_eq!(decided[0].decision.retry_after(), RetryAfter::Never);
         assert_eq!(decided[0].decision.limit(), 3);
         assert_eq!(decided[0].mark, SpendMark::Unmarked);
+    }
+
+    #[test]
+    fn a_reply_as_redis_sent_it_is_read_limit_by_limit() {
+        let algorithm = fixed();
+        let limit = ScriptLimit {
+            key: "k",
+            algorithm: &algorithm,
+            cost: 1,
+            shadow: false,
+        };
+        let integers =
+            |values: &[i64]| Value::Array(values.iter().map(|&v| Value::Int(v)).collect());
+        let mut read = Vec::new();
+        decode_each(
+            &[limit, limit],
+            &integers(&[2, 7, 0, -1, 5, 900]),
+            |i, decided| {
+                read.push((
+                    i,
+                    decided.decision.is_allowed(),
+                    decided.decision.remaining(),
+                ));
+            },
+        )
+        .expect("valid");
+        assert_eq!(read, [(0, true, 2), (1, false, 0)]);
+
+        let ignore = |_, _| {};
+        assert!(decode_each(&[limit], &integers(&[2, 7]), ignore).is_err());
+        assert!(decode_each(&[limit], &integers(&[2, -1, 0]), ignore).is_err());
+        assert!(decode_each(&[limit], &Value::Int(2), ignore).is_err());
+        let text = Value::Array(vec![
+            Value::Int(2),
+            Value::BulkString(b"7".to_vec()),
+            Value::Int(0),
+        ]);
+        assert!(decode_each(&[limit], &text, ignore).is_err());
     }
 
     #[test]

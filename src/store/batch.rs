@@ -19,7 +19,7 @@
 //! of calls `n` and of forms `m`, then each call's form (1 to `m`), then
 //! each form's number of keys, then each form's number of values, then
 //! every form's values; its reply, every call's reply in order in one flat
-//! list, each the call's own values (as many as [`Batchable::reply_values`]
+//! list, each the call's own values (as many as its [`Batchable`]
 //! says) or, as one string, the text of the error it met (one list: Redis
 //! spends more on each list in a script's reply than on a command).
 //! Redis spends a good
@@ -62,35 +62,68 @@ const MAX_CALLS: usize = 64;
 /// the longest single call.
 const MAX_KEYS: usize = 64;
 
-/// One script call that may go out in a batch: its keys and values, the
-/// script that runs it alone, and the batch script that runs many of them.
-#[derive(Debug)]
-pub struct Batchable {
-    /// The script for this call alone.
+/// The scripts of a call that may go out in a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchScripts {
+    /// The script for the call alone.
     pub single: &'static Script,
     /// The script for many such calls (the layout in this module's header).
     pub batch: &'static Script,
     /// The script for many such calls on one node of a Redis Cluster.
     pub node_batch: &'static Script,
-    /// The call's keys.
-    pub keys: Vec<String>,
-    /// The call's values, in one buffer: a [`Cmd`] with no command name,
-    /// used as a list of arguments, so that building a call and laying it
-    /// into a batch takes no allocation per value.
-    pub args: Cmd,
+}
+
+/// One script call that may go out in a batch: its keys and values, the
+/// script that runs it alone, and the batch script that runs many of them.
+#[derive(Debug)]
+pub struct Batchable {
+    scripts: BatchScripts,
+    /// The call's keys, then its values, in one buffer: a [`Cmd`] with no
+    /// command name, used as a list of arguments, so that building a call
+    /// and laying it into a batch takes no allocation per key or value.
+    arguments: Cmd,
+    /// How many of `arguments` are keys.
+    key_count: usize,
     /// How many values the call's reply has when the script decides it:
     /// its part of a batch's flat reply.
-    pub reply_values: usize,
+    reply_values: usize,
 }
 
 impl Batchable {
+    /// A call of `scripts` whose `arguments` are its keys (the first
+    /// `key_count`), then its values, and whose reply, when the script
+    /// decides it, has `reply_values` values.
+    pub fn new(
+        scripts: BatchScripts,
+        arguments: Cmd,
+        key_count: usize,
+        reply_values: usize,
+    ) -> Self {
+        Self {
+            scripts,
+            arguments,
+            key_count,
+            reply_values,
+        }
+    }
+
+    /// The call's keys.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        script_values(&self.arguments).take(self.key_count)
+    }
+
+    /// The call's values.
+    pub fn values(&self) -> impl Iterator<Item = &[u8]> {
+        script_values(&self.arguments).skip(self.key_count)
+    }
+
     /// The call alone, as the single script.
     pub fn alone(&self) -> ScriptInvocation<'static> {
-        let mut invocation = self.single.prepare_invoke();
-        for key in &self.keys {
+        let mut invocation = self.scripts.single.prepare_invoke();
+        for key in self.keys() {
             invocation.key(key);
         }
-        for arg in script_values(&self.args) {
+        for arg in self.values() {
             invocation.arg(arg);
         }
         invocation
@@ -118,16 +151,16 @@ impl Batchable {
     fn laid_out(calls: &[&Self], on_node: bool) -> Option<BatchCall> {
         let first = calls.first()?;
         let script = if on_node {
-            first.node_batch
+            first.scripts.node_batch
         } else {
-            first.batch
+            first.scripts.batch
         };
         let forms = Forms::of(calls);
-        let keys = calls.iter().map(|call| call.keys.len()).sum::<usize>();
+        let keys = calls.iter().map(|call| call.key_count).sum::<usize>();
         let values = forms
             .first_calls
             .iter()
-            .map(|call| call.args.args_iter().len())
+            .map(|call| call.value_count())
             .sum::<usize>();
         // Room for the command and its counts, every key and every value:
         // each a short word or number, or a key.
@@ -135,10 +168,10 @@ impl Batchable {
         let mut evalsha = Cmd::with_capacity(arguments, 24 * arguments);
         evalsha.arg("EVALSHA").arg(script.get_hash());
         if on_node {
-            evalsha.arg(1).arg(first.keys.first()?);
+            evalsha.arg(1).arg(first.keys().next()?);
         } else {
             evalsha.arg(keys);
-            calls.iter().flat_map(|call| &call.keys).for_each(|key| {
+            calls.iter().flat_map(|call| call.keys()).for_each(|key| {
                 evalsha.arg(key);
             });
         }
@@ -147,24 +180,28 @@ impl Batchable {
             evalsha.arg(form + 1);
         }
         for call in &forms.first_calls {
-            evalsha.arg(call.keys.len());
+            evalsha.arg(call.key_count);
         }
         for call in &forms.first_calls {
-            evalsha.arg(call.args.args_iter().len());
+            evalsha.arg(call.value_count());
         }
         if on_node {
-            calls.iter().flat_map(|call| &call.keys).for_each(|key| {
+            calls.iter().flat_map(|call| call.keys()).for_each(|key| {
                 evalsha.arg(key);
             });
         }
-        for value in forms
-            .first_calls
-            .iter()
-            .flat_map(|call| script_values(&call.args))
-        {
+        for value in forms.first_calls.iter().flat_map(|call| call.values()) {
             evalsha.arg(value);
         }
         Some(BatchCall { script, evalsha })
+    }
+
+    /// How many values the call has.
+    fn value_count(&self) -> usize {
+        self.arguments
+            .args_iter()
+            .len()
+            .saturating_sub(self.key_count)
     }
 
     /// The batch script's flat `reply` to `calls` (as laid out by
@@ -178,16 +215,15 @@ impl Batchable {
     /// The same form as `other`: as many keys, and the same values (as
     /// [`script_values`] reads them, and the batch sends them).
     fn same_form(&self, other: &Self) -> bool {
-        self.keys.len() == other.keys.len()
-            && script_values(&self.args).eq(script_values(&other.args))
+        self.key_count == other.key_count && self.values().eq(other.values())
     }
 
     /// A hash of the call's form, to tell most different forms apart
     /// without comparing their values.
     fn form_hash(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
-        self.keys.len().hash(&mut hasher);
-        for value in script_values(&self.args) {
+        self.key_count.hash(&mut hasher);
+        for value in self.values() {
             value.hash(&mut hasher);
         }
         hasher.finish()
@@ -227,8 +263,7 @@ impl<'a> Forms<'a> {
     }
 }
 
-/// The values a script call's `args` (as [`Batchable::args`]) holds, in
-/// order.
+/// The values a [`Cmd`] used as a list of arguments holds, in order.
 pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
     // Only a SCAN's cursor is anything but a plain value: no call here
     // has one.
@@ -343,12 +378,12 @@ impl Batcher {
                 continue;
             }
             if let Some(first) = batch.first() {
-                let full = batch.len() >= self.max_calls || keys + next.call.keys.len() > MAX_KEYS;
-                if full || !std::ptr::eq(first.call.batch, next.call.batch) {
+                let full = batch.len() >= self.max_calls || keys + next.call.key_count > MAX_KEYS;
+                if full || !std::ptr::eq(first.call.scripts.batch, next.call.scripts.batch) {
                     break;
                 }
             }
-            keys += next.call.keys.len();
+            keys += next.call.key_count;
             batch.extend(queue.pop_front());
         }
         batch
@@ -443,18 +478,16 @@ mod tests {
 
     /// A call of [`SCRIPT`] on `keys` with `values`.
     fn call(keys: &[&str], values: &[&str]) -> Batchable {
-        let mut args = Cmd::new();
-        for value in values {
-            args.arg(*value);
+        let mut arguments = Cmd::new();
+        for argument in keys.iter().chain(values) {
+            arguments.arg(*argument);
         }
-        Batchable {
+        let scripts = BatchScripts {
             single: &SCRIPT,
             batch: &SCRIPT,
             node_batch: &SCRIPT,
-            keys: keys.iter().map(|&key| key.to_owned()).collect(),
-            args,
-            reply_values: 2 * keys.len(),
-        }
+        };
+        Batchable::new(scripts, arguments, keys.len(), 2 * keys.len())
     }
 
     fn sent(batch: &BatchCall) -> Vec<String> {
@@ -527,8 +560,12 @@ mod tests {
             decided_outcome.await,
             Ok(Outcome::Reply(Value::Array(values))) if values == [Value::Int(1), Value::Int(2)]
         ));
-        assert!(matches!(moved_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["b"]));
-        assert!(matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys == ["c"]));
+        assert!(
+            matches!(moved_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"b".as_slice()]))
+        );
+        assert!(
+            matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"c".as_slice()]))
+        );
         assert!(
             matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Reply(text))) if text.contains("unknown algorithm"))
         );
