@@ -19,6 +19,7 @@
 #   COMMANDSTATS=1 ...   # also Redis's INFO commandstats after each run
 #   TARGET=should-rate-limit ...  # Envoy's ShouldRateLimit instead, on the
 #                                 # rules side_by_side.sh serves
+#   BENCH_FLAGS="--window 60s" ...  # more ratelimitd-bench flags for the load
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +38,8 @@ source benches/common.sh
 print_machine
 echo "target: $TARGET"
 target_flags=(--target "$TARGET")
+read -r -a bench_flags <<< "${BENCH_FLAGS:-}"
+target_flags+=("${bench_flags[@]}")
 rules_flags=()
 if [ "$TARGET" = should-rate-limit ]; then
     write_side_by_side_rules "$BENCH" "$WORK/rules"
