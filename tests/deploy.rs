@@ -402,7 +402,7 @@ fn the_rules_configmap_loads() {
     );
     let rules = ratelimitd::rules::compile(&files).unwrap_or_else(|err| panic!("{err}"));
     assert!(rules.has_domain("edge"));
-    let entries = [("remote_address".to_owned(), "10.0.0.1".to_owned())];
+    let entries = [("remote_address", "10.0.0.1")];
     assert!(rules.find("edge", &entries).is_some(), "a rule per address");
 }
 

@@ -390,7 +390,7 @@ mod tests {
     /// The rules `text` gives the descriptor `(key, value)`.
     fn find(text: &str, key: &str, value: &str) -> Option<Vec<Arc<Rule>>> {
         let level = compile_text(text).expect(text);
-        let entries = [(key.to_owned(), value.to_owned())];
+        let entries = [(key, value)];
         level.find(&entries).map(|found| found.rules.to_vec())
     }
 

@@ -249,7 +249,7 @@ mod tests {
         .unwrap();
         assert!(rules.has_domain("edge") && rules.policy("free").is_some());
         assert!(rules.quota("edge").is_some());
-        let entries = [("k".to_owned(), "v".to_owned())];
+        let entries = [("k", "v")];
         assert_eq!(
             rules.find("edge", &entries).map(|found| found.rules.len()),
             Some(1)

@@ -57,7 +57,7 @@ impl Rules {
     }
 
     /// The rules for a descriptor of `(key, value)` entries in `domain`.
-    pub fn find<'a>(&'a self, domain: &str, entries: &'a [(String, String)]) -> Option<Found<'a>> {
+    pub fn find<'a>(&'a self, domain: &str, entries: &[(&'a str, &'a str)]) -> Option<Found<'a>> {
         self.domains.get(domain)?.find(entries)
     }
 
@@ -67,7 +67,7 @@ impl Rules {
     pub fn request_stats_key(
         &self,
         domain: &str,
-        entries: &[(String, String)],
+        entries: &[(&str, &str)],
         detailed: bool,
     ) -> Option<String> {
         let level = self.domains.get(domain)?;

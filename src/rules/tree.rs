@@ -117,7 +117,7 @@ impl Level {
 
     /// The rules for a descriptor of `(key, value)` entries below this
     /// level.
-    pub fn find<'a>(&'a self, entries: &'a [(String, String)]) -> Option<Found<'a>> {
+    pub fn find<'a>(&'a self, entries: &[(&'a str, &'a str)]) -> Option<Found<'a>> {
         let mut level = self;
         let mut counter_values = Vec::with_capacity(entries.len());
         for (depth, (key, value)) in entries.iter().enumerate() {
@@ -164,7 +164,7 @@ impl Level {
     pub fn request_stats_key(
         &self,
         domain: &str,
-        entries: &[(String, String)],
+        entries: &[(&str, &str)],
         detailed: bool,
     ) -> String {
         let mut stat_key = domain.to_owned();
@@ -195,11 +195,11 @@ impl Level {
             // for an empty value; its others leave an empty value out.
             let (named, always) = match (detailed, shared(node, how)) {
                 (_, Some(pattern)) => (pattern, false),
-                (true, None) => (value.clone(), !any_shared),
+                (true, None) => ((*value).to_owned(), !any_shared),
                 (false, None) => match how {
-                    How::Exact => (value.clone(), false),
+                    How::Exact => ((*value).to_owned(), false),
                     How::Wildcard(_) | How::AnyValue if node.value_to_metric => {
-                        (value.clone(), false)
+                        ((*value).to_owned(), false)
                     }
                     How::Wildcard(pattern) => (pattern.to_owned(), false),
                     How::AnyValue => (String::new(), false),
@@ -236,11 +236,8 @@ mod tests {
         }
     }
 
-    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+    fn entries<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        pairs.to_vec()
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! and the limit requests the limiter decides for the counted ones, their
 //! counters named in the layout in force (`--envoy-key-layout`).
 
+use std::fmt::Write;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -285,10 +286,10 @@ fn match_descriptor(
         stats::unknown_domain(domain);
         return Ok(nothing);
     }
-    let entries: Vec<(String, String)> = descriptor
+    let entries: Vec<(&str, &str)> = descriptor
         .entries
         .iter()
-        .map(|entry| (entry.key.clone(), entry.value.clone()))
+        .map(|entry| (entry.key.as_str(), entry.value.as_str()))
         .collect();
     if let Some(limit) = &descriptor.limit {
         // A unit is at most 365 days and the limit fits: any known unit
@@ -301,7 +302,7 @@ fn match_descriptor(
                     "must be one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR",
                 )
             })?;
-        let values: Vec<&str> = entries.iter().map(|(_, value)| value.as_str()).collect();
+        let values: Vec<&str> = entries.iter().map(|&(_, value)| value).collect();
         let stats = stats::enabled()
             .then(|| stats::request_rule(&override_stats_key(domain, &entries)))
             .flatten();
@@ -333,7 +334,7 @@ fn match_descriptor(
 fn rule_stats(
     rules: &Rules,
     domain: &str,
-    entries: &[(String, String)],
+    entries: &[(&str, &str)],
     settings: &DescriptorSettings,
 ) -> Option<Arc<RuleStats>> {
     if !stats::enabled() {
@@ -351,7 +352,7 @@ fn rule_stats(
 
 /// Upstream's statistics key for a descriptor that carries its own limit:
 /// the domain, then each entry's `key` or `key_value`.
-fn override_stats_key(domain: &str, entries: &[(String, String)]) -> String {
+fn override_stats_key(domain: &str, entries: &[(&str, &str)]) -> String {
     let mut key = domain.to_owned();
     for (entry_key, value) in entries {
         key.push('.');
@@ -368,7 +369,7 @@ fn override_stats_key(domain: &str, entries: &[(String, String)]) -> String {
 /// layout and, if `layout` says so, in upstream's.
 fn counter_names(
     domain: &str,
-    entries: &[(String, String)],
+    entries: &[(&str, &str)],
     values: &[&str],
     layout: KeyLayout,
 ) -> CounterNames {
@@ -383,7 +384,7 @@ fn counter_names(
 /// its counted value, `_` (its window's start follows). Upstream's own
 /// text, `_` in keys and values included, so two descriptors whose parts
 /// run together as upstream's do share a counter as they do upstream.
-fn upstream_counter_prefix(domain: &str, entries: &[(String, String)], values: &[&str]) -> String {
+fn upstream_counter_prefix(domain: &str, entries: &[(&str, &str)], values: &[&str]) -> String {
     let mut name = String::with_capacity(domain.len() + 1);
     name.push_str(domain);
     name.push('_');
@@ -400,18 +401,22 @@ fn upstream_counter_prefix(domain: &str, entries: &[(String, String)], values: &
 /// follows): the domain, and every entry's key and counted value, each
 /// length-prefixed so that no two descriptors share a name by accident of
 /// their characters.
-fn counter_prefix(domain: &str, entries: &[(String, String)], values: &[&str]) -> String {
-    let mut key = String::new();
-    let mut push = |part: &str| {
-        key.push_str(&part.len().to_string());
-        key.push(':');
-        key.push_str(part);
-        key.push('|');
+fn counter_prefix(domain: &str, entries: &[(&str, &str)], values: &[&str]) -> String {
+    let parts = || {
+        std::iter::once(domain).chain(
+            entries
+                .iter()
+                .zip(values)
+                .flat_map(|(&(entry_key, _), &value)| [entry_key, value]),
+        )
     };
-    push(domain);
-    for ((entry_key, _), value) in entries.iter().zip(values) {
-        push(entry_key);
-        push(value);
+    // Each part, its length (at most 20 digits) and two marks: one
+    // allocation.
+    let room = parts().map(|part| part.len() + 22).sum::<usize>();
+    let mut key = String::with_capacity(room);
+    for part in parts() {
+        // Writing into a String cannot fail.
+        let _ = write!(key, "{}:{part}|", part.len());
     }
     key
 }
