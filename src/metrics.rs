@@ -9,11 +9,13 @@
 //! into nothing.
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Gauge, counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::algorithm::registry::Kind;
 use crate::error::StoreError;
 use crate::limit::Decision;
 
@@ -94,19 +96,26 @@ const ASSIGNMENT_KINDS: [&str; 4] = ["token_bucket", "allow_all", "deny_all", "a
 /// that `rate()` and `increase()` see its first increment. (A series that
 /// first appears at 1 shows no increase.)
 fn export_fixed_zeros() {
-    for api in [Api::CheckLimit, Api::Envoy] {
-        for algorithm in crate::algorithm::registry::Kind::ALL {
-            for outcome in ["allowed", "denied", "degraded"] {
-                counter!(
+    let decisions = APIS.map(|api| {
+        Kind::ALL.map(|algorithm| {
+            OUTCOMES.map(|outcome| {
+                let counter = counter!(
                     "ratelimitd_decisions_total",
                     "api" => api.label(),
                     "algorithm" => algorithm.name(),
                     "outcome" => outcome
-                )
-                .absolute(0);
-            }
-        }
-    }
+                );
+                counter.absolute(0);
+                counter
+            })
+        })
+    });
+    let in_flight = gauge!("ratelimitd_requests_in_flight");
+    // Installed once: a second install fails before this point.
+    let _ = HOT.set(HotHandles {
+        decisions,
+        in_flight,
+    });
     for result in ["success", "failure"] {
         counter!("ratelimitd_config_reloads_total", "result" => result).absolute(0);
     }
@@ -162,6 +171,26 @@ pub fn quota_policy_loaded(domain: &str, policy: &str) {
     quota_reported(domain, policy, 0, 0);
 }
 
+/// The counters and the gauge every call touches, registered once when
+/// the recorder is installed: looked up on each call, each would build its
+/// key (an allocation, with labels) and search the recorder's registry.
+/// Unset without a recorder, when nothing would record them anyway.
+struct HotHandles {
+    /// `ratelimitd_decisions_total`, by [`APIS`], [`Kind::ALL`] and
+    /// [`OUTCOMES`].
+    decisions: [[[Counter; 3]; 5]; 2],
+    /// `ratelimitd_requests_in_flight`.
+    in_flight: Gauge,
+}
+
+static HOT: OnceLock<HotHandles> = OnceLock::new();
+
+/// Every [`Api`], in [`HotHandles::decisions`]' order.
+const APIS: [Api; 2] = [Api::CheckLimit, Api::Envoy];
+
+/// A decision's outcomes, in [`HotHandles::decisions`]' order.
+const OUTCOMES: [&str; 3] = ["allowed", "denied", "degraded"];
+
 /// Which face a decision came through.
 #[derive(Debug, Clone, Copy)]
 pub enum Api {
@@ -181,15 +210,27 @@ impl Api {
 }
 
 /// One decision: allowed, denied, or degraded (made by the failure policy).
-pub fn decision(api: Api, algorithm: &'static str, decision: &Decision) {
-    let outcome = outcome(decision.is_allowed(), decision.is_degraded());
-    counter!(
-        "ratelimitd_decisions_total",
-        "api" => api.label(),
-        "algorithm" => algorithm,
-        "outcome" => outcome
-    )
-    .increment(1);
+pub fn decision(api: Api, algorithm: Kind, decision: &Decision) {
+    let Some(hot) = HOT.get() else {
+        return;
+    };
+    let api = match api {
+        Api::CheckLimit => 0,
+        Api::Envoy => 1,
+    };
+    let algorithm = Kind::ALL
+        .iter()
+        .position(|&kind| kind == algorithm)
+        .unwrap_or_default();
+    let outcome = outcome_index(decision.is_allowed(), decision.is_degraded());
+    if let Some(counter) = hot
+        .decisions
+        .get(api)
+        .and_then(|by_algorithm| by_algorithm.get(algorithm))
+        .and_then(|by_outcome| by_outcome.get(outcome))
+    {
+        counter.increment(1);
+    }
 }
 
 /// A `CheckLimit` that named a policy, by policy and outcome. Policy
@@ -270,7 +311,9 @@ pub fn statsd_dropped(lines: u64) {
 
 /// Calls in flight, up or down by one.
 pub fn in_flight(delta: f64) {
-    gauge!("ratelimitd_requests_in_flight").increment(delta);
+    if let Some(hot) = HOT.get() {
+        hot.in_flight.increment(delta);
+    }
 }
 
 /// Client connections open, up or down by one.
@@ -373,11 +416,16 @@ pub fn quota_degraded(domain: &str, policy: &str) {
 
 /// A decision's outcome label.
 fn outcome(allowed: bool, degraded: bool) -> &'static str {
+    OUTCOMES[outcome_index(allowed, degraded)]
+}
+
+/// Where the outcome is in [`OUTCOMES`].
+fn outcome_index(allowed: bool, degraded: bool) -> usize {
     if degraded {
-        "degraded"
+        2
     } else if allowed {
-        "allowed"
+        0
     } else {
-        "denied"
+        1
     }
 }

@@ -87,7 +87,7 @@ impl CheckService {
             Form::One => {
                 let request = &question.requests[0];
                 let decision = self.limiter.check(request, question.failure_policy).await?;
-                metrics::decision(Api::CheckLimit, request.algorithm.name(), &decision);
+                metrics::decision(Api::CheckLimit, request.algorithm.kind(), &decision);
                 live::decision(
                     live::Face::CheckLimit,
                     live::Origin::Request,
@@ -112,7 +112,7 @@ impl CheckService {
                     None => live::Origin::Request,
                 };
                 for (request, decision) in question.requests.iter().zip(&decisions) {
-                    metrics::decision(Api::CheckLimit, request.algorithm.name(), decision);
+                    metrics::decision(Api::CheckLimit, request.algorithm.kind(), decision);
                     live::decision(live::Face::CheckLimit, origin, request, decision);
                 }
                 let response = several_response(&labels, &decisions);

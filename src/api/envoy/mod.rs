@@ -130,7 +130,7 @@ impl EnvoyService {
                 .await?
         };
         for (request, decision) in plan.requests.iter().zip(&decisions) {
-            metrics::decision(Api::Envoy, request.algorithm.name(), decision);
+            metrics::decision(Api::Envoy, request.algorithm.kind(), decision);
         }
         live::record(&plan, &decisions);
         let answers = response::answers(&plan, &decisions, now);
