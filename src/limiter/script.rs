@@ -437,15 +437,20 @@ mod tests {
         Algorithm::FixedWindow(FixedWindow::new(3, Duration::from_secs(1)).expect("valid"))
     }
 
+    /// A limit of `algorithm` on key `k`, spending 1.
+    fn spending_one(algorithm: &Algorithm) -> ScriptLimit<'_> {
+        ScriptLimit {
+            key: "k",
+            algorithm,
+            cost: 1,
+            shadow: false,
+        }
+    }
+
     #[test]
     fn a_reply_of_the_wrong_length_or_out_of_range_is_an_error() {
         let algorithm = fixed();
-        let limit = ScriptLimit {
-            key: "k",
-            algorithm: &algorithm,
-            cost: 1,
-            shadow: false,
-        };
+        let limit = spending_one(&algorithm);
         let limits = [limit, limit];
         assert!(decode(&limits, &[2, 0, 0]).is_err());
         assert!(decode(&limits[..1], &[2, 0, 0, 0, 0]).is_err());
@@ -469,12 +474,7 @@ mod tests {
     #[test]
     fn a_reply_as_redis_sent_it_is_read_limit_by_limit() {
         let algorithm = fixed();
-        let limit = ScriptLimit {
-            key: "k",
-            algorithm: &algorithm,
-            cost: 1,
-            shadow: false,
-        };
+        let limit = spending_one(&algorithm);
         let integers =
             |values: &[i64]| Value::Array(values.iter().map(|&v| Value::Int(v)).collect());
         let mut read = Vec::new();
@@ -507,12 +507,7 @@ mod tests {
     #[test]
     fn the_sign_of_the_first_value_says_allowed_or_denied() {
         let algorithm = fixed();
-        let limits = [ScriptLimit {
-            key: "k",
-            algorithm: &algorithm,
-            cost: 1,
-            shadow: false,
-        }];
+        let limits = [spending_one(&algorithm)];
         let allowed = decode(&limits, &[2, 7, 0]).expect("valid")[0].decision;
         assert!(allowed.is_allowed());
         assert_eq!(allowed.retry_after(), RetryAfter::After(Micros::ZERO));
