@@ -120,7 +120,7 @@ async fn spend(
     cost: u64,
 ) -> (ratelimitd::limit::Decision, SpendMark) {
     let limits = [script_limit(key, limit, cost)];
-    let reply: Vec<i64> = script::decide_call(Mode::Decide, &limits)
+    let reply: redis::Value = script::decide_call(Mode::Decide, &limits)
         .invoke_async(connection)
         .await
         .expect("decision script");

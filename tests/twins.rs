@@ -183,7 +183,7 @@ impl Twins {
                 shadow: request.shadow,
             })
             .collect();
-        let reply: Vec<i64> = script::decide_call_on(&SCRIPT_AT, mode, &limits)
+        let reply: redis::Value = script::decide_call_on(&SCRIPT_AT, mode, &limits)
             .arg(self.now)
             .invoke_async(&mut self.redis)
             .await

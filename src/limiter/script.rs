@@ -339,21 +339,12 @@ fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
     put(args, last);
 }
 
-/// Reads [`DECIDE`]'s reply for `limits`: exactly one [`Decided`] per
-/// limit, in order, or an error saying what was out of range.
-pub fn decode(limits: &[ScriptLimit<'_>], reply: &[i64]) -> Result<Vec<Decided>, StoreError> {
-    if reply.len() != REPLY_PER_LIMIT * limits.len() {
-        return Err(StoreError::Reply(format!(
-            "script replied {} values for {} limits",
-            reply.len(),
-            limits.len()
-        )));
-    }
-    limits
-        .iter()
-        .zip(reply.chunks_exact(REPLY_PER_LIMIT))
-        .map(|(limit, part)| decode_one(limit.algorithm, part))
-        .collect()
+/// [`decode_each`]'s answers collected: one [`Decided`] per limit, in
+/// order.
+pub fn decode(limits: &[ScriptLimit<'_>], reply: &Value) -> Result<Vec<Decided>, StoreError> {
+    let mut decided = Vec::with_capacity(limits.len());
+    decode_each(limits, reply, |_, one| decided.push(one))?;
+    Ok(decided)
 }
 
 /// Reads [`DECIDE`]'s reply for `limits` as Redis sent it (a list of
@@ -385,7 +376,7 @@ pub fn decode_each(
         .enumerate()
     {
         let part = [integer(&part[0])?, integer(&part[1])?, integer(&part[2])?];
-        each(i, decode_one(limit.algorithm, &part)?);
+        each(i, decode_one(limit.algorithm, part)?);
     }
     Ok(())
 }
@@ -394,13 +385,10 @@ pub fn decode_each(
 /// is the remaining units if the limit allows and `-1 - remaining` if it
 /// denies; `last` is the mark of an allowed limit, and the retry_after_us
 /// (-1: never) of a denied one.
-fn decode_one(algorithm: &Algorithm, reply: &[i64]) -> Result<Decided, StoreError> {
-    let &[state, reset_after, last] = reply else {
-        return Err(StoreError::Reply(format!(
-            "script replied {} values, not {REPLY_PER_LIMIT}",
-            reply.len()
-        )));
-    };
+fn decode_one(
+    algorithm: &Algorithm,
+    [state, reset_after, last]: [i64; REPLY_PER_LIMIT],
+) -> Result<Decided, StoreError> {
     let non_negative = |name: &str, value: i64| {
         u64::try_from(value)
             .map_err(|_| StoreError::Reply(format!("script replied {name} = {value}")))
@@ -437,6 +425,19 @@ mod tests {
         Algorithm::FixedWindow(FixedWindow::new(3, Duration::from_secs(1)).expect("valid"))
     }
 
+    /// `reply`, as Redis would send it, decoded.
+    fn decode_integers(
+        limits: &[ScriptLimit<'_>],
+        reply: &[i64],
+    ) -> Result<Vec<Decided>, StoreError> {
+        decode(limits, &integers(reply))
+    }
+
+    /// `values` as Redis sends a script's list of integers.
+    fn integers(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&value| Value::Int(value)).collect())
+    }
+
     /// A limit of `algorithm` on key `k`, spending 1.
     fn spending_one(algorithm: &Algorithm) -> ScriptLimit<'_> {
         ScriptLimit {
@@ -452,18 +453,18 @@ mod tests {
         let algorithm = fixed();
         let limit = spending_one(&algorithm);
         let limits = [limit, limit];
-        assert!(decode(&limits, &[2, 0, 0]).is_err());
-        assert!(decode(&limits[..1], &[2, 0, 0, 0, 0]).is_err());
-        assert!(decode(&limits[..1], &[2, -1, 0]).is_err());
+        assert!(decode_integers(&limits, &[2, 0, 0]).is_err());
+        assert!(decode_integers(&limits[..1], &[2, 0, 0, 0, 0]).is_err());
+        assert!(decode_integers(&limits[..1], &[2, -1, 0]).is_err());
         assert!(
-            decode(&limits[..1], &[2, 0, -1]).is_err(),
+            decode_integers(&limits[..1], &[2, 0, -1]).is_err(),
             "a negative mark"
         );
         assert!(
-            decode(&limits[..1], &[-1, 0, -2]).is_err(),
+            decode_integers(&limits[..1], &[-1, 0, -2]).is_err(),
             "a wait below never"
         );
-        let decided = decode(&limits[..1], &[-1, 5, -1]).expect("valid");
+        let decided = decode_integers(&limits[..1], &[-1, 5, -1]).expect("valid");
         assert!(!decided[0].decision.is_allowed());
         assert_eq!(decided[0].decision.remaining(), 0);
         assert_eq!(decided[0].decision.retry_after(), RetryAfter::Never);
@@ -475,8 +476,6 @@ mod tests {
     fn a_reply_as_redis_sent_it_is_read_limit_by_limit() {
         let algorithm = fixed();
         let limit = spending_one(&algorithm);
-        let integers =
-            |values: &[i64]| Value::Array(values.iter().map(|&v| Value::Int(v)).collect());
         let mut read = Vec::new();
         decode_each(
             &[limit, limit],
@@ -508,14 +507,14 @@ mod tests {
     fn the_sign_of_the_first_value_says_allowed_or_denied() {
         let algorithm = fixed();
         let limits = [spending_one(&algorithm)];
-        let allowed = decode(&limits, &[2, 7, 0]).expect("valid")[0].decision;
+        let allowed = decode_integers(&limits, &[2, 7, 0]).expect("valid")[0].decision;
         assert!(allowed.is_allowed());
         assert_eq!(allowed.retry_after(), RetryAfter::After(Micros::ZERO));
         assert_eq!(
             (allowed.remaining(), allowed.reset_after()),
             (2, Micros::from_micros(7))
         );
-        let denied = decode(&limits, &[-3, 7, 900]).expect("valid")[0].decision;
+        let denied = decode_integers(&limits, &[-3, 7, 900]).expect("valid")[0].decision;
         assert!(!denied.is_allowed());
         assert_eq!(
             (
@@ -529,7 +528,7 @@ mod tests {
                 RetryAfter::After(Micros::from_micros(900))
             )
         );
-        let at_bottom = decode(&limits, &[i64::MIN, 0, 1]).expect("valid")[0].decision;
+        let at_bottom = decode_integers(&limits, &[i64::MIN, 0, 1]).expect("valid")[0].decision;
         assert_eq!(
             at_bottom.remaining(),
             u64::try_from(i64::MAX).expect("fits")

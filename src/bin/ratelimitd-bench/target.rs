@@ -290,7 +290,7 @@ async fn redis_direct(
     let invocation = script::decide_call(Mode::Decide, &[limit]);
     let reply = tokio::time::timeout(
         timeout,
-        invocation.invoke_async::<Vec<i64>>(&mut connection),
+        invocation.invoke_async::<redis::Value>(&mut connection),
     )
     .await;
     match reply {
