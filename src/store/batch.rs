@@ -19,10 +19,9 @@
 //! of calls `n` and of forms `m`, then each call's form (1 to `m`), then
 //! each form's number of keys, then each form's number of values, then
 //! every form's values; its reply, every call's reply in order in one flat
-//! list, each the call's own values (as many as its [`Batchable`]
-//! says) or, as one string, the text of the error it met (one list: Redis
-//! spends more on each list in a script's reply than on a command).
-//! Redis spends a good
+//! list, each the call's own values (as many as its [`Batchable`] says) or,
+//! as one string, the text of the error it met (one list: Redis spends more
+//! on each list in a script's reply than on a command). Redis spends a good
 //! part of a batch on turning its values into strings, twice (its own and
 //! Lua's), so a value sent once per form rather than once per call is work
 //! saved on the one process every instance shares.
