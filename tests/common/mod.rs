@@ -19,7 +19,6 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod openapi;
-pub mod pip_tool;
 pub mod process;
 pub mod prometheus;
 pub mod quota;
@@ -28,6 +27,7 @@ pub mod ratelimitd;
 pub mod redis;
 pub mod rls;
 pub mod tls;
+pub mod tools;
 pub mod wait;
 pub mod xds;
 

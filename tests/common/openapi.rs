@@ -1,15 +1,14 @@
-//! An OpenAPI document checked by openapi-spec-validator (from the venv
-//! `.ci/run` makes, else the PATH; a missing one fails with how to install
-//! it).
+//! An OpenAPI document checked by openapi-spec-validator (the suite's own
+//! install, `tools.rs`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use super::pip_tool::venv_tool;
+use super::tools;
 
 /// openapi-spec-validator's path.
 pub fn validator() -> PathBuf {
-    venv_tool("openapi-spec-validator", "openapi-spec-validator==0.9.0")
+    tools::tool("openapi-spec-validator")
 }
 
 /// Panics, with the validator's words, unless `document` is valid OpenAPI.
