@@ -206,7 +206,10 @@ ANSWER = """                  - name: envoy.filters.http.fault
 
 def common(text):
     text = once(text, ROUTER, ANSWER + ROUTER)
-    for port, to in [("10000", "0"), ("9901", "0"), ("8080", upstream), ("50051", ratelimitd)]:
+    # 10001 twice: the example's own upstream listener (none here), then
+    # the cluster's endpoint.
+    text = text.replace("port_value: 10001", "port_value: 0", 1)
+    for port, to in [("10000", "0"), ("9901", "0"), ("10001", upstream), ("50051", ratelimitd)]:
         text = once(text, f"port_value: {port}", f"port_value: {to}")
     return text
 

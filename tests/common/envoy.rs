@@ -76,10 +76,13 @@ impl Envoy {
             assert!(template.contains(from), "`{from}` is in the template");
             template = template.replace(from, to);
         }
+        // 10001 twice: the example's own upstream listener (none here),
+        // then the cluster's endpoint (the test's upstream).
         let config = [
             ("port_value: 10000", 0),
             ("port_value: 9901", 0),
-            ("port_value: 8080", ports.upstream),
+            ("port_value: 10001", 0),
+            ("port_value: 10001", ports.upstream),
             ("port_value: 50051", ports.ratelimitd),
         ]
         .into_iter()
