@@ -17,7 +17,7 @@ pub(super) const BACKLOG: u32 = 1024;
 
 /// A port that cannot be had.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {address} (--{flag}): {source}")]
+#[error("cannot listen on {address} (--{flag}): {source}: {}", remedy(.flag))]
 pub struct BindError {
     /// The flag naming the address.
     pub flag: &'static str,
@@ -69,6 +69,22 @@ impl Listeners {
     /// The debug listener's address, when on.
     pub fn debug_address(&self) -> Option<SocketAddr> {
         self.debug.as_ref().and_then(|l| l.local_addr().ok())
+    }
+}
+
+/// What to do about an address that cannot be had, for the flag naming it:
+/// a port already taken is the usual case (a second instance on one host),
+/// and only gRPC's listener is needed.
+fn remedy(flag: &str) -> String {
+    match flag {
+        "http-listen" => "the HTTP listener (JSON API, web console, health) is optional: give it \
+                          another address (--http-listen 127.0.0.1:8081) or turn it off \
+                          (--http-listen '')"
+            .to_owned(),
+        "listen" => "give gRPC another address (--listen 127.0.0.1:50052), or port 0 to have \
+                     the system choose one (--address-file writes which)"
+            .to_owned(),
+        other => format!("give it another address, or turn it off (--{other} '')"),
     }
 }
 
