@@ -4,7 +4,9 @@
 //! fresh app; the Python package built by `pip wheel` and installed with its
 //! `asgi` extra into a fresh virtualenv. Each app, its code taken from the
 //! README as written, gets six requests within 10 s: five pass, the sixth
-//! is 429 with a `Retry-After`.
+//! is 429 with a `Retry-After`. The Node app is started as the README says
+//! (`node app.js`) and is used once it prints the line the README says it
+//! prints when it listens.
 //!
 //! One change to each app, made from outside its code: a 2 s deadline
 //! instead of the clients' 300 ms, which a machine loaded by the rest of the
@@ -12,9 +14,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::{PATIENCE, ServerProcess};
 
@@ -140,21 +142,37 @@ fn install_node_app(work: &Path) -> PathBuf {
     app
 }
 
-/// Waits until something listens on 127.0.0.1:`port`.
+/// Waits until the app prints, as the README says it does once it
+/// listens, `listening on http://127.0.0.1:<port>`; panics with what it
+/// printed if it ends its output (it exited) without that line.
 async fn listening(port: u16, app: &mut Running) {
-    let deadline = Instant::now() + PATIENCE;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        if let Ok(Some(status)) = app.0.try_wait() {
-            panic!("the app exited ({status}) before listening");
+    let stdout = app.0.stdout.take().expect("the app's stdout is piped");
+    let expected = format!("listening on http://127.0.0.1:{port}");
+    let wanted = expected.clone();
+    let reading = tokio::task::spawn_blocking(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut printed = Vec::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line).expect("read the app's output") > 0 {
+            if line.trim_end() == wanted {
+                return Ok(reader.into_inner());
+            }
+            printed.push(line.trim_end().to_owned());
+            line.clear();
         }
-        assert!(
-            Instant::now() < deadline,
-            "the app did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        Err(printed)
+    });
+    let found = tokio::time::timeout(PATIENCE, reading)
+        .await
+        .unwrap_or_else(|_| panic!("the app did not print `{expected}` within {PATIENCE:?}"))
+        .expect("join");
+    match found {
+        // Kept open until the app is stopped: its output must have somewhere to go.
+        Ok(stdout) => app.0.stdout = Some(stdout),
+        Err(printed) => {
+            let status = app.0.wait().expect("the app's exit status");
+            panic!("the app exited ({status}) without printing `{expected}`: {printed:?}");
+        }
     }
 }
 
@@ -173,7 +191,7 @@ async fn the_readmes_node_app_limits_as_it_says() {
             .current_dir(&app)
             .env("PORT", port.to_string())
             .env("RATELIMITD_ADDRESS", server.address.to_string())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|err| panic!("cannot run node ({err}): {NODE_HINT}")),
     );

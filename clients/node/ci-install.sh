@@ -118,8 +118,9 @@ app.get('/allow', allowing, ok);
 app.get('/deny', denying, ok);
 app.get('/stats', (req, res) => res.json({ allowing: allowing.stats, denying: denying.stats }));
 
-const server = app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1', () => {
-  console.log(`listening on ${server.address().port}`);
+const server = app.listen(Number(process.env.PORT ?? 3000), '127.0.0.1', (err) => {
+  if (err) throw err;
+  console.log(`listening on http://127.0.0.1:${server.address().port}`);
 });
 EOF
 
@@ -212,7 +213,7 @@ env ${unset_env[@]+"${unset_env[@]}"} RATELIMITD_ADDRESS="$address" PORT=0 node 
 app_pid=$!
 port=""
 for _ in $(seq 100); do
-  port="$(sed -n 's/^listening on \([0-9]*\)$/\1/p' "$work/app.log")"
+  port="$(sed -n 's|^listening on http://127\.0\.0\.1:\([0-9]*\)$|\1|p' "$work/app.log")"
   [[ -n "$port" ]] && break
   kill -0 "$app_pid" 2>/dev/null || fail "the app exited before listening"
   sleep 0.1

@@ -277,10 +277,20 @@ export interface Checker {
 }
 
 interface MiddlewareOptions<Req> {
-  /** Derives the limited key from the request; default `req.ip`. May be async. */
+  /**
+   * Derives the limited key from the request; default the client's IP
+   * address, `ipKey(req.ip, { ipv6Subnet })`. May be async.
+   */
   keyGenerator?: (req: Req) => string | number | Promise<string | number>;
   /** The same option as `keyGenerator`, under a shorter name; pass one of them. */
   key?: (req: Req) => string | number | Promise<string | number>;
+  /**
+   * The default key's: an IPv6 client is keyed by its network of this many
+   * bits, 1 to 128 (default 56), or by its whole address with false
+   * (IPv4-mapped addresses are keyed as IPv4 either way). Not with
+   * `keyGenerator` or `key`.
+   */
+  ipv6Subnet?: number | false;
   /** Units each request spends: a number, or a function of the request (may be async). Default 1. */
   cost?: number | ((req: Req) => number | Promise<number>);
   /** Prepended to every key, so that two limiters on the same keys count separately. Default ''. */
@@ -427,3 +437,20 @@ export interface RateLimitMiddleware<Req = any, Res = any> {
 export declare function rateLimiter<Req = any, Res = any>(
   options: RateLimiterOptions<Req>,
 ): RateLimitMiddleware<Req, Res>;
+
+export interface IpKeyOptions {
+  /** IPv6 addresses are keyed by their network of this many bits, 1 to 128 (default 56); false: whole. */
+  ipv6Subnet?: number | false;
+}
+
+/**
+ * The middleware's default key of a client's address: an IPv4 address as
+ * itself; an IPv4-mapped IPv6 address (`::ffff:192.0.2.1`, however
+ * written) as its IPv4 address; any other IPv6 address as its network in
+ * RFC 5952's form, e.g. `'2001:db8:abcd:1200::/56'`, or with
+ * `ipv6Subnet: false` as the whole address in that form; a zone id
+ * dropped. Anything else (undefined, not an address) comes back as it is.
+ * Throws a TypeError or RangeError for an invalid `ipv6Subnet`.
+ */
+export declare function ipKey(address: string, options?: IpKeyOptions): string;
+export declare function ipKey(address: string | undefined, options?: IpKeyOptions): string | undefined;

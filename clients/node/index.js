@@ -3,5 +3,6 @@
 const { RateLimitClient, RateLimitError } = require('./lib/client');
 const { rateLimiter } = require('./lib/middleware');
 const { TYPES } = require('./lib/algorithms');
+const { ipKey } = require('./lib/ip-key');
 
-module.exports = { RateLimitClient, RateLimitError, rateLimiter, TYPES };
+module.exports = { RateLimitClient, RateLimitError, rateLimiter, ipKey, TYPES };

@@ -10,6 +10,7 @@ const {
   checkForm,
   checkLimits,
 } = require('./client');
+const { DEFAULT_IPV6_SUBNET, checkIpv6Subnet, keyOf } = require('./ip-key');
 
 const WHERE = 'rateLimiter';
 const OPTIONS = new Set([
@@ -26,6 +27,8 @@ const OPTIONS = new Set([
   // express-rate-limit's users know `keyGenerator`; issue examples and
   // other limiters say `key`: either names the same option.
   'key',
+  // The default key's: how much of an IPv6 address is the client.
+  'ipv6Subnet',
   'cost',
   'name',
   'prefix',
@@ -112,7 +115,15 @@ function rateLimiter(options) {
   if (options.key !== undefined && options.keyGenerator !== undefined) {
     throw new TypeError(`${WHERE}: pass one of \`key\` and \`keyGenerator\` (the same option), not both`);
   }
-  const keyGenerator = options.key ?? options.keyGenerator ?? defaultKey;
+  const ownKey = options.key ?? options.keyGenerator;
+  if (options.ipv6Subnet !== undefined && ownKey !== undefined) {
+    throw new TypeError(
+      `${WHERE}: \`ipv6Subnet\` applies to the default key only; with your own \`${options.key !== undefined ? 'key' : 'keyGenerator'}\`, ` +
+        'call ipKey(req.ip, { ipv6Subnet }) in it',
+    );
+  }
+  const ipv6Subnet = checkIpv6Subnet(options.ipv6Subnet === undefined ? DEFAULT_IPV6_SUBNET : options.ipv6Subnet, WHERE);
+  const keyGenerator = ownKey ?? ((req) => defaultKey(req, ipv6Subnet));
 
   // One limit (`type`), several (`limits`) or a policy.
   const form = checkForm(options, WHERE);
@@ -471,8 +482,10 @@ function setHeaders(res, { headerVersion, legacyHeaders, id, window, result, res
   }
 }
 
-function defaultKey(req) {
-  return req.ip ?? req.socket?.remoteAddress;
+// The client's address, one key per client: see ip-key.js. Without one
+// (a Unix socket), undefined, an error passed to next(err).
+function defaultKey(req, ipv6Subnet) {
+  return keyOf(req.ip ?? req.socket?.remoteAddress, ipv6Subnet);
 }
 
 function defaultRequestWasSuccessful(req, res) {

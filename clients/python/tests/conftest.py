@@ -209,11 +209,18 @@ def key(request: pytest.FixtureRequest) -> str:
 _addresses = itertools.count(1)
 
 
+def new_peer() -> tuple[str, int]:
+    """An ASGI `client` (host, port) in a /56 nothing else uses: the default
+    key is an IPv6 client's /56, so a limit keyed by client IP starts
+    fresh for it."""
+    return (f"2001:db8:{next(_addresses):x}:{uuid.uuid4().hex[:2]}00::1", 50000)
+
+
 @pytest.fixture
 def peer() -> tuple[str, int]:
-    """An ASGI `client` (host, port) no other test uses, so limits keyed by
-    client IP start fresh in each test."""
-    return (f"2001:db8::{next(_addresses):x}:{uuid.uuid4().hex[:4]}", 50000)
+    """A `new_peer()` for the test: limits keyed by client IP start fresh
+    in each test."""
+    return new_peer()
 
 
 @pytest.fixture

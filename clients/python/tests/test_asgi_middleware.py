@@ -15,6 +15,7 @@ from ratelimitd_client import AsyncClient, Limit
 from ratelimitd_client.asgi import RateLimitMiddleware, sf_string
 
 from app import create_app
+from conftest import new_peer
 
 
 async def ok(request):
@@ -68,7 +69,7 @@ async def test_the_example_health_probe_is_never_limited(ratelimitd, peer):
 
 async def test_clients_are_apart_by_ip(ratelimitd, peer):
     app = create_app(ratelimitd.address, deadline=DEADLINE)
-    other = (peer[0] + "1", peer[1])
+    other = new_peer()  # another /56: another client
     async with http(app, peer) as first, http(app, other) as second:
         assert [(await first.get("/")).status_code for _ in range(6)][-1] == 429
         assert (await second.get("/")).status_code == 200

@@ -16,6 +16,8 @@ from starlette.routing import Mount, Route
 from ratelimitd_client import ALGORITHMS
 from ratelimitd_client.asgi import Limiter, RateLimitMiddleware, parse_limits
 
+from conftest import new_peer
+
 DEADLINE = 2.0
 
 
@@ -179,7 +181,7 @@ async def test_stacked_decorators_each_count(ratelimitd, peer, key):
     async def limited(request):
         return PlainTextResponse("ok")
 
-    other = (peer[0] + "1", peer[1])
+    other = new_peer()
     app = app_of(limiter, [Route("/", limited)])
     async with http(app, peer) as first, http(app, other) as second:
         assert await statuses(first, "/", 2) == [200, 200]

@@ -18,9 +18,10 @@ RATELIMITD_TLS_KEY). Rate-limiting a Starlette or FastAPI app:
 
 Map: `_request.py` checks arguments and holds the algorithm table and the
 protobuf conversions; `_client.py` the two clients, their address and TLS;
-`_namespace.py` the middleware's key namespaces; `asgi.py` the middleware and
-the per-route Limiter; `_pb/` the stubs, generated at build time from the
-package's copy of the protos (proto/).
+`_namespace.py` the middleware's key namespaces; `_ip.py` its default key
+(`ip_key`: the client's address, one key per client); `asgi.py` the
+middleware and the per-route Limiter; `_pb/` the stubs, generated at build
+time from the package's copy of the protos (proto/).
 """
 
 from ._client import (
@@ -31,6 +32,7 @@ from ._client import (
     credentials_from_env,
     resolve_address,
 )
+from ._ip import ip_key
 from ._request import (
     ALGORITHM_ALIASES,
     ALGORITHMS,
@@ -58,5 +60,6 @@ __all__ = [
     "build_request",
     "canonical_algorithm",
     "credentials_from_env",
+    "ip_key",
     "resolve_address",
 ]

@@ -64,6 +64,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 from ._client import DEFAULT_DEADLINE, AsyncClient
+from ._ip import DEFAULT_IPV6_SUBNET, check_ipv6_subnet, ip_key
 from ._namespace import namespace
 from ._request import (
     ALGORITHMS,
@@ -81,6 +82,7 @@ __all__ = [
     "RateLimitMiddleware",
     "Stats",
     "client_ip",
+    "ip_key",
     "parse_limits",
 ]
 
@@ -98,11 +100,14 @@ WARN_INTERVAL = 10.0
 logger = logging.getLogger("ratelimitd_client.asgi")
 
 
-def client_ip(request: Request) -> str:
+def client_ip(request: Request, ipv6_subnet: int | None = DEFAULT_IPV6_SUBNET) -> str:
     """The default key: the peer's address as the ASGI server reports it
     (behind a proxy, the proxy's unless the server rewrites it: uvicorn
-    `--proxy-headers --forwarded-allow-ips=...`)."""
-    return request.client.host if request.client else "unknown"
+    `--proxy-headers --forwarded-allow-ips=...`), as `ip_key` writes it:
+    an IPv4-mapped address as its IPv4 address, another IPv6 address as
+    its /56 (`ipv6_subnet`; as a Limiter's key, the Limiter's
+    `ipv6_subnet`). "unknown" without a peer (a Unix socket)."""
+    return ip_key(request.client.host, ipv6_subnet) if request.client else "unknown"
 
 
 @dataclass
@@ -291,7 +296,9 @@ class Limiter:
     """The limits of an app's routes, and how to apply them.
 
     - `key_func(request)`: who is limited (sync or async; default
-      `client_ip`);
+      `client_ip`); `ipv6_subnet`: how `client_ip` keys an IPv6 client, by
+      its network of that many bits (1 to 128, default 56), or whole
+      (None or False); IPv4-mapped addresses are keyed as IPv4 either way;
     - `default_limits`: a limit string ("100/minute") or a dict of
       `limit()`'s options, for every route without a `@limiter.limit` of
       its own (None: those are not limited);
@@ -323,11 +330,18 @@ class Limiter:
         on_degraded: Callable[[Request, Degraded], Any] | None = None,
         headers: bool = True,
         prefix: str = "",
+        ipv6_subnet: int | None = DEFAULT_IPV6_SUBNET,
     ) -> None:
         if on_service_error not in ("allow", "deny"):
             raise ValueError(f"on_service_error must be 'allow' or 'deny' (got {on_service_error!r})")
         if not callable(key_func):
             raise ValueError(f"key_func must be a function of the request (got {key_func!r})")
+        self.ipv6_subnet = check_ipv6_subnet(ipv6_subnet)
+        if key_func is not client_ip and ipv6_subnet != DEFAULT_IPV6_SUBNET:
+            raise ValueError(
+                "ipv6_subnet applies to the default key (client_ip) only; with your own key_func, "
+                "call ip_key(request.client.host, ipv6_subnet=...) in it"
+            )
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a str (got {prefix!r})")
         self.key_func = key_func
@@ -481,7 +495,11 @@ class Limiter:
         return limited
 
     async def _key(self, rule: _Rule, request: Request) -> str:
-        key = await _maybe_await((rule.key_func or self.key_func)(request))
+        key_func = rule.key_func or self.key_func
+        if key_func is client_ip:  # the default key, by this limiter's ipv6_subnet
+            key = client_ip(request, self.ipv6_subnet)
+        else:
+            key = await _maybe_await(key_func(request))
         if not isinstance(key, str) or not key:
             raise ValueError(f"key_func(request) must return a non-empty str (got {key!r})")
         key = self.prefix + rule.namespace + key
@@ -554,12 +572,13 @@ class RateLimitMiddleware:
     `Limiter`'s route limits. Without `limiter`, the keyword arguments are
     one limit for every route: `Limiter.limit`'s options (`limit=5,
     window_ms=10_000`, `policy="free-tier"`, `limits=[...]`, `cost`,
-    `name`, ...) and `Limiter`'s (`key_func`, `address`,
+    `name`, ...) and `Limiter`'s (`key_func`, `ipv6_subnet`, `address`,
     `deadline`, `client`, `exempt_paths`, `on_service_error`, `on_degraded`,
     `headers`, `prefix`). Its limiter (and `stats`) is `.limiter`."""
 
     _LIMITER_OPTIONS = (
         "key_func",
+        "ipv6_subnet",
         "address",
         "deadline",
         "client",
