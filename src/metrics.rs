@@ -327,6 +327,13 @@ pub fn connection_refused(reason: &'static str, connections: u64) {
     counter!("ratelimitd_connections_refused_total", "reason" => reason).increment(connections);
 }
 
+/// An HTTP connection that lingered at its close (`end`: how that ended),
+/// having read and thrown away `discarded` bytes its client still sent.
+pub fn http_lingering_close(end: &'static str, discarded: u64) {
+    counter!("ratelimitd_http_lingering_closes_total", "end" => end).increment(1);
+    counter!("ratelimitd_http_lingering_discarded_bytes_total").increment(discarded);
+}
+
 /// An `accept` that failed (out of file descriptors, mostly).
 pub fn accept_error() {
     counter!("ratelimitd_accept_errors_total").increment(1);

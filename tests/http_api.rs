@@ -272,6 +272,82 @@ async fn a_body_slower_than_the_read_deadline_gets_408_and_slow_headers_a_closed
     server.terminate().await;
 }
 
+/// A client that writes its whole request before reading (as Python's
+/// `urllib` and Node's `fetch` do) still gets the early answer to a body
+/// over `--max-request-bytes`: the server reads and throws away what is
+/// still coming before it closes, rather than resetting the connection,
+/// and counts that it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_a_whole_oversized_body_before_reading_gets_its_413() {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (server, _dir) = start(&["--metrics-listen", &metrics]).await;
+    let port = port(&server);
+    let metrics_port: u16 = metrics
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
+
+    // 8 MiB where 1 MiB is the bound, all written before a byte is read.
+    let body = vec![b' '; 8 << 20];
+    let mut raw = format!(
+        "POST /v1/check HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    let answer = exchange(port, &raw)
+        .await
+        .expect("the 413, not a connection reset while the body was written");
+    assert_refused(&answer, 413, "request", "--max-request-bytes");
+
+    // Python's urllib, as a user's script would send it.
+    let script = format!(
+        "import urllib.request, urllib.error\n\
+         request = urllib.request.Request('http://127.0.0.1:{port}/v1/check', \
+         data=b' ' * (8 << 20), headers={{'content-type': 'application/json'}})\n\
+         try:\n    urllib.request.urlopen(request)\n\
+         except urllib.error.HTTPError as error:\n    print(error.code, error.read().decode())\n"
+    );
+    let python = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3 (a prerequisite of the suite)")
+    })
+    .await
+    .expect("python's thread");
+    let printed = String::from_utf8_lossy(&python.stdout);
+    assert!(
+        python.status.success()
+            && printed.starts_with("413 ")
+            && printed.contains("--max-request-bytes"),
+        "urllib: {printed}{}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+
+    // Both lingering closes counted, with (nearly) all they threw away.
+    common::eventually("the lingering closes counted", || async {
+        let (_, series) = common::prometheus::scrape(metrics_port).await;
+        let closes: f64 = common::prometheus::matching(
+            &series,
+            "ratelimitd_http_lingering_closes_total",
+            &[("end", "closed")],
+        )
+        .sum();
+        let discarded: f64 = common::prometheus::matching(
+            &series,
+            "ratelimitd_http_lingering_discarded_bytes_total",
+            &[],
+        )
+        .sum();
+        closes == 2.0 && discarded > 2.0 * 7.0 * 1024.0 * 1024.0
+    })
+    .await;
+    server.terminate().await;
+}
+
 /// An HTTP decision, as the gRPC type.
 fn decision(response: &HttpResponse) -> pb::CheckLimitResponse {
     assert_eq!(response.status, 200, "{response:?}");

@@ -13,6 +13,7 @@ pub mod body;
 pub mod console;
 pub mod debug;
 pub mod json;
+pub mod linger;
 pub mod live;
 pub mod openapi;
 pub mod options;
@@ -32,6 +33,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use self::body::BodyBounds;
+use self::linger::Lingering;
 pub use self::options::HttpOptions;
 use crate::api::check::CheckService;
 use crate::api::envoy::EnvoyService;
@@ -52,6 +54,8 @@ impl Served {
     /// Serves `router` on `listener` (`name` says which, in logs), over
     /// HTTP/1.1; a client must send a request's headers whole within
     /// `header_timeout` of starting them, or its connection is closed.
+    /// A closing connection lingers as long (see [`linger`]): a client is
+    /// given that long to send a request body anyway.
     pub fn start(
         name: &'static str,
         listener: TcpListener,
@@ -68,7 +72,14 @@ impl Served {
         http1
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_timeout);
-        let task = tokio::spawn(serve(name, listener, router, http1, stopped));
+        let task = tokio::spawn(serve(
+            name,
+            listener,
+            router,
+            http1,
+            header_timeout,
+            stopped,
+        ));
         Self {
             name,
             address,
@@ -107,6 +118,7 @@ async fn serve(
     listener: TcpListener,
     router: Router,
     http1: hyper::server::conn::http1::Builder,
+    linger: Duration,
     stopped: oneshot::Receiver<()>,
 ) {
     let (closing, close) = tokio::sync::watch::channel(false);
@@ -131,7 +143,7 @@ async fn serve(
                     let http1 = http1.clone();
                     let mut close = close.clone();
                     connections.spawn(async move {
-                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let io = hyper_util::rt::TokioIo::new(Lingering::new(stream, linger));
                         let connection = http1.serve_connection(io, service);
                         let mut connection = std::pin::pin!(connection);
                         let closing = async move {
