@@ -38,9 +38,8 @@ async fn serve(config: Config, upstream: Report) -> ExitCode {
     telemetry::init(config.telemetry.log_format, config.telemetry.log_level);
     let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
     info!(
-        ?config,
         worker_threads,
-        "starting ratelimitd {}",
+        "ratelimitd {} starting",
         env!("CARGO_PKG_VERSION")
     );
     if upstream.active {
@@ -61,6 +60,7 @@ async fn serve(config: Config, upstream: Report) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    server::banner::announce(&config, &listeners);
     if let Some(path) = &config.listener.address_file {
         let written = listeners
             .grpc_address()

@@ -268,3 +268,111 @@ async fn sigterm_with_idle_connections_and_a_watcher_exits_at_once() {
     );
     drop((idle, watch, mute));
 }
+
+/// The start-up log: short lines that say where each listener is and what
+/// it serves (the console's URL first), the store (its password hidden),
+/// where the rules come from and the failure policy, in text and JSON
+/// alike; the whole configuration only at debug, secrets hidden.
+#[tokio::test]
+async fn the_start_up_log_is_short_lines_the_console_first_and_no_secret() {
+    let redis = RedisServer::with_password("not-the-password").await;
+    let url = redis.url();
+    assert!(url.contains("not-the-password"), "{url}");
+    let dir = tempfile::tempdir().expect("a config directory");
+    let config = dir.path().to_string_lossy().into_owned();
+    let token = "a-token-of-sixteen-characters";
+    for format in ["text", "json"] {
+        let http = format!("127.0.0.1:{}", free_port());
+        let flags = [
+            "--log-format",
+            format,
+            "--http-listen",
+            &http,
+            "--redis-url",
+            &url,
+            "--config",
+            &config,
+            "--admin-token",
+            token,
+        ];
+        let server = ServerProcess::start_logged(&flags).await;
+        let log = server.log();
+        let lines: Vec<&str> = log.lines().collect();
+        for line in &lines {
+            assert!(
+                line.len() < 400,
+                "{format}: a start-up line of {} bytes: {line}",
+                line.len()
+            );
+            assert!(
+                !line.contains(token),
+                "{format}: the admin token logged: {line}"
+            );
+        }
+        let position = |text: &str| {
+            lines
+                .iter()
+                .position(|line| line.contains(text))
+                .unwrap_or_else(|| panic!("{format}: no line with {text:?} in:\n{log}"))
+        };
+        let console = position(&format!("web console: http://{http}/"));
+        let listeners = [
+            position(&format!(
+                "HTTP on http://{http}: the console (/), the JSON API"
+            )),
+            position(&format!("gRPC on {}", server.address)),
+        ];
+        assert!(
+            listeners.iter().all(|at| console < *at),
+            "{format}: the console's URL comes first:\n{log}"
+        );
+        position("the admin API (/admin/v1)");
+        let store = &lines[position("store: Redis (standalone) at redis://:***@")];
+        assert!(!store.contains("not-the-password"), "{store}");
+        position(&format!("rules and policies: {config}"));
+        position("failure policy: fail-closed: when Redis does not answer within 100ms");
+        if format == "json" {
+            for line in &lines {
+                let _: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|err| panic!("not a JSON line ({err}): {line}"));
+            }
+        }
+        assert!(
+            !log.contains("configuration in force"),
+            "{format}: the whole configuration at info:\n{log}"
+        );
+        server.terminate().await;
+    }
+
+    // At debug, the whole configuration in force, as the admin API shows it.
+    let server = ServerProcess::start_logged(&[
+        "--log-level",
+        "debug",
+        "--http-listen",
+        "",
+        "--redis-url",
+        &url,
+        "--admin-token",
+        token,
+    ])
+    .await;
+    let log = server.log();
+    let configuration = log
+        .lines()
+        .find(|line| line.contains("the configuration in force"))
+        .unwrap_or_else(|| panic!("no configuration at debug:\n{log}"));
+    for shown in [
+        r#"{"flag":"redis-url","value":["redis://:***@127.0.0.1:"#,
+        r#"{"flag":"admin-token","value":"***","source":"command line"}"#,
+    ] {
+        assert!(
+            configuration.contains(shown),
+            "{shown} not in {configuration}"
+        );
+    }
+    assert!(
+        !log.contains(token) && !log.contains("not-the-password"),
+        "{log}"
+    );
+    server.terminate().await;
+}

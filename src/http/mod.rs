@@ -30,7 +30,7 @@ use axum::routing::{MethodRouter, any, get, post};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 pub use self::body::BodyBounds;
 use self::linger::Lingering;
@@ -63,9 +63,10 @@ impl Served {
         header_timeout: Duration,
     ) -> Self {
         let address = listener.local_addr().ok();
+        // The start-up lines say what each listener serves.
         match address {
-            Some(address) => info!(%address, "serving {name}"),
-            None => info!("serving {name} (local address unknown)"),
+            Some(address) => debug!(%address, "serving {name}"),
+            None => debug!("serving {name} (local address unknown)"),
         }
         let (stop, stopped) = oneshot::channel::<()>();
         let mut http1 = hyper::server::conn::http1::Builder::new();

@@ -13,11 +13,12 @@ use crate::options::{AddressOrOff, address_or_off, positive_duration};
 #[derive(Clone, Debug, PartialEq, clap::Args)]
 #[command(next_help_heading = "HTTP and debug listeners")]
 pub struct HttpOptions {
-    /// Address to serve HTTP/1.1 on: `/healthcheck` (200 `OK` while
-    /// health is SERVING, else 500), `/json` (ShouldRateLimit in proto3's
-    /// JSON mapping), the JSON API (`POST /v1/check`, `POST
-    /// /v1/check-many`), `/healthz`, `/readyz` and `/openapi.json`. Empty:
-    /// no HTTP listener.
+    /// Address to serve HTTP/1.1 on: the web console (`/`), the JSON API
+    /// (`POST /v1/check`, `POST /v1/check-many`), `/healthz`, `/readyz`,
+    /// `/openapi.json`, `/healthcheck` (200 `OK` while health is SERVING,
+    /// else 500) and `/json` (ShouldRateLimit in proto3's JSON mapping).
+    /// Optional: empty turns it off (a second instance on one host needs
+    /// another address, or none).
     #[arg(long, env = "RATELIMITD_HTTP_LISTEN", default_value = "127.0.0.1:8080",
           value_parser = address_or_off)]
     pub http_listen: AddressOrOff,

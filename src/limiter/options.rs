@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::debug;
 
 use super::decisions::Limiter;
 use super::denial_cache::DenialCache;
@@ -69,7 +69,7 @@ impl LimiterOptions {
                 per_second,
                 local,
             } => {
-                info!(
+                debug!(
                     urls = ?redis.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
                     topology = ?redis.topology,
                     failure_policy = ?self.failure_policy,
@@ -85,7 +85,7 @@ impl LimiterOptions {
                 let Some(per_second) = per_second else {
                     return Ok(limiter);
                 };
-                info!(
+                debug!(
                     urls = ?per_second.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
                     topology = ?per_second.topology,
                     "using a per-second Redis for Envoy's rules whose unit is second"
@@ -94,10 +94,7 @@ impl LimiterOptions {
                 Ok(limiter.with_per_second(per_second))
             }
             StoreSettings::Embedded(settings) => {
-                warn!(
-                    "no --redis-url: using the embedded in-memory store; limits are NOT shared \
-                     between ratelimitd instances and are lost on restart"
-                );
+                debug!("no --redis-url: using the embedded in-memory store");
                 Ok(Limiter::new(
                     Store::Memory(embedded(settings)),
                     self.key_prefix.clone(),

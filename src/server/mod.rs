@@ -12,6 +12,7 @@
 //! new calls are accepted, and calls in flight finish (for at most the
 //! grace); then the HTTP listeners stop.
 
+pub mod banner;
 pub mod bounds;
 pub mod listeners;
 pub mod options;
@@ -25,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use self::listeners::{BindError, Listeners};
 use crate::api::check::CheckService;
@@ -162,9 +163,12 @@ pub async fn run(
     let listener = grpc
         .listen(listeners::BACKLOG)
         .map_err(ServeError::Listen)?;
+    // The start-up lines named the port; it opens only now, which is news
+    // when it waited for the first configuration.
     match listener.local_addr() {
-        Ok(address) => info!(%address, "serving gRPC"),
-        Err(err) => info!(%err, "serving gRPC (local address unknown)"),
+        Ok(address) if waits_for_rules => info!(%address, "first configuration in: gRPC open"),
+        Ok(address) => debug!(%address, "gRPC open"),
+        Err(err) => info!(%err, "gRPC open (local address unknown)"),
     }
     health.opened();
     let shutting_down = incoming::ShutdownStarted::default();
