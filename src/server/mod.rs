@@ -163,13 +163,7 @@ pub async fn run(
     let listener = grpc
         .listen(listeners::BACKLOG)
         .map_err(ServeError::Listen)?;
-    // The start-up lines named the port; it opens only now, which is news
-    // when it waited for the first configuration.
-    match listener.local_addr() {
-        Ok(address) if waits_for_rules => info!(%address, "first configuration in: gRPC open"),
-        Ok(address) => debug!(%address, "gRPC open"),
-        Err(err) => info!(%err, "gRPC open (local address unknown)"),
-    }
+    log_opened(&listener, waits_for_rules);
     health.opened();
     let shutting_down = incoming::ShutdownStarted::default();
     let incoming = incoming::connections(
@@ -193,6 +187,16 @@ pub async fn run(
     http_side.stop(grace).await;
     info!("stopped");
     Ok(())
+}
+
+/// Says the gRPC port is open. The start-up lines named it already: this
+/// is news only when it waited for the first configuration.
+fn log_opened(listener: &tokio::net::TcpListener, waited_for_rules: bool) {
+    match listener.local_addr() {
+        Ok(address) if waited_for_rules => info!(%address, "first configuration in: gRPC open"),
+        Ok(address) => debug!(%address, "gRPC open"),
+        Err(err) => info!(%err, "gRPC open (local address unknown)"),
+    }
 }
 
 /// The admin API's token (its file read: an error stops the start) and
