@@ -4,8 +4,10 @@
 //! the entries imply) after every step of seeded random sequences of
 //! reports, unknown demands and leaves, over time that lets entries go
 //! stale, expire and be dropped, over capacity reloads, and with instances
-//! found dead (whose subscribers' entries go at once); and on Redis the
-//! grants in force never add up to more than the capacity.
+//! found dead (whose subscribers' grants still in force are orphans: held
+//! until they run out, or released all at once by as many newcomers); and
+//! on Redis the grants in force, orphans' included, never add up to more
+//! than the capacity.
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua, as tests/twins.rs does): `now`
@@ -47,14 +49,34 @@ const MAX_CAPACITY: MicroRps = 1_000_000_000_000;
 /// instances.
 const SUBSCRIBERS: [&str; 6] = ["i1:1", "i1:2", "i2:1", "i2:2", "i3:1", "i3:2"];
 
-/// Now and then, some instances found dead.
-fn random_dead(random: &mut Random) -> Vec<String> {
+/// Now and then, some instances found dead for a step; and `gone`, the
+/// instances that died for good.
+fn random_dead(random: &mut Random, gone: &[&str]) -> Vec<String> {
     let dead: &[&str] = match random.upto(10) {
         0 => &["i2"],
         1 => &["i1", "i3"],
         _ => &[],
     };
-    dead.iter().map(|id| (*id).to_owned()).collect()
+    let mut dead: Vec<String> = dead.iter().map(|id| (*id).to_owned()).collect();
+    dead.extend(gone.iter().map(|id| (*id).to_owned()));
+    dead.sort();
+    dead.dedup();
+    dead
+}
+
+/// Who settles: mostly a subscriber of an instance still alive (one that
+/// died settles nothing more, unless cut off from the beats alone).
+fn random_subscriber(random: &mut Random, gone: &[&str]) -> &'static str {
+    let alive: Vec<&str> = SUBSCRIBERS
+        .iter()
+        .copied()
+        .filter(|id| share::instance_of(id).is_some_and(|i| !gone.contains(&i)))
+        .collect();
+    if alive.is_empty() || random.chance(5) {
+        random.pick(&SUBSCRIBERS)
+    } else {
+        random.pick(&alive)
+    }
 }
 
 /// A bucket's rate: tiny ones (floors and remainders everywhere), ordinary
@@ -339,16 +361,9 @@ impl Twins {
                 self.expiry
             ));
         }
-        // Entries of a dead instance are dropped, whatever their times.
-        let alive: HashMap<String, Entry> = before
-            .into_iter()
-            .filter(|(id, _)| {
-                let dead = id != subscriber
-                    && share::instance_of(id).is_some_and(|i| dead.iter().any(|d| d == i));
-                self.seen.dead_dropped += u64::from(dead);
-                !dead
-            })
-            .collect();
+        let alive = self
+            .seen
+            .orphans(&before, &self.entries, subscriber, op, now_ms, dead)?;
         self.seen.note(&alive, subscriber, op, params, now_ms, &lua);
         self.seen.hash_expired += u64::from(hash_expired);
         Ok(lua)
@@ -377,11 +392,81 @@ struct Seen {
     left: u64,
     /// A settlement on a hash that had expired.
     hash_expired: u64,
-    /// Another's entry dropped, its instance found dead.
-    dead_dropped: u64,
+    /// A dead instance's entry dropped, its grant run out.
+    orphan_expired: u64,
+    /// A settlement that held the orphans (too few newcomers).
+    orphans_held: u64,
+    /// A settlement that released the orphans.
+    orphans_released: u64,
 }
 
 impl Seen {
+    /// What became of the dead instances' entries at a settlement of `me`
+    /// (`before` it and `after`): those whose grants ran out are dropped,
+    /// and the others (the orphans) are all kept, or all released when as
+    /// many live subscribers whose demand counts (`me` too, on a report)
+    /// first settled after the orphans last did. Answers the entries the
+    /// settlement went on counting.
+    fn orphans(
+        &mut self,
+        before: &HashMap<String, Entry>,
+        after: &HashMap<String, Entry>,
+        me: &str,
+        op: ShareOp,
+        now_ms: Millis,
+        dead: &[String],
+    ) -> Result<HashMap<String, Entry>, String> {
+        let is_dead =
+            |id: &str| share::instance_of(id).is_some_and(|i| dead.iter().any(|d| d == i));
+        let mut orphans = Vec::new();
+        let mut last_settled = 0;
+        for (id, entry) in before {
+            if id != me && is_dead(id) {
+                if entry.expires_at <= now_ms {
+                    self.orphan_expired += 1;
+                } else {
+                    orphans.push(id.as_str());
+                    last_settled = last_settled.max(entry.settled_at);
+                }
+            }
+        }
+        let kept = orphans.iter().filter(|id| after.contains_key(**id)).count();
+        if orphans.is_empty() {
+            // Nothing to release.
+        } else if kept == orphans.len() {
+            self.orphans_held += 1;
+        } else if kept == 0 {
+            self.orphans_released += 1;
+        } else {
+            return Err(format!("{kept} of the orphans {orphans:?} kept"));
+        }
+        let newcomers = before
+            .iter()
+            .filter(|(id, entry)| {
+                *id != me && !is_dead(id) && entry.stale_at > now_ms && entry.since > last_settled
+            })
+            .count();
+        let my_since = before
+            .get(me)
+            .filter(|mine| mine.stale_at > now_ms || mine.expires_at > now_ms)
+            .map_or(now_ms, |mine| mine.since);
+        let me_new = op != ShareOp::Leave && !is_dead(me) && my_since > last_settled;
+        let released = !orphans.is_empty() && kept == 0;
+        if released != (newcomers + usize::from(me_new) >= orphans.len() && !orphans.is_empty()) {
+            return Err(format!(
+                "orphans {orphans:?} (last settled {last_settled}) released: {released}, \
+                 with {newcomers} newcomers besides {me} (new: {me_new})"
+            ));
+        }
+        Ok(before
+            .iter()
+            .filter(|(id, entry)| {
+                *id == me || !is_dead(id) || (entry.expires_at > now_ms && !released)
+            })
+            .map(|(id, entry)| (id.clone(), *entry))
+            .collect())
+    }
+
     fn note(
         &mut self,
         before: &HashMap<String, Entry>,
@@ -426,7 +511,9 @@ impl Seen {
         self.kept += other.kept;
         self.left += other.left;
         self.hash_expired += other.hash_expired;
-        self.dead_dropped += other.dead_dropped;
+        self.orphan_expired += other.orphan_expired;
+        self.orphans_held += other.orphans_held;
+        self.orphans_released += other.orphans_released;
     }
 }
 
@@ -450,6 +537,7 @@ async fn run_sequence(redis: &RedisServer, seed: u64, steps: usize) -> Seen {
     let start = START + random.upto(10_000_000);
     let mut twins = Twins::new(redis, format!("quota_twins:{{s{seed}}}"), start).await;
     let mut history = Vec::new();
+    let mut gone = Vec::new();
     for step in 0..steps {
         let by = random_step(&mut random, twins.now, &params);
         twins.advance(by);
@@ -457,9 +545,16 @@ async fn run_sequence(redis: &RedisServer, seed: u64, steps: usize) -> Seen {
             reload(&mut random, &mut params);
             history.push(format!("step {step}: reload to {params:?}"));
         }
-        let subscriber = random.pick(&SUBSCRIBERS);
+        if random.chance(2) {
+            let dies = random.pick(&["i2", "i3"]);
+            if !gone.contains(&dies) {
+                gone.push(dies);
+                history.push(format!("step {step}: {dies} dies"));
+            }
+        }
+        let subscriber = random_subscriber(&mut random, &gone);
         let op = random_op(&mut random, &params);
-        let dead = random_dead(&mut random);
+        let dead = random_dead(&mut random, &gone);
         history.push(format!(
             "step {step}: +{by} µs (now_ms {}), {subscriber} {op:?}, dead {dead:?}",
             twins.now / 1000
@@ -506,7 +601,9 @@ async fn shares_and_entries_are_the_same_in_lua_and_rust() {
         kept,
         left,
         hash_expired,
-        dead_dropped,
+        orphan_expired,
+        orphans_held,
+        orphans_released,
     } = seen;
     for (case, count) in [
         ("dropped", dropped),
@@ -518,14 +615,17 @@ async fn shares_and_entries_are_the_same_in_lua_and_rust() {
         ("kept", kept),
         ("left", left),
         ("hash_expired", hash_expired),
-        ("dead_dropped", dead_dropped),
+        ("orphan_expired", orphan_expired),
+        ("orphans_held", orphans_held),
+        ("orphans_released", orphans_released),
     ] {
         assert!(count >= 20, "the sequences met {case} only {count} times");
     }
 }
 
-/// On Redis alone: after every report, the grants in force in the hash add
-/// up to no more than the capacity, and so does the reply's `granted`,
+/// On Redis alone, with instances dying: after every report, the grants in
+/// force in the hash (orphans' included) add up to no more than the
+/// capacity, and so does the reply's `granted`,
 /// unless the capacity shrank within a lease (grants given under the old
 /// one may still be in force); and even then a report's grant fits in what
 /// the others' grants in force leave free.
@@ -542,6 +642,7 @@ async fn grants_in_force_on_redis_never_exceed_the_capacity() {
         // Until when grants from before the last shrink may be in force.
         let mut shrunk_until: Millis = 0;
         let mut history = Vec::new();
+        let mut gone = Vec::new();
         for step in 0..120 {
             let by = random_step(&mut random, now, &params);
             now += by;
@@ -554,16 +655,23 @@ async fn grants_in_force_on_redis_never_exceed_the_capacity() {
                 }
                 history.push(format!("step {step}: reload to {params:?}"));
             }
-            let subscriber = random.pick(&SUBSCRIBERS);
+            if random.chance(2) {
+                let dies = random.pick(&["i2", "i3"]);
+                if !gone.contains(&dies) {
+                    gone.push(dies);
+                }
+            }
+            let subscriber = random_subscriber(&mut random, &gone);
             let op = random_op(&mut random, &params);
+            let dead = random_dead(&mut random, &gone);
             history.push(format!(
-                "step {step}: +{by} µs (now_ms {now_ms}), {subscriber} {op:?}"
+                "step {step}: +{by} µs (now_ms {now_ms}), {subscriber} {op:?}, dead {dead:?}"
             ));
             let fail = |history: &[String], what: String| -> ! {
                 let recent = history[history.len().saturating_sub(30)..].join("\n");
                 panic!("seed {seed}, step {step}, params {first:?}\n{recent}\n{what}");
             };
-            let share = settle_in_redis(&mut connection, &key, subscriber, op, &params, now, &[])
+            let share = settle_in_redis(&mut connection, &key, subscriber, op, &params, now, &dead)
                 .await
                 .unwrap_or_else(|err| fail(&history, err));
             history.push(format!("  -> {share:?}"));
@@ -606,5 +714,72 @@ async fn grants_in_force_on_redis_never_exceed_the_capacity() {
                 );
             }
         }
+    }
+}
+
+/// Entries of four numbers alone (the form of earlier versions) settle
+/// alike in Lua and Rust: never newcomers, and, orphaned, held until their
+/// grants run out.
+#[tokio::test]
+async fn entries_of_four_numbers_settle_alike() {
+    let redis = RedisServer::start().await;
+    let mut connection = redis.connection().await;
+    let params = ShareParams {
+        capacity: 100_000_000,
+        headroom_permille: 200,
+        min_want: 1_000_000,
+        lease_ms: 16_000,
+        stale_ms: 15_000,
+        hysteresis_permille: 50,
+    };
+    let key = "quota_four:{b}";
+    let start_ms = START / 1000;
+    // A third each, one of them (i2's) of an instance found dead below.
+    let four = |ms: Millis| format!("-1 33333333 {} {}", start_ms + ms - 1000, start_ms + ms);
+    let written = [
+        ("i1:1", four(10_000)),
+        ("i2:1", four(11_000)),
+        ("i3:1", four(12_000)),
+    ];
+    let mut entries = HashMap::new();
+    for (id, text) in &written {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg(id)
+            .arg(text)
+            .query_async(&mut connection)
+            .await
+            .expect("HSET");
+        entries.insert((*id).to_owned(), Entry::decode(text).expect("four numbers"));
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(EXPIRY)
+        .arg(key)
+        .arg(start_ms + 12_000)
+        .query_async(&mut connection)
+        .await
+        .expect("HSET the expiry");
+    let dead = ["i2".to_owned()];
+    // A newcomer on i1, then the others: i2:1 is held until it runs out
+    // (its settlement unknown, taken for its expiry), then dropped.
+    let steps = [
+        ("i1:9", 1000),
+        ("i3:1", 2000),
+        ("i1:1", 3000),
+        ("i1:9", 11_000),
+    ];
+    for (step, (me, ms)) in steps.into_iter().enumerate() {
+        let now = START + ms * 1000;
+        let op = ShareOp::Report(Some(100_000_000));
+        let lua = settle_in_redis(&mut connection, key, me, op, &params, now, &dead)
+            .await
+            .expect("share.lua");
+        let rust = share::settle(&mut entries, me, op, &params, now / 1000, &dead);
+        assert_eq!(lua, rust, "step {step}");
+        let (stored, _) = stored_in_redis(&mut connection, key, now)
+            .await
+            .expect("the entries");
+        assert_eq!(stored, entries, "step {step}");
+        assert_eq!(entries.contains_key("i2:1"), ms < 11_000, "step {step}");
     }
 }

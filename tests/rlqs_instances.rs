@@ -1,14 +1,15 @@
 //! The quota service across ratelimitd instances on one Redis, driven over
 //! gRPC as Envoy drives it: a newcomer on one instance makes the stream
 //! holding the whole rate on another shrink with no report of its own (a
-//! nudge read at the next beat, not at a rebalance tick or a report), and
-//! a killed instance's share is handed on once its beat runs out (not when
-//! its leases run out); each instance's presence is two keys that expire.
+//! nudge read at the next beat, not at a rebalance tick or a report); a
+//! killed instance's share is handed on once its beat runs out if its
+//! Envoy has subscribed again elsewhere, and only once its lease runs out
+//! if not; each instance's presence is two keys that expire.
 
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::quota::{QuotaStream, Told, bucket};
 use common::{RedisServer, ServerProcess, TestServer};
@@ -92,7 +93,7 @@ async fn a_newcomer_elsewhere_shrinks_the_holder_without_a_report() {
 }
 
 #[tokio::test]
-async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out() {
+async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out_if_its_envoy_is_back() {
     let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (url, config) = (redis.url(), write_policies(dir.path()));
@@ -107,9 +108,65 @@ async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out() {
     told_within_8s(&mut second, &HALF_OF_100).await;
     told_within_8s(&mut first, &HALF_OF_100).await;
     // Killed, its stream never leaves: its grant would count for its
-    // lease (16 s). Its beat runs out after 1 s, and the survivor takes
-    // the whole rate.
+    // lease (16 s). Its Envoy subscribes again on the survivor; once the
+    // dead instance's beat has run out (1 s), that newcomer has its share.
     drop(doomed);
-    told_within_8s(&mut first, &ALL_OF_100).await;
+    let mut again = QuotaStream::open(survivor.address).await;
+    again.subscribe("edge", &api).await;
+    told_within_8s(&mut again, &HALF_OF_100).await;
+    survivor.stop().await;
+}
+
+/// Rebalancing every second, an instance timeout of 1 s, and assignments
+/// that live 4 s (a lease of 5 s).
+fn short_lease_flags<'a>(url: &'a str, config: &'a str) -> [&'a str; 10] {
+    [
+        "--redis-url",
+        url,
+        "--config",
+        config,
+        "--quota-rebalance-interval",
+        "1s",
+        "--quota-instance-timeout",
+        "1s",
+        "--quota-assignment-ttl",
+        "4s",
+    ]
+}
+
+#[tokio::test]
+async fn a_killed_instance_s_share_is_held_until_its_lease_runs_out_if_its_envoy_is_not_back() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = (redis.url(), write_policies(dir.path()));
+    let survivor = TestServer::start(&short_lease_flags(&url, &config)).await;
+    let doomed = ServerProcess::start(&short_lease_flags(&url, &config)).await;
+    let api = bucket(&[("name", "api")]);
+    let mut first = QuotaStream::open(survivor.address).await;
+    first.subscribe("edge", &api).await;
+    assert_eq!(first.next_one().await.told, ALL_OF_100);
+    let mut second = QuotaStream::open(doomed.address).await;
+    second.subscribe("edge", &api).await;
+    told_within_8s(&mut second, &HALF_OF_100).await;
+    told_within_8s(&mut first, &HALF_OF_100).await;
+    // Killed, with its Envoy cut off: that Envoy may spend its half until
+    // its assignment runs out, so the survivor is not handed it when the
+    // beat runs out (1 s), but only when the lease has (at most 5 s after
+    // the kill, the last settlement at most a second before it), and a
+    // rebalance tick.
+    drop(doomed);
+    let killed = Instant::now();
+    let all = first.until(&api, |told| *told == ALL_OF_100);
+    let told = tokio::time::timeout(Duration::from_secs(9), all).await;
+    let after = killed.elapsed();
+    assert!(
+        told.is_ok(),
+        "not told the whole rate within 9 s of the kill"
+    );
+    assert!(
+        after >= Duration::from_millis(2500),
+        "told the whole rate {after:?} after the kill, while the stranded Envoy may spend half"
+    );
+    eprintln!("told the whole rate {after:?} after the kill");
     survivor.stop().await;
 }

@@ -38,8 +38,9 @@ impl QuotaLedger {
         Self::Memory(MemoryLedger::new(Arc::new(SystemClock::default())))
     }
 
-    /// Settles `op` for `subscriber` on the bucket stored at `key`,
-    /// dropping the entries of the instances found `dead`.
+    /// Settles `op` for `subscriber` on the bucket stored at `key`, with
+    /// the instances found `dead` (whose subscribers' grants are held or
+    /// released: see [`share::settle`]).
     pub async fn settle(
         &self,
         key: &str,

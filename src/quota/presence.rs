@@ -1,10 +1,11 @@
 //! Which ratelimitd instances on one Redis are alive, and nudges between
 //! them: each instance beats (`beat.lua`) every fraction of a second; one
-//! whose beat ran out is dead, and the ledgers drop its subscribers'
-//! entries at once instead of when their leases run out. A stream that
-//! wants a bucket settled again by every instance (a newcomer short of its
-//! share, a share shrunk or freed) writes a nudge (`nudge.lua`), which the
-//! others read at their next beat.
+//! whose beat ran out is dead, and the ledgers stop counting its
+//! subscribers' demand at once, and their grants once their Envoys have
+//! subscribed again elsewhere or their leases run out (`share`). A stream
+//! that wants a bucket settled again by every instance (a newcomer short of
+//! its share, a share shrunk or freed) writes a nudge (`nudge.lua`), which
+//! the others read at their next beat.
 //!
 //! Both keys carry one hash tag, so each call is one script on one node
 //! (Redis Cluster included), on Redis's clock.

@@ -3,19 +3,24 @@
 -- the Rust twin (the embedded store's), `quota::on_redis` the caller; the
 -- clock (`now`, microseconds) is defined above this part.
 --
--- KEYS[1]  the bucket's hash: subscriber id -> "demand grant stale_at expires_at"
+-- KEYS[1]  the bucket's hash: subscriber id -> "demand grant stale_at
+--          expires_at since settled_at"
 --          demand    reported demand, µrps (millionths of a request per
 --                    second); -1 while unknown (a new subscriber)
 --          grant     the share it was given, µrps
 --          stale_at  ms: its demand stops counting then, unless it reports
 --          expires_at ms: its grant stops counting then (the assignment's
 --                    time to live, and a margin)
+--          since     ms: when it first settled
+--          settled_at ms: when it last settled
+--          An entry of the first four alone (the form of earlier versions)
+--          reads as since 0 and settled_at its expires_at: it is never a
+--          newcomer, and never released before its grant runs out.
 -- ARGV     subscriber, op ('report'|'leave'), demand (µrps, -1 unknown),
 --          capacity (µrps), headroom (per mille), min_want (µrps),
 --          lease_ms, stale_ms, hysteresis (per mille), then n and n
---          instance ids found dead (`quota::presence`): the entries of
---          their subscribers (ids "<instance>:<stream>") are dropped
---          whatever their times say
+--          instance ids found dead (`quota::presence`; subscriber ids are
+--          "<instance>:<stream>")
 -- Reply    grant (µrps), target (its fair share, µrps), subscribers (whose
 --          demand counts, itself included), granted (the sum of grants in
 --          force, its own included), all integers
@@ -26,6 +31,15 @@
 -- force leave free; the others shrink when they settle next. Every number,
 -- demand × headroom included (at most 4e12 × 1000), stays below 2^53, so
 -- Lua's doubles keep them and their floored quotients exact.
+--
+-- A dead instance's subscribers no longer report, so their demand stops
+-- counting at once; but each one's Envoy may still enforce its last
+-- assignment, until its time to live, if it has not reconnected elsewhere.
+-- So such an entry whose grant is still in force is an orphan: its grant
+-- keeps counting until it runs out, unless the bucket has at least as many
+-- newcomers as orphans (subscribers of live instances first settled after
+-- the orphans' last settlement: their Envoys, reconnected), and then every
+-- orphan is released at once.
 local now_ms = math.floor(now / 1000)
 local key = KEYS[1]
 local me, op = ARGV[1], ARGV[2]
@@ -39,6 +53,23 @@ local hysteresis = tonumber(ARGV[9])
 local dead = {}
 for i = 11, 10 + tonumber(ARGV[10]) do
   dead[ARGV[i]] = true
+end
+
+local function is_dead(id)
+  return dead[string.match(id, '^([^:]*):') or ''] == true
+end
+
+-- An entry's numbers: demand, grant, stale_at, expires_at, since,
+-- settled_at.
+local function parse(text)
+  local d, g, s, e, since, settled =
+    string.match(text, '^(%-?%d+) (%d+) (%d+) (%d+) (%d+) (%d+)$')
+  if not d then
+    d, g, s, e = string.match(text, '^(%-?%d+) (%d+) (%d+) (%d+)$')
+    since, settled = 0, e
+  end
+  return tonumber(d), tonumber(g), tonumber(s), tonumber(e),
+    tonumber(since), tonumber(settled)
 end
 
 -- What a demand asks for: unknown asks for all (it gets an equal share);
@@ -64,15 +95,24 @@ local mine = nil
 -- caller with shorter times (a rolling configuration change) cuts the
 -- entries of another short.
 local latest = 0
+-- The orphans, their grants, when they last settled, when they run out;
+-- and when each live subscriber whose demand counts first settled.
+local orphans = {}
+local orphaned, orphans_settled, orphans_latest = 0, 0, 0
+local sinces = {}
 local flat = redis.call('HGETALL', key)
 for i = 1, #flat, 2 do
   local id = flat[i]
-  local d, g, s, e = string.match(flat[i + 1], '^(%-?%d+) (%d+) (%d+) (%d+)$')
-  d, g, s, e = tonumber(d), tonumber(g), tonumber(s), tonumber(e)
+  local d, g, s, e, since, settled = parse(flat[i + 1])
   if id == me then
-    mine = {grant = g, expires_at = e}
-  elseif (s <= now_ms and e <= now_ms) or dead[string.match(id, '^([^:]*):') or ''] then
+    mine = {grant = g, stale_at = s, expires_at = e, since = since}
+  elseif (s <= now_ms and e <= now_ms) or (e <= now_ms and is_dead(id)) then
     redis.call('HDEL', key, id)
+  elseif is_dead(id) then
+    orphans[#orphans + 1] = id
+    orphaned = orphaned + g
+    orphans_settled = math.max(orphans_settled, settled)
+    orphans_latest = math.max(orphans_latest, s, e)
   else
     latest = math.max(latest, s, e)
     if e > now_ms then
@@ -80,7 +120,35 @@ for i = 1, #flat, 2 do
     end
     if s > now_ms then
       wants[#wants + 1] = want(d)
+      sinces[#sinces + 1] = since
     end
+  end
+end
+
+-- The orphans go when as many newcomers (this one included, if it is one)
+-- have come; else they are held. (An entry of its own that has run out is
+-- gone, whether or not Redis has dropped it yet.)
+local my_since = now_ms
+if mine and (mine.stale_at > now_ms or mine.expires_at > now_ms) then
+  my_since = mine.since
+end
+if #orphans > 0 then
+  local newcomers = 0
+  for _, since in ipairs(sinces) do
+    if since > orphans_settled then
+      newcomers = newcomers + 1
+    end
+  end
+  if op ~= 'leave' and not is_dead(me) and my_since > orphans_settled then
+    newcomers = newcomers + 1
+  end
+  if newcomers >= #orphans then
+    for _, id in ipairs(orphans) do
+      redis.call('HDEL', key, id)
+    end
+  else
+    held = held + orphaned
+    latest = math.max(latest, orphans_latest)
   end
 end
 
@@ -125,8 +193,8 @@ if mine and mine.expires_at > now_ms and mine.grant <= free
   grant = mine.grant
 end
 
-redis.call('HSET', key, me, string.format('%d %d %d %d', demand, grant,
-  now_ms + stale_ms, now_ms + lease_ms))
+redis.call('HSET', key, me, string.format('%d %d %d %d %d %d', demand, grant,
+  now_ms + stale_ms, now_ms + lease_ms, my_since, now_ms))
 latest = math.max(latest, now_ms + stale_ms, now_ms + lease_ms)
 redis.call('PEXPIRE', key, latest - now_ms)
 return {grant, target, #wants, held + grant}

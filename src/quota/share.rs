@@ -11,6 +11,18 @@
 //! the capacity: a subscriber's grant shrinks to its fair share at once
 //! (or to within the hysteresis above it), and grows only into what the
 //! others' grants in force leave free (they shrink when they settle next).
+//!
+//! A dead instance's subscribers no longer report: their demand stops
+//! counting at once. But each one's Envoy may still enforce its last
+//! assignment until its time to live, if it could not reconnect to another
+//! instance; so a dead instance's entry whose grant is still in force is an
+//! *orphan*, whose grant keeps counting until it runs out. Orphans are
+//! released sooner only when the bucket has at least as many *newcomers*
+//! (subscribers of live instances first settled after the orphans' last
+//! settlement, as an Envoy that reconnected is) as orphans: then all at
+//! once. A new Envoy arriving then is taken for a reconnected one: an
+//! orphan may be released while its Envoy, cut off, still enforces it, for
+//! at most its time to live.
 
 use std::collections::HashMap;
 
@@ -59,33 +71,47 @@ pub struct Entry {
     pub grant: MicroRps,
     /// When its demand stops counting, unless it reports again.
     pub stale_at: Millis,
-    /// When its grant stops counting.
+    /// When its grant stops counting: at or after its assignment's time to
+    /// live runs out at the Envoy.
     pub expires_at: Millis,
+    /// When it first settled, kept across its settlements.
+    pub since: Millis,
+    /// When it last settled.
+    pub settled_at: Millis,
 }
 
 impl Entry {
     /// The entry as `share.lua` stores it: "demand grant stale_at
-    /// expires_at", demand -1 while unknown.
+    /// expires_at since settled_at", demand -1 while unknown.
     pub fn encode(&self) -> String {
         let demand = self.demand.map_or(-1, |d| d as i64);
         format!(
-            "{demand} {} {} {}",
-            self.grant, self.stale_at, self.expires_at
+            "{demand} {} {} {} {} {}",
+            self.grant, self.stale_at, self.expires_at, self.since, self.settled_at
         )
     }
 
-    /// Reads [`Entry::encode`]'s form.
+    /// Reads [`Entry::encode`]'s form, or the first four numbers alone
+    /// (the form of earlier versions), as since 0 and settled at its
+    /// expiry: never a newcomer, and never released before it runs out.
     pub fn decode(text: &str) -> Option<Self> {
         let mut numbers = text.split(' ');
         let demand: i64 = numbers.next()?.parse().ok()?;
-        let mut next = || numbers.next()?.parse::<u64>().ok();
-        let entry = Self {
-            demand: u64::try_from(demand).ok(),
-            grant: next()?,
-            stale_at: next()?,
-            expires_at: next()?,
+        let mut next = || numbers.next().map(|number| number.parse::<u64>().ok());
+        let (grant, stale_at, expires_at) = (next()??, next()??, next()??);
+        let (since, settled_at) = match (next(), next(), next()) {
+            (None, None, None) => (0, expires_at),
+            (Some(since), Some(settled_at), None) => (since?, settled_at?),
+            _ => return None,
         };
-        numbers.next().is_none().then_some(entry)
+        Some(Self {
+            demand: u64::try_from(demand).ok(),
+            grant,
+            stale_at,
+            expires_at,
+            since,
+            settled_at,
+        })
     }
 }
 
@@ -144,10 +170,68 @@ pub fn instance_of(subscriber: &str) -> Option<&str> {
     subscriber.split_once(':').map(|(instance, _)| instance)
 }
 
+/// What the other subscribers' entries come to at a settlement.
+#[derive(Default)]
+struct Others {
+    /// The grants in force of the live instances' subscribers.
+    held: MicroRps,
+    /// What those whose demand counts want.
+    wants: Vec<MicroRps>,
+    /// When each of those first settled.
+    sinces: Vec<Millis>,
+    /// The orphans: dead instances' subscribers whose grants are in force.
+    orphans: Vec<String>,
+    /// Their grants.
+    orphaned: MicroRps,
+    /// The latest of their settlements.
+    orphans_settled: Millis,
+}
+
+impl Others {
+    /// Every entry but `me`'s, at `now`.
+    fn tally(
+        entries: &HashMap<String, Entry>,
+        me: &str,
+        params: &ShareParams,
+        now: Millis,
+        is_dead: impl Fn(&str) -> bool,
+    ) -> Self {
+        let mut others = Self::default();
+        for (id, entry) in entries {
+            if id == me {
+                continue;
+            }
+            if is_dead(id) {
+                others.orphans.push(id.clone());
+                others.orphaned += entry.grant;
+                others.orphans_settled = others.orphans_settled.max(entry.settled_at);
+                continue;
+            }
+            if entry.expires_at > now {
+                others.held += entry.grant;
+            }
+            if entry.stale_at > now {
+                others.wants.push(want(entry.demand, params));
+                others.sinces.push(entry.since);
+            }
+        }
+        others
+    }
+
+    /// The subscribers first settled after the orphans last did, with
+    /// `me` if it is one.
+    fn newcomers(&self, me_too: bool) -> usize {
+        let settled = self.orphans_settled;
+        self.sinces.iter().filter(|since| **since > settled).count() + usize::from(me_too)
+    }
+}
+
 /// Settles `op` for subscriber `me` on a bucket's `entries` at `now`, as
 /// `share.lua` does on Redis: drops the entries whose demand and grant have
-/// both run out, and those of the instances found `dead`, then answers and
-/// records `me`'s grant.
+/// both run out, and those of the instances found `dead` whose grants have;
+/// releases the dead instances' other entries (the orphans) if as many
+/// newcomers have come, else counts their grants; then answers and records
+/// `me`'s grant.
 pub fn settle(
     entries: &mut HashMap<String, Entry>,
     me: &str,
@@ -158,21 +242,27 @@ pub fn settle(
 ) -> Share {
     let is_dead = |id: &str| instance_of(id).is_some_and(|i| dead.iter().any(|d| d == i));
     entries.retain(|id, entry| {
-        id == me || (!is_dead(id) && (entry.stale_at > now || entry.expires_at > now))
+        id == me || entry.expires_at > now || (entry.stale_at > now && !is_dead(id))
     });
-    let mut held: MicroRps = 0;
-    let mut wants = Vec::with_capacity(entries.len() + 1);
-    for (id, entry) in entries.iter() {
-        if id == me {
-            continue;
-        }
-        if entry.expires_at > now {
-            held += entry.grant;
-        }
-        if entry.stale_at > now {
-            wants.push(want(entry.demand, params));
+    let others = Others::tally(entries, me, params, now, is_dead);
+    // Its own entry, run out, is gone, whether or not the store has
+    // dropped it yet.
+    let my_since = entries
+        .get(me)
+        .filter(|mine| mine.stale_at > now || mine.expires_at > now)
+        .map_or(now, |mine| mine.since);
+    let mut held = others.held;
+    if !others.orphans.is_empty() {
+        let me_new = op != ShareOp::Leave && !is_dead(me) && my_since > others.orphans_settled;
+        if others.newcomers(me_new) >= others.orphans.len() {
+            for id in &others.orphans {
+                entries.remove(id);
+            }
+        } else {
+            held += others.orphaned;
         }
     }
+    let mut wants = others.wants;
     let demand = match op {
         ShareOp::Leave => {
             entries.remove(me);
@@ -209,6 +299,8 @@ pub fn settle(
             grant,
             stale_at: now + params.stale_ms,
             expires_at: now + params.lease_ms,
+            since: my_since,
+            settled_at: now,
         },
     );
     Share {

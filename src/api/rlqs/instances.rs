@@ -1,7 +1,7 @@
 //! What this instance hears of the others on a shared Redis: it beats,
-//! learns which instances died (whose subscribers' entries every
-//! settlement then drops, and whose shares every stream settles again at
-//! once), and passes the others' nudges on to its own streams.
+//! learns which instances died (whose subscribers' demand every
+//! settlement then leaves out, and whose shares every stream settles again
+//! at once), and passes the others' nudges on to its own streams.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -71,7 +71,8 @@ fn take_in(shared: &Shared, beat: Beat) {
     if !newly_dead.is_empty() {
         info!(
             instances = ?newly_dead,
-            "quota instances stopped beating: their Envoys' shares are handed on"
+            "quota instances stopped beating: their Envoys' shares are handed on once those \
+             Envoys subscribe again elsewhere, or their assignments run out"
         );
     }
     let any_newly_dead = !newly_dead.is_empty();

@@ -29,13 +29,15 @@ pub struct QuotaOptions {
     pub quota_subscriber_timeout: Duration,
 
     /// On a shared Redis: an instance that has not beaten for this long is
-    /// dead, and its Envoys' shares go to the others (within this, a
-    /// quarter of the rebalance interval, and two rebalance intervals).
-    /// Envoys move to another instance at their next report (every 5 s in
-    /// Envoy 1.40): keep it at least that, so a share is not handed on
-    /// while the Envoy holding it can still use it. Each instance beats
-    /// every quarter of this or of the rebalance interval, whichever is
-    /// shorter.
+    /// dead. Its Envoys' demand stops counting, and their shares go to the
+    /// others once as many Envoys have subscribed again on live instances
+    /// (within this, a quarter of the rebalance interval, and two rebalance
+    /// intervals, or when they subscribe if later), or else once their
+    /// assignments have run out (the assignment's time to live and 1 s
+    /// after their last settlement, and a rebalance interval). Envoys move
+    /// to another instance at their next report (every 5 s in Envoy 1.40).
+    /// Each instance beats every quarter of this or of the rebalance
+    /// interval, whichever is shorter.
     #[arg(long, env = "RATELIMITD_QUOTA_INSTANCE_TIMEOUT", default_value = "5s",
           value_parser = positive_duration)]
     pub quota_instance_timeout: Duration,

@@ -33,7 +33,8 @@ pub(super) struct Shared {
     /// embedded store: one process, one instance).
     pub(super) presence: Option<Presence>,
     /// The instances found dead at the last beat, whose subscribers'
-    /// entries every settlement drops.
+    /// demand no longer counts in any settlement (their grants do, until
+    /// released).
     pub(super) dead: RwLock<Arc<[String]>>,
     /// Turns true when the server shuts down.
     pub(super) shutdown: watch::Receiver<bool>,

@@ -182,8 +182,9 @@ impl QuotaStream {
 
     /// The instance stops: the stream's subscriptions are forgotten here,
     /// but their grants stay in the ledger, since the Envoys keep enforcing
-    /// them until they reconnect elsewhere; the other instances drop them
-    /// once this one's beat has run out (`instances`).
+    /// them until they reconnect elsewhere; once this one's beat has run
+    /// out (`instances`), the other instances release them when as many
+    /// Envoys have subscribed again, or when their leases run out.
     pub(super) fn forget_all(&mut self) {
         for (key, subscription) in self.buckets.drain() {
             self.shared.give_back_subscription();
