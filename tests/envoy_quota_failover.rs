@@ -1,9 +1,11 @@
 //! Real Envoys (1.40, examples/envoy/quota-envoy.yaml) on two ratelimitd
 //! instances sharing one Redis: a newcomer on one instance gets its share
-//! at once although the Envoy on the other holds the whole limit, and when
-//! an instance is killed its Envoys fail over to the survivor, which hands
-//! the dead instance's share on within its instance timeout and two
-//! rebalance intervals, never above the limit.
+//! at once although the Envoy on the other holds the whole limit; when an
+//! instance is killed and its Envoys fail over to the survivor, the dead
+//! instance's share is handed on within its instance timeout and two
+//! rebalance intervals; and when its Envoy cannot reach the survivor, the
+//! share is held until that Envoy's assignment has run out, then handed
+//! on; never above the limit.
 
 mod common;
 
@@ -26,13 +28,11 @@ fn write_policies(dir: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
-/// The admitted per second of two loads started together, side by side.
-fn totals(first: &Tally, second: &Tally) -> Vec<u64> {
-    first
-        .per_second
-        .iter()
-        .zip(&second.per_second)
-        .map(|((a, _), (b, _))| a + b)
+/// The admitted per second of loads started together, side by side.
+fn totals(loads: &[&Tally]) -> Vec<u64> {
+    let seconds = loads.iter().map(|load| load.per_second.len()).min();
+    (0..seconds.unwrap_or(0))
+        .map(|second| loads.iter().map(|load| load.per_second[second].0).sum())
         .collect()
 }
 
@@ -59,7 +59,7 @@ async fn a_newcomer_on_another_instance_gets_its_share_within_a_second() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         drive(second.port, 60, 8, &[]).await
     });
-    let totals = totals(&a, &b);
+    let totals = totals(&[&a, &b]);
     eprintln!("admitted per second: {totals:?}\nfirst {a:?}\nsecond {b:?}");
     // From its second second on, the newcomer gets about half, and the two
     // together at least 95% of the limit.
@@ -134,7 +134,7 @@ async fn a_killed_instance_s_share_moves_to_the_survivor_within_eight_seconds() 
         drive(first.port, 150, 8, &[]),
         drive(second.port, 150, 8, &[])
     );
-    let settled = totals(&a, &b);
+    let settled = totals(&[&a, &b]);
     eprintln!("before the kill: {settled:?}");
     assert!(
         settled[6..].iter().all(|total| (90..=106).contains(total)),
@@ -149,7 +149,7 @@ async fn a_killed_instance_s_share_moves_to_the_survivor_within_eight_seconds() 
         drive(second.port, 150, 12, &[]),
         async { drop(doomed) }
     );
-    let after = totals(&a, &b);
+    let after = totals(&[&a, &b]);
     eprintln!("after the kill: {after:?}\nfirst {a:?}\nsecond {b:?}");
     // The first second also spends what the two token buckets held (a
     // tenth of a second of each share) when the load began.
@@ -162,5 +162,83 @@ async fn a_killed_instance_s_share_moves_to_the_survivor_within_eight_seconds() 
         "the limit not regained by 8 s: {after:?}"
     );
     assert_eq!(a.failed + b.failed, 0, "{a:?} {b:?}");
+    survivor.stop().await;
+}
+
+/// Seconds of load before the kill, and after it: past the stranded
+/// Envoy's assignment (15 s), the lease's margin (1 s), a rebalance
+/// interval and a few seconds more.
+const BEFORE_THE_KILL: u32 = 10;
+const AFTER_THE_KILL: u32 = 22;
+
+#[tokio::test]
+async fn a_killed_instance_s_share_is_held_while_its_stranded_envoy_may_still_spend_it() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_policies(dir.path());
+    let flags = ["--redis-url", &redis.url(), "--config", &config];
+    let survivor = TestServer::start(&flags).await;
+    let doomed = ServerProcess::start(&flags).await;
+    let upstream = start_upstream().await;
+    let ports = |ratelimitd| EnvoyPorts {
+        ratelimitd,
+        upstream,
+    };
+    let first = Envoy::start_quota(ports(survivor.address.port()), &[], &[]).await;
+    let second = Envoy::start_quota(ports(survivor.address.port()), &[], &[]).await;
+    // Its cluster lists the doomed instance alone: once that is killed, it
+    // cannot reconnect, and enforces its last assignment until its time to
+    // live runs out (then its expired_assignment_behavior, deny all).
+    let stranded = Envoy::start_quota(ports(doomed.address.port()), &[], &[]).await;
+
+    // 60/s each, a third of the limit each once settled; the doomed
+    // instance killed 10 s into the load, which goes on for 22 s more.
+    let seconds = BEFORE_THE_KILL + AFTER_THE_KILL;
+    let (a, b, c, ()) = tokio::join!(
+        drive(first.port, 60, seconds, &[]),
+        drive(second.port, 60, seconds, &[]),
+        drive(stranded.port, 60, seconds, &[]),
+        async {
+            tokio::time::sleep(Duration::from_secs(BEFORE_THE_KILL.into())).await;
+            drop(doomed);
+        }
+    );
+    let all = totals(&[&a, &b, &c]);
+    let kill = BEFORE_THE_KILL as usize;
+    let (before, after) = all.split_at(kill);
+    let survivors = totals(&[&a, &b]);
+    eprintln!(
+        "admitted per second before the kill: {before:?}\nafter it: {after:?}\n\
+         the survivors' Envoys after it: {:?}\nthe stranded Envoy's after it: {:?}",
+        &survivors[kill..],
+        c.per_second[kill..]
+            .iter()
+            .map(|(admitted, _)| admitted)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        before[6..].iter().all(|total| (90..=106).contains(total)),
+        "not settled before the kill: {before:?}"
+    );
+    // The stranded Envoy spends its share until its assignment runs out;
+    // the survivors are not handed it until then.
+    assert!(
+        after.iter().all(|total| *total <= 105),
+        "over the limit after the kill: {after:?}"
+    );
+    // Its lease over (at most 16 s after the kill), the survivors take the
+    // whole limit within a rebalance interval.
+    assert!(
+        after[18..].iter().all(|total| *total >= 90),
+        "the limit not regained by 18 s after the kill: {after:?}"
+    );
+    // Stranded indeed: its assignment ran out, and it denies all since.
+    assert!(
+        c.per_second[kill + 18..]
+            .iter()
+            .all(|(admitted, _)| *admitted == 0),
+        "the stranded Envoy admitted: {c:?}"
+    );
+    assert_eq!(a.failed + b.failed + c.failed, 0, "{a:?} {b:?} {c:?}");
     survivor.stop().await;
 }
