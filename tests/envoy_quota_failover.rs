@@ -28,6 +28,43 @@ fn write_policies(dir: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// A Redis, the policies and an upstream, which every instance and Envoy
+/// of a test shares.
+struct Shared {
+    _redis: RedisServer,
+    url: String,
+    _dir: tempfile::TempDir,
+    config: String,
+    upstream: u16,
+}
+
+impl Shared {
+    async fn start() -> Self {
+        let redis = RedisServer::start().await;
+        let dir = tempfile::tempdir().expect("a config directory");
+        Self {
+            url: redis.url(),
+            config: write_policies(dir.path()),
+            _redis: redis,
+            _dir: dir,
+            upstream: start_upstream().await,
+        }
+    }
+
+    /// An instance's flags: the Redis and the policies.
+    fn flags(&self) -> [&str; 4] {
+        ["--redis-url", &self.url, "--config", &self.config]
+    }
+
+    /// An Envoy's ports, towards the instance at `ratelimitd`.
+    fn ports(&self, ratelimitd: u16) -> EnvoyPorts {
+        EnvoyPorts {
+            ratelimitd,
+            upstream: self.upstream,
+        }
+    }
+}
+
 /// The admitted per second of loads started together, side by side.
 fn totals(loads: &[&Tally]) -> Vec<u64> {
     let seconds = loads.iter().map(|load| load.per_second.len()).min();
@@ -38,19 +75,11 @@ fn totals(loads: &[&Tally]) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_newcomer_on_another_instance_gets_its_share_within_a_second() {
-    let redis = RedisServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_policies(dir.path());
-    let flags = ["--redis-url", &redis.url(), "--config", &config];
-    let one = TestServer::start(&flags).await;
-    let two = TestServer::start(&flags).await;
-    let upstream = start_upstream().await;
-    let ports = |ratelimitd| EnvoyPorts {
-        ratelimitd,
-        upstream,
-    };
-    let first = Envoy::start_quota(ports(one.address.port()), &[], &[]).await;
-    let second = Envoy::start_quota(ports(two.address.port()), &[], &[]).await;
+    let shared = Shared::start().await;
+    let one = TestServer::start(&shared.flags()).await;
+    let two = TestServer::start(&shared.flags()).await;
+    let first = Envoy::start_quota(shared.ports(one.address.port()), &[], &[]).await;
+    let second = Envoy::start_quota(shared.ports(two.address.port()), &[], &[]).await;
 
     // 60/s each: either alone is within the limit, both are above it. The
     // first subscribes first and, alone, is granted the whole limit; its
@@ -105,22 +134,14 @@ fn failover_edits(survivor: u16) -> [(&'static str, String); 2] {
 
 #[tokio::test]
 async fn a_killed_instance_s_share_moves_to_the_survivor_within_eight_seconds() {
-    let redis = RedisServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_policies(dir.path());
-    let flags = ["--redis-url", &redis.url(), "--config", &config];
-    let survivor = TestServer::start(&flags).await;
-    let doomed = ServerProcess::start(&flags).await;
-    let upstream = start_upstream().await;
-    let ports = |ratelimitd| EnvoyPorts {
-        ratelimitd,
-        upstream,
-    };
-    let first = Envoy::start_quota(ports(survivor.address.port()), &[], &[]).await;
+    let shared = Shared::start().await;
+    let survivor = TestServer::start(&shared.flags()).await;
+    let doomed = ServerProcess::start(&shared.flags()).await;
+    let first = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
     let edits = failover_edits(survivor.address.port());
     let edits: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
     let second = Envoy::start_quota(
-        ports(doomed.address.port()),
+        shared.ports(doomed.address.port()),
         &edits,
         &[
             "--component-log-level",
@@ -173,23 +194,15 @@ const AFTER_THE_KILL: u32 = 22;
 
 #[tokio::test]
 async fn a_killed_instance_s_share_is_held_while_its_stranded_envoy_may_still_spend_it() {
-    let redis = RedisServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_policies(dir.path());
-    let flags = ["--redis-url", &redis.url(), "--config", &config];
-    let survivor = TestServer::start(&flags).await;
-    let doomed = ServerProcess::start(&flags).await;
-    let upstream = start_upstream().await;
-    let ports = |ratelimitd| EnvoyPorts {
-        ratelimitd,
-        upstream,
-    };
-    let first = Envoy::start_quota(ports(survivor.address.port()), &[], &[]).await;
-    let second = Envoy::start_quota(ports(survivor.address.port()), &[], &[]).await;
+    let shared = Shared::start().await;
+    let survivor = TestServer::start(&shared.flags()).await;
+    let doomed = ServerProcess::start(&shared.flags()).await;
+    let first = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
+    let second = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
     // Its cluster lists the doomed instance alone: once that is killed, it
     // cannot reconnect, and enforces its last assignment until its time to
     // live runs out (then its expired_assignment_behavior, deny all).
-    let stranded = Envoy::start_quota(ports(doomed.address.port()), &[], &[]).await;
+    let stranded = Envoy::start_quota(shared.ports(doomed.address.port()), &[], &[]).await;
 
     // 60/s each, a third of the limit each once settled; the doomed
     // instance killed 10 s into the load, which goes on for 22 s more.

@@ -92,13 +92,14 @@ async fn a_newcomer_elsewhere_shrinks_the_holder_without_a_report() {
     two.stop().await;
 }
 
-#[tokio::test]
-async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out_if_its_envoy_is_back() {
-    let redis = RedisServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (url, config) = (redis.url(), write_policies(dir.path()));
-    let survivor = TestServer::start(&flags(&url, &config)).await;
-    let doomed = ServerProcess::start(&flags(&url, &config)).await;
+/// A survivor (in process) and a doomed instance (a process of its own, to
+/// be killed) on one Redis, started with `flags`, and a stream on each
+/// holding half of {name: api}: the survivor's stream is returned.
+async fn both_holding_half(
+    flags: &[&str],
+) -> (TestServer, ServerProcess, QuotaStream, QuotaStream) {
+    let survivor = TestServer::start(flags).await;
+    let doomed = ServerProcess::start(flags).await;
     let api = bucket(&[("name", "api")]);
     let mut first = QuotaStream::open(survivor.address).await;
     first.subscribe("edge", &api).await;
@@ -107,6 +108,16 @@ async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out_if_its_en
     second.subscribe("edge", &api).await;
     told_within_8s(&mut second, &HALF_OF_100).await;
     told_within_8s(&mut first, &HALF_OF_100).await;
+    (survivor, doomed, first, second)
+}
+
+#[tokio::test]
+async fn a_killed_instance_s_share_is_handed_on_when_its_beat_runs_out_if_its_envoy_is_back() {
+    let redis = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = (redis.url(), write_policies(dir.path()));
+    let (survivor, doomed, _first, _second) = both_holding_half(&flags(&url, &config)).await;
+    let api = bucket(&[("name", "api")]);
     // Killed, its stream never leaves: its grant would count for its
     // lease (16 s). Its Envoy subscribes again on the survivor; once the
     // dead instance's beat has run out (1 s), that newcomer has its share.
@@ -139,16 +150,9 @@ async fn a_killed_instance_s_share_is_held_until_its_lease_runs_out_if_its_envoy
     let redis = RedisServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (url, config) = (redis.url(), write_policies(dir.path()));
-    let survivor = TestServer::start(&short_lease_flags(&url, &config)).await;
-    let doomed = ServerProcess::start(&short_lease_flags(&url, &config)).await;
+    let (survivor, doomed, mut first, _second) =
+        both_holding_half(&short_lease_flags(&url, &config)).await;
     let api = bucket(&[("name", "api")]);
-    let mut first = QuotaStream::open(survivor.address).await;
-    first.subscribe("edge", &api).await;
-    assert_eq!(first.next_one().await.told, ALL_OF_100);
-    let mut second = QuotaStream::open(doomed.address).await;
-    second.subscribe("edge", &api).await;
-    told_within_8s(&mut second, &HALF_OF_100).await;
-    told_within_8s(&mut first, &HALF_OF_100).await;
     // Killed, with its Envoy cut off: that Envoy may spend its half until
     // its assignment runs out, so the survivor is not handed it when the
     // beat runs out (1 s), but only when the lease has (at most 5 s after

@@ -9,24 +9,13 @@
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const path = require('node:path');
 const express = require('express');
 const { once } = require('node:events');
 const { RateLimitClient, rateLimiter, ipKey } = require('..');
 const { startRatelimitd } = require('../test-support/ratelimitd');
+const { readVectors, assertReadmeStates } = require('../test-support/vectors');
 
-const VECTORS = path.join(__dirname, '..', '..', 'test-vectors', 'ip-keys.json');
-const README = path.join(__dirname, '..', 'README.md');
-
-function readVectors() {
-  try {
-    return JSON.parse(fs.readFileSync(VECTORS, 'utf8'));
-  } catch (err) {
-    throw new Error(`cannot read the shared test vectors (in a ratelimitd checkout): ${err.message}`);
-  }
-}
-const vectors = readVectors();
+const vectors = readVectors('ip-keys.json');
 
 let server;
 let client;
@@ -42,11 +31,7 @@ after(async () => {
 });
 
 test('the README states the rule of the shared table, word for word', () => {
-  const words = (text) => text.replace(/\s+/g, ' ');
-  assert.ok(
-    words(fs.readFileSync(README, 'utf8')).includes(words(vectors.rule)),
-    `README.md must state, as the Python client's README does:\n${vectors.rule}`,
-  );
+  assertReadmeStates(vectors.rule);
 });
 
 for (const { case: name, address, ipv6_subnet: ipv6Subnet, key } of vectors.cases) {

@@ -7,23 +7,12 @@
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
-const fs = require('node:fs');
-const path = require('node:path');
 const { RateLimitClient } = require('..');
 const { startRatelimitd } = require('../test-support/ratelimitd');
+const { readVectors, assertReadmeStates } = require('../test-support/vectors');
 const { withApp } = require('../test-support/app');
 
-const VECTORS = path.join(__dirname, '..', '..', 'test-vectors', 'policy-ids.json');
-const README = path.join(__dirname, '..', 'README.md');
-
-function readVectors() {
-  try {
-    return JSON.parse(fs.readFileSync(VECTORS, 'utf8'));
-  } catch (err) {
-    throw new Error(`cannot read the shared test vectors (in a ratelimitd checkout): ${err.message}`);
-  }
-}
-const vectors = readVectors();
+const vectors = readVectors('policy-ids.json');
 
 // The table spells options as the Python client does.
 const NODE_NAMES = { window_ms: 'windowMs', refill_rate: 'refillRate' };
@@ -49,11 +38,7 @@ after(async () => {
 });
 
 test('the README states the rule of the shared table, word for word', () => {
-  const words = (text) => text.replace(/\s+/g, ' ');
-  assert.ok(
-    words(fs.readFileSync(README, 'utf8')).includes(words(vectors.rule)),
-    `README.md must state, as the Python client's README does:\n${vectors.rule}`,
-  );
+  assertReadmeStates(vectors.rule);
 });
 
 for (const { case: name, limiter, id, q } of vectors.cases) {

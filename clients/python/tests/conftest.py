@@ -10,7 +10,9 @@ one the tests fail (never skip): build it with `cargo build --bin ratelimitd`.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -25,6 +27,7 @@ import pytest
 from ratelimitd_client import Client, RatelimitdError
 
 REPO = Path(__file__).resolve().parents[3]
+README = REPO / "clients" / "python" / "README.md"
 START_TIMEOUT = 20.0
 # How often the server looks at its --config directory: a rewritten
 # policies file is in force within this (and a request's time).
@@ -234,3 +237,26 @@ def client(ratelimitd: Server) -> Iterator[Client]:
 def dead_address() -> str:
     """A loopback address where nothing listens."""
     return f"127.0.0.1:{free_port()}"
+
+
+def shared_vectors(name: str) -> dict:
+    """The table `name` of clients/test-vectors/, which both clients' suites
+    read."""
+    try:
+        return json.loads((REPO / "clients" / "test-vectors" / name).read_text())
+    except OSError as err:
+        raise AssertionError(
+            f"cannot read the shared test vectors (in a ratelimitd checkout): {err}"
+        ) from err
+
+
+def assert_readme_states(rule: str) -> None:
+    """Fails unless this client's README holds `rule`, whitespace aside, as
+    the Node client's does."""
+
+    def words(text: str) -> str:
+        return re.sub(r"\s+", " ", text)
+
+    assert words(rule) in words(README.read_text()), (
+        f"README.md must state, as the Node client's README does:\n{rule}"
+    )

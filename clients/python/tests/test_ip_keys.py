@@ -4,7 +4,6 @@ through ip_key, then the middleware's default key end to end against a real
 ratelimitd: an IPv4 client is one key whether the server reports it as
 `127.0.0.1` or `::ffff:127.0.0.1`, and an IPv6 client is keyed by its /56."""
 
-import json
 import re
 
 import httpx
@@ -16,33 +15,17 @@ from starlette.routing import Route
 from ratelimitd_client import AsyncClient, ip_key
 from ratelimitd_client.asgi import Limiter, RateLimitMiddleware, client_ip
 
-from conftest import REPO
+from conftest import assert_readme_states, shared_vectors
 
-VECTORS = REPO / "clients" / "test-vectors" / "ip-keys.json"
-README = REPO / "clients" / "python" / "README.md"
 # A generous deadline: a timeout would let the request through uncounted.
 DEADLINE = 2.0
 
 
-def _vectors() -> dict:
-    try:
-        return json.loads(VECTORS.read_text())
-    except OSError as err:
-        raise AssertionError(
-            f"cannot read the shared test vectors (in a ratelimitd checkout): {err}"
-        ) from err
-
-
-VECTORS_TABLE = _vectors()
+VECTORS_TABLE = shared_vectors("ip-keys.json")
 
 
 def test_the_readme_states_the_rule_of_the_shared_table_word_for_word():
-    def words(text: str) -> str:
-        return re.sub(r"\s+", " ", text)
-
-    assert words(VECTORS_TABLE["rule"]) in words(README.read_text()), (
-        f"README.md must state, as the Node client's README does:\n{VECTORS_TABLE['rule']}"
-    )
+    assert_readme_states(VECTORS_TABLE["rule"])
 
 
 @pytest.mark.parametrize("vector", VECTORS_TABLE["cases"], ids=lambda vector: vector["case"])
