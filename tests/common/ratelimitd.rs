@@ -115,6 +115,9 @@ impl Drop for TestServer {
 /// What the processes started the upstream way are called in messages.
 const UPSTREAM_WAY: &str = "ratelimitd (started the upstream way)";
 
+/// How many times a start on ports chosen by [`free_port`] is tried.
+const PORT_ATTEMPTS: usize = 3;
+
 /// A ratelimitd server as a separate process, killed when dropped.
 pub struct ServerProcess {
     pub address: SocketAddr,
@@ -163,10 +166,13 @@ impl ServerProcess {
     /// HTTP and debug listeners on free loopback ports unless it sets
     /// them), and waits until SERVING.
     pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
-        let (command, http, debug) = Self::upstream_command(environment);
-        let mut server = Self::launch(command, true, UPSTREAM_WAY).await;
-        server.http = http;
-        server.debug = debug;
+        let mut server = Self::spawn_upstream_way(environment).await;
+        if !server.serving_or_exited(UPSTREAM_WAY).await {
+            panic!(
+                "{UPSTREAM_WAY} exited before serving; its log: {}",
+                server.log()
+            );
+        }
         server
     }
 
@@ -174,11 +180,18 @@ impl ServerProcess {
     /// waiting only until the gRPC port is bound (not until it accepts
     /// calls, nor until SERVING).
     pub async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
-        let (command, http, debug) = Self::upstream_command(environment);
-        let mut server = Self::bind(command, true, UPSTREAM_WAY).await;
-        server.http = http;
-        server.debug = debug;
-        server
+        // A port free_port() found free may be taken before the process
+        // binds it (another test's connection may get it as its own port):
+        // then new ones are chosen.
+        for _ in 0..PORT_ATTEMPTS {
+            let (command, http, debug) = Self::upstream_command(environment);
+            if let Some(mut server) = Self::bind_unless_taken(command, true, UPSTREAM_WAY).await {
+                server.http = http;
+                server.debug = debug;
+                return server;
+            }
+        }
+        panic!("{UPSTREAM_WAY}: its ports were taken {PORT_ATTEMPTS} times in a row");
     }
 
     /// The command of [`ServerProcess::start_upstream_way`], and where
@@ -323,7 +336,15 @@ impl ServerProcess {
     /// Runs `command` with `--address-file` and learns the port it bound
     /// from that file; panics, with its log when kept, if it exits first or
     /// does not bind in time.
-    async fn bind(mut command: Command, logged: bool, what: &str) -> Self {
+    async fn bind(command: Command, logged: bool, what: &str) -> Self {
+        Self::bind_unless_taken(command, logged, what)
+            .await
+            .unwrap_or_else(|| panic!("{what}: a port it was given is taken"))
+    }
+
+    /// [`ServerProcess::bind`], but `None` when the process exits because
+    /// a port it was given is taken (its log, kept, says so).
+    async fn bind_unless_taken(mut command: Command, logged: bool, what: &str) -> Option<Self> {
         let dir = tempfile::tempdir().expect("a directory for the process's files");
         let address_file = dir.path().join("address");
         let log_path = dir.path().join("ratelimitd.log");
@@ -356,10 +377,11 @@ impl ServerProcess {
                     .expect("the address file holds host:port");
             }
             if let Some(status) = process.exited() {
-                panic!(
-                    "{what} exited ({status}) before binding; its log: {}",
-                    log_of(&log_path)
-                );
+                let log = log_of(&log_path);
+                if log.contains("Address already in use") {
+                    return None;
+                }
+                panic!("{what} exited ({status}) before binding; its log: {log}");
             }
             assert!(
                 Instant::now() < deadline,
@@ -368,13 +390,13 @@ impl ServerProcess {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        Self {
+        Some(Self {
             address,
             http: None,
             debug: None,
             process,
             log: logged.then_some((dir, log_path)),
-        }
+        })
     }
 
     /// Waits until the process serves (`true`) or exits first (`false`);
