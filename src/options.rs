@@ -157,6 +157,14 @@ pub fn count() -> impl clap::builder::TypedValueParser<Value = usize> {
     clap::value_parser!(u32).range(1..).map(|n| n as usize)
 }
 
+/// An enumerated flag's value as the command line writes it
+/// (`fail-closed`), for messages that name it.
+pub fn value_name(value: &impl clap::ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |value| value.get_name().to_owned())
+}
+
 /// A size such as `256MiB`, `1GB` or `65536`, in bytes; 0 allowed (off).
 pub fn byte_size(text: &str) -> Result<usize, BadValue> {
     let size: bytesize::ByteSize = text.parse().map_err(BadValue::new)?;

@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 use super::listeners::Listeners;
 use crate::config::Config;
 use crate::limit::FailurePolicy;
+use crate::options::value_name;
 use crate::store::{RedisUrl, Topology, redacted_url};
 
 /// Logs the start-up lines, once the listeners are bound.
@@ -103,15 +104,10 @@ fn store_lines(config: &Config) {
     }
 }
 
-/// `Redis cluster at redis://a:6379, redis://b:6379`, credentials hidden.
+/// `Redis (cluster) at redis://a:6379, redis://b:6379`, credentials hidden.
 fn redis_description(urls: &[RedisUrl], topology: Topology) -> String {
     let urls: Vec<String> = urls.iter().map(|url| redacted_url(url.as_str())).collect();
-    let topology = match topology {
-        Topology::Standalone => "standalone",
-        Topology::Cluster => "cluster",
-        Topology::Sentinel => "sentinel",
-    };
-    format!("Redis ({topology}) at {}", urls.join(", "))
+    format!("Redis ({}) at {}", value_name(&topology), urls.join(", "))
 }
 
 /// Where the Envoy rules and the policies come from.
@@ -137,25 +133,18 @@ fn rules_line(config: &Config) -> String {
 
 /// What answers when the store cannot decide in time.
 fn failure_line(config: &Config) -> String {
-    let timeout = humantime::format_duration(config.store.redis_command_timeout);
-    let answer = match config.limiter.failure_policy {
+    if config.store.redis_url.is_empty() {
+        return "failure policy: none needed on the embedded store".to_owned();
+    }
+    let policy = config.limiter.failure_policy;
+    let answer = match policy {
         FailurePolicy::FailClosed => "the call fails (UNAVAILABLE) and the caller decides",
         FailurePolicy::FailOpen => "the request is allowed, marked degraded",
         FailurePolicy::Local => "this instance's embedded store decides, marked degraded",
     };
-    if config.store.redis_url.is_empty() {
-        return "failure policy: none needed on the embedded store".to_owned();
-    }
     format!(
-        "failure policy: {}: when Redis does not answer within {timeout}, {answer}",
-        policy_name(config.limiter.failure_policy)
+        "failure policy: {}: when Redis does not answer within {}, {answer}",
+        value_name(&policy),
+        humantime::format_duration(config.store.redis_command_timeout)
     )
-}
-
-fn policy_name(policy: FailurePolicy) -> &'static str {
-    match policy {
-        FailurePolicy::FailClosed => "fail-closed",
-        FailurePolicy::FailOpen => "fail-open",
-        FailurePolicy::Local => "local",
-    }
 }

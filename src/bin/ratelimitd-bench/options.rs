@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use ratelimitd::algorithm::registry::{Kind, Rate};
+use ratelimitd::options::value_name;
 
 /// Drives a rate-limit service (ratelimitd's `CheckLimit`, any Envoy RLS
 /// server's `ShouldRateLimit`) or Redis itself, running ratelimitd's own
@@ -208,9 +209,7 @@ impl Options {
 
     /// The target as given on the command line.
     pub(crate) fn target_name(&self) -> String {
-        self.target
-            .to_possible_value()
-            .map_or_else(String::new, |value| value.get_name().to_owned())
+        value_name(&self.target)
     }
 }
 
