@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use tracing::debug;
-
 use super::decisions::Limiter;
 use super::denial_cache::DenialCache;
 use super::store::Store;
@@ -14,9 +12,7 @@ use crate::error::StoreError;
 use crate::limit::FailurePolicy;
 use crate::options::byte_size;
 use crate::store::redis::PER_SECOND;
-use crate::store::{
-    EmbeddedSettings, MemoryStore, RedisStore, StoreSettings, SystemClock, redacted_url,
-};
+use crate::store::{EmbeddedSettings, MemoryStore, RedisStore, StoreSettings, SystemClock};
 
 /// The default prefix of every storage key.
 pub const DEFAULT_KEY_PREFIX: &str = "ratelimitd:";
@@ -69,12 +65,6 @@ impl LimiterOptions {
                 per_second,
                 local,
             } => {
-                debug!(
-                    urls = ?redis.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
-                    topology = ?redis.topology,
-                    failure_policy = ?self.failure_policy,
-                    "using Redis"
-                );
                 let store = Store::Redis(RedisStore::new(redis)?);
                 let limiter = Limiter::new(store, self.key_prefix.clone())
                     .with_failure_policy(self.failure_policy, embedded(local))
@@ -85,21 +75,13 @@ impl LimiterOptions {
                 let Some(per_second) = per_second else {
                     return Ok(limiter);
                 };
-                debug!(
-                    urls = ?per_second.urls.iter().map(|url| redacted_url(url)).collect::<Vec<_>>(),
-                    topology = ?per_second.topology,
-                    "using a per-second Redis for Envoy's rules whose unit is second"
-                );
                 let per_second = RedisStore::new(per_second)?.labelled(PER_SECOND);
                 Ok(limiter.with_per_second(per_second))
             }
-            StoreSettings::Embedded(settings) => {
-                debug!("no --redis-url: using the embedded in-memory store");
-                Ok(Limiter::new(
-                    Store::Memory(embedded(settings)),
-                    self.key_prefix.clone(),
-                ))
-            }
+            StoreSettings::Embedded(settings) => Ok(Limiter::new(
+                Store::Memory(embedded(settings)),
+                self.key_prefix.clone(),
+            )),
         }
     }
 }
