@@ -14,6 +14,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::markdown::{block_with, blocks, code, commands, markdown_files, section};
+use common::process::stdout_of_success;
 use common::sandbox::{Background, Sandbox};
 use serde_json::Value;
 
@@ -32,16 +33,9 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(root().join(path)).unwrap_or_else(|err| panic!("{path}: {err}"))
 }
 
-/// `output`'s stdout, once it succeeded.
+/// `output`'s stdout, once `command` succeeded.
 fn succeeded(command: &str, output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "`{command}` failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    stdout_of_success(&format!("`{command}`"), output)
 }
 
 fn json(text: &str) -> Value {
@@ -84,15 +78,13 @@ fn the_readme_starts_the_service_and_answers_as_it_shows() {
     let mut service = sandbox.start(&start[0]);
     sandbox.wait_for_port(50051, &mut service, BUILD_AND_START);
     sandbox.wait_for_port(8080, &mut service, PROMPT);
+    let run = |command: &str| succeeded(command, &sandbox.run(command, PROMPT));
 
     // "Ask it something": grpcurl's calls as written, by reflection.
     let session = section(&readme, "## Ask it something");
     let calls = commands(block_with(session, "sh", "grpcurl"));
     assert_eq!(calls.len(), 3, "list, a CheckLimit, health: {calls:?}");
-    let answers: Vec<String> = calls
-        .iter()
-        .map(|call| succeeded(call, &sandbox.run(call, PROMPT)))
-        .collect();
+    let answers: Vec<String> = calls.iter().map(|call| run(call)).collect();
     for service_name in [
         "ratelimitd.v1.RateLimiter",
         "envoy.service.ratelimit.v3.RateLimitService",
@@ -114,7 +106,7 @@ fn the_readme_starts_the_service_and_answers_as_it_shows() {
     let over_http = section(&readme, "## Ask it over HTTP");
     let curl = commands(block_with(over_http, "sh", "curl"));
     assert_eq!(curl.len(), 1, "{curl:?}");
-    let mut answer = json(&succeeded(&curl[0], &sandbox.run(&curl[0], PROMPT)));
+    let mut answer = json(&run(&curl[0]));
     let shown = blocks(over_http, "json");
     assert_eq!(shown.len(), 1, "the README shows one HTTP answer");
     let mut shown = json(shown[0]);
@@ -133,7 +125,7 @@ fn the_readme_starts_the_service_and_answers_as_it_shows() {
     let http_api = read("docs/http-api.md");
     let first = blocks(&http_api, "sh")[0];
     let example = commands(first);
-    let answer = succeeded(&example[0], &sandbox.run(&example[0], PROMPT));
+    let answer = run(&example[0]);
     let shown = blocks(&http_api, "json")[0];
     assert_eq!(
         json(&answer),
@@ -142,8 +134,7 @@ fn the_readme_starts_the_service_and_answers_as_it_shows() {
     );
 
     // The console, where the README says it is.
-    let console = sandbox.run("curl -s -i http://127.0.0.1:8080/", PROMPT);
-    let console = succeeded("curl the console", &console);
+    let console = run("curl -s -i http://127.0.0.1:8080/");
     let (status, page) = status_and_body(&console);
     assert_eq!(status, 200, "{console}");
     assert!(

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use common::TestServer;
 use common::markdown::{blocks, section};
+use common::process::stdout_of_success;
 use common::tools;
 
 fn grpcurl_binary() -> &'static PathBuf {
@@ -38,12 +39,7 @@ async fn grpcurl(server: SocketAddr, flags: &[&str], tail: &[&str]) -> Output {
 }
 
 fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "grpcurl failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    stdout_of_success("grpcurl", output)
 }
 
 /// The address the documentation's calls name; the tests put the address

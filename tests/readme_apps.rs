@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use common::process::stdout_of_success;
 use common::{PATIENCE, ServerProcess};
 
 /// The repository's root.
@@ -49,14 +50,7 @@ fn run(command: &mut Command, hint: &str) -> String {
     let output = command
         .output()
         .unwrap_or_else(|err| panic!("cannot run {command:?} ({err}): {hint}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    stdout_of_success(&format!("{command:?}"), &output)
 }
 
 /// The one file in `dir` whose name starts with `prefix` and ends with

@@ -3,7 +3,7 @@
 //! the test lets go of it, frozen or not.
 
 use std::net::TcpListener;
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -12,6 +12,19 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
         .expect("no free loopback port")
+}
+
+/// `output`'s stdout, once `what` (the command, as a message names it)
+/// succeeded; else the test fails with both its outputs.
+pub fn stdout_of_success(what: &str, output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// Sends `signal` (as `kill` spells it, e.g. `-TERM`) to process `pid`.

@@ -14,7 +14,7 @@
 //! terminal) and then killed when dropped.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -133,19 +133,7 @@ impl Sandbox {
     pub fn run(&self, line: &str, timeout: Duration) -> Output {
         let stdout = tempfile::NamedTempFile::new().expect("a file for stdout");
         let stderr = tempfile::NamedTempFile::new().expect("a file for stderr");
-        let child = self
-            .bash(line)
-            .stdin(Stdio::null())
-            .stdout(stdout.reopen().expect("the stdout file"))
-            .stderr(stderr.reopen().expect("the stderr file"))
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|err| panic!("cannot run `{line}`: {err}"));
-        let mut running = Background {
-            line: line.to_owned(),
-            child,
-            log: None,
-        };
+        let mut running = self.spawn(line, &stdout, &stderr);
         let status = running
             .wait_for_exit(timeout)
             .unwrap_or_else(|| panic!("`{line}` still running after {timeout:?}"));
@@ -160,20 +148,31 @@ impl Sandbox {
     /// Starts `line` in the background, its output into a log file.
     pub fn start(&self, line: &str) -> Background {
         let log = tempfile::NamedTempFile::new().expect("a log file");
-        let out = log.reopen().expect("the log file");
-        let err = log.reopen().expect("the log file");
+        let mut started = self.spawn(line, &log, &log);
+        started.log = Some(log);
+        started
+    }
+
+    /// `line` started in a process group of its own, its stdout and
+    /// stderr written to these files.
+    fn spawn(
+        &self,
+        line: &str,
+        stdout: &tempfile::NamedTempFile,
+        stderr: &tempfile::NamedTempFile,
+    ) -> Background {
         let child = self
             .bash(line)
             .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
+            .stdout(stdout.reopen().expect("the output file"))
+            .stderr(stderr.reopen().expect("the output file"))
             .process_group(0)
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start `{line}`: {err}"));
         Background {
             line: line.to_owned(),
             child,
-            log: Some(log),
+            log: None,
         }
     }
 
@@ -207,11 +206,6 @@ impl Sandbox {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-
-    /// The folder the tools are linked in.
-    pub fn tools(&self) -> PathBuf {
-        self.bin.path().to_path_buf()
     }
 }
 
