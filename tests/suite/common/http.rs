@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// An HTTP server on loopback that answers `200 ok` to every request.
-pub async fn start_upstream() -> u16 {
+pub(crate) async fn start_upstream() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind upstream");
@@ -38,15 +38,15 @@ pub async fn start_upstream() -> u16 {
 
 /// What an HTTP request got back.
 #[derive(Debug)]
-pub struct HttpResponse {
-    pub status: u16,
+pub(crate) struct HttpResponse {
+    pub(crate) status: u16,
     /// Names in lower case.
-    pub headers: Vec<(String, String)>,
-    pub body: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: String,
 }
 
 impl HttpResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(key, _)| key == name)
@@ -55,24 +55,24 @@ impl HttpResponse {
 }
 
 /// The body of a GET that must succeed.
-pub async fn get_body(port: u16, path: &str) -> String {
+pub(crate) async fn get_body(port: u16, path: &str) -> String {
     let response = get(port, path, &[]).await.expect("an answer");
     assert_eq!(response.status, 200, "GET {path}: {response:?}");
     response.body
 }
 
 /// A GET on its own connection; `None` if nothing answered.
-pub async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+pub(crate) async fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
     request(port, "GET", path, headers, "").await
 }
 
 /// A POST of `body` on its own connection; `None` if nothing answered.
-pub async fn post(port: u16, path: &str, body: &str) -> Option<HttpResponse> {
+pub(crate) async fn post(port: u16, path: &str, body: &str) -> Option<HttpResponse> {
     request(port, "POST", path, &[], body).await
 }
 
 /// A request on its own connection; `None` if nothing answered.
-pub async fn request(
+pub(crate) async fn request(
     port: u16,
     method: &str,
     path: &str,
@@ -95,7 +95,7 @@ pub async fn request(
 /// Sends `raw` (a request as it goes on the wire, which should say
 /// `connection: close`) on its own connection and reads the answer until
 /// the server closes; `None` if nothing answered.
-pub async fn exchange(port: u16, raw: &[u8]) -> Option<HttpResponse> {
+pub(crate) async fn exchange(port: u16, raw: &[u8]) -> Option<HttpResponse> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     stream.write_all(raw).await.ok()?;
     let mut raw = Vec::new();
@@ -150,7 +150,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// A POST of JSON.
-pub async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
+pub(crate) async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
     request(
         port,
         "POST",
@@ -163,14 +163,14 @@ pub async fn post_json(port: u16, path: &str, body: &str) -> HttpResponse {
 }
 
 /// The response's body as JSON.
-pub fn body_json(response: &HttpResponse) -> serde_json::Value {
+pub(crate) fn body_json(response: &HttpResponse) -> serde_json::Value {
     serde_json::from_str(&response.body)
         .unwrap_or_else(|err| panic!("not JSON ({err}): {response:?}"))
 }
 
 /// A refusal of the JSON API: `status`, naming `field`, its rule
 /// containing `rule`.
-pub fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &str) {
+pub(crate) fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &str) {
     assert_eq!(response.status, status, "{response:?}");
     assert_eq!(response.header("content-type"), Some("application/json"));
     let body = body_json(response);
@@ -186,7 +186,7 @@ pub fn assert_refused(response: &HttpResponse, status: u16, field: &str, rule: &
 /// A JSON body over a 2048-byte `--max-request-bytes` to `path` is
 /// refused with 413, whether its length is declared or found reading a
 /// chunked body.
-pub async fn assert_body_bounded_at_2048(port: u16, path: &str) {
+pub(crate) async fn assert_body_bounded_at_2048(port: u16, path: &str) {
     let declared = format!(
         "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
          content-type: application/json\r\ncontent-length: 2049\r\n\r\n"

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The part of `document` from the heading `heading` (written whole, such
 /// as `## Ask it something`) to the next heading of the same level.
-pub fn section<'a>(document: &'a str, heading: &str) -> &'a str {
+pub(crate) fn section<'a>(document: &'a str, heading: &str) -> &'a str {
     let level = heading.split(' ').next().unwrap_or("##");
     document
         .split(&format!("\n{heading}\n"))
@@ -17,7 +17,7 @@ pub fn section<'a>(document: &'a str, heading: &str) -> &'a str {
 }
 
 /// The contents of every block of `section` fenced as ```` ```fence ````.
-pub fn blocks<'a>(section: &'a str, fence: &str) -> Vec<&'a str> {
+pub(crate) fn blocks<'a>(section: &'a str, fence: &str) -> Vec<&'a str> {
     section
         .split(&format!("```{fence}\n"))
         .skip(1)
@@ -27,7 +27,7 @@ pub fn blocks<'a>(section: &'a str, fence: &str) -> Vec<&'a str> {
 
 /// The commands of a shell block: one a line, a line ending in `\` joined
 /// to the next as the shell joins them.
-pub fn commands(block: &str) -> Vec<String> {
+pub(crate) fn commands(block: &str) -> Vec<String> {
     let mut commands = Vec::new();
     let mut current = String::new();
     for line in block.lines() {
@@ -50,7 +50,7 @@ pub fn commands(block: &str) -> Vec<String> {
 
 /// The one block of `text` (a document or a section of it) fenced as
 /// `fence` whose text contains `containing`.
-pub fn block_with<'a>(text: &'a str, fence: &str, containing: &str) -> &'a str {
+pub(crate) fn block_with<'a>(text: &'a str, fence: &str, containing: &str) -> &'a str {
     let found: Vec<&str> = blocks(text, fence)
         .into_iter()
         .filter(|block| block.contains(containing))
@@ -61,7 +61,7 @@ pub fn block_with<'a>(text: &'a str, fence: &str, containing: &str) -> &'a str {
 
 /// Every Markdown file of the repository, outside build output, installed
 /// dependencies and hidden folders.
-pub fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
+pub(crate) fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
     let entries =
         std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
     for entry in entries {
@@ -86,7 +86,7 @@ pub fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
 /// The code of `markdown`, each piece with the line it starts on: every
 /// line of a fenced block (lines ending in `\` joined to the next), and
 /// every inline code span (which may run over lines of a paragraph).
-pub fn code(markdown: &str) -> Vec<(usize, String)> {
+pub(crate) fn code(markdown: &str) -> Vec<(usize, String)> {
     let mut pieces = Vec::new();
     let mut fenced = false;
     let mut continued: Option<(usize, String)> = None;

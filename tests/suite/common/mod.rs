@@ -10,33 +10,27 @@
 //! `common::eventually`, `common::check`, ...); the rest are reached through
 //! their module (`common::redis::RedisCluster`, `common::envoy::Envoy`).
 
-// Each test file uses its own part of this module, and all of it is `pub`
-// for them (no one crate sees it whole).
-#![allow(dead_code, unreachable_pub)]
+pub(crate) mod checks;
+pub(crate) mod envoy;
+pub(crate) mod grpc;
+pub(crate) mod http;
+pub(crate) mod markdown;
+pub(crate) mod openapi;
+pub(crate) mod process;
+pub(crate) mod prometheus;
+pub(crate) mod quota;
+pub(crate) mod random;
+pub(crate) mod ratelimitd;
+pub(crate) mod redis;
+pub(crate) mod rls;
+pub(crate) mod sandbox;
+pub(crate) mod tls;
+pub(crate) mod tools;
+pub(crate) mod wait;
+pub(crate) mod xds;
 
-pub mod checks;
-pub mod envoy;
-pub mod grpc;
-pub mod http;
-pub mod markdown;
-pub mod openapi;
-pub mod process;
-pub mod prometheus;
-pub mod quota;
-pub mod random;
-pub mod ratelimitd;
-pub mod redis;
-pub mod rls;
-pub mod sandbox;
-pub mod tls;
-pub mod tools;
-pub mod wait;
-pub mod xds;
-
-// The helpers most tests use, by their short names; a test binary that
-// uses none of some would otherwise be told so.
-#[allow(unused_imports)]
-pub use self::{
+// The helpers most tests use, by their short names.
+pub(crate) use self::{
     checks::*,
     grpc::*,
     process::{free_port, send_signal},

@@ -7,12 +7,12 @@ use std::process::Command;
 use super::tools;
 
 /// openapi-spec-validator's path.
-pub fn validator() -> PathBuf {
+pub(crate) fn validator() -> PathBuf {
     tools::tool("openapi-spec-validator")
 }
 
 /// Panics, with the validator's words, unless `document` is valid OpenAPI.
-pub fn assert_valid(document: &str) {
+pub(crate) fn assert_valid(document: &str) {
     let file = tempfile::NamedTempFile::new().expect("a file");
     std::fs::write(file.path(), document).expect("write the document");
     let checked = Command::new(validator())

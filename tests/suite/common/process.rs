@@ -7,7 +7,7 @@ use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|address| address.port())
@@ -16,7 +16,7 @@ pub fn free_port() -> u16 {
 
 /// `output`'s stdout, once `what` (the command, as a message names it)
 /// succeeded; else the test fails with both its outputs.
-pub fn stdout_of_success(what: &str, output: &Output) -> String {
+pub(crate) fn stdout_of_success(what: &str, output: &Output) -> String {
     assert!(
         output.status.success(),
         "{what} failed ({}):\n{}\n{}",
@@ -28,7 +28,7 @@ pub fn stdout_of_success(what: &str, output: &Output) -> String {
 }
 
 /// Sends `signal` (as `kill` spells it, e.g. `-TERM`) to process `pid`.
-pub fn send_signal(pid: u32, signal: &str) {
+pub(crate) fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])
         .status()
@@ -38,7 +38,7 @@ pub fn send_signal(pid: u32, signal: &str) {
 
 /// A process the test started: SIGKILLed and reaped when dropped, so that
 /// a failing test leaves nothing running.
-pub struct ChildProcess {
+pub(crate) struct ChildProcess {
     child: Child,
     /// Stopped by SIGSTOP. Atomic (not a `Cell`) so that a harness holding
     /// it stays `Sync` and futures borrowing it stay `Send`.
@@ -55,40 +55,40 @@ impl From<Child> for ChildProcess {
 }
 
 impl ChildProcess {
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// SIGSTOP: connections stay open but nothing answers, as on a hung
     /// host.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         send_signal(self.pid(), "-STOP");
         self.frozen.store(true, Ordering::SeqCst);
     }
 
     /// SIGCONT after [`ChildProcess::freeze`].
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         send_signal(self.pid(), "-CONT");
         self.frozen.store(false, Ordering::SeqCst);
     }
 
-    pub fn is_frozen(&self) -> bool {
+    pub(crate) fn is_frozen(&self) -> bool {
         self.frozen.load(Ordering::SeqCst)
     }
 
     /// How it exited, if it has.
-    pub fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
     /// Blocks until it exits.
-    pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
+    pub(crate) fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.child.wait()
     }
 
     /// SIGKILL, as in a crash (after SIGCONT if frozen: a stopped process
     /// dies only once it runs again), and reaps it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if self.frozen.swap(false, Ordering::SeqCst) {
             let _ = Command::new("kill")
                 .args(["-CONT", &self.pid().to_string()])

@@ -7,7 +7,7 @@ use super::http::get_body;
 
 /// The exposition text as `series → value`, a series being the metric name
 /// with its labels as written (`name{a="x",b="y"}`).
-pub fn parse(text: &str) -> HashMap<String, f64> {
+pub(crate) fn parse(text: &str) -> HashMap<String, f64> {
     text.lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
         .filter_map(|line| {
@@ -18,7 +18,7 @@ pub fn parse(text: &str) -> HashMap<String, f64> {
 }
 
 /// `GET /metrics` on `port`: the text and its series.
-pub async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
+pub(crate) async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
     let body = get_body(port, "/metrics").await;
     let series = parse(&body);
     (body, series)
@@ -26,7 +26,7 @@ pub async fn scrape(port: u16) -> (String, HashMap<String, f64>) {
 
 /// The values of the series whose name is `name` and whose labels include
 /// every `labels` pair.
-pub fn matching<'a>(
+pub(crate) fn matching<'a>(
     series: &'a HashMap<String, f64>,
     name: &'a str,
     labels: &'a [(&str, &str)],
@@ -44,12 +44,12 @@ pub fn matching<'a>(
 
 /// The sum of the series whose name is `name` and whose labels include
 /// every `labels` pair.
-pub fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(series: &HashMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
     matching(series, name, labels).sum()
 }
 
 /// [`value`] of a fresh scrape of `port`, as a count.
-pub async fn count(port: u16, name: &str, labels: &[(&str, &str)]) -> u64 {
+pub(crate) async fn count(port: u16, name: &str, labels: &[(&str, &str)]) -> u64 {
     let (_, series) = scrape(port).await;
     value(&series, name, labels) as u64
 }

@@ -20,7 +20,7 @@ use super::PATIENCE;
 
 /// What a bucket was told, simplified.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Told {
+pub(crate) enum Told {
     AllowAll,
     DenyAll,
     /// max_tokens, tokens_per_fill, fill_interval seconds.
@@ -30,7 +30,7 @@ pub enum Told {
 
 impl Told {
     /// The rate of a token bucket, in requests per second (0 for deny all).
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         match self {
             Self::TokenBucket(_, tokens, seconds) => f64::from(*tokens) / *seconds as f64,
             _ => 0.0,
@@ -40,13 +40,13 @@ impl Told {
 
 /// One action, read: the bucket, what it was told, and the time to live.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Action {
-    pub bucket: HashMap<String, String>,
-    pub told: Told,
-    pub ttl_seconds: Option<i64>,
+pub(crate) struct Action {
+    pub(crate) bucket: HashMap<String, String>,
+    pub(crate) told: Told,
+    pub(crate) ttl_seconds: Option<i64>,
 }
 
-pub fn read(action: &BucketAction) -> Action {
+pub(crate) fn read(action: &BucketAction) -> Action {
     let bucket = action
         .bucket_id
         .as_ref()
@@ -89,7 +89,7 @@ pub fn read(action: &BucketAction) -> Action {
 }
 
 /// A bucket id from pairs.
-pub fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+pub(crate) fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -97,7 +97,7 @@ pub fn bucket(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 }
 
 /// One bucket's usage.
-pub fn usage(
+pub(crate) fn usage(
     bucket: &HashMap<String, String>,
     allowed: u64,
     denied: u64,
@@ -117,13 +117,13 @@ pub fn usage(
 }
 
 /// An open stream.
-pub struct QuotaStream {
+pub(crate) struct QuotaStream {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
     responses: Streaming<RateLimitQuotaResponse>,
 }
 
 impl QuotaStream {
-    pub async fn open(address: SocketAddr) -> Self {
+    pub(crate) async fn open(address: SocketAddr) -> Self {
         let mut client = RateLimitQuotaServiceClient::new(super::channel(address).await);
         let (reports, outbound) = mpsc::channel(16);
         let outbound = futures::stream::unfold(outbound, |mut outbound| async move {
@@ -138,7 +138,7 @@ impl QuotaStream {
     }
 
     /// Sends one message.
-    pub async fn send(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
+    pub(crate) async fn send(&self, domain: &str, usages: Vec<BucketQuotaUsage>) {
         self.reports
             .send(RateLimitQuotaUsageReports {
                 domain: domain.to_owned(),
@@ -149,13 +149,13 @@ impl QuotaStream {
     }
 
     /// Envoy's first report of a new bucket: one request, no time elapsed.
-    pub async fn subscribe(&self, domain: &str, bucket: &HashMap<String, String>) {
+    pub(crate) async fn subscribe(&self, domain: &str, bucket: &HashMap<String, String>) {
         self.send(domain, vec![usage(bucket, 1, 0, Duration::ZERO)])
             .await;
     }
 
     /// The next response's actions (waits at most [`PATIENCE`]).
-    pub async fn next(&mut self) -> Vec<Action> {
+    pub(crate) async fn next(&mut self) -> Vec<Action> {
         let message = tokio::time::timeout(PATIENCE, self.responses.message())
             .await
             .expect("a response in time")
@@ -165,7 +165,7 @@ impl QuotaStream {
     }
 
     /// The next response's actions, if one comes within `wait`.
-    pub async fn next_within(&mut self, wait: Duration) -> Option<Vec<Action>> {
+    pub(crate) async fn next_within(&mut self, wait: Duration) -> Option<Vec<Action>> {
         let message = tokio::time::timeout(wait, self.responses.message())
             .await
             .ok()?
@@ -175,14 +175,14 @@ impl QuotaStream {
     }
 
     /// The next response, which must hold exactly one action.
-    pub async fn next_one(&mut self) -> Action {
+    pub(crate) async fn next_one(&mut self) -> Action {
         let mut actions = self.next().await;
         assert_eq!(actions.len(), 1, "one action, not {:.2000?}", actions);
         actions.remove(0)
     }
 
     /// Reads responses until `bucket` is told something `wanted` accepts.
-    pub async fn until(
+    pub(crate) async fn until(
         &mut self,
         bucket: &HashMap<String, String>,
         wanted: impl Fn(&Told) -> bool,
@@ -197,7 +197,7 @@ impl QuotaStream {
     }
 
     /// Whether the server ends the stream (within [`PATIENCE`]).
-    pub async fn ends(&mut self) -> bool {
+    pub(crate) async fn ends(&mut self) -> bool {
         matches!(
             tokio::time::timeout(PATIENCE, self.responses.message()).await,
             Ok(Ok(None) | Err(_))
@@ -206,7 +206,7 @@ impl QuotaStream {
 
     /// How the server ends the stream (within [`PATIENCE`]): `Ok(())` for
     /// grpc-status OK, else the status it sent.
-    pub async fn ending(&mut self) -> Result<(), tonic::Status> {
+    pub(crate) async fn ending(&mut self) -> Result<(), tonic::Status> {
         loop {
             match tokio::time::timeout(PATIENCE, self.responses.message())
                 .await

@@ -1,14 +1,14 @@
 //! A small seeded generator (xorshift64*) for the differential tests, so
 //! that a failing sequence replays from its seed.
 
-pub struct Random(u64);
+pub(crate) struct Random(u64);
 
 impl Random {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -16,7 +16,7 @@ impl Random {
     }
 
     /// In `0..=most`.
-    pub fn upto(&mut self, most: u64) -> u64 {
+    pub(crate) fn upto(&mut self, most: u64) -> u64 {
         match most.checked_add(1) {
             Some(span) => self.next() % span,
             None => self.next(),
@@ -24,15 +24,15 @@ impl Random {
     }
 
     /// In `least..=most`.
-    pub fn between(&mut self, least: u64, most: u64) -> u64 {
+    pub(crate) fn between(&mut self, least: u64, most: u64) -> u64 {
         least + self.upto(most - least)
     }
 
-    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+    pub(crate) fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.upto(items.len() as u64 - 1) as usize]
     }
 
-    pub fn chance(&mut self, percent: u64) -> bool {
+    pub(crate) fn chance(&mut self, percent: u64) -> bool {
         self.upto(99) < percent
     }
 }

@@ -22,11 +22,8 @@ use super::redis::RedisServer;
 use super::wait::PATIENCE;
 
 /// A ratelimitd server running in this test process, on port 0.
-pub struct TestServer {
-    pub address: SocketAddr,
-    /// The HTTP listener (`/healthcheck`, `/json`), when the flags asked
-    /// for one (`--http-listen 127.0.0.1:0`); off otherwise.
-    pub http: Option<SocketAddr>,
+pub(crate) struct TestServer {
+    pub(crate) address: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -35,7 +32,7 @@ impl TestServer {
     /// Starts with these command-line flags (as after `ratelimitd`), on
     /// `--listen 127.0.0.1:0`, and without an HTTP listener unless they
     /// name one.
-    pub async fn start(flags: &[&str]) -> Self {
+    pub(crate) async fn start(flags: &[&str]) -> Self {
         let mut args = vec!["ratelimitd", "--listen", "127.0.0.1:0"];
         if !names_http_listener(flags) {
             args.push("--http-listen=");
@@ -44,7 +41,6 @@ impl TestServer {
         let config = Config::try_parse_from(args).expect("test flags parse");
         let listeners = Listeners::bind(&config).await.expect("bind");
         let address = listeners.grpc_address().expect("local address");
-        let http = listeners.http_address();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let stop = async {
@@ -69,32 +65,31 @@ impl TestServer {
         }
         Self {
             address,
-            http,
             shutdown: Some(shutdown),
             task: Some(task),
         }
     }
 
     /// A server on the embedded store.
-    pub async fn memory() -> Self {
+    pub(crate) async fn memory() -> Self {
         Self::start(&[]).await
     }
 
     /// A server on `redis`.
-    pub async fn on_redis(redis: &RedisServer) -> Self {
+    pub(crate) async fn on_redis(redis: &RedisServer) -> Self {
         Self::start(&["--redis-url", &redis.url()]).await
     }
 
-    pub async fn client(&self) -> RateLimiterClient<Channel> {
+    pub(crate) async fn client(&self) -> RateLimiterClient<Channel> {
         RateLimiterClient::new(channel(self.address).await)
     }
 
-    pub async fn health(&self) -> HealthClient<Channel> {
+    pub(crate) async fn health(&self) -> HealthClient<Channel> {
         HealthClient::new(channel(self.address).await)
     }
 
     /// Asks the server to stop and waits until it has.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
@@ -119,13 +114,13 @@ const UPSTREAM_WAY: &str = "ratelimitd (started the upstream way)";
 const PORT_ATTEMPTS: usize = 3;
 
 /// A ratelimitd server as a separate process, killed when dropped.
-pub struct ServerProcess {
-    pub address: SocketAddr,
+pub(crate) struct ServerProcess {
+    pub(crate) address: SocketAddr,
     /// The HTTP listener, when it has one (started the upstream way, or
     /// with `--http-listen`).
-    pub http: Option<SocketAddr>,
+    pub(crate) http: Option<SocketAddr>,
     /// The debug listener, when it has one (started the upstream way).
-    pub debug: Option<SocketAddr>,
+    pub(crate) debug: Option<SocketAddr>,
     process: ChildProcess,
     /// Where its log goes, when the test reads it.
     log: Option<(tempfile::TempDir, std::path::PathBuf)>,
@@ -134,13 +129,13 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts the `ratelimitd` binary with these flags plus `--listen`, and
     /// waits until its health says SERVING.
-    pub async fn start(flags: &[&str]) -> Self {
+    pub(crate) async fn start(flags: &[&str]) -> Self {
         Self::spawn(None, flags, false).await
     }
 
     /// As [`ServerProcess::start`], listening on `address` (the address of
     /// a process that is gone, to start it again where its clients are).
-    pub async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
+    pub(crate) async fn start_at(address: SocketAddr, flags: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_ratelimitd"));
         command
             .args(flags)
@@ -150,13 +145,13 @@ impl ServerProcess {
     }
 
     /// As [`ServerProcess::start`], with its log kept for [`ServerProcess::log`].
-    pub async fn start_logged(flags: &[&str]) -> Self {
+    pub(crate) async fn start_logged(flags: &[&str]) -> Self {
         Self::spawn(None, flags, true).await
     }
 
     /// As [`ServerProcess::start_logged`], started by `prlimit` with this
     /// soft and hard limit on open files.
-    pub async fn start_with_open_file_limit(soft: u64, hard: u64, flags: &[&str]) -> Self {
+    pub(crate) async fn start_with_open_file_limit(soft: u64, hard: u64, flags: &[&str]) -> Self {
         Self::spawn(Some((soft, hard)), flags, true).await
     }
 
@@ -165,7 +160,7 @@ impl ServerProcess {
     /// (`environment`, plus GRPC_HOST and GRPC_PORT=0 on loopback, and the
     /// HTTP and debug listeners on free loopback ports unless it sets
     /// them), and waits until SERVING.
-    pub async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
+    pub(crate) async fn start_upstream_way(environment: &[(&str, &str)]) -> Self {
         let mut server = Self::spawn_upstream_way(environment).await;
         if !server.serving_or_exited(UPSTREAM_WAY).await {
             panic!(
@@ -179,7 +174,7 @@ impl ServerProcess {
     /// As [`ServerProcess::start_upstream_way`], with its log kept, and
     /// waiting only until the gRPC port is bound (not until it accepts
     /// calls, nor until SERVING).
-    pub async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
+    pub(crate) async fn spawn_upstream_way(environment: &[(&str, &str)]) -> Self {
         // A port free_port() found free may be taken before the process
         // binds it (another test's connection may get it as its own port):
         // then new ones are chosen.
@@ -222,7 +217,11 @@ impl ServerProcess {
     /// all and only `environment` (nothing of the test's own), its log
     /// kept; `grpc` and `http` are where that environment puts its gRPC and
     /// HTTP listeners. Returns at once, before it listens.
-    pub fn spawn_bare(environment: &[(&str, &str)], grpc: SocketAddr, http: SocketAddr) -> Self {
+    pub(crate) fn spawn_bare(
+        environment: &[(&str, &str)],
+        grpc: SocketAddr,
+        http: SocketAddr,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("a directory for the process's files");
         let log_path = dir.path().join("ratelimitd.log");
         let log = std::fs::File::create(&log_path).expect("log file");
@@ -244,19 +243,25 @@ impl ServerProcess {
     }
 
     /// How it exited, if it has.
-    pub fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.process.exited()
     }
 
     /// As [`ServerProcess::start_logged`], with `environment` set too.
-    pub async fn start_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+    pub(crate) async fn start_with_environment(
+        flags: &[&str],
+        environment: &[(&str, &str)],
+    ) -> Self {
         let command = Self::command_with_environment(flags, environment);
         Self::launch(command, true, "the ratelimitd process").await
     }
 
     /// As [`ServerProcess::start_with_environment`], but returned as soon
     /// as it listens, SERVING or not (for a store it cannot reach).
-    pub async fn listening_with_environment(flags: &[&str], environment: &[(&str, &str)]) -> Self {
+    pub(crate) async fn listening_with_environment(
+        flags: &[&str],
+        environment: &[(&str, &str)],
+    ) -> Self {
         let command = Self::command_with_environment(flags, environment);
         let mut server = Self::bind(command, true, "the ratelimitd process").await;
         // Bound is not yet listening: the port takes connections once the
@@ -293,7 +298,7 @@ impl ServerProcess {
     }
 
     /// Everything the process has logged so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let (_, path) = self.log.as_ref().expect("started with start_logged");
         std::fs::read_to_string(path).unwrap_or_default()
     }
@@ -418,23 +423,23 @@ impl ServerProcess {
         }
     }
 
-    pub async fn client(&self) -> RateLimiterClient<Channel> {
+    pub(crate) async fn client(&self) -> RateLimiterClient<Channel> {
         RateLimiterClient::new(channel(self.address).await)
     }
 
     /// Its process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.pid()
     }
 
     /// Sends SIGTERM and waits for the process to exit.
-    pub async fn terminate(self) -> ExitStatus {
+    pub(crate) async fn terminate(self) -> ExitStatus {
         send_signal(self.pid(), "-TERM");
         self.wait().await
     }
 
     /// Waits for the process to exit.
-    pub async fn wait(self) -> ExitStatus {
+    pub(crate) async fn wait(self) -> ExitStatus {
         tokio::task::spawn_blocking(move || {
             let mut server = self;
             server.process.wait()
@@ -459,7 +464,7 @@ fn http_off(flags: &[&str]) -> Option<&'static str> {
 /// A server on `redis` that notices quickly when Redis fails (a 300 ms
 /// command timeout, a health probe every 100 ms), with `extra` flags, once
 /// it is SERVING.
-pub async fn server_quick_to_notice(redis: &RedisServer, extra: &[&str]) -> TestServer {
+pub(crate) async fn server_quick_to_notice(redis: &RedisServer, extra: &[&str]) -> TestServer {
     let url = redis.url();
     let mut flags = vec![
         "--redis-url",

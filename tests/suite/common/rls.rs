@@ -5,7 +5,7 @@ use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescripto
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 
 /// A descriptor of these entries, in order.
-pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries
             .iter()
@@ -19,7 +19,7 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
 }
 
 /// `descriptor` with its own `hits_addend`.
-pub fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
+pub(crate) fn with_hits(mut descriptor: RateLimitDescriptor, hits: u64) -> RateLimitDescriptor {
     descriptor.hits_addend = Some(hits);
     descriptor
 }

@@ -42,7 +42,7 @@ fn root() -> &'static Path {
 }
 
 /// A network namespace of the test's own, gone when dropped.
-pub struct Sandbox {
+pub(crate) struct Sandbox {
     /// The process that holds the namespace (`unshare -rn sleep`).
     holder: Child,
     /// Where `envoy` and `grpcurl` are linked, first on the PATH.
@@ -51,7 +51,7 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// A new namespace with its loopback up.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let holder = Command::new("unshare")
             .args(["--user", "--map-root-user", "--net", "sleep", "infinity"])
             .stdin(Stdio::null())
@@ -130,7 +130,7 @@ impl Sandbox {
     }
 
     /// Runs `line` to its end, within `timeout`; its output.
-    pub fn run(&self, line: &str, timeout: Duration) -> Output {
+    pub(crate) fn run(&self, line: &str, timeout: Duration) -> Output {
         let stdout = tempfile::NamedTempFile::new().expect("a file for stdout");
         let stderr = tempfile::NamedTempFile::new().expect("a file for stderr");
         let mut running = self.spawn(line, &stdout, &stderr);
@@ -146,7 +146,7 @@ impl Sandbox {
     }
 
     /// Starts `line` in the background, its output into a log file.
-    pub fn start(&self, line: &str) -> Background {
+    pub(crate) fn start(&self, line: &str) -> Background {
         let log = tempfile::NamedTempFile::new().expect("a log file");
         let mut started = self.spawn(line, &log, &log);
         started.log = Some(log);
@@ -178,7 +178,7 @@ impl Sandbox {
 
     /// Waits until something accepts connections on 127.0.0.1:`port`
     /// inside the namespace, for up to `timeout`, while `started` runs.
-    pub fn wait_for_port(&self, port: u16, started: &mut Background, timeout: Duration) {
+    pub(crate) fn wait_for_port(&self, port: u16, started: &mut Background, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port}");
         loop {
@@ -217,7 +217,7 @@ impl Drop for Sandbox {
 }
 
 /// A command running in the background in a [`Sandbox`].
-pub struct Background {
+pub(crate) struct Background {
     line: String,
     child: Child,
     log: Option<tempfile::NamedTempFile>,
@@ -225,7 +225,7 @@ pub struct Background {
 
 impl Background {
     /// What it wrote so far, stdout and stderr together.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log
             .as_ref()
             .and_then(|log| std::fs::read(log.path()).ok())
@@ -234,13 +234,13 @@ impl Background {
     }
 
     /// How it exited, if it has.
-    pub fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 
     /// Sends `signal` (as `kill` names it: `INT`, `KILL`) to its whole
     /// process group, as a terminal does.
-    pub fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
             .args(["-s", signal, "--", &format!("-{}", self.child.id())])
             .stderr(Stdio::null())
@@ -248,7 +248,7 @@ impl Background {
     }
 
     /// Its exit within `timeout`, if it exits by then.
-    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited() {
@@ -262,7 +262,7 @@ impl Background {
     }
 
     /// Ctrl-C, as a user stops it: its exit within `timeout`.
-    pub fn interrupt(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn interrupt(&mut self, timeout: Duration) -> Option<ExitStatus> {
         self.signal("INT");
         self.wait_for_exit(timeout)
     }

@@ -16,19 +16,19 @@ use rcgen::{
 /// certificate and a client certificate, each signed by the CA, and their
 /// keys.
 #[derive(Debug, Clone)]
-pub struct TlsFiles {
-    pub ca_cert: PathBuf,
-    pub server_cert: PathBuf,
-    pub server_key: PathBuf,
-    pub client_cert: PathBuf,
-    pub client_key: PathBuf,
+pub(crate) struct TlsFiles {
+    pub(crate) ca_cert: PathBuf,
+    pub(crate) server_cert: PathBuf,
+    pub(crate) server_key: PathBuf,
+    pub(crate) client_cert: PathBuf,
+    pub(crate) client_key: PathBuf,
 }
 
 impl TlsFiles {
     /// envoyproxy/ratelimit's Redis TLS recipe: `dir/cert.pem` (from
     /// [`self_signed_ca_certificate`]) is the CA, the server's and the
     /// client's certificate at once, and `dir/key.pem` the key of each.
-    pub fn pinned(dir: &Path) -> Self {
+    pub(crate) fn pinned(dir: &Path) -> Self {
         let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
         Self {
             ca_cert: cert.clone(),
@@ -42,7 +42,7 @@ impl TlsFiles {
 
 /// The subject alternative name of [`write_certificates`]' client
 /// certificate.
-pub const CLIENT_SAN: &str = "client.ratelimitd.test";
+pub(crate) const CLIENT_SAN: &str = "client.ratelimitd.test";
 
 /// Makes a new CA, a server certificate for `127.0.0.1` and `localhost`,
 /// and a client certificate, both signed by that CA, and writes them and
@@ -50,7 +50,7 @@ pub const CLIENT_SAN: &str = "client.ratelimitd.test";
 /// `server.pem`, `server.key`, `client.pem`, `client.key`. Each call makes
 /// a CA of its own, so two calls give certificates that do not trust each
 /// other. Usable for any TLS server in the tests, not only Redis.
-pub fn write_certificates(dir: &Path) -> TlsFiles {
+pub(crate) fn write_certificates(dir: &Path) -> TlsFiles {
     std::fs::create_dir_all(dir).unwrap_or_else(|err| panic!("create {}: {err}", dir.display()));
     let ca_key = KeyPair::generate().expect("generate the test CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
@@ -110,7 +110,7 @@ pub fn write_certificates(dir: &Path) -> TlsFiles {
 /// envoyproxy/ratelimit's `openssl req -x509 ... -subj /CN=localhost
 /// -addext subjectAltName=DNS:localhost` makes): its PEM certificate and
 /// key.
-pub fn self_signed_ca_certificate() -> (String, String) {
+pub(crate) fn self_signed_ca_certificate() -> (String, String) {
     let key = KeyPair::generate().expect("generate a key");
     let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("parameters");
     params
@@ -127,26 +127,26 @@ pub fn self_signed_ca_certificate() -> (String, String) {
 /// with no extended key usage (each serves and is presented as a client
 /// alike).
 #[derive(Debug, Clone)]
-pub struct EnvoyGatewayCertificates {
+pub(crate) struct EnvoyGatewayCertificates {
     /// The `envoy-rate-limit` secret as mounted at `/certs`: `ca.crt`,
     /// `tls.crt`, `tls.key`.
-    pub rate_limit_dir: PathBuf,
-    pub ca_cert: PathBuf,
+    pub(crate) rate_limit_dir: PathBuf,
+    pub(crate) ca_cert: PathBuf,
     /// Envoy Gateway's xDS server's certificate and key, for `localhost`
     /// (the name its host mode uses).
-    pub envoy_gateway_cert: PathBuf,
-    pub envoy_gateway_key: PathBuf,
+    pub(crate) envoy_gateway_cert: PathBuf,
+    pub(crate) envoy_gateway_key: PathBuf,
     /// Envoy's (the `envoy` secret), which it presents to the rate limit
     /// service.
-    pub envoy_cert: PathBuf,
-    pub envoy_key: PathBuf,
+    pub(crate) envoy_cert: PathBuf,
+    pub(crate) envoy_key: PathBuf,
 }
 
 /// Writes [`EnvoyGatewayCertificates`] into `dir`: the rate limit
 /// service's as `dir/envoy-rate-limit/{ca.crt,tls.crt,tls.key}`, named
 /// as `certgen` names it (`envoy`, `*.envoy-gateway-system`), and the
 /// others beside it.
-pub fn write_envoy_gateway_certificates(dir: &Path) -> EnvoyGatewayCertificates {
+pub(crate) fn write_envoy_gateway_certificates(dir: &Path) -> EnvoyGatewayCertificates {
     let rate_limit_dir = dir.join("envoy-rate-limit");
     std::fs::create_dir_all(&rate_limit_dir)
         .unwrap_or_else(|err| panic!("create {}: {err}", rate_limit_dir.display()));

@@ -25,13 +25,13 @@ fn root() -> &'static Path {
 }
 
 /// The virtualenv holding every tool, installed first if need be.
-pub fn venv() -> &'static Path {
+pub(crate) fn venv() -> &'static Path {
     static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(install)
 }
 
 /// The console script (or binary) `name` of the virtualenv.
-pub fn tool(name: &str) -> PathBuf {
+pub(crate) fn tool(name: &str) -> PathBuf {
     let path = venv().join("bin").join(name);
     assert!(
         path.is_file(),
@@ -43,12 +43,12 @@ pub fn tool(name: &str) -> PathBuf {
 }
 
 /// The virtualenv's Python (Selenium importable).
-pub fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     tool("python")
 }
 
 /// A file that a package ships, by its path inside `site-packages`.
-pub fn packaged(path: &str) -> PathBuf {
+pub(crate) fn packaged(path: &str) -> PathBuf {
     let lib = venv().join("lib");
     let entries =
         std::fs::read_dir(&lib).unwrap_or_else(|err| panic!("reading {}: {err}", lib.display()));
@@ -66,7 +66,7 @@ pub fn packaged(path: &str) -> PathBuf {
 }
 
 /// A binary from `variable` if it is set, else `packaged(path)`.
-pub fn binary(variable: &str, path: &str) -> PathBuf {
+pub(crate) fn binary(variable: &str, path: &str) -> PathBuf {
     match std::env::var_os(variable) {
         Some(set) => PathBuf::from(set),
         None => packaged(path),
@@ -120,7 +120,7 @@ fn run(command: &mut Command, what: &str) {
 }
 
 /// `name` in a folder of the PATH.
-pub fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)

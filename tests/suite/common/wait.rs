@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 /// How long a test waits for a condition (a server up, a status flipped)
 /// before failing. Generous: CI machines are slow, and a passing test never
 /// waits this long.
-pub const PATIENCE: Duration = Duration::from_secs(15);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(15);
 
 /// How often [`settle`] looks again. Each look at a Redis topology opens a
 /// few loopback connections.
@@ -17,7 +17,7 @@ const SETTLE_POLL: Duration = Duration::from_millis(50);
 const CONDITION_POLL: Duration = Duration::from_millis(20);
 
 /// Polls `condition` until it holds or [`PATIENCE`] runs out.
-pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, mut condition: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -31,7 +31,7 @@ where
 
 /// Polls `observe` until it gives `Ok`, and returns that. Panics after
 /// [`PATIENCE`] with the last `Err`, which says what was still not so.
-pub async fn settle<T, F, Fut>(what: &str, mut observe: F) -> T
+pub(crate) async fn settle<T, F, Fut>(what: &str, mut observe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -68,7 +68,7 @@ where
 /// does) must not cross a minute boundary halfway: waits for the next
 /// minute when little of this one is left (a wall-clock boundary, not a
 /// condition anything could signal).
-pub async fn fresh_minute() {
+pub(crate) async fn fresh_minute() {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970");

@@ -20,21 +20,22 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+pub(crate) const TYPE_URL: &str =
+    "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
 /// What the test's management server has seen.
 #[derive(Default)]
-pub struct Seen {
-    pub requests: Vec<DiscoveryRequest>,
-    pub tokens: Vec<String>,
+pub(crate) struct Seen {
+    pub(crate) requests: Vec<DiscoveryRequest>,
+    pub(crate) tokens: Vec<String>,
     /// For each stream, the DER certificates its client presented over
     /// TLS (empty without TLS or without one).
-    pub client_certificates: Vec<Vec<Vec<u8>>>,
+    pub(crate) client_certificates: Vec<Vec<Vec<u8>>>,
 }
 
 /// One version of the configuration: `requests_per_unit` per hour for
 /// `user`, with `unit` (HOUR unless a bad one is wanted).
-pub fn snapshot(
+pub(crate) fn snapshot(
     version: &str,
     requests_per_unit: u32,
     unit: conf::RateLimitUnit,
@@ -59,17 +60,17 @@ pub fn snapshot(
 /// The management server: serves the snapshot `current` holds (a version
 /// and its configurations) on every stream, and each new one as it comes.
 #[derive(Clone)]
-pub struct TestAds {
-    pub current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>,
-    pub seen: Arc<Mutex<Seen>>,
+pub(crate) struct TestAds {
+    pub(crate) current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>,
+    pub(crate) seen: Arc<Mutex<Seen>>,
     /// Turns false when this server instance stops: its streams end, as
     /// a process that exits ends them.
-    pub alive: watch::Receiver<bool>,
+    pub(crate) alive: watch::Receiver<bool>,
 }
 
 impl TestAds {
     /// A server of `current`'s snapshots that has seen nothing yet.
-    pub fn new(current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>) -> Self {
+    pub(crate) fn new(current: watch::Receiver<(String, Vec<conf::RateLimitConfig>)>) -> Self {
         Self {
             current,
             seen: Arc::new(Mutex::new(Seen::default())),
@@ -162,25 +163,25 @@ impl AggregatedDiscoveryService for TestAds {
 }
 
 /// A running test management server; `stop` ends it and its streams.
-pub struct Running {
+pub(crate) struct Running {
     stop: oneshot::Sender<()>,
     alive: watch::Sender<bool>,
 }
 
 impl Running {
-    pub fn stop(self) {
+    pub(crate) fn stop(self) {
         let _ = self.alive.send(false);
         let _ = self.stop.send(());
     }
 }
 
 /// The management server on `address`, until stopped.
-pub async fn serve(listener: TcpListener, ads: TestAds) -> Running {
+pub(crate) async fn serve(listener: TcpListener, ads: TestAds) -> Running {
     serve_over(listener, ads, None).await
 }
 
 /// A listener on `address` (port 0: one the system chooses) and its address.
-pub async fn listen(address: &str) -> (TcpListener, SocketAddr) {
+pub(crate) async fn listen(address: &str) -> (TcpListener, SocketAddr) {
     let listener = TcpListener::bind(address)
         .await
         .expect("bind the test xDS server");
@@ -189,7 +190,7 @@ pub async fn listen(address: &str) -> (TcpListener, SocketAddr) {
 }
 
 /// As [`serve`], over TLS with this certificate and key when given.
-pub async fn serve_over(
+pub(crate) async fn serve_over(
     listener: TcpListener,
     ads: TestAds,
     tls: Option<(Vec<u8>, Vec<u8>)>,
@@ -204,7 +205,7 @@ pub async fn serve_over(
 /// As [`serve`], over mutual TLS as Envoy Gateway's xDS server: this
 /// certificate and key, and a client certificate required of every client
 /// and verified against `client_ca` (a handshake without one fails).
-pub async fn serve_mutual_tls(
+pub(crate) async fn serve_mutual_tls(
     listener: TcpListener,
     ads: TestAds,
     (cert, key): (Vec<u8>, Vec<u8>),
@@ -250,7 +251,7 @@ async fn serve_tls(
 
 /// `configs` served as version `version` on a port of its own, until the
 /// returned server is stopped or dropped; and its address.
-pub async fn serve_configs(
+pub(crate) async fn serve_configs(
     version: &str,
     configs: Vec<conf::RateLimitConfig>,
 ) -> (

@@ -11,14 +11,9 @@ use crate::common::tls::TlsFiles;
 
 /// What every topology started here offers a test about how to get in:
 /// one implementation of each accessor, over the topology's [`Access`].
-pub trait Secured {
+pub(crate) trait Secured {
     /// How clients get in (the data nodes', for a Sentinel group).
     fn access(&self) -> &Access;
-
-    /// The password it demands, if any (the ACL user's, if there is one).
-    fn password(&self) -> Option<&str> {
-        self.access().password()
-    }
 
     /// The PEM files, for a topology started with TLS.
     fn tls_files(&self) -> &TlsFiles {
@@ -48,7 +43,7 @@ pub trait Secured {
 /// TLS, the test CA and client certificate. The default is a plain node
 /// that asks for nothing.
 #[derive(Debug, Clone, Default)]
-pub struct Access {
+pub(crate) struct Access {
     /// The ACL user to log in as; `None` for the default user.
     user: Option<String>,
     /// The password of `user`, or of the default user.
@@ -59,7 +54,7 @@ pub struct Access {
 impl Access {
     /// The ACL user if there is one (the default user is off then), or
     /// else the password.
-    pub fn new(security: &Security, tls: Option<&TlsFiles>) -> Self {
+    pub(crate) fn new(security: &Security, tls: Option<&TlsFiles>) -> Self {
         let (user, password) = match &security.acl_user {
             Some((user, password)) => (Some(user.clone()), Some(password.clone())),
             None => (None, security.password.clone()),
@@ -73,7 +68,7 @@ impl Access {
 
     /// The same, with the default user's `password` instead (for sentinels
     /// that demand their own, or none).
-    pub fn with_password(&self, password: Option<String>) -> Self {
+    pub(crate) fn with_password(&self, password: Option<String>) -> Self {
         Self {
             password,
             ..self.clone()
@@ -81,21 +76,21 @@ impl Access {
     }
 
     /// The same TLS, without user or password.
-    pub fn anonymous(&self) -> Self {
+    pub(crate) fn anonymous(&self) -> Self {
         Self {
             tls: self.tls.clone(),
             ..Self::default()
         }
     }
 
-    pub fn password(&self) -> Option<&str> {
+    pub(crate) fn password(&self) -> Option<&str> {
         self.password.as_deref()
     }
 
     /// The credentials as upstream's REDIS_AUTH and our
     /// `--redis-sentinel-auth` write them: `password` or `user:password`;
     /// `None` when nothing is demanded.
-    pub fn auth(&self) -> Option<String> {
+    pub(crate) fn auth(&self) -> Option<String> {
         let password = self.password.as_deref()?;
         Some(match &self.user {
             Some(user) => format!("{user}:{password}"),
@@ -103,13 +98,13 @@ impl Access {
         })
     }
 
-    pub fn tls_files(&self) -> Option<&TlsFiles> {
+    pub(crate) fn tls_files(&self) -> Option<&TlsFiles> {
         self.tls.as_ref()
     }
 
     /// `redis://` or, for TLS, `rediss://`, with the user and password
     /// (percent-encoded) if there are any.
-    pub fn url(&self, port: u16) -> String {
+    pub(crate) fn url(&self, port: u16) -> String {
         let scheme = if self.tls.is_some() {
             "rediss"
         } else {
@@ -126,7 +121,7 @@ impl Access {
 
     /// The test CA to trust and the client certificate to show, for the
     /// redis crate; `None` without TLS.
-    pub fn certificates(&self) -> Option<redis::TlsCertificates> {
+    pub(crate) fn certificates(&self) -> Option<redis::TlsCertificates> {
         let files = self.tls.as_ref()?;
         let read = |path: &Path| {
             std::fs::read(path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
@@ -144,7 +139,10 @@ impl Access {
     /// A connection to 127.0.0.1:`port` that gets past it (the redis
     /// crate's default timeouts apply: 1 s to connect, 500 ms for an answer,
     /// so a frozen node makes a query fail instead of hang).
-    pub async fn connect(&self, port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+    pub(crate) async fn connect(
+        &self,
+        port: u16,
+    ) -> Result<redis::aio::MultiplexedConnection, String> {
         let client = match self.certificates() {
             Some(certificates) => redis::Client::build_with_tls(self.url(port), certificates),
             None => redis::Client::open(self.url(port)),
@@ -157,7 +155,7 @@ impl Access {
     }
 
     /// One command on a fresh connection to 127.0.0.1:`port`.
-    pub async fn query<T: redis::FromRedisValue>(
+    pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
         port: u16,
         command: &redis::Cmd,
@@ -171,7 +169,7 @@ impl Access {
 
     /// The `redis-cli` arguments that get past it: TLS with the CA, and if
     /// `credentials`, the client certificate and the password or user too.
-    pub fn cli_args(&self, credentials: bool) -> Vec<String> {
+    pub(crate) fn cli_args(&self, credentials: bool) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         if let Some(files) = &self.tls {
             args.extend(["--tls".to_owned(), "--cacert".to_owned()]);

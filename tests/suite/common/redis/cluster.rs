@@ -20,7 +20,7 @@ use crate::common::process::free_port;
 const CREATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A 3-primary, 3-replica Redis Cluster of our own.
-pub struct RedisCluster {
+pub(crate) struct RedisCluster {
     /// In creation order (`redis-cli --cluster create` makes the first three
     /// primaries, but nothing here counts on it: ask
     /// [`RedisCluster::primaries`]).
@@ -33,7 +33,7 @@ impl RedisCluster {
     /// --cluster-replicas 1`, and waits until every node reports
     /// `cluster_state:ok` with all 16384 slots served, all nodes agree on who
     /// serves which, and every replica's link to its primary is up.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_with(Security::default()).await
     }
 
@@ -49,7 +49,7 @@ impl RedisCluster {
     /// --cluster create` and the harness's own queries log in as that
     /// user). [`RedisCluster::urls`] then carry the password (and the user)
     /// and use `rediss://`; a client must trust [`Secured::ca_cert_path`].
-    pub async fn start_with(security: Security) -> Self {
+    pub(crate) async fn start_with(security: Security) -> Self {
         let setup = Setup::new("the Redis Cluster", security);
         let tls = setup.access().tls_files().is_some();
         let mut nodes = Vec::new();
@@ -116,7 +116,7 @@ impl RedisCluster {
     /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded), and with an
     /// ACL user, the user and its password (`redis://USER:PASSWORD@...`);
     /// with TLS they are `rediss://`.
-    pub fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         self.live_ports()
             .into_iter()
             .map(|port| self.setup.access().url(port))
@@ -124,13 +124,13 @@ impl RedisCluster {
     }
 
     /// The ports of the nodes still answering (neither killed nor frozen).
-    pub fn live_ports(&self) -> Vec<u16> {
+    pub(crate) fn live_ports(&self) -> Vec<u16> {
         self.nodes.answering_ports()
     }
 
     /// A cluster client's connection, seeded with every running node: it
     /// follows the slots itself (MOVED, ASK, failovers).
-    pub async fn connection(&self) -> redis::cluster_async::ClusterConnection {
+    pub(crate) async fn connection(&self) -> redis::cluster_async::ClusterConnection {
         let mut builder = redis::cluster::ClusterClientBuilder::new(self.urls());
         if let Some(certificates) = self.setup.access().certificates() {
             builder = builder.certs(certificates);
@@ -145,7 +145,7 @@ impl RedisCluster {
 
     /// A connection to one node (logged in, over TLS if need be): it
     /// answers MOVED for keys it does not serve.
-    pub async fn node_connection(&self, port: u16) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn node_connection(&self, port: u16) -> redis::aio::MultiplexedConnection {
         self.setup
             .access()
             .connect(port)
@@ -155,7 +155,7 @@ impl RedisCluster {
 
     /// The hash slot of `key` (`CLUSTER KEYSLOT`: only the `{hash tag}`
     /// counts, if there is one).
-    pub async fn slot_of(&self, key: &str) -> u16 {
+    pub(crate) async fn slot_of(&self, key: &str) -> u16 {
         let port = *self
             .live_ports()
             .first()
@@ -168,7 +168,7 @@ impl RedisCluster {
     }
 
     /// The primary that serves `key` now.
-    pub async fn primary_for_key(&self, key: &str) -> ClusterNode {
+    pub(crate) async fn primary_for_key(&self, key: &str) -> ClusterNode {
         let slot = self.slot_of(key).await;
         self.primaries()
             .await
@@ -179,7 +179,7 @@ impl RedisCluster {
 
     /// How many keys each primary holds (`DBSIZE`), in the order of
     /// [`RedisCluster::primaries`], as (port, keys): shows how keys spread.
-    pub async fn keys_per_primary(&self) -> Vec<(u16, u64)> {
+    pub(crate) async fn keys_per_primary(&self) -> Vec<(u16, u64)> {
         let mut counts = Vec::new();
         for primary in self.primaries().await {
             let keys: u64 = self
@@ -195,7 +195,7 @@ impl RedisCluster {
 
     /// Script calls (`EVALSHA` and `EVAL`) the primaries have run, from
     /// their `INFO commandstats`.
-    pub async fn script_calls(&self) -> u64 {
+    pub(crate) async fn script_calls(&self) -> u64 {
         let mut calls = 0;
         for primary in self.primaries().await {
             let info: String = self
@@ -214,7 +214,7 @@ impl RedisCluster {
     /// the node timeout (1 s): see [`RedisCluster::await_failover`]. Killing
     /// a primary that has no replica left (one promoted by an earlier
     /// failover) loses its slots for good.
-    pub async fn kill_primary(&mut self, index: usize) -> ClusterNode {
+    pub(crate) async fn kill_primary(&mut self, index: usize) -> ClusterNode {
         let primaries = self.primaries().await;
         let primary = primaries
             .get(index)
@@ -227,7 +227,7 @@ impl RedisCluster {
     /// Starts a killed node again on its port, with its `nodes.conf`: it
     /// rejoins, as a replica if its slots have been taken over. Follow
     /// with [`RedisCluster::await_healthy`].
-    pub async fn restart_node(&mut self, port: u16) {
+    pub(crate) async fn restart_node(&mut self, port: u16) {
         self.nodes.get_mut(port).restart().await;
     }
 
@@ -236,14 +236,14 @@ impl RedisCluster {
     /// [`RedisCluster::await_failover`] waits for that as for a kill. Until
     /// thawed it counts as gone: not in [`RedisCluster::urls`], and
     /// [`RedisCluster::await_healthy`] wants it flagged `fail`.
-    pub fn freeze(&self, port: u16) {
+    pub(crate) fn freeze(&self, port: u16) {
         self.nodes.get(port).freeze();
     }
 
     /// SIGCONT after [`RedisCluster::freeze`]: the node rejoins, as a
     /// replica if its slots have been taken over meanwhile. Follow with
     /// [`RedisCluster::await_healthy`].
-    pub fn thaw(&self, port: u16) {
+    pub(crate) fn thaw(&self, port: u16) {
         self.nodes.get(port).thaw();
     }
 }

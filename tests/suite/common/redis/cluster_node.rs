@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 /// Slots in a Redis Cluster.
-pub const CLUSTER_SLOTS: usize = 16384;
+pub(crate) const CLUSTER_SLOTS: usize = 16384;
 
 /// Who serves which slots: port to slot ranges.
-pub type SlotOwners = BTreeMap<u16, Vec<RangeInclusive<u16>>>;
+pub(crate) type SlotOwners = BTreeMap<u16, Vec<RangeInclusive<u16>>>;
 
 /// What a node is in a cluster or a replication pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Primary,
     Replica,
 }
@@ -20,53 +20,49 @@ pub enum Role {
 /// One node as the cluster sees it (a line of `CLUSTER NODES`), with the
 /// process id of ours that runs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterNode {
+pub(crate) struct ClusterNode {
     /// The 40-character node id.
-    pub id: String,
-    pub port: u16,
+    pub(crate) id: String,
+    pub(crate) port: u16,
     /// `None` once the harness has killed it (a frozen node keeps its pid).
-    pub pid: Option<u32>,
-    pub role: Role,
+    pub(crate) pid: Option<u32>,
+    pub(crate) role: Role,
     /// For a replica, the id of its primary.
-    pub primary_id: Option<String>,
+    pub(crate) primary_id: Option<String>,
     /// The slot ranges it serves (empty for a replica).
-    pub slots: Vec<RangeInclusive<u16>>,
+    pub(crate) slots: Vec<RangeInclusive<u16>>,
     /// The flags as the node asked reported them: `myself`, `master`,
     /// `slave`, `fail?`, `fail`, `handshake`, ...
-    pub flags: Vec<String>,
+    pub(crate) flags: Vec<String>,
 }
 
 impl ClusterNode {
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn owns_slot(&self, slot: u16) -> bool {
+    pub(crate) fn owns_slot(&self, slot: u16) -> bool {
         self.slots.iter().any(|range| range.contains(&slot))
     }
 
-    pub fn slot_count(&self) -> usize {
+    pub(crate) fn slot_count(&self) -> usize {
         self.slots.iter().map(|range| range.len()).sum()
     }
 
     /// Flagged `fail` (agreed by the cluster) or `fail?` (suspected by the
     /// node asked).
-    pub fn is_failing(&self) -> bool {
+    pub(crate) fn is_failing(&self) -> bool {
         self.has_flag("fail") || self.has_flag("fail?")
     }
 
-    pub fn has_flag(&self, flag: &str) -> bool {
+    pub(crate) fn has_flag(&self, flag: &str) -> bool {
         self.flags.iter().any(|f| f == flag)
     }
 
-    pub fn first_slot(&self) -> Option<u16> {
+    pub(crate) fn first_slot(&self) -> Option<u16> {
         self.slots.first().map(|range| *range.start())
     }
 }
 
 /// One line of `CLUSTER NODES`: `<id> <ip:port@cport[,hostname]> <flags>
 /// <primary> <ping-sent> <pong-recv> <config-epoch> <link-state> <slot>...`.
-pub fn parse_cluster_node(line: &str) -> Result<ClusterNode, String> {
+pub(crate) fn parse_cluster_node(line: &str) -> Result<ClusterNode, String> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     let [id, address, flags, primary, _, _, _, _, slots @ ..] = fields.as_slice() else {
         return Err(format!("unexpected CLUSTER NODES line: {line:?}"));

@@ -10,7 +10,7 @@ use crate::common::wait::settle;
 impl RedisCluster {
     /// Every node the cluster knows, killed ones too, as a running node
     /// reports them, in creation order.
-    pub async fn nodes(&self) -> Vec<ClusterNode> {
+    pub(crate) async fn nodes(&self) -> Vec<ClusterNode> {
         let mut last_error = String::from("no node is running");
         for port in self.live_ports() {
             match self.nodes_seen_by(port).await {
@@ -26,7 +26,7 @@ impl RedisCluster {
 
     /// The primaries serving slots, ordered by their first slot, so that
     /// index 0 is whoever serves slot 0 (after a failover too).
-    pub async fn primaries(&self) -> Vec<ClusterNode> {
+    pub(crate) async fn primaries(&self) -> Vec<ClusterNode> {
         let mut primaries: Vec<ClusterNode> = self
             .nodes()
             .await
@@ -39,7 +39,7 @@ impl RedisCluster {
     }
 
     /// The replicas still answering (neither killed nor frozen).
-    pub async fn replicas(&self) -> Vec<ClusterNode> {
+    pub(crate) async fn replicas(&self) -> Vec<ClusterNode> {
         let live = self.live_ports();
         self.nodes()
             .await
@@ -52,7 +52,7 @@ impl RedisCluster {
     /// are served by another node, which answers `ROLE` as a primary, and
     /// the cluster is healthy again as in [`RedisCluster::await_healthy`].
     /// Returns the new primary.
-    pub async fn await_failover(&self, killed: &ClusterNode) -> ClusterNode {
+    pub(crate) async fn await_failover(&self, killed: &ClusterNode) -> ClusterNode {
         let slot = killed
             .first_slot()
             .expect("kill_primary returns a primary with slots");
@@ -84,14 +84,14 @@ impl RedisCluster {
     /// is suspected, every running primary serves slots, every killed node
     /// is flagged `fail` by all of them, and every running replica's link to
     /// its primary is up.
-    pub async fn await_healthy(&self) {
+    pub(crate) async fn await_healthy(&self) {
         settle("the Redis Cluster to be healthy", || self.health()).await;
     }
 
     /// Waits until every running replica has everything its primary has
     /// written so far. Replication is asynchronous: a write that a replica
     /// has not received yet is lost when its primary is killed.
-    pub async fn await_replicated(&self) {
+    pub(crate) async fn await_replicated(&self) {
         await_caught_up(self.setup.access(), || async move {
             let nodes = self.nodes().await;
             let live = self.live_ports();

@@ -6,16 +6,16 @@
 use std::path::Path;
 
 /// One setting: its name, then its arguments (`["tls-port", "6380"]`).
-pub type Directive = Vec<String>;
+pub(crate) type Directive = Vec<String>;
 
 /// A directive from its words.
-pub fn directive(words: &[&str]) -> Directive {
+pub(crate) fn directive(words: &[&str]) -> Directive {
     words.iter().map(|word| (*word).to_owned()).collect()
 }
 
 /// Loopback only, on `port`: the plain port, or for TLS the TLS port with
 /// the plain one off.
-pub fn listen(port: u16, tls: bool) -> Vec<Directive> {
+pub(crate) fn listen(port: u16, tls: bool) -> Vec<Directive> {
     let port = port.to_string();
     let mut directives = vec![directive(&["bind", "127.0.0.1"])];
     if tls {
@@ -31,7 +31,7 @@ pub fn listen(port: u16, tls: bool) -> Vec<Directive> {
 /// for a save), and full resyncs that start at once instead of waiting 5 s
 /// for more replicas (the Redis 7 default), so replicas are in sync, and
 /// therefore eligible for failover, within milliseconds.
-pub fn data_node() -> Vec<Directive> {
+pub(crate) fn data_node() -> Vec<Directive> {
     vec![
         directive(&["save", ""]),
         directive(&["appendonly", "no"]),
@@ -40,7 +40,7 @@ pub fn data_node() -> Vec<Directive> {
 }
 
 /// The directives as `redis-server` arguments.
-pub fn as_args(directives: &[Directive]) -> Vec<String> {
+pub(crate) fn as_args(directives: &[Directive]) -> Vec<String> {
     directives
         .iter()
         .flat_map(|words| {
@@ -51,7 +51,7 @@ pub fn as_args(directives: &[Directive]) -> Vec<String> {
 }
 
 /// The directives as a `redis.conf`, every argument quoted.
-pub fn as_config(directives: &[Directive]) -> String {
+pub(crate) fn as_config(directives: &[Directive]) -> String {
     directives
         .iter()
         .map(|words| {
@@ -69,7 +69,7 @@ fn quoted(text: &str) -> String {
 }
 
 /// A path as an argument (temporary directories are UTF-8).
-pub fn path_arg(path: &Path) -> String {
+pub(crate) fn path_arg(path: &Path) -> String {
     path.to_str()
         .unwrap_or_else(|| panic!("non-UTF-8 path {}", path.display()))
         .to_owned()

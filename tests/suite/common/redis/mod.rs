@@ -10,21 +10,21 @@
 //! kills all its processes when dropped, frozen ones too, and then removes
 //! its directory. Nothing here touches the machine's own Redis on 6379.
 
-pub mod access;
-pub mod cluster;
-pub mod cluster_node;
-pub mod cluster_state;
-pub mod directives;
-pub mod process;
-pub mod queries;
-pub mod security;
-pub mod sentinel;
-pub mod standalone;
+pub(crate) mod access;
+pub(crate) mod cluster;
+pub(crate) mod cluster_node;
+pub(crate) mod cluster_state;
+pub(crate) mod directives;
+pub(crate) mod process;
+pub(crate) mod queries;
+pub(crate) mod security;
+pub(crate) mod sentinel;
+pub(crate) mod standalone;
 
 // What the tests name, by short paths; a test binary that uses none of
 // some would otherwise be told so.
 #[allow(unused_imports)]
-pub use self::{
+pub(crate) use self::{
     access::Secured,
     cluster::RedisCluster,
     cluster_node::{CLUSTER_SLOTS, ClusterNode, Role},

@@ -15,7 +15,7 @@ use crate::common::process::{ChildProcess, free_port};
 use crate::common::wait::PATIENCE;
 
 /// One `redis-server`.
-pub struct RedisProcess {
+pub(crate) struct RedisProcess {
     /// Which one, in messages: "cluster node 3".
     name: String,
     /// Its own folder: working directory, data, `redis.log`, `stderr.log`.
@@ -35,7 +35,7 @@ impl RedisProcess {
     /// choice and the bind (by another test, or by an outgoing connection)
     /// is not a failure: another port is tried. Panics with what the server
     /// logged if it does not start.
-    pub async fn start(
+    pub(crate) async fn start(
         name: String,
         dir: PathBuf,
         cli_args: Vec<String>,
@@ -126,7 +126,7 @@ impl RedisProcess {
     }
 
     /// Starts again on the same port with the same arguments.
-    pub async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         assert!(self.child.is_none(), "{} is still running", self.name);
         if let Err(log) = self.launch().await {
             panic!(
@@ -136,48 +136,48 @@ impl RedisProcess {
         }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// The process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(ChildProcess::pid)
     }
 
     /// Running and not frozen.
-    pub fn is_answering(&self) -> bool {
+    pub(crate) fn is_answering(&self) -> bool {
         self.child.as_ref().is_some_and(|child| !child.is_frozen())
     }
 
     /// SIGKILL, as in a crash.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.child = None;
     }
 
     /// SIGSTOP: connections stay open, nothing answers, as on a hung host.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.running().freeze();
     }
 
     /// SIGCONT after [`RedisProcess::freeze`].
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         self.running().thaw();
     }
 
     /// Runs `redis-cli COMMAND...` against it with `args` (what gets past
     /// it, or less).
-    pub async fn cli(&self, args: &[String], command: &[&str]) -> Result<String, String> {
+    pub(crate) async fn cli(&self, args: &[String], command: &[&str]) -> Result<String, String> {
         cli(self.port, args, command).await
     }
 
     /// `redis-cli` arguments that get past it.
-    pub fn cli_args(&self) -> &[String] {
+    pub(crate) fn cli_args(&self) -> &[String] {
         &self.cli_args
     }
 
     /// Whether its log has `text` in it so far.
-    pub fn logged(&self, text: &str) -> bool {
+    pub(crate) fn logged(&self, text: &str) -> bool {
         self.log().contains(text)
     }
 
@@ -198,24 +198,24 @@ impl RedisProcess {
 }
 
 /// The processes of one topology, in the order they were started.
-pub struct Nodes {
+pub(crate) struct Nodes {
     /// What they are, in messages: "cluster node".
     kind: &'static str,
     processes: Vec<RedisProcess>,
 }
 
 impl Nodes {
-    pub fn new(kind: &'static str, processes: Vec<RedisProcess>) -> Self {
+    pub(crate) fn new(kind: &'static str, processes: Vec<RedisProcess>) -> Self {
         Self { kind, processes }
     }
 
     /// Every port, killed nodes' too.
-    pub fn ports(&self) -> Vec<u16> {
+    pub(crate) fn ports(&self) -> Vec<u16> {
         self.processes.iter().map(RedisProcess::port).collect()
     }
 
     /// The ports of the nodes still answering (neither killed nor frozen).
-    pub fn answering_ports(&self) -> Vec<u16> {
+    pub(crate) fn answering_ports(&self) -> Vec<u16> {
         self.processes
             .iter()
             .filter(|node| node.is_answering())
@@ -224,22 +224,22 @@ impl Nodes {
     }
 
     /// Where the node on `port` stands in the starting order.
-    pub fn index_of(&self, port: u16) -> Option<usize> {
+    pub(crate) fn index_of(&self, port: u16) -> Option<usize> {
         self.processes.iter().position(|node| node.port == port)
     }
 
     /// The process id of the node on `port`, while it runs.
-    pub fn pid_of(&self, port: u16) -> Option<u32> {
+    pub(crate) fn pid_of(&self, port: u16) -> Option<u32> {
         self.index_of(port)
             .and_then(|index| self.processes[index].pid())
     }
 
-    pub fn get(&self, port: u16) -> &RedisProcess {
+    pub(crate) fn get(&self, port: u16) -> &RedisProcess {
         let index = self.expect_index(port);
         &self.processes[index]
     }
 
-    pub fn get_mut(&mut self, port: u16) -> &mut RedisProcess {
+    pub(crate) fn get_mut(&mut self, port: u16) -> &mut RedisProcess {
         let index = self.expect_index(port);
         &mut self.processes[index]
     }

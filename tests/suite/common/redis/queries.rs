@@ -12,7 +12,7 @@ use crate::common::wait::settle;
 const CLI_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A field of an `INFO` (or `CLUSTER INFO`) reply.
-pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
         line.trim_end()
             .split_once(':')
@@ -23,7 +23,7 @@ pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 
 /// Why the node on `port` is not a primary by its own word (what `ROLE`
 /// says first: `master`, `slave` or `sentinel`), if it is not.
-pub async fn answers_as_primary(access: &Access, port: u16) -> Result<(), String> {
+pub(crate) async fn answers_as_primary(access: &Access, port: u16) -> Result<(), String> {
     let reply: Vec<redis::Value> = access.query(port, &redis::cmd("ROLE")).await?;
     let role = match reply.first() {
         Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
@@ -38,7 +38,7 @@ pub async fn answers_as_primary(access: &Access, port: u16) -> Result<(), String
 
 /// Why the replica on `port` has no live link to its primary, if it has
 /// not.
-pub async fn replica_link_up(access: &Access, port: u16) -> Result<(), String> {
+pub(crate) async fn replica_link_up(access: &Access, port: u16) -> Result<(), String> {
     let replication: String = access
         .query(port, redis::cmd("INFO").arg("replication"))
         .await?;
@@ -53,7 +53,7 @@ pub async fn replica_link_up(access: &Access, port: u16) -> Result<(), String> {
 /// for the (primary, replica) ports that `pairs` lists at each look.
 /// Replication is asynchronous: a write that a replica has not received yet
 /// is lost when its primary is killed.
-pub async fn await_caught_up<F, Fut>(access: &Access, mut pairs: F)
+pub(crate) async fn await_caught_up<F, Fut>(access: &Access, mut pairs: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Vec<(u16, u16)>, String>>,
@@ -94,7 +94,7 @@ async fn caught_up(access: &Access, primary: u16, replica: u16) -> Result<(), St
 /// `redis-cli -h 127.0.0.1 -p PORT ARGS... COMMAND...`: what it printed.
 /// `redis-cli` prints error replies (`NOAUTH ...`) there too, and still
 /// exits 0.
-pub async fn cli(port: u16, args: &[String], command: &[&str]) -> Result<String, String> {
+pub(crate) async fn cli(port: u16, args: &[String], command: &[&str]) -> Result<String, String> {
     let mut all: Vec<String> = [
         "-h",
         "127.0.0.1",
@@ -112,7 +112,11 @@ pub async fn cli(port: u16, args: &[String], command: &[&str]) -> Result<String,
 /// Runs `program` off the async threads, killed if it takes longer than
 /// `timeout`. `Ok` is its standard output when it exits 0; `Err` says what
 /// went wrong, with everything it printed.
-pub async fn run(program: &str, args: Vec<String>, timeout: Duration) -> Result<String, String> {
+pub(crate) async fn run(
+    program: &str,
+    args: Vec<String>,
+    timeout: Duration,
+) -> Result<String, String> {
     let program = program.to_owned();
     tokio::task::spawn_blocking(move || {
         let mut child = Command::new(&program)
@@ -150,7 +154,7 @@ pub async fn run(program: &str, args: Vec<String>, timeout: Duration) -> Result<
 }
 
 /// Script calls (`EVALSHA` and `EVAL`) in an `INFO commandstats` reply.
-pub fn script_calls_in(commandstats: &str) -> u64 {
+pub(crate) fn script_calls_in(commandstats: &str) -> u64 {
     commandstats
         .lines()
         .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))

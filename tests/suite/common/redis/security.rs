@@ -13,24 +13,24 @@ use crate::common::tls::{TlsFiles, write_certificates};
 /// How a Redis (a single server, every node of a cluster, the data nodes
 /// of a sentinel group) lets clients in.
 #[derive(Debug, Clone, Default)]
-pub struct Security {
+pub(crate) struct Security {
     /// `requirepass`: the default user needs this password.
-    pub password: Option<String>,
+    pub(crate) password: Option<String>,
     /// A user with this name and password that may run every command on
     /// every key and channel (`user NAME on >PASSWORD ~* &* +@all`, the
     /// rules `ACL SETUSER` takes); the default user is switched off.
-    pub acl_user: Option<(String, String)>,
+    pub(crate) acl_user: Option<(String, String)>,
     /// TLS only (the plain port is off), with certificates made for the
     /// test.
-    pub tls: Option<ClientCertificates>,
+    pub(crate) tls: Option<ClientCertificates>,
     /// With `password`, for a Sentinel group: what the sentinels
     /// themselves demand, when not the data nodes' password.
-    pub sentinels: SentinelPassword,
+    pub(crate) sentinels: SentinelPassword,
 }
 
 /// What the sentinels of a group started with a password demand.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum SentinelPassword {
+pub(crate) enum SentinelPassword {
     /// The data nodes' password.
     #[default]
     Same,
@@ -43,7 +43,7 @@ pub enum SentinelPassword {
 /// Whether a TLS Redis asks clients for a certificate
 /// (`tls-auth-clients`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientCertificates {
+pub(crate) enum ClientCertificates {
     /// `no`: a client is not asked for one.
     NotAsked,
     /// `optional`: a client may show one (signed by the test CA) or not.
@@ -56,7 +56,7 @@ pub enum ClientCertificates {
 /// peers (its primary) through it: the password as `requirepass` and
 /// `masterauth`, or the ACL user with the default user off and
 /// `masteruser`/`masterauth`.
-pub fn data_node_auth(security: &Security) -> Vec<Directive> {
+pub(crate) fn data_node_auth(security: &Security) -> Vec<Directive> {
     if let Some((user, password)) = &security.acl_user {
         vec![
             acl_user(user, password),
@@ -76,7 +76,7 @@ pub fn data_node_auth(security: &Security) -> Vec<Directive> {
 
 /// `user NAME on >PASSWORD ~* &* +@all`: every command on every key and
 /// channel.
-pub fn acl_user(user: &str, password: &str) -> Directive {
+pub(crate) fn acl_user(user: &str, password: &str) -> Directive {
     let rule = format!(">{password}");
     directive(&["user", user, "on", &rule, "~*", "&*", "+@all"])
 }
@@ -85,7 +85,7 @@ pub fn acl_user(user: &str, password: &str) -> Directive {
 /// to peers (`tls-client-cert-file`: the server certificate is for servers
 /// only), the CA, replication over TLS, and a client certificate from
 /// others as `clients` says.
-pub fn tls(clients: ClientCertificates, files: &TlsFiles) -> Vec<Directive> {
+pub(crate) fn tls(clients: ClientCertificates, files: &TlsFiles) -> Vec<Directive> {
     let mut directives: Vec<Directive> = [
         ("tls-cert-file", &files.server_cert),
         ("tls-key-file", &files.server_key),
@@ -109,7 +109,7 @@ pub fn tls(clients: ClientCertificates, files: &TlsFiles) -> Vec<Directive> {
 /// What a topology started with a [`Security`] stands on: its temporary
 /// directory (a folder in it for each process, and `tls/` for the test
 /// certificates), and what gets a client past its data nodes.
-pub struct Setup {
+pub(crate) struct Setup {
     security: Security,
     access: Access,
     /// Last: the processes in it are gone before it is removed.
@@ -119,7 +119,7 @@ pub struct Setup {
 impl Setup {
     /// A fresh directory for `what`, with certificates made for the test
     /// in `tls/` if `security` wants TLS.
-    pub fn new(what: &str, security: Security) -> Self {
+    pub(crate) fn new(what: &str, security: Security) -> Self {
         let dir = tempfile::tempdir()
             .unwrap_or_else(|err| panic!("temporary directory for {what}: {err}"));
         let files = security
@@ -129,7 +129,7 @@ impl Setup {
     }
 
     /// As [`Setup::new`], with these certificates instead of new ones.
-    pub fn with_certificates(what: &str, security: Security, files: TlsFiles) -> Self {
+    pub(crate) fn with_certificates(what: &str, security: Security, files: TlsFiles) -> Self {
         let dir = tempfile::tempdir()
             .unwrap_or_else(|err| panic!("temporary directory for {what}: {err}"));
         Self::in_dir(dir, security, Some(files))
@@ -143,23 +143,23 @@ impl Setup {
         }
     }
 
-    pub fn security(&self) -> &Security {
+    pub(crate) fn security(&self) -> &Security {
         &self.security
     }
 
     /// What gets a client past the data nodes.
-    pub fn access(&self) -> &Access {
+    pub(crate) fn access(&self) -> &Access {
         &self.access
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// The directives that make a process of this topology listen on
     /// `port` over TLS or not, and demand the TLS client certificate as the
     /// security says.
-    pub fn listen(&self, port: u16) -> Vec<Directive> {
+    pub(crate) fn listen(&self, port: u16) -> Vec<Directive> {
         let mut directives = listen(port, self.access.tls_files().is_some());
         if let (Some(clients), Some(files)) = (self.security.tls, self.access.tls_files()) {
             directives.extend(tls(clients, files));
@@ -170,7 +170,7 @@ impl Setup {
     /// Starts a data node `name` in the folder `folder`: on a free port,
     /// demanding the security, no persistence, plus what `extra` adds for
     /// its port (cluster or replication settings).
-    pub async fn start_data_node(
+    pub(crate) async fn start_data_node(
         &self,
         name: String,
         folder: &str,

@@ -14,7 +14,7 @@ use super::security::{Security, SentinelPassword, Setup, acl_user};
 use crate::common::wait::settle;
 
 /// The name the sentinels monitor the primary under.
-pub const MASTER_NAME: &str = "mymaster";
+pub(crate) const MASTER_NAME: &str = "mymaster";
 
 /// How long a sentinel stays in TILT mode, in milliseconds: three of its
 /// PINGs (one a second), so that what it acts on afterwards was seen after
@@ -24,7 +24,7 @@ pub const MASTER_NAME: &str = "mymaster";
 const TILT_PERIOD_MS: &str = "3000";
 
 /// A primary, a replica and 3 sentinels (quorum 2) of our own.
-pub struct RedisSentinel {
+pub(crate) struct RedisSentinel {
     /// Declared first: dropped first, so no sentinel watches the data nodes
     /// die and tries to fail over while the harness goes.
     sentinels: Nodes,
@@ -42,7 +42,7 @@ impl RedisSentinel {
     /// then 3 sentinels monitoring it with quorum 2, 1 s down-after, 3 s
     /// failover timeout and 3 s TILT period, and waits until every sentinel
     /// sees the primary up, the replica in sync and the 2 other sentinels.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_with(Security::default()).await
     }
 
@@ -69,7 +69,7 @@ impl RedisSentinel {
     /// [`RedisSentinel::sentinel_urls`] then carry the data nodes' password
     /// (and the user) and use `rediss://`; [`RedisSentinel::sentinel_auth`]
     /// is what the sentinels demand.
-    pub async fn start_with(security: Security) -> Self {
+    pub(crate) async fn start_with(security: Security) -> Self {
         let setup = Setup::new("Redis Sentinel", security);
         let sentinel_access = match &setup.security().sentinels {
             SentinelPassword::Same => setup.access().clone(),
@@ -147,7 +147,7 @@ impl RedisSentinel {
     /// Waits until the replica has everything the primary has written so
     /// far, as [`crate::common::redis::RedisCluster::await_replicated`]
     /// does.
-    pub async fn await_replicated(&self) {
+    pub(crate) async fn await_replicated(&self) {
         await_caught_up(self.setup.access(), || async move {
             let primary = self.primary_port().await;
             Ok(self
@@ -167,7 +167,7 @@ impl RedisSentinel {
     /// (`redis://:PASSWORD@127.0.0.1:port`, percent-encoded), and with TLS
     /// they are `rediss://`. What the sentinels demand themselves is
     /// [`RedisSentinel::sentinel_auth`].
-    pub fn sentinel_urls(&self) -> Vec<String> {
+    pub(crate) fn sentinel_urls(&self) -> Vec<String> {
         let access = self.setup.access();
         self.sentinel_ports()
             .into_iter()
@@ -178,22 +178,22 @@ impl RedisSentinel {
     /// What the sentinels themselves demand, as `--redis-sentinel-auth`
     /// (upstream's REDIS_SENTINEL_AUTH) takes it: `password` or
     /// `user:password`; `None` for sentinels that demand nothing.
-    pub fn sentinel_auth(&self) -> Option<String> {
+    pub(crate) fn sentinel_auth(&self) -> Option<String> {
         self.sentinel_access.auth()
     }
 
-    pub fn sentinel_ports(&self) -> Vec<u16> {
+    pub(crate) fn sentinel_ports(&self) -> Vec<u16> {
         self.sentinels.ports()
     }
 
     /// The name the primary is monitored under (`mymaster`).
-    pub fn master_name(&self) -> &'static str {
+    pub(crate) fn master_name(&self) -> &'static str {
         MASTER_NAME
     }
 
     /// The primary's port as the first sentinel that answers says
     /// (`SENTINEL get-master-addr-by-name`).
-    pub async fn primary_port(&self) -> u16 {
+    pub(crate) async fn primary_port(&self) -> u16 {
         let mut last_error = String::from("no sentinel");
         for port in self.sentinel_ports() {
             match self.primary_named_by(port).await {
@@ -204,20 +204,14 @@ impl RedisSentinel {
         panic!("no sentinel says where the primary is: {last_error}");
     }
 
-    /// `redis://` URL of the current primary (with the password, or
-    /// `rediss://`, as [`RedisSentinel::sentinel_urls`]).
-    pub async fn primary_url(&self) -> String {
-        self.setup.access().url(self.primary_port().await)
-    }
-
     /// The ports of the primary and replica started, killed ones too.
-    pub fn data_ports(&self) -> Vec<u16> {
+    pub(crate) fn data_ports(&self) -> Vec<u16> {
         self.data.ports()
     }
 
     /// A connection to the current primary (logged in, over TLS if need
     /// be).
-    pub async fn primary_connection(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn primary_connection(&self) -> redis::aio::MultiplexedConnection {
         let port = self.primary_port().await;
         self.setup
             .access()
@@ -229,7 +223,7 @@ impl RedisSentinel {
     /// SIGKILLs the current primary, as in a crash, and returns its port.
     /// The sentinels promote the replica after about 1 s: see
     /// [`RedisSentinel::await_failover`].
-    pub async fn kill_primary(&mut self) -> u16 {
+    pub(crate) async fn kill_primary(&mut self) -> u16 {
         let port = self.primary_port().await;
         self.data.get_mut(port).kill();
         port
@@ -237,7 +231,7 @@ impl RedisSentinel {
 
     /// SIGSTOPs every sentinel, as a stalled machine (a paused virtual
     /// machine, a starved host) stops every process at once.
-    pub fn freeze_sentinels(&self) {
+    pub(crate) fn freeze_sentinels(&self) {
         for port in self.sentinel_ports() {
             self.sentinels.get(port).freeze();
         }
@@ -246,14 +240,14 @@ impl RedisSentinel {
     /// SIGCONT after [`RedisSentinel::freeze_sentinels`]. A sentinel whose
     /// timer did not run for over 2 s (its `tilt-trigger`) enters TILT mode:
     /// it keeps watching but acts on nothing (no failover) for a while.
-    pub fn thaw_sentinels(&self) {
+    pub(crate) fn thaw_sentinels(&self) {
         for port in self.sentinel_ports() {
             self.sentinels.get(port).thaw();
         }
     }
 
     /// How many sentinels have entered TILT mode so far (logged `+tilt`).
-    pub fn sentinels_tilted(&self) -> usize {
+    pub(crate) fn sentinels_tilted(&self) -> usize {
         self.sentinel_ports()
             .into_iter()
             .filter(|port| self.sentinels.get(*port).logged("+tilt"))
@@ -263,7 +257,7 @@ impl RedisSentinel {
     /// Waits until every sentinel names a primary other than `old_port`,
     /// no longer down, and that node answers `ROLE` as a primary. Returns
     /// its port.
-    pub async fn await_failover(&self, old_port: u16) -> u16 {
+    pub(crate) async fn await_failover(&self, old_port: u16) -> u16 {
         settle(
             &format!("the sentinels to replace the primary on {old_port}"),
             || async move {

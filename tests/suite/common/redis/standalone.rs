@@ -12,20 +12,20 @@ use super::security::{ClientCertificates, Security, Setup};
 use crate::common::tls::TlsFiles;
 
 /// One `redis-server`, killed when dropped.
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     process: RedisProcess,
     setup: Setup,
 }
 
 impl RedisServer {
     /// A plain server: anyone may do anything.
-    pub async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         Self::start_with(Security::default()).await
     }
 
     /// `requirepass password`. The password goes into [`RedisServer::url`]
     /// percent-encoded.
-    pub async fn with_password(password: &str) -> Self {
+    pub(crate) async fn with_password(password: &str) -> Self {
         Self::start_with(Security {
             password: Some(password.to_owned()),
             ..Security::default()
@@ -35,7 +35,7 @@ impl RedisServer {
 
     /// An ACL user `user` with `password`, allowed every command on every
     /// key; the default user is off, so nothing works without logging in.
-    pub async fn with_acl_user(user: &str, password: &str) -> Self {
+    pub(crate) async fn with_acl_user(user: &str, password: &str) -> Self {
         Self::start_with(Security {
             acl_user: Some((user.to_owned(), password.to_owned())),
             ..Security::default()
@@ -44,7 +44,7 @@ impl RedisServer {
     }
 
     /// TLS only, a client certificate optional.
-    pub async fn with_tls() -> Self {
+    pub(crate) async fn with_tls() -> Self {
         Self::start_with(Security {
             tls: Some(ClientCertificates::Optional),
             ..Security::default()
@@ -53,7 +53,7 @@ impl RedisServer {
     }
 
     /// TLS only, a client certificate signed by the test CA required.
-    pub async fn with_tls_client_auth() -> Self {
+    pub(crate) async fn with_tls_client_auth() -> Self {
         Self::start_with(Security {
             tls: Some(ClientCertificates::Required),
             ..Security::default()
@@ -62,7 +62,7 @@ impl RedisServer {
     }
 
     /// Any combination of the above.
-    pub async fn start_with(security: Security) -> Self {
+    pub(crate) async fn start_with(security: Security) -> Self {
         Self::launch(Setup::new("redis-server", security)).await
     }
 
@@ -71,7 +71,11 @@ impl RedisServer {
     /// certificate, its CA and the client certificate it trusts, with
     /// `dir/key.pem`; asking clients for a certificate as `clients` says,
     /// and demanding `password` if given.
-    pub async fn pinned(dir: &Path, clients: ClientCertificates, password: Option<&str>) -> Self {
+    pub(crate) async fn pinned(
+        dir: &Path,
+        clients: ClientCertificates,
+        password: Option<&str>,
+    ) -> Self {
         let security = Security {
             password: password.map(str::to_owned),
             tls: Some(clients),
@@ -88,12 +92,12 @@ impl RedisServer {
         Self { process, setup }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.process.port()
     }
 
     /// The process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
 
@@ -101,18 +105,18 @@ impl RedisServer {
     /// `rediss://` for TLS. For TLS a client must trust
     /// [`TlsFiles::ca_cert`]; the server certificate names `127.0.0.1` and
     /// `localhost`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("{}/0", self.setup.access().url(self.port()))
     }
 
     /// [`RedisServer::url`] without the credentials.
-    pub fn url_without_credentials(&self) -> String {
+    pub(crate) fn url_without_credentials(&self) -> String {
         format!("{}/0", self.setup.access().anonymous().url(self.port()))
     }
 
     /// A connection through [`RedisServer::url`], logged in (over TLS with
     /// the client certificate, for a TLS server).
-    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn connection(&self) -> redis::aio::MultiplexedConnection {
         self.setup
             .access()
             .connect(self.port())
@@ -124,46 +128,46 @@ impl RedisServer {
     /// certificate if the server is TLS, and returns what it printed.
     /// `redis-cli` prints error replies (`NOAUTH ...`) there too, and still
     /// exits 0.
-    pub async fn cli(&self, command: &[&str]) -> Result<String, String> {
+    pub(crate) async fn cli(&self, command: &[&str]) -> Result<String, String> {
         self.process.cli(self.process.cli_args(), command).await
     }
 
     /// As [`RedisServer::cli`] with no password, no user and no client
     /// certificate (only the CA, to trust the server).
-    pub async fn cli_anonymous(&self, command: &[&str]) -> Result<String, String> {
+    pub(crate) async fn cli_anonymous(&self, command: &[&str]) -> Result<String, String> {
         let args = self.setup.access().cli_args(false);
         self.process.cli(&args, command).await
     }
 
     /// SIGKILL: gone at once, as in a crash.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.process.kill();
     }
 
     /// Starts again on the same port, with the same settings and files, and
     /// waits until it answers.
-    pub async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         self.process.restart().await;
     }
 
     /// SIGSTOP: connections stay open but nothing answers, as in a hung host.
-    pub fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         self.process.freeze();
     }
 
     /// SIGCONT after [`RedisServer::freeze`].
-    pub fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         self.process.thaw();
     }
 
     /// Its temporary directory, removed when it is dropped.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.setup.dir()
     }
 
     /// Script calls (`EVALSHA` and `EVAL`) this Redis has run, from
     /// `INFO commandstats`.
-    pub async fn script_calls(&self) -> u64 {
+    pub(crate) async fn script_calls(&self) -> u64 {
         let mut connection = self.connection().await;
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
@@ -174,7 +178,7 @@ impl RedisServer {
     }
 
     /// Every key in the database.
-    pub async fn keys(&self) -> Vec<String> {
+    pub(crate) async fn keys(&self) -> Vec<String> {
         let mut connection = self.connection().await;
         let mut keys: Vec<String> = Vec::new();
         let mut cursor: u64 = 0;
@@ -195,7 +199,7 @@ impl RedisServer {
     }
 
     /// Fails unless every key in the database will expire.
-    pub async fn assert_every_key_expires(&self) {
+    pub(crate) async fn assert_every_key_expires(&self) {
         let mut connection = self.connection().await;
         for key in self.keys().await {
             let ttl: i64 = redis::cmd("PTTL")
