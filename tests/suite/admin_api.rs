@@ -57,17 +57,16 @@ async fn start_with_environment(
     let dir = tempfile::tempdir().expect("a config directory");
     std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write the policies");
     std::fs::write(dir.path().join("edge.yaml"), EDGE).expect("write the domain");
-    let http = format!("127.0.0.1:{}", free_port());
     let config = dir.path().to_string_lossy().into_owned();
-    let mut all = vec!["--http-listen", &http, "--config", &config];
-    all.extend_from_slice(flags);
-    let mut server = ServerProcess::start_with_environment(&all, environment).await;
-    server.http = Some(http.parse().expect("an address"));
+    let server = ServerProcess::builder()
+        .flags(&["--config", &config])
+        .flags(flags)
+        .env(environment)
+        .http()
+        .logged()
+        .start()
+        .await;
     (server, dir)
-}
-
-fn port(server: &ServerProcess) -> u16 {
-    server.http.expect("an HTTP listener").port()
 }
 
 fn bearer(token: &str) -> String {
@@ -130,7 +129,7 @@ fn admin_endpoints() -> impl Iterator<Item = Endpoint> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_the_admin_api_is_not_served_nor_documented() {
     let (server, _dir) = start(&[]).await;
-    let port = port(&server);
+    let port = server.http_port();
     for endpoint in admin_endpoints() {
         let body = if method_of(endpoint) == "POST" {
             r#"{"key": "k", "fixedWindow": {"limit": 1, "window": "1s"}}"#
@@ -155,7 +154,7 @@ async fn every_admin_operation_answers_as_documented_to_the_token_only_logged_an
     let debug = free_port();
     let debug_listen = format!("127.0.0.1:{debug}");
     let (server, _dir) = start(&["--admin-token", TOKEN, "--debug-listen", &debug_listen]).await;
-    let port = port(&server);
+    let port = server.http_port();
     let served = call(port, "GET", "/openapi.json", None, "").await;
     assert_eq!(served.status, 200, "{served:?}");
     common::openapi::assert_valid(&served.body);
@@ -392,14 +391,14 @@ async fn peek_spend_and_reset(port: u16, on_redis: bool) {
 async fn a_peek_spends_nothing_and_a_reset_lets_a_denied_key_through_on_redis() {
     let redis = RedisServer::start().await;
     let (server, _dir) = start(&["--admin-token", TOKEN, "--redis-url", &redis.url()]).await;
-    peek_spend_and_reset(port(&server), true).await;
+    peek_spend_and_reset(server.http_port(), true).await;
     server.terminate().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peek_spends_nothing_and_a_reset_lets_a_denied_key_through_on_the_embedded_store() {
     let (server, _dir) = start(&["--admin-token", TOKEN]).await;
-    peek_spend_and_reset(port(&server), false).await;
+    peek_spend_and_reset(server.http_port(), false).await;
     server.terminate().await;
 }
 
@@ -418,7 +417,7 @@ fn loaded_at(list: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_show_where_rules_policies_and_quota_buckets_were_written_and_when_loaded() {
     let (server, dir) = start(&["--admin-token", TOKEN, "--config-poll-interval", "100ms"]).await;
-    let port = port(&server);
+    let port = server.http_port();
     let rules = admin_ok(port, "GET", "/admin/v1/rules", "").await;
     assert_eq!(
         rules["origin"],
@@ -511,7 +510,7 @@ async fn the_configuration_hides_the_redis_password_and_the_token() {
         &[("RATELIMITD_ADMIN_TOKEN", TOKEN)],
     )
     .await;
-    let answer = admin(port(&server), "GET", "/admin/v1/config", "").await;
+    let answer = admin(server.http_port(), "GET", "/admin/v1/config", "").await;
     assert_eq!(answer.status, 200, "{answer:?}");
     for secret in [password, TOKEN] {
         assert!(!answer.body.contains(secret), "{answer:?}");
@@ -562,7 +561,7 @@ async fn bad_huge_and_slow_bodies_are_refused_and_the_token_comes_first() {
         "300ms",
     ])
     .await;
-    let port = port(&server);
+    let port = server.http_port();
     let authorization = format!("authorization: {}\r\n", bearer(TOKEN));
     for path in ["/admin/v1/peek", "/admin/v1/reset"] {
         // Not JSON, not an object, wrong types, an unknown field: 400
@@ -688,7 +687,7 @@ async fn a_token_file_is_read_at_start_and_a_bad_token_stops_the_start() {
     std::fs::write(&file, format!("{TOKEN}\n")).expect("write the token");
     let path = file.to_string_lossy().into_owned();
     let (server, _rules) = start(&["--admin-token-file", &path]).await;
-    let port = port(&server);
+    let port = server.http_port();
     // The newline is not part of the token.
     admin_ok(port, "GET", "/admin/v1/config", "").await;
     server.terminate().await;

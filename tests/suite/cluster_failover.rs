@@ -270,8 +270,16 @@ async fn a_promoted_replica_decides_within_a_second_and_other_shards_never_wait(
         "--failure-policy",
         "fail-closed",
     ];
-    let loaded = ServerProcess::start_logged(&flags).await;
-    let light = ServerProcess::start_logged(&flags).await;
+    let loaded = ServerProcess::builder()
+        .flags(&flags)
+        .logged()
+        .start()
+        .await;
+    let light = ServerProcess::builder()
+        .flags(&flags)
+        .logged()
+        .start()
+        .await;
 
     let (stop, stopped) = watch::channel(false);
     let everywhere: Vec<_> = shards.iter().cloned().enumerate().collect();

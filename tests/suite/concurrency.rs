@@ -16,8 +16,8 @@ async fn two_processes_on_one_redis_admit_exactly_the_limit() {
     // Timeouts generous enough that a slow CI machine answers every call.
     let flags = ["--redis-url", &url, "--redis-command-timeout", "10s"];
     let servers = [
-        ServerProcess::start(&flags).await,
-        ServerProcess::start(&flags).await,
+        ServerProcess::builder().flags(&flags).start().await,
+        ServerProcess::builder().flags(&flags).start().await,
     ];
     let mut clients = Vec::new();
     for server in &servers {

@@ -142,13 +142,11 @@ async fn closed_by_server(stream: &mut TcpStream) -> bool {
 async fn one_address_over_its_connection_cap_is_closed_at_once() {
     let port = common::free_port();
     let listen = format!("127.0.0.1:{port}");
-    let server = ServerProcess::start_logged(&[
-        "--max-connections-per-ip",
-        "3",
-        "--metrics-listen",
-        &listen,
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&["--max-connections-per-ip", "3", "--metrics-listen", &listen])
+        .logged()
+        .start()
+        .await;
     let limit = fixed_window(100, Duration::from_secs(60));
     let mut clients = Vec::new();
     for _ in 0..3 {
@@ -260,7 +258,12 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[tokio::test]
 async fn out_of_file_descriptors_it_backs_off_warns_and_recovers() {
     // The soft limit cannot be raised past the hard one: it stays at 64.
-    let server = ServerProcess::start_with_open_file_limit(64, 64, &[]).await;
+    let server = ServerProcess::builder()
+        .flags(&[])
+        .open_file_limit(64, 64)
+        .logged()
+        .start()
+        .await;
     assert!(
         server
             .log()
@@ -299,7 +302,12 @@ async fn out_of_file_descriptors_it_backs_off_warns_and_recovers() {
 
 #[tokio::test]
 async fn the_open_file_limit_is_raised_to_the_hard_limit() {
-    let server = ServerProcess::start_with_open_file_limit(256, 4096, &[]).await;
+    let server = ServerProcess::builder()
+        .flags(&[])
+        .open_file_limit(256, 4096)
+        .logged()
+        .start()
+        .await;
     let log = server.log();
     assert!(
         log.contains("raised the open-file limit")

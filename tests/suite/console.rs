@@ -14,7 +14,7 @@ use std::process::Command;
 
 use common::http::request;
 use common::tools::{self, on_path};
-use common::{PATIENCE, ServerProcess, free_port};
+use common::{PATIENCE, ServerProcess};
 use serde_json::{Value, json};
 
 /// `name` on the PATH, or the environment variable `variable` naming it.
@@ -41,11 +41,13 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
     let chromedriver = program("chromedriver", "RATELIMITD_CHROMEDRIVER");
     let python = tools::python();
 
-    let port = free_port();
-    let http = format!("127.0.0.1:{port}");
-    let mut server =
-        ServerProcess::start_logged(&["--http-listen", &http, "--admin-token", ADMIN_TOKEN]).await;
-    server.http = Some(http.parse().expect("an address"));
+    let server = ServerProcess::builder()
+        .flags(&["--admin-token", ADMIN_TOKEN])
+        .http()
+        .logged()
+        .start()
+        .await;
+    let port = server.http_port();
 
     // Traffic: 3 allowed and 2 denied on a limit of 3 an hour.
     let asked = json!({"key": "browser", "fixedWindow": {"limit": 3, "window": "3600s"}});
@@ -84,7 +86,7 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
         "step": "0.250s"
     });
     let settings = json!({
-        "url": format!("http://{http}/"),
+        "url": format!("http://127.0.0.1:{port}/"),
         "chromium": chromium,
         "chromedriver": chromedriver,
         "patience": PATIENCE.as_secs(),

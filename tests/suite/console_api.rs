@@ -17,12 +17,13 @@ use serde_json::{Value, json};
 /// A server process with its HTTP listener on a free loopback port, plus
 /// `flags`.
 async fn start(flags: &[&str]) -> (ServerProcess, u16) {
-    let port = free_port();
-    let http = format!("127.0.0.1:{port}");
-    let mut all = vec!["--http-listen", http.as_str()];
-    all.extend_from_slice(flags);
-    let mut server = ServerProcess::start_logged(&all).await;
-    server.http = Some(http.parse().expect("an address"));
+    let server = ServerProcess::builder()
+        .flags(flags)
+        .http()
+        .logged()
+        .start()
+        .await;
+    let port = server.http_port();
     (server, port)
 }
 

@@ -343,7 +343,7 @@ async fn start_as_envoy_gateway(release: Release, at: &Places) -> ServerProcess 
         .collect();
     let grpc = SocketAddr::from(([127, 0, 0, 1], at.grpc));
     let http = SocketAddr::from(([127, 0, 0, 1], at.http));
-    let mut server = ServerProcess::spawn_bare(&pairs, grpc, http);
+    let mut server = ServerProcess::builder().env(&pairs).spawn_bare(grpc, http);
     let deadline = Instant::now() + PATIENCE;
     while !probe(at.http).await {
         if let Some(status) = server.exited() {

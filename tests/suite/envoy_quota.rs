@@ -14,21 +14,13 @@ use std::path::Path;
 
 use common::envoy::{Envoy, EnvoyPorts, Tally, drive};
 use common::http::start_upstream;
+use common::quota_policies::{self, api_bucket};
 use common::{RedisServer, ServerProcess, TestServer};
 
-/// 100 requests a second for the bucket every request of the example
+/// `requests_per_second` for the bucket every request of the example
 /// configuration falls into.
-fn policies(requests_per_second: u32) -> String {
-    format!(
-        "domain: quota-example\nquota_buckets:\n  - bucket_id: {{name: api}}\n    \
-         rate_limit: {{unit: second, requests_per_unit: {requests_per_second}}}\n"
-    )
-}
-
 fn write_policies(dir: &Path, requests_per_second: u32) -> String {
-    let path = dir.join("quota.yaml");
-    std::fs::write(&path, policies(requests_per_second)).expect("write the policies");
-    path.to_string_lossy().into_owned()
+    quota_policies::write_policies(dir, &api_bucket("quota-example", requests_per_second))
 }
 
 async fn envoy(ratelimitd: u16, upstream: u16) -> Envoy {
@@ -163,7 +155,7 @@ async fn envoy_falls_back_while_ratelimitd_is_gone_and_resubscribes_when_it_is_b
         "--quota-assignment-ttl",
         "2s",
     ];
-    let server = ServerProcess::start(&flags).await;
+    let server = ServerProcess::builder().flags(&flags).start().await;
     let address = server.address;
     let upstream = start_upstream().await;
     let edge = envoy(address.port(), upstream).await;
@@ -180,7 +172,11 @@ async fn envoy_falls_back_while_ratelimitd_is_gone_and_resubscribes_when_it_is_b
     // Back: Envoy opens a new stream at its next report (5 s), and the
     // limit holds again (a share of it at first: the killed instance's
     // subscriber counts until it goes stale).
-    let _server = ServerProcess::start_at(address, &flags).await;
+    let _server = ServerProcess::builder()
+        .flags(&flags)
+        .at(address)
+        .start()
+        .await;
     let back = drive(edge.port, 150, 10, &[]).await;
     let rate = back.admitted_rate(7, 10);
     assert!((40.0..=110.0).contains(&rate), "{rate}/s back ({back:?})");

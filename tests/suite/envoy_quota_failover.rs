@@ -14,18 +14,12 @@ use std::time::Duration;
 
 use common::envoy::{Envoy, EnvoyPorts, Tally, drive};
 use common::http::start_upstream;
+use common::quota_policies::{self, api_bucket};
 use common::{RedisServer, ServerProcess, TestServer};
 
 /// 100 requests a second for the bucket every request falls into.
 fn write_policies(dir: &Path) -> String {
-    let path = dir.join("quota.yaml");
-    std::fs::write(
-        &path,
-        "domain: quota-example\nquota_buckets:\n  - bucket_id: {name: api}\n    \
-         rate_limit: {unit: second, requests_per_unit: 100}\n",
-    )
-    .expect("write the policies");
-    path.to_string_lossy().into_owned()
+    quota_policies::write_policies(dir, &api_bucket("quota-example", 100))
 }
 
 /// A Redis, the policies and an upstream, which every instance and Envoy
@@ -136,7 +130,10 @@ fn failover_edits(survivor: u16) -> [(&'static str, String); 2] {
 async fn a_killed_instance_s_share_moves_to_the_survivor_within_eight_seconds() {
     let shared = Shared::start().await;
     let survivor = TestServer::start(&shared.flags()).await;
-    let doomed = ServerProcess::start(&shared.flags()).await;
+    let doomed = ServerProcess::builder()
+        .flags(&shared.flags())
+        .start()
+        .await;
     let first = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
     let edits = failover_edits(survivor.address.port());
     let edits: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
@@ -196,7 +193,10 @@ const AFTER_THE_KILL: u32 = 22;
 async fn a_killed_instance_s_share_is_held_while_its_stranded_envoy_may_still_spend_it() {
     let shared = Shared::start().await;
     let survivor = TestServer::start(&shared.flags()).await;
-    let doomed = ServerProcess::start(&shared.flags()).await;
+    let doomed = ServerProcess::builder()
+        .flags(&shared.flags())
+        .start()
+        .await;
     let first = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
     let second = Envoy::start_quota(shared.ports(survivor.address.port()), &[], &[]).await;
     // Its cluster lists the doomed instance alone: once that is killed, it

@@ -61,8 +61,11 @@ async fn an_edited_file_is_picked_up_and_a_broken_edit_is_refused() {
     let file = dir.path().join("limits.yaml");
     std::fs::write(&file, limits(2)).expect("write");
     let path = file.to_string_lossy().into_owned();
-    let server =
-        ServerProcess::start_logged(&["--config", &path, "--config-poll-interval", "50ms"]).await;
+    let server = ServerProcess::builder()
+        .flags(&["--config", &path, "--config-poll-interval", "50ms"])
+        .logged()
+        .start()
+        .await;
     assert_eq!(limit_in_force(server.address).await, Some(2));
 
     std::fs::write(&file, limits(5)).expect("write");

@@ -28,19 +28,22 @@ async fn started_by_upstreams_variables_it_behaves_as_upstream() {
     std::fs::write(config.join(".broken.yaml"), "domain: [").expect("dotfile");
     let redis_url = format!("127.0.0.1:{}", redis.port());
     let root = runtime.path().to_str().expect("utf-8 path");
-    let server = ServerProcess::start_upstream_way(&[
-        ("USE_STATSD", "false"),
-        ("LOG_LEVEL", "debug"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &redis_url),
-        ("RUNTIME_ROOT", root),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("REDIS_PIPELINE_WINDOW", "150us"),
-        // Envoy Gateway's, which upstream does not read.
-        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .env(&[
+            ("USE_STATSD", "false"),
+            ("LOG_LEVEL", "debug"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis_url),
+            ("RUNTIME_ROOT", root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("REDIS_PIPELINE_WINDOW", "150us"),
+            // Envoy Gateway's, which upstream does not read.
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+        ])
+        .upstream_way()
+        .start()
+        .await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
     let both = |hits| RateLimitRequest {
         domain: "messaging".into(),

@@ -36,23 +36,21 @@ policies:
 async fn start(flags: &[&str]) -> (ServerProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a config directory");
     std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write the policies");
-    let http = format!("127.0.0.1:{}", free_port());
     let config = dir.path().to_string_lossy().into_owned();
-    let mut all = vec!["--http-listen", &http, "--config", &config];
-    all.extend_from_slice(flags);
-    let mut server = ServerProcess::start_logged(&all).await;
-    server.http = Some(http.parse().expect("an address"));
+    let server = ServerProcess::builder()
+        .flags(&["--config", &config])
+        .flags(flags)
+        .http()
+        .logged()
+        .start()
+        .await;
     (server, dir)
-}
-
-fn port(server: &ServerProcess) -> u16 {
-    server.http.expect("an HTTP listener").port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is_in_it() {
     let (server, _dir) = start(&[]).await;
-    let port = port(&server);
+    let port = server.http_port();
     let served = get(port, "/openapi.json", &[]).await.expect("an answer");
     assert_eq!(served.status, 200, "{served:?}");
     assert_eq!(served.header("content-type"), Some("application/json"));
@@ -139,7 +137,7 @@ async fn every_operation_answers_as_the_openapi_document_says_and_every_route_is
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_naming_the_field_and_the_rule() {
     let (server, _dir) = start(&["--max-request-bytes", "2048"]).await;
-    let port = port(&server);
+    let port = server.http_port();
     for (path, wrong_type) in [
         ("/v1/check", r#"{"key": 5}"#),
         ("/v1/check-many", r#"{"requests": {"key": "k"}}"#),
@@ -234,7 +232,7 @@ async fn bad_requests_are_refused_naming_the_field_and_the_rule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_slower_than_the_read_deadline_gets_408_and_slow_headers_a_closed_connection() {
     let (server, _dir) = start(&["--http-read-timeout", "300ms"]).await;
-    let port = port(&server);
+    let port = server.http_port();
     // Half a body, and then nothing: the server answers when its deadline
     // passes, on each endpoint that reads one.
     for path in ["/v1/check", "/v1/check-many", "/json"] {
@@ -281,7 +279,7 @@ async fn a_body_slower_than_the_read_deadline_gets_408_and_slow_headers_a_closed
 async fn a_client_that_sends_a_whole_oversized_body_before_reading_gets_its_413() {
     let metrics = format!("127.0.0.1:{}", free_port());
     let (server, _dir) = start(&["--metrics-listen", &metrics]).await;
-    let port = port(&server);
+    let port = server.http_port();
     let metrics_port: u16 = metrics
         .rsplit(':')
         .next()
@@ -360,7 +358,7 @@ fn decision(response: &HttpResponse) -> pb::CheckLimitResponse {
 async fn http_and_grpc_decide_one_key_together_in_every_form() {
     let redis = RedisServer::start().await;
     let (server, _dir) = start(&["--redis-url", &redis.url()]).await;
-    let port = port(&server);
+    let port = server.http_port();
     let mut client = server.client().await;
     // This test's own Redis: no other run has spent on the key.
     let key = "both".to_owned();
@@ -496,7 +494,7 @@ async fn a_store_that_cannot_decide_is_503_and_readyz_says_so() {
         "100ms",
     ])
     .await;
-    let port = port(&server);
+    let port = server.http_port();
     let ready = get(port, "/readyz", &[]).await.expect("an answer");
     assert_eq!(ready.status, 200, "{ready:?}");
     assert_eq!(

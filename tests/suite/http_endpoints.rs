@@ -41,10 +41,6 @@ fn environment<'a>(
     environment
 }
 
-fn http_port(server: &ServerProcess) -> u16 {
-    server.http.expect("an HTTP listener").port()
-}
-
 async fn healthcheck(port: u16) -> Option<u16> {
     get(port, "/healthcheck", &[])
         .await
@@ -76,8 +72,12 @@ async fn json_answers_as_upstream_with_its_statuses_and_shapes() {
     let redis = RedisServer::start().await;
     let address = format!("127.0.0.1:{}", redis.port());
     let follows = [("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true")];
-    let server = ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &follows)).await;
-    let port = http_port(&server);
+    let server = ServerProcess::builder()
+        .env(&environment(&address, FIXTURE, &follows))
+        .upstream_way()
+        .start()
+        .await;
+    let port = server.http_port();
     let ok = get(port, "/healthcheck", &[]).await.expect("an answer");
     assert_eq!((ok.status, ok.body.as_str()), (200, "OK"), "{ok:?}");
     assert_eq!(ok.header("content-type"), Some("text/plain; charset=utf-8"));
@@ -184,9 +184,12 @@ async fn health_follows_redis_only_when_upstream_asks() {
             .map(|value| ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", value))
             .into_iter()
             .collect();
-        let server =
-            ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &more)).await;
-        let port = http_port(&server);
+        let server = ServerProcess::builder()
+            .env(&environment(&address, FIXTURE, &more))
+            .upstream_way()
+            .start()
+            .await;
+        let port = server.http_port();
         assert_eq!(healthcheck(port).await, Some(200));
         redis.kill();
         common::eventually("the probe to log that Redis does not answer", || async {
@@ -212,7 +215,11 @@ async fn health_follows_redis_only_when_upstream_asks() {
 async fn the_debug_listener_prints_the_rules_and_the_metrics() {
     let redis = RedisServer::start().await;
     let address = format!("127.0.0.1:{}", redis.port());
-    let server = ServerProcess::start_upstream_way(&environment(&address, FIXTURE, &[])).await;
+    let server = ServerProcess::builder()
+        .env(&environment(&address, FIXTURE, &[]))
+        .upstream_way()
+        .start()
+        .await;
     let debug = server.debug.expect("a debug listener").port();
     let rlconfig = get(debug, "/rlconfig", &[]).await.expect("an answer");
     assert_eq!(rlconfig.status, 200);
@@ -270,8 +277,12 @@ async fn with_healthy_with_at_least_one_config_loaded_health_waits_for_rules() {
         // For the log line that says the store answers.
         ("LOG_LEVEL", "info"),
     ];
-    let server = ServerProcess::spawn_upstream_way(&environment(&address, &root_path, &more)).await;
-    let port = http_port(&server);
+    let server = ServerProcess::builder()
+        .env(&environment(&address, &root_path, &more))
+        .upstream_way()
+        .bound()
+        .await;
+    let port = server.http_port();
     common::eventually("the store to answer", || async {
         server.log().contains("store answers")
     })

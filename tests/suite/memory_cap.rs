@@ -59,15 +59,17 @@ async fn flood(client: &Client, count: usize, limit: Algorithm) {
 async fn a_flood_of_keys_stays_within_the_cap_and_long_lived_keys_stay_exact() {
     let metrics_port = free_port();
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let server = ServerProcess::start(&[
-        "--memory-max-bytes",
-        "16MiB",
-        "--memory-sweep-interval",
-        "200ms",
-        "--metrics-listen",
-        &metrics_listen,
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--memory-max-bytes",
+            "16MiB",
+            "--memory-sweep-interval",
+            "200ms",
+            "--metrics-listen",
+            &metrics_listen,
+        ])
+        .start()
+        .await;
     let pid = server.pid();
     let client = server.client().await;
 
@@ -130,13 +132,15 @@ async fn a_flood_of_keys_stays_within_the_cap_and_long_lived_keys_stay_exact() {
 async fn memory_is_given_back_once_keys_expire() {
     let metrics_port = free_port();
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let server = ServerProcess::start(&[
-        "--memory-sweep-interval",
-        "200ms",
-        "--metrics-listen",
-        &metrics_listen,
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--memory-sweep-interval",
+            "200ms",
+            "--metrics-listen",
+            &metrics_listen,
+        ])
+        .start()
+        .await;
     let pid = server.pid();
     let client = server.client().await;
     let at_start = rss_bytes(pid);

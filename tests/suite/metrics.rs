@@ -42,7 +42,7 @@ impl Metered {
             &path_text,
         ];
         all.extend_from_slice(flags);
-        let server = ServerProcess::start(&all).await;
+        let server = ServerProcess::builder().flags(&all).start().await;
         Self {
             server,
             port,
@@ -294,7 +294,10 @@ async fn upstreams_statistics_under_its_names() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/ratelimit/example2.yaml"
     );
-    let server = ServerProcess::start(&["--metrics-listen", &listen, "--config", fixtures]).await;
+    let server = ServerProcess::builder()
+        .flags(&["--metrics-listen", &listen, "--config", fixtures])
+        .start()
+        .await;
     let mut envoy = RateLimitServiceClient::new(common::channel(server.address).await);
     let ask = |hits| RateLimitRequest {
         domain: "messaging".into(),

@@ -397,7 +397,11 @@ async fn upstreams_variables_split_the_stores_the_same_way() {
     let prometheus = format!("127.0.0.1:{metrics}");
     let mut environment = environment;
     environment.extend([("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", &prometheus)]);
-    let server = ServerProcess::start_upstream_way(&environment).await;
+    let server = ServerProcess::builder()
+        .env(&environment)
+        .upstream_way()
+        .start()
+        .await;
     assert_keys_on_their_store(server.address, [&main, &per_second]).await;
     // Redis's metrics say which store.
     for store in ["main", "per_second"] {

@@ -126,8 +126,11 @@ fn one_policy(limit: u64) -> String {
 #[tokio::test]
 async fn a_reload_under_load_changes_the_numbers_without_a_failed_call() {
     let (dir, path) = config_dir(&one_policy(1000));
-    let server =
-        ServerProcess::start_logged(&["--config", &path, "--config-poll-interval", "50ms"]).await;
+    let server = ServerProcess::builder()
+        .flags(&["--config", &path, "--config-poll-interval", "50ms"])
+        .logged()
+        .start()
+        .await;
     let client = server.client().await;
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));

@@ -177,7 +177,7 @@ async fn the_readmes_node_app_limits_as_it_says() {
     let app = tokio::task::spawn_blocking(move || install_node_app(&folder))
         .await
         .expect("join");
-    let server = ServerProcess::start_logged(&[]).await;
+    let server = ServerProcess::builder().flags(&[]).logged().start().await;
     let port = common::free_port();
     let mut node = Running(
         Command::new("node")
@@ -298,7 +298,7 @@ async fn the_readmes_python_app_limits_as_it_says() {
     let (python, app) = tokio::task::spawn_blocking(move || install_python_app(&folder))
         .await
         .expect("join");
-    let server = ServerProcess::start_logged(&[]).await;
+    let server = ServerProcess::builder().flags(&[]).logged().start().await;
     let address = server.address.to_string();
     let output = tokio::task::spawn_blocking(move || {
         run(

@@ -294,7 +294,7 @@ impl Shared {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let mut servers = Vec::new();
         for _ in 0..count {
-            servers.push(ServerProcess::start(&flags).await);
+            servers.push(ServerProcess::builder().flags(&flags).start().await);
         }
         servers
     }

@@ -208,24 +208,34 @@ async fn tls_trusted_through_the_system_store() {
 
     // The self-signed certificate, trusted only through the system's store.
     let url = format!("rediss://localhost:{}", pinned.port());
-    let server =
-        ServerProcess::start_with_environment(&["--redis-url", &url], &[("SSL_CERT_FILE", &store)])
-            .await;
+    let server = ServerProcess::builder()
+        .flags(&["--redis-url", &url])
+        .env(&[("SSL_CERT_FILE", &store)])
+        .logged()
+        .start()
+        .await;
     common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
     server.terminate().await;
 
     // An ordinary chain to a CA in the store.
     let url = signed.url();
-    let server =
-        ServerProcess::start_with_environment(&["--redis-url", &url], &[("SSL_CERT_FILE", &store)])
-            .await;
+    let server = ServerProcess::builder()
+        .flags(&["--redis-url", &url])
+        .env(&[("SSL_CERT_FILE", &store)])
+        .logged()
+        .start()
+        .await;
     common::assert_two_of_three_admitted(&mut server.client().await, "k").await;
     server.terminate().await;
 
     let refused = |url: String, store: String| async move {
         let flags = ["--redis-url", &url, "--health-interval", "100ms"];
-        let server =
-            ServerProcess::listening_with_environment(&flags, &[("SSL_CERT_FILE", &store)]).await;
+        let server = ServerProcess::builder()
+            .flags(&flags)
+            .env(&[("SSL_CERT_FILE", &store)])
+            .logged()
+            .listening()
+            .await;
         no_decision_from(server.client().await, "the certificate must be refused").await;
         // The handshake's failure is logged by the connection attempt, which
         // may still be writing when the decision has already failed.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::prometheus;
 use common::quota::{QuotaStream, Told, bucket, usage};
+use common::quota_policies::write_policies;
 use common::{RedisServer, ServerProcess, TestServer, free_port};
 
 const POLICIES: &str = "\
@@ -31,12 +32,6 @@ quota_default:
   rate_limit: {unit: minute, requests_per_unit: 600, burst: 50}
 ";
 
-fn write_policies(dir: &Path, text: &str) -> String {
-    let path = dir.join("quota.yaml");
-    std::fs::write(&path, text).expect("write the policies");
-    path.to_string_lossy().into_owned()
-}
-
 async fn server(dir: &Path, extra: &[&str]) -> TestServer {
     let config = write_policies(dir, POLICIES);
     let mut flags = vec!["--config", &config];
@@ -51,7 +46,7 @@ async fn server_with_metrics(dir: &Path, metrics_port: u16, extra: &[&str]) -> S
     let listen = format!("127.0.0.1:{metrics_port}");
     let mut flags = vec!["--config", &config, "--metrics-listen", &listen];
     flags.extend_from_slice(extra);
-    ServerProcess::start(&flags).await
+    ServerProcess::builder().flags(&flags).start().await
 }
 
 /// A whole share of 100/s: 6000 a minute, a tenth of a second of burst.
@@ -164,8 +159,11 @@ async fn envoys_on_two_instances_share_one_rate_through_redis() {
 async fn reports_over_the_size_bound_end_the_stream_out_of_range_and_warn_once() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_policies(dir.path(), POLICIES);
-    let server =
-        ServerProcess::start_logged(&["--config", &config, "--max-request-bytes", "1024"]).await;
+    let server = ServerProcess::builder()
+        .flags(&["--config", &config, "--max-request-bytes", "1024"])
+        .logged()
+        .start()
+        .await;
     let long = "x".repeat(2000);
     let oversized = bucket(&[("name", long.as_str())]);
     for _ in 0..2 {

@@ -12,18 +12,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::quota::{QuotaStream, Told, bucket};
+use common::quota_policies::{self, api_bucket};
 use common::{RedisServer, ServerProcess, TestServer};
 
 /// 100 requests a second for {name: api}.
 fn write_policies(dir: &Path) -> String {
-    let path = dir.join("quota.yaml");
-    std::fs::write(
-        &path,
-        "domain: edge\nquota_buckets:\n  - bucket_id: {name: api}\n    \
-         rate_limit: {unit: second, requests_per_unit: 100}\n",
-    )
-    .expect("write the policies");
-    path.to_string_lossy().into_owned()
+    quota_policies::write_policies(dir, &api_bucket("edge", 100))
 }
 
 /// A whole share of 100/s: 6000 a minute, a tenth of a second of burst.
@@ -99,7 +93,7 @@ async fn both_holding_half(
     flags: &[&str],
 ) -> (TestServer, ServerProcess, QuotaStream, QuotaStream) {
     let survivor = TestServer::start(flags).await;
-    let doomed = ServerProcess::start(flags).await;
+    let doomed = ServerProcess::builder().flags(flags).start().await;
     let api = bucket(&[("name", "api")]);
     let mut first = QuotaStream::open(survivor.address).await;
     first.subscribe("edge", &api).await;

@@ -108,15 +108,18 @@ async fn upstream_and_ratelimitd_pods_share_one_count() {
     std::fs::write(config.join("rolling.yaml"), RULES).expect("rules");
     let redis_url = format!("127.0.0.1:{}", redis.port());
     let root = runtime.path().to_str().expect("utf-8 path");
-    let server = ServerProcess::start_upstream_way(&[
-        ("USE_STATSD", "false"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &redis_url),
-        ("RUNTIME_ROOT", root),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("CACHE_KEY_PREFIX", PREFIX),
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .env(&[
+            ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis_url),
+            ("RUNTIME_ROOT", root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("CACHE_KEY_PREFIX", PREFIX),
+        ])
+        .upstream_way()
+        .start()
+        .await;
     let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
     let hour = this_hour().await;
 

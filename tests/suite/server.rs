@@ -156,7 +156,11 @@ async fn worker_threads_set_the_threads_that_serve() {
         (vec![], cores),
     ] {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let server = ServerProcess::start_logged(&flags).await;
+        let server = ServerProcess::builder()
+            .flags(&flags)
+            .logged()
+            .start()
+            .await;
         let decided = server
             .client()
             .await
@@ -181,17 +185,19 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
     let url = redis.url();
     let metrics_port = free_port().to_string();
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let server = ServerProcess::start(&[
-        "--redis-url",
-        &url,
-        "--redis-command-timeout",
-        "2s",
-        "--health-interval",
-        "1h",
-        "--metrics-listen",
-        &metrics_listen,
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--redis-url",
+            &url,
+            "--redis-command-timeout",
+            "2s",
+            "--health-interval",
+            "1h",
+            "--metrics-listen",
+            &metrics_listen,
+        ])
+        .start()
+        .await;
     let (first, mut watch) = common::watch_health(server.address).await;
     assert_eq!(first, ServingStatus::Serving);
 
@@ -240,7 +246,10 @@ async fn sigterm_drains_calls_in_flight_and_exits_zero() {
 #[tokio::test]
 async fn sigterm_with_idle_connections_and_a_watcher_exits_at_once() {
     let grace = Duration::from_secs(60);
-    let server = ServerProcess::start(&["--shutdown-grace", "60s"]).await;
+    let server = ServerProcess::builder()
+        .flags(&["--shutdown-grace", "60s"])
+        .start()
+        .await;
     let mut idle = Vec::new();
     for _ in 0..3 {
         let mut client = server.client().await;
@@ -295,7 +304,11 @@ async fn the_start_up_log_is_short_lines_the_console_first_and_no_secret() {
             "--admin-token",
             token,
         ];
-        let server = ServerProcess::start_logged(&flags).await;
+        let server = ServerProcess::builder()
+            .flags(&flags)
+            .logged()
+            .start()
+            .await;
         let log = server.log();
         let lines: Vec<&str> = log.lines().collect();
         for line in &lines {
@@ -345,17 +358,20 @@ async fn the_start_up_log_is_short_lines_the_console_first_and_no_secret() {
     }
 
     // At debug, the whole configuration in force, as the admin API shows it.
-    let server = ServerProcess::start_logged(&[
-        "--log-level",
-        "debug",
-        "--http-listen",
-        "",
-        "--redis-url",
-        &url,
-        "--admin-token",
-        token,
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--log-level",
+            "debug",
+            "--http-listen",
+            "",
+            "--redis-url",
+            &url,
+            "--admin-token",
+            token,
+        ])
+        .logged()
+        .start()
+        .await;
     let log = server.log();
     let configuration = log
         .lines()

@@ -46,7 +46,7 @@ fn xds_environment(xds: &str) -> [(&str, &str); 4] {
 }
 
 async fn healthcheck(server: &ServerProcess) -> Option<u16> {
-    let port = server.http.expect("an HTTP listener").port();
+    let port = server.http_port();
     get(port, "/healthcheck", &[])
         .await
         .map(|response| response.status)
@@ -78,7 +78,11 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
     let xds = format!("127.0.0.1:{}", free_port());
     let mut variables = environment(&redis_address, &[]);
     variables.extend(xds_environment(&xds));
-    let server = ServerProcess::spawn_upstream_way(&variables).await;
+    let server = ServerProcess::builder()
+        .env(&variables)
+        .upstream_way()
+        .bound()
+        .await;
     common::eventually("ratelimitd to wait for its first configuration", || async {
         server.log().contains("waiting for the first configuration")
     })
@@ -90,7 +94,7 @@ async fn with_xds_rules_the_grpc_port_opens_once_the_first_configuration_came() 
         TcpStream::connect(server.address).await.is_err(),
         "the gRPC port accepted before any configuration"
     );
-    let port = server.http.expect("an HTTP listener").port();
+    let port = server.http_port();
     let ask = r#"{"domain": "xds", "descriptors": [{"entries": [{"key": "user", "value": "u"}]}]}"#;
     let early = post(port, "/json", ask).await.expect("an answer");
     assert_eq!(
@@ -144,7 +148,11 @@ async fn force_start_opens_the_port_without_a_configuration() {
         &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "true")],
     );
     variables.extend(xds_environment(&xds));
-    let server = ServerProcess::start_upstream_way(&variables).await;
+    let server = ServerProcess::builder()
+        .env(&variables)
+        .upstream_way()
+        .start()
+        .await;
     assert_eq!(xds_limit(&server).await, None, "no rules: no limit");
     assert_eq!(healthcheck(&server).await, Some(200));
     server.terminate().await;
@@ -169,7 +177,11 @@ async fn force_start_with_files_starts_on_a_configuration_that_cannot_be_read() 
             ("RATELIMITD_CONFIG_POLL_INTERVAL", "100ms"),
         ],
     );
-    let server = ServerProcess::start_upstream_way(&variables).await;
+    let server = ServerProcess::builder()
+        .env(&variables)
+        .upstream_way()
+        .start()
+        .await;
     assert!(server.log().contains("invalid rate limit unit 'fortnight'"));
     assert_eq!(xds_limit(&server).await, None, "no rules yet");
     std::fs::write(
@@ -200,7 +212,11 @@ async fn shutdown_turns_health_off_before_the_port_closes() {
             ("RATELIMITD_SHUTDOWN_DELAY", "5s"),
         ],
     );
-    let server = ServerProcess::start_upstream_way(&variables).await;
+    let server = ServerProcess::builder()
+        .env(&variables)
+        .upstream_way()
+        .start()
+        .await;
     assert_eq!(healthcheck(&server).await, Some(200));
     common::send_signal(server.pid(), "-TERM");
     common::eventually("/healthcheck to say 500 after SIGTERM", || async {

@@ -21,7 +21,7 @@ async fn three_instances(flags: &[&str]) -> (Vec<ServerProcess>, Vec<RateLimiter
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..3 {
-        let server = ServerProcess::start(flags).await;
+        let server = ServerProcess::builder().flags(flags).start().await;
         for _ in 0..3 {
             clients.push(server.client().await);
         }
@@ -225,15 +225,17 @@ async fn under_load<F: Future<Output = ()>>(
 async fn a_cluster_primary_killed_under_load_is_followed() {
     let mut cluster = RedisCluster::start().await;
     let seeds = cluster.urls().join(",");
-    let server = ServerProcess::start(&[
-        "--redis-mode",
-        "cluster",
-        "--redis-url",
-        &seeds,
-        "--redis-command-timeout",
-        "500ms",
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--redis-mode",
+            "cluster",
+            "--redis-url",
+            &seeds,
+            "--redis-command-timeout",
+            "500ms",
+        ])
+        .start()
+        .await;
     let client = server.client().await;
     let cluster_ref = &mut cluster;
     let (decided, failed, recovered) = under_load(client, async move {
@@ -256,17 +258,19 @@ async fn a_cluster_primary_killed_under_load_is_followed() {
 async fn a_sentinel_failover_is_followed() {
     let mut sentinel = RedisSentinel::start().await;
     let sentinels = sentinel.sentinel_urls().join(",");
-    let server = ServerProcess::start(&[
-        "--redis-mode",
-        "sentinel",
-        "--redis-url",
-        &sentinels,
-        "--redis-sentinel-master",
-        sentinel.master_name(),
-        "--redis-command-timeout",
-        "500ms",
-    ])
-    .await;
+    let server = ServerProcess::builder()
+        .flags(&[
+            "--redis-mode",
+            "sentinel",
+            "--redis-url",
+            &sentinels,
+            "--redis-sentinel-master",
+            sentinel.master_name(),
+            "--redis-command-timeout",
+            "500ms",
+        ])
+        .start()
+        .await;
     let client = server.client().await;
     let sentinel_ref = &mut sentinel;
     let (decided, failed, recovered) = under_load(client, async move {
@@ -362,7 +366,7 @@ mod envoy_across_nodes {
         let mut servers = Vec::new();
         let mut clients = Vec::new();
         for _ in 0..3 {
-            let server = ServerProcess::start(&flags).await;
+            let server = ServerProcess::builder().flags(&flags).start().await;
             clients.push(RateLimitServiceClient::new(
                 common::channel(server.address).await,
             ));

@@ -54,7 +54,7 @@ fn sentinel_flags(sentinel: &RedisSentinel) -> Vec<String> {
 
 async fn start(flags: &[String]) -> ServerProcess {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    ServerProcess::start(&flags).await
+    ServerProcess::builder().flags(&flags).start().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

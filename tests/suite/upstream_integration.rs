@@ -263,7 +263,11 @@ async fn start(redis: &[(&str, String)], variant: Variant, stats: &Stats) -> Ser
         .iter()
         .map(|(name, value)| (*name, value.as_str()))
         .collect();
-    ServerProcess::start_upstream_way(&environment).await
+    ServerProcess::builder()
+        .env(&environment)
+        .upstream_way()
+        .start()
+        .await
 }
 
 async fn ask(
@@ -682,18 +686,21 @@ async fn config_reload_with_and_without_watch_root() {
         let prometheus = format!("127.0.0.1:{metrics}");
         let redis_url = format!("127.0.0.1:{}", redis.port());
         let root = runtime.path().to_string_lossy().into_owned();
-        let server = ServerProcess::start_upstream_way(&[
-            ("USE_STATSD", "false"),
-            ("RUNTIME_ROOT", &root),
-            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-            ("RUNTIME_WATCH_ROOT", watch_root),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", &redis_url),
-            ("USE_PROMETHEUS", "true"),
-            ("PROMETHEUS_ADDR", &prometheus),
-            ("RATELIMITD_CONFIG_POLL_INTERVAL", "100ms"),
-        ])
-        .await;
+        let server = ServerProcess::builder()
+            .env(&[
+                ("USE_STATSD", "false"),
+                ("RUNTIME_ROOT", &root),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+                ("RUNTIME_WATCH_ROOT", watch_root),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", &redis_url),
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", &prometheus),
+                ("RATELIMITD_CONFIG_POLL_INTERVAL", "100ms"),
+            ])
+            .upstream_way()
+            .start()
+            .await;
         let mut client = RateLimitServiceClient::new(common::channel(server.address).await);
         let response = ask(&mut client, request("reload", &[&[("block", "foo")]], 1)).await;
         assert_eq!(response.overall_code(), Code::Ok, "not configured yet");

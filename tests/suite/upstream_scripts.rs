@@ -53,7 +53,11 @@ impl Stack {
         if !count_denied {
             environment.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"));
         }
-        let server = ServerProcess::start_upstream_way(&environment).await;
+        let server = ServerProcess::builder()
+            .env(&environment)
+            .upstream_way()
+            .start()
+            .await;
         let (service_1, service_2) = (free_port(), free_port());
         let mock = Envoy::launch(
             &rewrite(

@@ -75,7 +75,11 @@ impl Setup {
             ("RATELIMITD_CONFIG_POLL_INTERVAL", "50ms"),
         ];
         environment.extend_from_slice(more);
-        ServerProcess::start_upstream_way(&environment).await
+        ServerProcess::builder()
+            .env(&environment)
+            .upstream_way()
+            .start()
+            .await
     }
 
     /// A broken rules file (a load error when read), to remove once

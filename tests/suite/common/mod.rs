@@ -1,6 +1,6 @@
 //! What the integration tests start for themselves, and how they talk to it:
 //! `redis-server` processes in every topology (`redis/`), ratelimitd in
-//! process or as a child process (`ratelimitd.rs`), a real Envoy
+//! process (`ratelimitd.rs`) or as a child process (`server_process.rs`), a real Envoy
 //! (`envoy.rs`), an xDS management server (`xds.rs`), and the clients and
 //! waits around them. Every process is on a free loopback port in a
 //! temporary directory and is killed when the test lets go of it; nothing
@@ -19,11 +19,13 @@ pub(crate) mod openapi;
 pub(crate) mod process;
 pub(crate) mod prometheus;
 pub(crate) mod quota;
+pub(crate) mod quota_policies;
 pub(crate) mod random;
 pub(crate) mod ratelimitd;
 pub(crate) mod redis;
 pub(crate) mod rls;
 pub(crate) mod sandbox;
+pub(crate) mod server_process;
 pub(crate) mod tls;
 pub(crate) mod tools;
 pub(crate) mod wait;
@@ -34,7 +36,8 @@ pub(crate) use self::{
     checks::*,
     grpc::*,
     process::{free_port, send_signal},
-    ratelimitd::{ServerProcess, TestServer, server_quick_to_notice},
+    ratelimitd::{TestServer, server_quick_to_notice},
     redis::RedisServer,
+    server_process::ServerProcess,
     wait::{PATIENCE, eventually, fresh_minute},
 };
