@@ -1,7 +1,7 @@
 //! The quota twins are equal: `share.lua` on a real Redis and its Rust twin
 //! (`quota::share::settle`, and the embedded `MemoryLedger` around it) give
 //! identical shares and keep identical entries (and the Lua hash the expiry
-//! the entries imply) after every step of seeded random sequences of
+//! the entries imply) after every step of random sequences of
 //! reports, unknown demands and leaves, over time that lets entries go
 //! stale, expire and be dropped, over capacity reloads, and with instances
 //! found dead (whose subscribers' grants still in force are orphans: held
@@ -13,17 +13,21 @@
 //! (tests/fixtures/twins/fake_clock.lua, as tests/twins.rs does): `now`
 //! comes from the last argument and Redis's key expiry is emulated on that
 //! clock, so time moves by any amount without waiting. Both sides get their
-//! arguments from `quota::share_args`. A failure names the seed and the
-//! steps that led to it.
+//! arguments from `quota::share_args`. Sequences are proptest's
+//! (`common::draws`): seeded, so a run replays exactly, and a failure is
+//! shrunk to a short sequence and names the steps that led to it. Another
+//! seed: `PROPTEST_RNG_SEED=7 cargo test --all-features --test suite
+//! quota_twins::`.
 
 use crate::common;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use common::RedisServer;
-use common::random::Random;
+use common::draws::{self, Draws, Tape, tapes};
 use ratelimitd::quota::share::{self, Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 use ratelimitd::quota::{MemoryLedger, SHARE_LUA, decode_share, share_args};
 use ratelimitd::store::ManualClock;
@@ -51,7 +55,7 @@ const SUBSCRIBERS: [&str; 6] = ["i1:1", "i1:2", "i2:1", "i2:2", "i3:1", "i3:2"];
 
 /// Now and then, some instances found dead for a step; and `gone`, the
 /// instances that died for good.
-fn random_dead(random: &mut Random, gone: &[&str]) -> Vec<String> {
+fn random_dead(random: &mut Draws<'_>, gone: &[&str]) -> Vec<String> {
     let dead: &[&str] = match random.upto(10) {
         0 => &["i2"],
         1 => &["i1", "i3"],
@@ -66,7 +70,7 @@ fn random_dead(random: &mut Random, gone: &[&str]) -> Vec<String> {
 
 /// Who settles: mostly a subscriber of an instance still alive (one that
 /// died settles nothing more, unless cut off from the beats alone).
-fn random_subscriber(random: &mut Random, gone: &[&str]) -> &'static str {
+fn random_subscriber(random: &mut Draws<'_>, gone: &[&str]) -> &'static str {
     let alive: Vec<&str> = SUBSCRIBERS
         .iter()
         .copied()
@@ -81,7 +85,7 @@ fn random_subscriber(random: &mut Random, gone: &[&str]) -> &'static str {
 
 /// A bucket's rate: tiny ones (floors and remainders everywhere), ordinary
 /// ones, and ones near the largest.
-fn random_capacity(random: &mut Random) -> MicroRps {
+fn random_capacity(random: &mut Draws<'_>) -> MicroRps {
     match random.upto(6) {
         0 => random.between(1, 10),
         1 => random.between(1, 1000),
@@ -94,7 +98,7 @@ fn random_capacity(random: &mut Random) -> MicroRps {
 }
 
 /// The least a subscriber wants, in `1..=capacity`.
-fn random_min_want(random: &mut Random, capacity: MicroRps) -> MicroRps {
+fn random_min_want(random: &mut Draws<'_>, capacity: MicroRps) -> MicroRps {
     match random.upto(4) {
         0 => 1,
         1 => capacity,
@@ -104,7 +108,7 @@ fn random_min_want(random: &mut Random, capacity: MicroRps) -> MicroRps {
 }
 
 /// A lease or stale time (ms), in `1..60_000`.
-fn random_period(random: &mut Random) -> u64 {
+fn random_period(random: &mut Draws<'_>) -> u64 {
     match random.upto(3) {
         0 => random.between(1, 20),
         1 => random.between(1, 2000),
@@ -112,7 +116,7 @@ fn random_period(random: &mut Random) -> u64 {
     }
 }
 
-fn random_params(random: &mut Random) -> ShareParams {
+fn random_params(random: &mut Draws<'_>) -> ShareParams {
     let capacity = random_capacity(random);
     let lease_ms = random_period(random);
     let stale_ms = match random.upto(4) {
@@ -137,7 +141,7 @@ fn random_params(random: &mut Random) -> ShareParams {
 /// A config reload: a new capacity (often near the old one, so held grants
 /// can exceed it by a little or by far), and the bucket's other settings
 /// perhaps changed too; the service's lease and stale times stay.
-fn reload(random: &mut Random, params: &mut ShareParams) {
+fn reload(random: &mut Draws<'_>, params: &mut ShareParams) {
     let old = params.capacity;
     params.capacity = match random.upto(3) {
         0 => random_capacity(random),
@@ -164,7 +168,7 @@ fn reload(random: &mut Random, params: &mut ShareParams) {
 }
 
 /// A demand (µrps) in `0..=4 × capacity`, as the caller guarantees.
-fn random_demand(random: &mut Random, params: &ShareParams) -> MicroRps {
+fn random_demand(random: &mut Draws<'_>, params: &ShareParams) -> MicroRps {
     let capacity = params.capacity;
     match random.upto(9) {
         0 => 0,
@@ -182,7 +186,7 @@ fn random_demand(random: &mut Random, params: &ShareParams) -> MicroRps {
     }
 }
 
-fn random_op(random: &mut Random, params: &ShareParams) -> ShareOp {
+fn random_op(random: &mut Draws<'_>, params: &ShareParams) -> ShareOp {
     match random.upto(19) {
         0 | 1 => ShareOp::Leave,
         2..=4 => ShareOp::Report(None),
@@ -192,7 +196,7 @@ fn random_op(random: &mut Random, params: &ShareParams) -> ShareOp {
 
 /// How far time moves (µs): not at all, within a millisecond, across one,
 /// to just before, at or after a lease or stale time, or past them all.
-fn random_step(random: &mut Random, now: u64, params: &ShareParams) -> u64 {
+fn random_step(random: &mut Draws<'_>, now: u64, params: &ShareParams) -> u64 {
     let shortest = params.lease_ms.min(params.stale_ms) * 1000;
     let longest = params.lease_ms.max(params.stale_ms) * 1000;
     match random.upto(11) {
@@ -527,30 +531,54 @@ fn sorted(entries: &HashMap<String, Entry>) -> String {
         .collect()
 }
 
-/// Runs `steps` random steps of one sequence on both twins; on a
-/// difference, fails with the seed and the steps that led to it. Answers
-/// the cases it met.
-async fn run_sequence(redis: &RedisServer, seed: u64, steps: usize) -> Seen {
-    let mut random = Random::new(seed);
-    let mut params = random_params(&mut random);
+/// Draws in a sequence's set-up or step: more than either reads (a
+/// reload's and a demand's are the most, some twenty).
+const DRAWS: usize = 32;
+
+/// A sequence's set-up: its bucket's settings, and when it starts.
+fn random_start(random: &mut Draws<'_>) -> (ShareParams, u64) {
+    let params = random_params(random);
+    (params, START + random.upto(10_000_000))
+}
+
+/// What happens before a step's settlement: a reload, perhaps (`true`
+/// when one came), and perhaps an instance dying for good.
+fn random_events(
+    random: &mut Draws<'_>,
+    params: &mut ShareParams,
+    gone: &mut Vec<&'static str>,
+) -> bool {
+    let reloaded = random.chance(4);
+    if reloaded {
+        reload(random, params);
+    }
+    if random.chance(2) {
+        let dies = random.pick(&["i2", "i3"]);
+        if !gone.contains(&dies) {
+            gone.push(dies);
+        }
+    }
+    reloaded
+}
+
+/// Runs one sequence on both twins, on `key`; on a difference, fails with
+/// the steps that led to it. Answers the cases it met.
+async fn run_sequence(redis: &RedisServer, tape: &Tape, key: String) -> Result<Seen, String> {
+    let (mut params, start) = random_start(&mut Draws::new(&tape.setup));
     let first = params;
-    let start = START + random.upto(10_000_000);
-    let mut twins = Twins::new(redis, format!("quota_twins:{{s{seed}}}"), start).await;
+    let mut twins = Twins::new(redis, key, start).await;
     let mut history = Vec::new();
     let mut gone = Vec::new();
-    for step in 0..steps {
+    for (step, draws) in tape.steps.iter().enumerate() {
+        let mut random = Draws::new(draws);
         let by = random_step(&mut random, twins.now, &params);
         twins.advance(by);
-        if random.chance(4) {
-            reload(&mut random, &mut params);
+        let died = gone.len();
+        if random_events(&mut random, &mut params, &mut gone) {
             history.push(format!("step {step}: reload to {params:?}"));
         }
-        if random.chance(2) {
-            let dies = random.pick(&["i2", "i3"]);
-            if !gone.contains(&dies) {
-                gone.push(dies);
-                history.push(format!("step {step}: {dies} dies"));
-            }
+        if let Some(dies) = gone.get(died) {
+            history.push(format!("step {step}: {dies} dies"));
         }
         let subscriber = random_subscriber(&mut random, &gone);
         let op = random_op(&mut random, &params);
@@ -563,33 +591,52 @@ async fn run_sequence(redis: &RedisServer, seed: u64, steps: usize) -> Seen {
             Ok(share) => history.push(format!("  -> {share:?}")),
             Err(difference) => {
                 let recent = history[history.len().saturating_sub(30)..].join("\n");
-                panic!("seed {seed}, step {step}, params {first:?}\n{recent}\n{difference}");
+                return Err(format!(
+                    "step {step}, params {first:?}\n{recent}\n{difference}"
+                ));
             }
         }
     }
-    twins.seen
+    Ok(twins.seen)
 }
 
-#[tokio::test]
-async fn shares_and_entries_are_the_same_in_lua_and_rust() {
-    let redis = RedisServer::start().await;
-    // Sequences side by side, each on its own bucket and connection.
-    let lanes = 4;
-    let seeds_per_lane = 60;
-    let runs = (0..lanes).map(|lane| {
-        let redis = &redis;
-        async move {
-            let mut seen = Seen::default();
-            for seed in (lane * seeds_per_lane)..((lane + 1) * seeds_per_lane) {
-                seen.add(&run_sequence(redis, seed, 100).await);
+/// A runtime of the test's own, for proptest's cases (which it runs one by
+/// one, outside any runtime), and a Redis on it.
+fn runtime_and_redis() -> (tokio::runtime::Runtime, RedisServer) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let redis = runtime.block_on(RedisServer::start());
+    (runtime, redis)
+}
+
+#[test]
+fn shares_and_entries_are_the_same_in_lua_and_rust() {
+    let (runtime, redis) = runtime_and_redis();
+    // Each case: four sequences of about 100 steps side by side, each on
+    // its own bucket and connection; 60 cases.
+    let seen = RefCell::new(Seen::default());
+    let lanes = proptest::collection::vec(tapes(1..=199, DRAWS), 4);
+    draws::check(60, lanes, |lanes| {
+        runtime.block_on(async {
+            redis.flush_all().await;
+            let runs = lanes
+                .iter()
+                .enumerate()
+                .map(|(lane, tape)| run_sequence(&redis, tape, format!("quota_twins:{{l{lane}}}")));
+            for (lane, run) in futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                let met = run.map_err(|difference| format!("lane {lane}, {difference}"))?;
+                seen.borrow_mut().add(&met);
             }
-            seen
-        }
+            Ok(())
+        })
     });
-    let mut seen = Seen::default();
-    for lane in futures::future::join_all(runs).await {
-        seen.add(&lane);
-    }
+    let seen = seen.into_inner();
     println!("{seen:?}");
     let Seen {
         dropped,
@@ -626,95 +673,109 @@ async fn shares_and_entries_are_the_same_in_lua_and_rust() {
 /// On Redis alone, with instances dying: after every report, the grants in
 /// force in the hash (orphans' included) add up to no more than the
 /// capacity, and so does the reply's `granted`,
-/// unless the capacity shrank within a lease (grants given under the old
-/// one may still be in force); and even then a report's grant fits in what
+/// unless the capacity shrank while grants given under the old one are in
+/// force (until the last of them runs out, or a lease, whichever is
+/// later); and even then a report's grant fits in what
 /// the others' grants in force leave free.
-#[tokio::test]
-async fn grants_in_force_on_redis_never_exceed_the_capacity() {
-    let redis = RedisServer::start().await;
-    let mut connection = redis.connection().await;
-    for seed in 5000..5150 {
-        let mut random = Random::new(seed);
-        let mut params = random_params(&mut random);
-        let first = params;
-        let key = format!("quota_invariant:{{s{seed}}}");
-        let mut now = START + random.upto(10_000_000);
-        // Until when grants from before the last shrink may be in force.
-        let mut shrunk_until: Millis = 0;
-        let mut history = Vec::new();
-        let mut gone = Vec::new();
-        for step in 0..120 {
-            let by = random_step(&mut random, now, &params);
-            now += by;
-            let now_ms = now / 1000;
-            if random.chance(4) {
-                let before = params.capacity;
-                reload(&mut random, &mut params);
-                if params.capacity < before {
-                    shrunk_until = now_ms + params.lease_ms;
-                }
-                history.push(format!("step {step}: reload to {params:?}"));
+#[test]
+fn grants_in_force_on_redis_never_exceed_the_capacity() {
+    let (runtime, redis) = runtime_and_redis();
+    // 150 sequences of about 120 steps.
+    draws::check(150, tapes(1..=239, DRAWS), |tape| {
+        runtime.block_on(async {
+            redis.flush_all().await;
+            grants_stay_within_the_capacity(&mut redis.connection().await, &tape).await
+        })
+    });
+}
+
+/// Runs one sequence on Redis alone; fails, with the steps that led to it,
+/// when grants in force exceed what they may.
+async fn grants_stay_within_the_capacity(
+    connection: &mut MultiplexedConnection,
+    tape: &Tape,
+) -> Result<(), String> {
+    let (mut params, mut now) = random_start(&mut Draws::new(&tape.setup));
+    let first = params;
+    let key = "quota_invariant:{b}";
+    // Until when grants from before the last shrink may be in force.
+    let mut shrunk_until: Millis = 0;
+    let mut history = Vec::new();
+    let mut gone = Vec::new();
+    for (step, draws) in tape.steps.iter().enumerate() {
+        let mut random = Draws::new(draws);
+        let by = random_step(&mut random, now, &params);
+        now += by;
+        let now_ms = now / 1000;
+        let before = params.capacity;
+        if random_events(&mut random, &mut params, &mut gone) {
+            if params.capacity < before {
+                // The grants in force were given under the old capacity and
+                // last as long as the lease they were given (which a reload
+                // may have shortened since).
+                let (entries, _) = stored_in_redis(connection, key, now).await?;
+                let latest = entries.values().map(|entry| entry.expires_at).max();
+                shrunk_until = (now_ms + params.lease_ms).max(latest.unwrap_or(0));
             }
-            if random.chance(2) {
-                let dies = random.pick(&["i2", "i3"]);
-                if !gone.contains(&dies) {
-                    gone.push(dies);
-                }
-            }
-            let subscriber = random_subscriber(&mut random, &gone);
-            let op = random_op(&mut random, &params);
-            let dead = random_dead(&mut random, &gone);
-            history.push(format!(
-                "step {step}: +{by} µs (now_ms {now_ms}), {subscriber} {op:?}, dead {dead:?}"
+            history.push(format!("step {step}: reload to {params:?}"));
+        }
+        let subscriber = random_subscriber(&mut random, &gone);
+        let op = random_op(&mut random, &params);
+        let dead = random_dead(&mut random, &gone);
+        history.push(format!(
+            "step {step}: +{by} µs (now_ms {now_ms}), {subscriber} {op:?}, dead {dead:?}"
+        ));
+        let fail = |history: &[String], what: String| {
+            let recent = history[history.len().saturating_sub(30)..].join("\n");
+            format!("step {step}, params {first:?}\n{recent}\n{what}")
+        };
+        let share = settle_in_redis(connection, key, subscriber, op, &params, now, &dead)
+            .await
+            .map_err(|err| fail(&history, err))?;
+        history.push(format!("  -> {share:?}"));
+        // Even after a shrink, a report only takes what is free.
+        let others = share.granted.checked_sub(share.grant);
+        let free = others.map(|others| params.capacity.saturating_sub(others));
+        if op != ShareOp::Leave && free.is_none_or(|free| share.grant > free) {
+            return Err(fail(
+                &history,
+                format!("granted more than is free: {share:?}"),
             ));
-            let fail = |history: &[String], what: String| -> ! {
-                let recent = history[history.len().saturating_sub(30)..].join("\n");
-                panic!("seed {seed}, step {step}, params {first:?}\n{recent}\n{what}");
-            };
-            let share = settle_in_redis(&mut connection, &key, subscriber, op, &params, now, &dead)
-                .await
-                .unwrap_or_else(|err| fail(&history, err));
-            history.push(format!("  -> {share:?}"));
-            // Even after a shrink, a report only takes what is free.
-            let others = share.granted.checked_sub(share.grant);
-            let free = others.map(|others| params.capacity.saturating_sub(others));
-            if op != ShareOp::Leave && free.is_none_or(|free| share.grant > free) {
-                fail(&history, format!("granted more than is free: {share:?}"));
-            }
-            if op == ShareOp::Leave || now_ms < shrunk_until {
-                continue;
-            }
-            let (entries, _) = stored_in_redis(&mut connection, &key, now)
-                .await
-                .unwrap_or_else(|err| fail(&history, err));
-            let in_force: MicroRps = entries
-                .values()
-                .filter(|entry| entry.expires_at > now_ms)
-                .map(|entry| entry.grant)
-                .sum();
-            if in_force > params.capacity || share.granted > params.capacity {
-                fail(
-                    &history,
-                    format!(
-                        "grants in force {in_force} (granted {}) exceed the capacity {}:{}",
-                        share.granted,
-                        params.capacity,
-                        sorted(&entries)
-                    ),
-                );
-            }
-            if in_force != share.granted {
-                fail(
-                    &history,
-                    format!(
-                        "granted {} but {in_force} in force:{}",
-                        share.granted,
-                        sorted(&entries)
-                    ),
-                );
-            }
+        }
+        if op == ShareOp::Leave || now_ms < shrunk_until {
+            continue;
+        }
+        let (entries, _) = stored_in_redis(connection, key, now)
+            .await
+            .map_err(|err| fail(&history, err))?;
+        let in_force: MicroRps = entries
+            .values()
+            .filter(|entry| entry.expires_at > now_ms)
+            .map(|entry| entry.grant)
+            .sum();
+        if in_force > params.capacity || share.granted > params.capacity {
+            return Err(fail(
+                &history,
+                format!(
+                    "grants in force {in_force} (granted {}) exceed the capacity {}:{}",
+                    share.granted,
+                    params.capacity,
+                    sorted(&entries)
+                ),
+            ));
+        }
+        if in_force != share.granted {
+            return Err(fail(
+                &history,
+                format!(
+                    "granted {} but {in_force} in force:{}",
+                    share.granted,
+                    sorted(&entries)
+                ),
+            ));
         }
     }
+    Ok(())
 }
 
 /// Entries of four numbers alone (the form of earlier versions) settle

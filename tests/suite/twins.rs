@@ -12,15 +12,20 @@
 //! without waiting. The Rust side is the embedded store on a manual clock,
 //! through the limiter (decide and each) or the twin functions (the modes
 //! only Redis runs). Both get their arguments from `limiter::script`.
-//! Sequences are seeded; a failure names the seed and replays the steps.
+//! Sequences are proptest's (`common::draws`): seeded, so a run replays
+//! exactly, and a failure is shrunk to a short sequence and names the steps
+//! that led to it. Another seed: `PROPTEST_RNG_SEED=7 cargo test
+//! --all-features --test suite twins::` (the filter takes quota_twins'
+//! tests too).
 
 use crate::common;
 
+use std::ops::RangeInclusive;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use common::RedisServer;
-use common::random::Random;
+use common::draws::{self, Draws, Tape, tapes};
 use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
 use ratelimitd::limit::{
     Algorithm, CallerKey, Decision, FixedWindow, FixedWindowMode, Gcra, LimitRequest, Micros,
@@ -73,7 +78,7 @@ const KINDS: [Kind; 7] = [
     Kind::SlidingWindowCounter,
 ];
 
-fn random_algorithm(random: &mut Random, kind: Kind) -> Algorithm {
+fn random_algorithm(random: &mut Draws<'_>, kind: Kind) -> Algorithm {
     let limit = 1 + random.upto(5);
     let window = Duration::from_millis(random.pick(&[1, 2, 5, 10, 50, 1000]));
     let made = match kind {
@@ -96,7 +101,7 @@ fn random_algorithm(random: &mut Random, kind: Kind) -> Algorithm {
 
 /// A span that finds the edges: none, a few microseconds, around a
 /// millisecond boundary, within or across windows.
-fn random_step(random: &mut Random, now: u64, window: u64) -> u64 {
+fn random_step(random: &mut Draws<'_>, now: u64, window: u64) -> u64 {
     match random.upto(9) {
         0 | 1 => 0,
         2 => 1 + random.upto(2),
@@ -111,7 +116,7 @@ fn random_step(random: &mut Random, now: u64, window: u64) -> u64 {
     }
 }
 
-fn random_cost(random: &mut Random, limit: u64) -> u64 {
+fn random_cost(random: &mut Draws<'_>, limit: u64) -> u64 {
     match random.upto(9) {
         0 => 0,
         1..=4 => 1,
@@ -375,10 +380,11 @@ fn request(name: &str, algorithm: Algorithm, cost: u64, shadow: bool) -> LimitRe
     }
 }
 
-/// Runs `steps` random steps of one sequence; on a difference, fails with
-/// the seed and the steps that led to it.
-async fn run_sequence(redis: &RedisServer, seed: u64, limits: usize, steps: usize) {
-    let mut random = Random::new(seed);
+/// Runs one sequence of `limits` limits from a clean Redis; on a
+/// difference, fails with the steps that led to it.
+async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result<(), String> {
+    redis.flush_all().await;
+    let mut random = Draws::new(&tape.setup);
     let mut twins = Twins::new(redis).await;
     let algorithms: Vec<Algorithm> = (0..limits)
         .map(|_| {
@@ -392,7 +398,8 @@ async fn run_sequence(redis: &RedisServer, seed: u64, limits: usize, steps: usiz
         .min()
         .map_or(1000, Micros::as_micros);
     let mut history = Vec::new();
-    for step in 0..steps {
+    for (step, draws) in tape.steps.iter().enumerate() {
+        let mut random = Draws::new(draws);
         let by = random_step(&mut random, twins.now, shortest.max(1));
         twins.advance(by);
         let mode = match random.upto(19) {
@@ -408,7 +415,7 @@ async fn run_sequence(redis: &RedisServer, seed: u64, limits: usize, steps: usiz
             .map(|(i, algorithm)| {
                 let cost = random_cost(&mut random, algorithm.limit());
                 let shadow = limits > 1 && random.chance(10);
-                request(&format!("s{seed}-k{i}"), *algorithm, cost, shadow)
+                request(&format!("k{i}"), *algorithm, cost, shadow)
             })
             .collect();
         let costs: Vec<u64> = requests.iter().map(|r| r.cost).collect();
@@ -418,24 +425,32 @@ async fn run_sequence(redis: &RedisServer, seed: u64, limits: usize, steps: usiz
         ));
         if let Err(difference) = twins.step(mode, &requests).await {
             let recent = history[history.len().saturating_sub(12)..].join("\n");
-            panic!("seed {seed}, limits {algorithms:?}\n{recent}\n{difference}",);
+            return Err(format!("limits {algorithms:?}\n{recent}\n{difference}"));
         }
     }
+    Ok(())
 }
 
-#[tokio::test]
-async fn each_algorithm_alone_decides_and_stores_the_same_in_lua_and_rust() {
-    let redis = RedisServer::start().await;
-    for seed in 0..120 {
-        run_sequence(&redis, seed, 1, 150).await;
-    }
+/// Runs `cases` sequences of about 150 steps (1 to 300) of `limits` limits.
+fn sequences_agree(cases: u32, limits: RangeInclusive<usize>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let redis = runtime.block_on(RedisServer::start());
+    // A step reads at most 3 draws and 3 for each of at most 4 limits.
+    let sequences = (limits, tapes(1..=300, 16));
+    draws::check(cases, sequences, |(limits, tape)| {
+        runtime.block_on(run_sequence(&redis, &tape, limits))
+    });
 }
 
-#[tokio::test]
-async fn several_limits_per_call_decide_and_store_the_same_in_lua_and_rust() {
-    let redis = RedisServer::start().await;
-    for seed in 1000..1060 {
-        let limits = 2 + (seed % 3) as usize;
-        run_sequence(&redis, seed, limits, 150).await;
-    }
+#[test]
+fn each_algorithm_alone_decides_and_stores_the_same_in_lua_and_rust() {
+    sequences_agree(120, 1..=1);
+}
+
+#[test]
+fn several_limits_per_call_decide_and_store_the_same_in_lua_and_rust() {
+    sequences_agree(60, 2..=4);
 }

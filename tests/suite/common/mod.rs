@@ -11,6 +11,7 @@
 //! their module (`common::redis::RedisCluster`, `common::envoy::Envoy`).
 
 pub(crate) mod checks;
+pub(crate) mod draws;
 pub(crate) mod envoy;
 pub(crate) mod grpc;
 pub(crate) mod http;
@@ -20,7 +21,6 @@ pub(crate) mod process;
 pub(crate) mod prometheus;
 pub(crate) mod quota;
 pub(crate) mod quota_policies;
-pub(crate) mod random;
 pub(crate) mod ratelimitd;
 pub(crate) mod redis;
 pub(crate) mod rls;

@@ -124,6 +124,15 @@ impl RedisServer {
             .unwrap_or_else(|why| panic!("cannot connect to the test redis: {why}"))
     }
 
+    /// Empties this server (one the harness started, never the machine's
+    /// own), so that a random case starts from nothing.
+    pub(crate) async fn flush_all(&self) {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut self.connection().await)
+            .await
+            .expect("FLUSHALL on the test's own Redis");
+    }
+
     /// Runs `redis-cli COMMAND...` logged in, over TLS with the client
     /// certificate if the server is TLS, and returns what it printed.
     /// `redis-cli` prints error replies (`NOAUTH ...`) there too, and still
