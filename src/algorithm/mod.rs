@@ -1,6 +1,6 @@
 //! The rate-limit algorithms, one Lua file and one Rust file each: the Lua
 //! function decides on Redis, the Rust function is its in-memory twin with
-//! the same semantics (tests/twins.rs proves them equal). This module is the
+//! the same semantics (tests/suite/twins.rs proves them equal). This module is the
 //! twin of `decide.lua`'s driver for the embedded store; the script itself,
 //! and how a call becomes its arguments, is `limiter::script`. Nothing here
 //! knows Redis. [`registry`] names the algorithms and builds each from the
@@ -54,7 +54,7 @@ pub enum State {
 
 impl State {
     /// What the state holds, in the terms both twins keep it: for comparing
-    /// the embedded store with Redis (tests/twins.rs) and for inspection.
+    /// the embedded store with Redis (tests/suite/twins.rs) and for inspection.
     pub fn snapshot(&self) -> Snapshot {
         match self {
             Self::FixedWindow(state) => state.snapshot(),
@@ -185,7 +185,7 @@ pub fn decide_in_memory(
 ///
 /// All or nothing exists three times, each where it must: in `decide.lua`
 /// (atomic on one Redis node), here (the same steps under the embedded
-/// store's shard locks; tests/twins.rs proves the two answer alike), and in
+/// store's shard locks; tests/suite/twins.rs proves the two answer alike), and in
 /// `limiter::on_redis` across Redis Cluster nodes, where no one script
 /// sees every key, so it is dry run, spend and refund instead. The first
 /// two share their steps (dry run every limit, then spend or look); the

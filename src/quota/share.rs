@@ -1,5 +1,5 @@
 //! How one quota bucket's rate is shared among its subscribers: the Rust
-//! twin of `share.lua`, for the embedded store (tests/quota_twins.rs proves
+//! twin of `share.lua`, for the embedded store (tests/suite/quota_twins.rs proves
 //! the two equal). Pure: the caller holds the bucket's entries and the
 //! clock.
 //!

@@ -1,5 +1,5 @@
 """Drives ratelimitd's web console in a real headless Chromium for
-tests/console.rs, and prints what it saw as one JSON object: what the
+tests/suite/console.rs, and prints what it saw as one JSON object: what the
 live chart plots, what the simulator's charts plot after the form is
 filled in and run, what the key section's peek and reset answered with the
 admin token given, and the browser's console log.

@@ -1,6 +1,6 @@
 //! What an Envoy is told to enforce for a bucket: a subscriber's share as
 //! a `RateLimitStrategy`, shaped to what Envoy 1.40's quota filter actually
-//! enforces (pinned down in tests/envoy_quota_pinned.rs and docs/rlqs.md):
+//! enforces (pinned down in tests/suite/envoy_quota_pinned.rs and docs/rlqs.md):
 //!
 //! - only `blanket_rule` and `token_bucket` are enforced
 //!   (`requests_per_time_unit` is logged as unsupported and ignored);

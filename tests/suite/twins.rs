@@ -1,0 +1,456 @@
+//! The twins are equal: each algorithm's Lua function on a real Redis and
+//! its Rust twin in the embedded store give identical decisions (allowed,
+//! remaining, reset_after, retry_after) and keep identical state (values
+//! and expiry) after every step of random sequences of (time, cost,
+//! parameters), for all five algorithms (the fixed window anchored,
+//! aligned, and aligned by name), alone and several per call, in every
+//! script mode.
+//!
+//! The Lua side is the production script with its clock replaced
+//! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
+//! Redis's expiry is emulated on that clock, so time moves by any amount
+//! without waiting. The Rust side is the embedded store on a manual clock,
+//! through the limiter (decide and each) or the twin functions (the modes
+//! only Redis runs). Both get their arguments from `limiter::script`.
+//! Sequences are proptest's (`common::draws`): seeded, so a run replays
+//! exactly, and a failure is shrunk to a short sequence and names the steps
+//! that led to it. Another seed: `PROPTEST_RNG_SEED=7 cargo test
+//! --all-features --test suite twins::` (the filter takes quota_twins'
+//! tests too).
+
+use crate::common;
+
+use std::ops::RangeInclusive;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use common::RedisServer;
+use common::draws::{self, Draws, Tape, tapes};
+use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
+use ratelimitd::limit::{
+    Algorithm, CallerKey, Decision, FixedWindow, FixedWindowMode, Gcra, LimitRequest, Micros,
+    SlidingWindow, SlidingWindowCounter, TokenBucket,
+};
+use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
+use ratelimitd::limiter::{Limiter, Store, storage_key};
+use ratelimitd::store::{ManualClock, MemoryStore};
+use redis::Script;
+use redis::aio::MultiplexedConnection;
+
+const PREFIX: &str = "twins:";
+
+/// The decision script under the test's clock.
+static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            include_str!("../fixtures/twins/fake_clock.lua"),
+            script::ALGORITHMS_LUA,
+            script::DECIDE_LUA,
+        ]
+        .concat(),
+    )
+});
+
+/// Where every sequence starts: a real epoch in microseconds, so values are
+/// as large as Redis `TIME` gives (and stay exact below 2^53). The test's
+/// own schedule counts plain microseconds.
+const START: u64 = 1_764_806_400_000_000;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    FixedWindow,
+    AlignedFixedWindow,
+    /// Aligned, named by its window as envoyproxy/ratelimit names it.
+    FixedWindowByName,
+    SlidingWindow,
+    TokenBucket,
+    Gcra,
+    SlidingWindowCounter,
+}
+
+const KINDS: [Kind; 7] = [
+    Kind::FixedWindow,
+    Kind::AlignedFixedWindow,
+    Kind::FixedWindowByName,
+    Kind::SlidingWindow,
+    Kind::TokenBucket,
+    Kind::Gcra,
+    Kind::SlidingWindowCounter,
+];
+
+fn random_algorithm(random: &mut Draws<'_>, kind: Kind) -> Algorithm {
+    let limit = 1 + random.upto(5);
+    let window = Duration::from_millis(random.pick(&[1, 2, 5, 10, 50, 1000]));
+    let made = match kind {
+        Kind::FixedWindow => FixedWindow::new(limit, window).map(Algorithm::FixedWindow),
+        Kind::AlignedFixedWindow => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
+        Kind::FixedWindowByName => FixedWindow::aligned(limit, window)
+            .map(|fixed| Algorithm::FixedWindow(fixed.aligned_by_name())),
+        Kind::SlidingWindow => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
+        Kind::TokenBucket => {
+            let rate = random.pick(&[0.5, 1.0, 1.0 / 3.0, 3.7, 100.0, 1000.0, 12_345.6]);
+            TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
+        }
+        Kind::Gcra => Gcra::new(1 + random.upto(4), window, limit).map(Algorithm::Gcra),
+        Kind::SlidingWindowCounter => {
+            SlidingWindowCounter::new(limit, window).map(Algorithm::SlidingWindowCounter)
+        }
+    };
+    made.expect("valid parameters")
+}
+
+/// A span that finds the edges: none, a few microseconds, around a
+/// millisecond boundary, within or across windows.
+fn random_step(random: &mut Draws<'_>, now: u64, window: u64) -> u64 {
+    match random.upto(9) {
+        0 | 1 => 0,
+        2 => 1 + random.upto(2),
+        3 => random.upto(999),
+        // To just before, at or after the next whole millisecond.
+        4 => (1000 - now % 1000) + random.upto(2) - 1,
+        5 | 6 => random.upto(window),
+        // To just before, at or after the next multiple of the window.
+        7 => (window - now % window) + random.upto(2) - 1,
+        8 => window + random.upto(window),
+        _ => random.upto(3 * window),
+    }
+}
+
+fn random_cost(random: &mut Draws<'_>, limit: u64) -> u64 {
+    match random.upto(9) {
+        0 => 0,
+        1..=4 => 1,
+        5 => 2,
+        6 => limit,
+        7 => limit + 1,
+        _ => random.upto(limit + 1),
+    }
+}
+
+fn window_of(algorithm: &Algorithm) -> Micros {
+    match algorithm {
+        Algorithm::FixedWindow(p) => p.window().as_micros(),
+        Algorithm::SlidingWindow(p) => p.window().as_micros(),
+        Algorithm::SlidingWindowCounter(p) => p.window().as_micros(),
+        Algorithm::Gcra(p) => p.interval() * p.burst(),
+        Algorithm::TokenBucket(p) => {
+            Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
+        }
+    }
+}
+
+/// One Redis and one embedded store, on clocks that agree.
+struct Twins {
+    redis: MultiplexedConnection,
+    clock: Arc<ManualClock>,
+    memory: Arc<MemoryStore<State>>,
+    limiter: Limiter,
+    now: u64,
+}
+
+impl Twins {
+    async fn new(redis: &RedisServer) -> Self {
+        let clock = Arc::new(ManualClock::default());
+        clock.advance(Duration::from_micros(START));
+        let memory = MemoryStore::new(clock.clone());
+        Self {
+            redis: redis.connection().await,
+            limiter: Limiter::new(Store::Memory(memory.clone()), PREFIX),
+            clock,
+            memory,
+            now: START,
+        }
+    }
+
+    fn advance(&mut self, by: u64) {
+        self.now += by;
+        self.clock.advance(Duration::from_micros(by));
+    }
+
+    /// Decides `requests` in `mode` on both; the decisions (Lua's, then
+    /// Rust's), after checking that both stores hold the same.
+    async fn step(
+        &mut self,
+        mode: Mode,
+        requests: &[LimitRequest],
+    ) -> Result<Vec<Decision>, String> {
+        let keys: Vec<String> = requests
+            .iter()
+            .map(|r| storage_key(PREFIX, &r.algorithm, &r.key))
+            .collect();
+        let limits: Vec<ScriptLimit<'_>> = requests
+            .iter()
+            .zip(&keys)
+            .map(|(request, key)| ScriptLimit {
+                key,
+                algorithm: &request.algorithm,
+                cost: request.cost,
+                shadow: request.shadow,
+            })
+            .collect();
+        let reply: redis::Value = script::decide_call_on(&SCRIPT_AT, mode, &limits)
+            .arg(self.now)
+            .invoke_async(&mut self.redis)
+            .await
+            .map_err(|err| format!("script: {err}"))?;
+        let lua: Vec<Decision> = script::decode(&limits, &reply)
+            .map_err(|err| err.to_string())?
+            .into_iter()
+            .map(|decided| decided.decision)
+            .collect();
+        let rust = self.decide_in_memory(mode, requests, &keys).await?;
+        if lua != rust {
+            return Err(format!(
+                "decisions differ\n   lua: {lua:?}\n  rust: {rust:?}"
+            ));
+        }
+        for (request, key) in requests.iter().zip(&keys) {
+            let lua = self.stored_in_redis(&request.algorithm, key).await;
+            let rust = self
+                .memory
+                .peek(key)
+                .map(|(state, expires_at)| (state.snapshot(), expires_at));
+            if lua != rust {
+                return Err(format!(
+                    "state of {key} differs\n   lua: {lua:?}\n  rust: {rust:?}"
+                ));
+            }
+        }
+        Ok(lua)
+    }
+
+    async fn decide_in_memory(
+        &self,
+        mode: Mode,
+        requests: &[LimitRequest],
+        keys: &[String],
+    ) -> Result<Vec<Decision>, String> {
+        let decided = match mode {
+            Mode::Decide => self.limiter.check_all(requests, None).await,
+            Mode::Each => self.limiter.check_each(requests, None).await,
+            // The modes only Redis runs (a cluster's steps, a cached
+            // denial's completion): their twin is each limit decided dry.
+            Mode::Dry | Mode::Look | Mode::Denied => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                return Ok(self.memory.with_keys(&keys, |locked, now| {
+                    let mut dry = |i: usize, cost: u64| {
+                        let algorithm = &requests[i].algorithm;
+                        locked.decide(i, |state| {
+                            algorithm::decide_in_memory(algorithm, state, now, cost, Spend::Dry)
+                        })
+                    };
+                    (0..requests.len())
+                        .map(|i| match mode {
+                            Mode::Dry => dry(i, requests[i].cost),
+                            Mode::Look => dry(i, 0),
+                            _ => {
+                                let decision = dry(i, requests[i].cost);
+                                if decision.is_allowed() {
+                                    dry(i, 0)
+                                } else {
+                                    decision
+                                }
+                            }
+                        })
+                        .collect()
+                }));
+            }
+        };
+        decided.map_err(|err| format!("embedded store: {err}"))
+    }
+
+    /// What Redis holds for `key`, read as each Lua file documents, with
+    /// when the embedded store would drop it.
+    async fn stored_in_redis(
+        &mut self,
+        algorithm: &Algorithm,
+        key: &str,
+    ) -> Option<(Snapshot, Micros)> {
+        let expiry_ms: Option<u64> = redis::cmd("HGET")
+            .arg("twins:expiry")
+            .arg(key)
+            .query_async(&mut self.redis)
+            .await
+            .expect("HGET");
+        // Past its expiry, a key is gone, whether or not Redis has looked.
+        if expiry_ms.is_some_and(|at| self.now / 1000 > at) {
+            return None;
+        }
+        let shared = self.redis.clone();
+        let connection = &mut self.redis;
+        let hash = |fields: &'static [&'static str]| {
+            let mut command = redis::cmd("HMGET");
+            command.arg(key).arg(fields);
+            let mut connection = shared.clone();
+            async move {
+                let values: Vec<Option<String>> =
+                    command.query_async(&mut connection).await.expect("HMGET");
+                values
+            }
+        };
+        let number = |text: &Option<String>| -> u64 {
+            let value: f64 = text.as_deref().expect("a field").parse().expect("a number");
+            assert!(value.fract() == 0.0 && value >= 0.0, "{value} is no count");
+            value as u64
+        };
+        let snapshot = match algorithm {
+            Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
+                let values = hash(&["w", "n"]).await;
+                values[0].as_ref()?;
+                Snapshot::FixedWindow {
+                    window: Some(number(&values[0])),
+                    used: number(&values[1]),
+                }
+            }
+            Algorithm::FixedWindow(_) => {
+                let used: Option<String> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(connection)
+                    .await
+                    .expect("GET");
+                Snapshot::FixedWindow {
+                    window: None,
+                    used: number(&Some(used?)),
+                }
+            }
+            Algorithm::SlidingWindow(p) => {
+                let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(connection)
+                    .await
+                    .expect("ZRANGE");
+                // Entries that left the window wait to be pruned; they
+                // count for nothing, and the twin drops them at once.
+                let window = p.window().as_micros().as_micros();
+                let entries: Vec<(Micros, u64)> = members
+                    .into_iter()
+                    .filter(|&(_, stamp)| stamp + window > self.now)
+                    .map(|(member, stamp)| {
+                        let (_, units) = member.split_once(':').expect("before:units");
+                        (Micros::from_micros(stamp), units.parse().expect("units"))
+                    })
+                    .collect();
+                if entries.is_empty() {
+                    return None;
+                }
+                Snapshot::SlidingWindow { entries }
+            }
+            Algorithm::TokenBucket(_) => {
+                let values = hash(&["t", "ts"]).await;
+                let tokens: f64 = values[0].as_deref()?.parse().expect("tokens");
+                Snapshot::TokenBucket {
+                    tokens,
+                    stamp: Micros::from_micros(number(&values[1])),
+                }
+            }
+            Algorithm::Gcra(_) => {
+                let tat: Option<String> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(connection)
+                    .await
+                    .expect("GET");
+                Snapshot::Gcra {
+                    tat: Micros::from_micros(number(&Some(tat?))),
+                }
+            }
+            Algorithm::SlidingWindowCounter(_) => {
+                let values = hash(&["w", "c", "p"]).await;
+                values[0].as_ref()?;
+                Snapshot::SlidingWindowCounter {
+                    index: number(&values[0]),
+                    current: number(&values[1]),
+                    previous: number(&values[2]),
+                }
+            }
+        };
+        let expiry_ms = expiry_ms.unwrap_or_else(|| panic!("{key} has no expiry"));
+        Some((snapshot, redis_expiry_at(expiry_ms)))
+    }
+}
+
+fn request(name: &str, algorithm: Algorithm, cost: u64, shadow: bool) -> LimitRequest {
+    LimitRequest {
+        key: CallerKey::new(name.into()).expect("a key"),
+        algorithm,
+        cost,
+        shadow,
+    }
+}
+
+/// Runs one sequence of `limits` limits from a clean Redis; on a
+/// difference, fails with the steps that led to it.
+async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result<(), String> {
+    redis.flush_all().await;
+    let mut random = Draws::new(&tape.setup);
+    let mut twins = Twins::new(redis).await;
+    let algorithms: Vec<Algorithm> = (0..limits)
+        .map(|_| {
+            let kind = random.pick(&KINDS);
+            random_algorithm(&mut random, kind)
+        })
+        .collect();
+    let shortest = algorithms
+        .iter()
+        .map(window_of)
+        .min()
+        .map_or(1000, Micros::as_micros);
+    let mut history = Vec::new();
+    for (step, draws) in tape.steps.iter().enumerate() {
+        let mut random = Draws::new(draws);
+        let by = random_step(&mut random, twins.now, shortest.max(1));
+        twins.advance(by);
+        let mode = match random.upto(19) {
+            0 => Mode::Dry,
+            1 => Mode::Look,
+            2 => Mode::Denied,
+            3 | 4 => Mode::Each,
+            _ => Mode::Decide,
+        };
+        let requests: Vec<LimitRequest> = algorithms
+            .iter()
+            .enumerate()
+            .map(|(i, algorithm)| {
+                let cost = random_cost(&mut random, algorithm.limit());
+                let shadow = limits > 1 && random.chance(10);
+                request(&format!("k{i}"), *algorithm, cost, shadow)
+            })
+            .collect();
+        let costs: Vec<u64> = requests.iter().map(|r| r.cost).collect();
+        history.push(format!(
+            "step {step}: +{by} µs (now {}), {mode:?}, costs {costs:?}",
+            twins.now
+        ));
+        if let Err(difference) = twins.step(mode, &requests).await {
+            let recent = history[history.len().saturating_sub(12)..].join("\n");
+            return Err(format!("limits {algorithms:?}\n{recent}\n{difference}"));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cases` sequences of about 150 steps (1 to 300) of `limits` limits.
+fn sequences_agree(cases: u32, limits: RangeInclusive<usize>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let redis = runtime.block_on(RedisServer::start());
+    // A step reads at most 3 draws and 3 for each of at most 4 limits.
+    let sequences = (limits, tapes(1..=300, 16));
+    draws::check(cases, sequences, |(limits, tape)| {
+        runtime.block_on(run_sequence(&redis, &tape, limits))
+    });
+}
+
+#[test]
+fn each_algorithm_alone_decides_and_stores_the_same_in_lua_and_rust() {
+    sequences_agree(120, 1..=1);
+}
+
+#[test]
+fn several_limits_per_call_decide_and_store_the_same_in_lua_and_rust() {
+    sequences_agree(60, 2..=4);
+}
