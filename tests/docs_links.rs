@@ -1,7 +1,7 @@
 //! The documentation's links hold: every relative link in README.md,
-//! CONTRIBUTING.md, deploy/README.md and docs/*.md names a file or folder
-//! that exists, and every `#anchor` a heading of the page it points to (as
-//! GitHub names a heading's anchor). Links inside code are not links, and
+//! CONTRIBUTING.md, CHANGELOG.md, deploy/README.md and docs/*.md names a
+//! file or folder that exists, and every `#anchor` a heading of the page it
+//! points to (as GitHub names a heading's anchor). Links inside code are not links, and
 //! are left alone. The lists kept by hand are held to the tree too:
 //! CONTRIBUTING.md's layout names every file of `src/` and `benches/` and
 //! every helper module of the integration tests (the `common/` folder under
@@ -15,12 +15,13 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The pages checked: the README, CONTRIBUTING.md, deploy/'s README and
-/// every page of docs/.
+/// The pages checked: the README, CONTRIBUTING.md, CHANGELOG.md, deploy/'s
+/// README and every page of docs/.
 fn pages() -> Vec<PathBuf> {
     let mut pages = vec![
         root().join("README.md"),
         root().join("CONTRIBUTING.md"),
+        root().join("CHANGELOG.md"),
         root().join("deploy/README.md"),
     ];
     let docs = std::fs::read_dir(root().join("docs")).expect("docs/");
