@@ -1,8 +1,11 @@
 //! The documentation's links hold: every relative link in README.md,
-//! CONTRIBUTING.md, deploy/README.md and docs/*.md names a file or folder
-//! that exists, and every `#anchor` a heading of the page it points to (as
-//! GitHub names a heading's anchor). Links inside code are not links, and
-//! are left alone.
+//! CONTRIBUTING.md, CHANGELOG.md, deploy/README.md and docs/*.md names a
+//! file or folder that exists, and every `#anchor` a heading of the page it
+//! points to (as GitHub names a heading's anchor). Links inside code are not links, and
+//! are left alone. The lists kept by hand are held to the tree too:
+//! CONTRIBUTING.md's layout names every file of `src/` and `benches/` and
+//! every helper module of the integration tests (the `common/` folder under
+//! `tests/`), and every path a comment of Cargo.toml names exists.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,12 +15,13 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The pages checked: the README, CONTRIBUTING.md, deploy/'s README and
-/// every page of docs/.
+/// The pages checked: the README, CONTRIBUTING.md, CHANGELOG.md, deploy/'s
+/// README and every page of docs/.
 fn pages() -> Vec<PathBuf> {
     let mut pages = vec![
         root().join("README.md"),
         root().join("CONTRIBUTING.md"),
+        root().join("CHANGELOG.md"),
         root().join("deploy/README.md"),
     ];
     let docs = std::fs::read_dir(root().join("docs")).expect("docs/");
@@ -260,4 +264,167 @@ fn the_layout_names_every_source_file_and_only_paths_that_exist() {
         missing.is_empty(),
         "CONTRIBUTING.md's layout does not name: {missing:?}"
     );
+}
+
+/// The layout's entries, as (path, description): a line at the left margin
+/// opens one, its first word the path it describes; the indented lines
+/// under it go on with its description.
+fn layout_entries(layout: &str) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for line in layout.lines().filter(|line| !line.trim().is_empty()) {
+        if line.starts_with(' ') {
+            if let Some((_, description)) = entries.last_mut() {
+                description.push(' ');
+                description.push_str(line.trim());
+            }
+        } else {
+            let (path, description) = line.split_once(' ').unwrap_or((line, ""));
+            entries.push((path.to_owned(), description.trim().to_owned()));
+        }
+    }
+    entries
+}
+
+/// The words the layout says about the folder `dir` (relative, ending in
+/// `/`) and the folders in it, trimmed of the punctuation around them.
+fn words_about(layout: &str, dir: &str) -> BTreeSet<String> {
+    layout_entries(layout)
+        .into_iter()
+        .filter(|(path, _)| path.starts_with(dir))
+        .flat_map(|(path, description)| {
+            let words: Vec<String> = description
+                .split_whitespace()
+                .chain([path.as_str()])
+                .map(|word| {
+                    word.trim_matches(['(', ')', ',', ';', ':', '.', '`'])
+                        .to_owned()
+                })
+                .collect();
+            words
+        })
+        .collect()
+}
+
+/// The files under `dir` (relative to the root, ending in `/`) that the
+/// layout's entries for `dir` do not name: a file by its name, a `mod.rs`
+/// by its folder's (`redis/`), the folder's own `mod.rs` by the entry.
+fn unnamed_in(layout: &str, dir: &str) -> Vec<String> {
+    let words = words_about(layout, dir);
+    let mut unnamed = Vec::new();
+    for file in files_under(&root().join(dir)) {
+        let relative = file.strip_prefix(root().join(dir)).expect("under dir");
+        let name = relative
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let named = match (name.as_str(), relative.parent()) {
+            ("mod.rs", Some(parent)) if parent.as_os_str().is_empty() => true,
+            ("mod.rs", Some(parent)) => {
+                let folder = parent.file_name().unwrap_or_default().to_string_lossy();
+                words.contains(&format!("{folder}/"))
+            }
+            _ => words.contains(&name),
+        };
+        if !named {
+            unnamed.push(format!("{dir}{}", relative.display()));
+        }
+    }
+    unnamed.sort();
+    unnamed
+}
+
+/// The folders named `common` under `tests/`, at any depth (fixtures
+/// aside): where the integration tests keep their helpers.
+fn test_helper_folders() -> Vec<String> {
+    fn walk(dir: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("a tests/ folder") {
+            let path = entry.expect("an entry").path();
+            let name = path.file_name().unwrap_or_default();
+            if !path.is_dir() || name == "fixtures" {
+                continue;
+            }
+            if name == "common" {
+                let relative = path.strip_prefix(root()).expect("under the root");
+                found.push(format!("{}/", relative.display()));
+            }
+            walk(&path, found);
+        }
+    }
+    let mut found = Vec::new();
+    walk(&root().join("tests"), &mut found);
+    found.sort();
+    found
+}
+
+#[test]
+fn the_layout_names_every_bench_and_every_test_helper() {
+    let layout = layout();
+    let helpers = test_helper_folders();
+    assert!(!helpers.is_empty(), "tests/ keeps its helpers in a common/");
+    let mut unnamed = unnamed_in(&layout, "benches/");
+    for folder in &helpers {
+        unnamed.extend(unnamed_in(&layout, folder));
+    }
+    assert!(
+        unnamed.is_empty(),
+        "CONTRIBUTING.md's layout, in its entries for benches/ and {helpers:?}, does not name: {unnamed:?}"
+    );
+}
+
+/// The repository's paths that Cargo.toml's comments name: words of a
+/// comment that start with one of the repository's folders.
+fn paths_in_cargo_comments() -> Vec<String> {
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    let folders = [
+        "src/",
+        "tests/",
+        "benches/",
+        "examples/",
+        "docs/",
+        "proto/",
+        "clients/",
+        "deploy/",
+        "assets/",
+    ];
+    manifest
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix('#'))
+        .flat_map(str::split_whitespace)
+        .map(|word| {
+            word.trim_matches(['(', ')', ',', ';', ':', '.', '`'])
+                .to_owned()
+        })
+        .filter(|word| folders.iter().any(|folder| word.starts_with(folder)))
+        .collect()
+}
+
+#[test]
+fn every_path_a_cargo_toml_comment_names_exists() {
+    let paths = paths_in_cargo_comments();
+    assert!(
+        paths.len() >= 3,
+        "Cargo.toml's comments name some paths ({paths:?})"
+    );
+    let gone: Vec<&String> = paths
+        .iter()
+        .filter(|path| !root().join(path).exists())
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "Cargo.toml's comments name paths that are gone: {gone:?}"
+    );
+}
+
+#[test]
+fn a_layout_entry_runs_on_over_its_indented_lines() {
+    let layout = "benches/   a.sh and\n           b.sh\nsrc/x.rs   other\n";
+    assert_eq!(
+        layout_entries(layout),
+        [
+            ("benches/".to_owned(), "a.sh and b.sh".to_owned()),
+            ("src/x.rs".to_owned(), "other".to_owned()),
+        ]
+    );
+    let words = words_about(layout, "benches/");
+    assert!(words.contains("a.sh") && words.contains("b.sh") && !words.contains("other"));
 }
