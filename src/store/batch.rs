@@ -553,7 +553,7 @@ mod tests {
             vec![decided, moved, down, broken],
             Ok(reply),
             &breaker,
-            |err| StoreError::Reply(err.to_string()),
+            |err| StoreError::Refused { source: err },
         );
         assert!(matches!(
             decided_outcome.await,
@@ -566,7 +566,7 @@ mod tests {
             matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"c".as_slice()]))
         );
         assert!(
-            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Reply(text))) if text.contains("unknown algorithm"))
+            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Refused { source })) if source.to_string().contains("unknown algorithm"))
         );
         assert!(breaker.allows());
     }
