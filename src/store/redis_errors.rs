@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use deadpool::managed::HookError;
 use deadpool_redis::PoolError;
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
@@ -29,12 +28,10 @@ pub(super) fn classify(err: RedisError) -> StoreError {
 }
 
 /// The Redis client's errors as [`classify`] reads them; the pool's own
-/// (no connection in time, closed) as `NoConnection`.
+/// (no connection in time, closed, a failed hook) as `NoConnection`.
 pub(super) fn classify_pool(err: PoolError) -> StoreError {
     match err {
-        PoolError::Backend(err) | PoolError::PostCreateHook(HookError::Backend(err)) => {
-            classify(err)
-        }
+        PoolError::Backend(err) => classify(err),
         other => StoreError::NoConnection {
             source: Arc::new(other),
         },
