@@ -40,8 +40,8 @@ pub enum StoreError {
         #[source]
         source: Arc<PoolError>,
     },
-    /// The batch a call waited in ended without answering it (its driver
-    /// stopped with the runtime).
+    /// The batch a call waited in ended without answering it: its driver
+    /// stopped (the runtime shut down, or the driver panicked).
     #[error("store unavailable: the batch was dropped")]
     BatchLost,
     /// The circuit breaker is open: Redis failed repeatedly and has not yet
