@@ -20,9 +20,9 @@ use self::effective::Effective;
 use self::upstream::{Environment, EnvoyproxyEnv, Origins, ParseError, Report};
 use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
+use crate::config_error::ConfigError;
 use crate::http::HttpOptions;
 use crate::limiter::LimiterOptions;
-use crate::options::OptionsError;
 use crate::server::bounds::BoundsOptions;
 use crate::server::options::{ListenerOptions, RuntimeOptions};
 use crate::stats::StatsOptions;
@@ -106,22 +106,6 @@ pub struct Config {
     pub effective: Effective,
 }
 
-/// A configuration that cannot start ratelimitd.
-#[derive(Debug, thiserror::Error)]
-pub enum InvalidConfig {
-    /// The command line or upstream's variables do not parse.
-    #[error(transparent)]
-    Parse(#[from] ParseError),
-    /// An option's value cannot work.
-    #[error("{error}{}", set_by.as_ref().map(|from| format!(" (set by {from})")).unwrap_or_default())]
-    Option {
-        /// What is wrong.
-        error: OptionsError,
-        /// The upstream variables that set the flag, if they did.
-        set_by: Option<String>,
-    },
-}
-
 impl Config {
     /// The command ratelimitd parses: our flags, each naming the upstream
     /// variables that set it.
@@ -132,11 +116,11 @@ impl Config {
     /// The command line and environment of this process. A command line
     /// that does not parse (or asks for `--help`) exits with clap's
     /// message.
-    pub fn load() -> Result<(Self, Report), InvalidConfig> {
+    pub fn load() -> Result<(Self, Report), ConfigError> {
         let environment: Environment = std::env::vars().collect();
         let args: Vec<OsString> = std::env::args_os().collect();
         match Self::load_from(&args, &environment) {
-            Err(InvalidConfig::Parse(ParseError::Clap(err))) => err.exit(),
+            Err(ConfigError::Parse(ParseError::Clap(err))) => err.exit(),
             loaded => loaded,
         }
     }
@@ -147,7 +131,7 @@ impl Config {
     pub fn load_from(
         args: &[impl Into<OsString> + Clone],
         environment: &Environment,
-    ) -> Result<(Self, Report), InvalidConfig> {
+    ) -> Result<(Self, Report), ConfigError> {
         let args: Vec<OsString> = args.iter().cloned().map(Into::into).collect();
         let command = Self::annotated_command();
         let parsed = upstream::parse::<Self>(command.clone(), &args, environment)?;
@@ -158,18 +142,18 @@ impl Config {
     }
 
     /// The store the options name, its files read.
-    pub fn store_settings(&self) -> Result<StoreSettings, InvalidConfig> {
+    pub fn store_settings(&self) -> Result<StoreSettings, ConfigError> {
         self.store.settings().map_err(|err| self.invalid(err))
     }
 
     /// Where the rules come from, the xDS TLS files read.
-    pub fn rules_source(&self) -> Result<RulesSource, InvalidConfig> {
+    pub fn rules_source(&self) -> Result<RulesSource, ConfigError> {
         self.envoy.rules_source().map_err(|err| self.invalid(err))
     }
 
     /// `error`, naming the upstream variables when they set its flag.
-    pub fn invalid(&self, error: OptionsError) -> InvalidConfig {
-        let set_by = self.origins.of(error.flag()).map(str::to_owned);
-        InvalidConfig::Option { error, set_by }
+    pub fn invalid(&self, error: ConfigError) -> ConfigError {
+        let set_by = error.flag().and_then(|flag| self.origins.of(flag));
+        error.set_by(set_by)
     }
 }

@@ -37,12 +37,14 @@
 //! envoyproxy/ratelimit's variables) into each subsystem's group of
 //! options, which the subsystem turns into its settings; [`options`] holds
 //! what the groups share. [`error`] and [`options`] are leaves that every
-//! layer may use.
+//! layer may use; [`config_error`] is the one error of what the operator
+//! configured wrong, in the rules files, the options or the command line.
 
 pub mod algorithm;
 pub mod api;
 pub mod codec;
 pub mod config;
+pub mod config_error;
 pub mod drain;
 pub mod error;
 pub mod health;

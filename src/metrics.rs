@@ -277,14 +277,23 @@ pub fn redis_command(store: &'static str, took: Duration, outcome: Result<(), &S
     histogram!("ratelimitd_redis_command_seconds", "store" => store).record(took.as_secs_f64());
     crate::live::store_call(store, took, outcome.is_err());
     if let Err(err) = outcome {
-        let kind = match err {
-            StoreError::Timeout(_) => "timeout",
-            StoreError::Unavailable(_) => "unavailable",
-            StoreError::CircuitOpen => "circuit_open",
-            StoreError::Reply(_) => "reply",
-            StoreError::Config(_) => "config",
-        };
+        let kind = redis_error_kind(err);
         counter!("ratelimitd_redis_errors_total", "kind" => kind, "store" => store).increment(1);
+    }
+}
+
+/// `err`'s label in `ratelimitd_redis_errors_total`, one of
+/// [`REDIS_ERROR_KINDS`]: a timeout is one whichever timeout ran out, ours
+/// or the Redis client's.
+fn redis_error_kind(err: &StoreError) -> &'static str {
+    match err {
+        StoreError::Timeout { .. } => "timeout",
+        StoreError::Unavailable { .. }
+        | StoreError::NoConnection { .. }
+        | StoreError::BatchLost => "unavailable",
+        StoreError::CircuitOpen => "circuit_open",
+        StoreError::Reply(_) | StoreError::Refused { .. } => "reply",
+        StoreError::Config { .. } => "config",
     }
 }
 
@@ -434,5 +443,33 @@ fn outcome_index(allowed: bool, degraded: bool) -> usize {
         0
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_redis_clients_own_timeout_counts_as_a_timeout_as_ours_does() {
+        let ours = StoreError::deadline(Duration::from_millis(100));
+        let clients = StoreError::Timeout {
+            after: None,
+            source: Some(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+        };
+        assert_eq!(redis_error_kind(&ours), "timeout");
+        assert_eq!(redis_error_kind(&clients), "timeout");
+        let others = [
+            StoreError::BatchLost,
+            StoreError::CircuitOpen,
+            StoreError::Reply("?".into()),
+            StoreError::config("no Redis URL"),
+        ];
+        for err in others.iter().chain([&ours, &clients]) {
+            assert!(
+                REDIS_ERROR_KINDS.contains(&redis_error_kind(err)),
+                "{err:?}"
+            );
+        }
     }
 }

@@ -1,59 +1,26 @@
 //! What every group of command-line options shares: the parsers of their
 //! values (durations, byte sizes, `key=value` lists), the types that keep
-//! secrets out of logs, and the error that names the flag and the rule.
+//! secrets out of logs, and the readers of the files flags name (their
+//! errors [`ConfigError`]s naming the flag).
 //!
 //! Each subsystem owns its group of options (a `clap::Args` struct beside
 //! it) and turns it into its settings once, at start; [`crate::config`]
-//! only gathers the groups. This module is a leaf: the groups import it,
-//! it imports none of them.
+//! only gathers the groups. The groups import this module; it imports
+//! none of them.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-/// An option whose value cannot work, named by its flag.
-#[derive(Debug, thiserror::Error)]
-pub enum OptionsError {
-    /// The value breaks a rule of its flag (or of flags together).
-    #[error("--{}: {rule}", flag.replace('_', "-"))]
-    Invalid {
-        /// The flag's id (its long name with `_` for `-`).
-        flag: &'static str,
-        /// What is wrong.
-        rule: String,
-    },
-    /// A file the flag names cannot be read.
-    #[error("--{}: cannot read {}: {source}", flag.replace('_', "-"), path.display())]
-    Unreadable {
-        /// The flag's id.
-        flag: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-}
+use crate::config_error::ConfigError;
 
-impl OptionsError {
-    /// The value of `flag` breaks `rule`.
-    pub fn invalid(flag: &'static str, rule: impl Into<String>) -> Self {
-        Self::Invalid {
-            flag,
-            rule: rule.into(),
-        }
-    }
-
-    /// The id of the flag at fault.
-    pub fn flag(&self) -> &'static str {
-        match self {
-            Self::Invalid { flag, .. } | Self::Unreadable { flag, .. } => flag,
-        }
-    }
-}
+/// An option's error, as the groups of options name it: a [`ConfigError`]
+/// naming the flag (`Invalid`, `Unreadable`).
+pub use crate::config_error::ConfigError as OptionsError;
 
 /// The PEM file `path` that `flag` names, read whole.
-pub fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, OptionsError> {
-    std::fs::read(path).map_err(|source| OptionsError::Unreadable {
+pub fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|source| ConfigError::Unreadable {
         flag,
         path: path.to_owned(),
         source,
@@ -64,7 +31,7 @@ pub fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, OptionsError
 pub fn read_optional_pem(
     flag: &'static str,
     path: Option<&Path>,
-) -> Result<Option<Vec<u8>>, OptionsError> {
+) -> Result<Option<Vec<u8>>, ConfigError> {
     path.map(|path| read_pem(flag, path)).transpose()
 }
 
@@ -76,7 +43,7 @@ pub type PemIdentity = (Vec<u8>, Vec<u8>);
 pub fn read_identity(
     flags: [&'static str; 2],
     [cert, key]: [Option<&Path>; 2],
-) -> Result<Option<PemIdentity>, OptionsError> {
+) -> Result<Option<PemIdentity>, ConfigError> {
     match (cert, key) {
         (Some(cert), Some(key)) => Ok(Some((read_pem(flags[0], cert)?, read_pem(flags[1], key)?))),
         _ => Ok(None),

@@ -1,7 +1,8 @@
 //! What every grammar of the rules files shares (Envoy's descriptors, the
 //! quota service's buckets, `CheckLimit`'s policies): scalars read as text,
-//! as upstream's Go structs read them; upstream's time units; and the error
-//! that names the file, the line and the reason.
+//! as upstream's Go structs read them; upstream's time units; and the
+//! parser's reason for a [`ConfigError`](crate::config_error::ConfigError)
+//! naming the file and the line.
 
 use std::fmt;
 
@@ -91,40 +92,6 @@ impl Unit {
     }
 }
 
-/// A configuration that cannot be used, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, as named in the configuration directory.
-    pub file: String,
-    /// 1-based; 0 when the error concerns the whole file or directory.
-    pub line: u64,
-    /// What is wrong, with the line where known.
-    pub reason: String,
-}
-
-impl ConfigError {
-    /// `reason` at `line` of `file`.
-    pub fn new(file: &str, line: u64, reason: impl Into<String>) -> Self {
-        Self {
-            file: file.to_owned(),
-            line,
-            reason: reason.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}: {}", self.file, self.reason)
-        } else {
-            write!(f, "{}:{}: {}", self.file, self.line, self.reason)
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 /// The YAML parser's reason alone: its message starts with "error: line L
 /// column C: " (the line is reported apart) and ends with a source excerpt.
 pub fn parser_reason(message: &str) -> String {
@@ -143,18 +110,23 @@ pub fn parser_reason(message: &str) -> String {
 pub(crate) fn assert_refused<T>(
     file: &str,
     cases: &[(&str, u64, &str)],
-    compile: impl Fn(&str) -> Result<T, ConfigError>,
+    compile: impl Fn(&str) -> Result<T, crate::config_error::ConfigError>,
 ) {
     for &(text, line, reason) in cases {
-        let Err(err) = compile(text) else {
-            panic!("{text:?} compiled");
+        let err = match compile(text) {
+            Err(err) => err,
+            Ok(_) => panic!("{text:?} compiled"),
         };
-        assert_eq!(
-            (err.file.as_str(), err.line),
-            (file, line),
-            "{text:?}: {err}"
-        );
-        assert!(err.reason.contains(reason), "{text:?}: {err}");
+        let crate::config_error::ConfigError::File {
+            file: at,
+            line: at_line,
+            reason: why,
+        } = &err
+        else {
+            panic!("{text:?}: not a file's error: {err}");
+        };
+        assert_eq!((at.as_str(), *at_line), (file, line), "{text:?}: {err}");
+        assert!(why.contains(reason), "{text:?}: {err}");
     }
 }
 
@@ -180,9 +152,5 @@ mod tests {
     fn the_parser_reason_drops_the_position_and_the_excerpt() {
         let message = "error: line 3 column 9: invalid type: sequence\n 3 | key: [\n";
         assert_eq!(parser_reason(message), "invalid type: sequence");
-        assert_eq!(
-            ConfigError::new("a.yaml", 0, "cannot read").to_string(),
-            "a.yaml: cannot read"
-        );
     }
 }

@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use super::Config;
 use super::upstream::{Effect, Environment, ParseError, Report, TABLE};
-use super::{Config, InvalidConfig};
 use crate::api::envoy::KeyLayout;
 use crate::api::envoy::options::ConfigFiles;
+use crate::config_error::ConfigError;
 use crate::options::Secret;
 use crate::store::{StoreSettings, Topology};
 use crate::telemetry::LogLevel;
@@ -497,7 +498,7 @@ fn an_error_about_a_flag_upstream_set_names_the_variable() {
     );
     assert!(matches!(
         Config::load_from(&["ratelimitd", "--listen"], &Environment::new()),
-        Err(InvalidConfig::Parse(ParseError::Clap(_)))
+        Err(ConfigError::Parse(ParseError::Clap(_)))
     ));
 }
 

@@ -10,9 +10,10 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::model::{self, Policy, PolicyLimit, Scope};
+use crate::config_error::ConfigError;
 use crate::limit;
 use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
-use crate::spec::{ConfigError, Text, Unit};
+use crate::spec::{Text, Unit};
 
 /// The section as written: policy name → its limits.
 pub type PoliciesSpec = BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>;
@@ -42,7 +43,7 @@ pub fn compile(file: &str, specs: &PoliciesSpec) -> Result<Vec<(Policy, u64)>, C
     let mut policies = Vec::with_capacity(specs.len());
     for (Text(name), spanned) in specs {
         let line = spanned.referenced.line();
-        let error = |line: u64, reason: String| ConfigError::new(file, line, reason);
+        let error = |line: u64, reason: String| ConfigError::in_file(file, line, reason);
         limit::check_name("policy name", name)
             .map_err(|err| error(line, format!("policy '{name}': {err}")))?;
         if spanned.value.is_empty() {

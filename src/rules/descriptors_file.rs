@@ -43,8 +43,9 @@ use super::rule::{DescriptorSettings, Limit, Period, Rule, Source, StatsNaming, 
 use super::tree::{Level, Node};
 use super::wildcard::Wildcard;
 use crate::algorithm::{self, registry::Kind};
+use crate::config_error::ConfigError;
 use crate::pb::convert;
-use crate::spec::{ConfigError, Text, Unit};
+use crate::spec::{Text, Unit};
 
 /// One descriptor, as written.
 #[derive(Debug, Deserialize)]
@@ -132,7 +133,7 @@ struct Context<'a> {
 
 impl Context<'_> {
     fn error(&self, line: u64, reason: impl Into<String>) -> ConfigError {
-        ConfigError::new(self.file, line, reason)
+        ConfigError::in_file(self.file, line, reason)
     }
 
     fn level(&mut self, descriptors: &[Spanned<DescriptorSpec>]) -> Result<Level, ConfigError> {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use walkdir::{DirEntry, WalkDir};
 
-use crate::spec::ConfigError;
+use crate::config_error::ConfigError;
 
 /// Which files of a configuration directory are read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,7 +54,7 @@ impl Files {
 
 /// The error for a file or directory `path` that cannot be read.
 fn unreadable(path: &Path, err: &dyn std::fmt::Display) -> ConfigError {
-    ConfigError::new(
+    ConfigError::in_file(
         &path.display().to_string(),
         0,
         format!("cannot read: {err}"),
@@ -189,10 +189,12 @@ mod tests {
         assert_eq!(names(path, every_file), ["data/limits.yaml", "limits.yaml"]);
         std::os::unix::fs::symlink("..", path.join("data/up")).unwrap();
         let err = Files::read(path, every_file).unwrap_err();
-        assert!(err.file.ends_with("data/up"), "{err}");
+        let ConfigError::File { file, reason, .. } = &err else {
+            panic!("not a file's error: {err}");
+        };
+        assert!(file.ends_with("data/up"), "{err}");
         assert!(
-            err.reason
-                .starts_with("cannot read: File system loop found"),
+            reason.starts_with("cannot read: File system loop found"),
             "{err}"
         );
         assert_eq!(
@@ -207,8 +209,11 @@ mod tests {
         let root = tree(&[]);
         let missing = root.path().join("missing");
         let err = Files::read(&missing, FileSelection::default()).unwrap_err();
-        assert_eq!((err.file, err.line), (missing.display().to_string(), 0));
-        assert!(err.reason.starts_with("cannot read: "), "{}", err.reason);
+        let ConfigError::File { file, line, reason } = err else {
+            panic!("not a file's error: {err}");
+        };
+        assert_eq!((file, line), (missing.display().to_string(), 0));
+        assert!(reason.starts_with("cannot read: "), "{reason}");
     }
 
     #[test]

@@ -16,9 +16,10 @@ use super::quota::QuotaDomain;
 use super::quota_file::{self, QuotaBucketSpec, QuotaDefaultSpec};
 use super::rule::Source;
 use super::tree::Level;
+use crate::config_error::ConfigError;
 use crate::policy::Policy;
 use crate::policy::file::{self as policy_file, PoliciesSpec};
-use crate::spec::{self, ConfigError, Text};
+use crate::spec::{self, Text};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +65,7 @@ pub fn compile(files: &[(PathBuf, String)]) -> Result<Rules, ConfigError> {
                     "duplicate policy '{}' (first defined at {})",
                     policy.name, first.source
                 );
-                return Err(ConfigError::new(&file, line, reason));
+                return Err(ConfigError::in_file(&file, line, reason));
             }
             rules.policies.insert(policy.name.clone(), Arc::new(policy));
         }
@@ -79,7 +80,7 @@ pub fn compile(files: &[(PathBuf, String)]) -> Result<Rules, ConfigError> {
         };
         if let Some(first) = domain_lines.get(&name) {
             let reason = format!("duplicate domain '{name}' (first defined at {first})");
-            return Err(ConfigError::new(&file, line, reason));
+            return Err(ConfigError::in_file(&file, line, reason));
         }
         domain_lines.insert(name.clone(), format!("{}:{line}", path.display()));
         if let Some(quota) = quota {
@@ -94,10 +95,10 @@ pub fn compile(files: &[(PathBuf, String)]) -> Result<Rules, ConfigError> {
 fn compile_file(file: &str, text: &str) -> Result<CompiledFile, ConfigError> {
     let spec: Option<FileSpec> = serde_saphyr::from_str(text).map_err(|err| {
         let line = err.location().map_or(0, |at| at.line());
-        ConfigError::new(file, line, spec::parser_reason(&err.to_string()))
+        ConfigError::in_file(file, line, spec::parser_reason(&err.to_string()))
     })?;
     let empty_domain =
-        |line: u64| ConfigError::new(file, line, "config file cannot have empty domain");
+        |line: u64| ConfigError::in_file(file, line, "config file cannot have empty domain");
     // An empty file parses as nothing: upstream's "empty domain".
     let Some(spec) = spec else {
         return Err(empty_domain(1));
@@ -234,8 +235,16 @@ mod tests {
                 (PathBuf::from("b.yaml"), second.to_owned()),
             ];
             let err = compile(&files).unwrap_err();
-            assert_eq!((err.file.as_str(), err.line), ("b.yaml", 2), "{err}");
-            assert!(err.reason.contains(reason), "{err}");
+            let ConfigError::File {
+                file,
+                line,
+                reason: why,
+            } = &err
+            else {
+                panic!("not a file's error: {err}");
+            };
+            assert_eq!((file.as_str(), *line), ("b.yaml", 2), "{err}");
+            assert!(why.contains(reason), "{err}");
         }
     }
 

@@ -37,7 +37,6 @@ pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source, S
 pub use self::source::ConfigSource;
 pub use self::tree::{Found, Level};
 use crate::policy::{Policies, Policy};
-pub use crate::spec::ConfigError;
 
 /// Every rule in force: one compiled configuration.
 #[derive(Debug, Default)]

@@ -15,7 +15,8 @@ use super::quota::{
     render_pattern,
 };
 use super::rule::{Period, Source};
-use crate::spec::{ConfigError, Text, Unit};
+use crate::config_error::ConfigError;
+use crate::spec::{Text, Unit};
 
 /// One `quota_buckets` entry, as written.
 #[derive(Debug, Deserialize)]
@@ -57,7 +58,7 @@ pub fn compile(
     default: Option<&Spanned<QuotaDefaultSpec>>,
     domain_source: Source,
 ) -> Result<QuotaDomain, ConfigError> {
-    let error = |line: u64, reason: &str| ConfigError::new(file, line, reason);
+    let error = |line: u64, reason: &str| ConfigError::in_file(file, line, reason);
     let source = |line: u64| Source {
         file: file.to_owned(),
         line,
@@ -116,7 +117,7 @@ fn bucket(
     let mut bucket = Vec::with_capacity(bucket_id.value.len());
     for (Text(key), Text(value)) in &bucket_id.value {
         if key.is_empty() || value.is_empty() {
-            return Err(ConfigError::new(
+            return Err(ConfigError::in_file(
                 file,
                 line,
                 "bucket_id keys and values must not be empty (Envoy sends none)",
@@ -125,7 +126,7 @@ fn bucket(
         bucket.push((key.clone(), ValuePattern::new(value)));
     }
     if bucket.is_empty() {
-        return Err(ConfigError::new(
+        return Err(ConfigError::in_file(
             file,
             line,
             "bucket_id must name at least one key (quota_default governs the rest)",
@@ -141,14 +142,14 @@ fn quota_limit(
     line: u64,
 ) -> Result<(QuotaLimit, Option<String>), ConfigError> {
     let Some(spanned) = spanned else {
-        return Err(ConfigError::new(
+        return Err(ConfigError::in_file(
             file,
             line,
             "quota bucket has no rate_limit",
         ));
     };
     let line = spanned.referenced.line();
-    let error = |reason: String| ConfigError::new(file, line, reason);
+    let error = |reason: String| ConfigError::in_file(file, line, reason);
     let spec = &spanned.value;
     let name = spec
         .name

@@ -14,8 +14,8 @@ use tracing::{error, info};
 use super::directory::{FileSelection, Files};
 use super::handle::RulesHandle;
 use super::{Rules, document};
+use crate::config_error::ConfigError;
 use crate::metrics;
-use crate::spec::ConfigError;
 
 /// A configuration path and what was last read from it.
 pub struct ConfigSource {
@@ -103,12 +103,16 @@ impl ConfigSource {
                 rules.rejected();
                 metrics::config_reload(false);
                 crate::stats::config_load(false);
-                error!(
-                    file = %err.file,
-                    line = err.line,
-                    reason = %err.reason,
-                    "configuration rejected; the rules in force stay"
-                );
+                if let ConfigError::File { file, line, reason } = &err {
+                    error!(
+                        file = %file,
+                        line,
+                        reason = %reason,
+                        "configuration rejected; the rules in force stay"
+                    );
+                } else {
+                    error!(error = %err, "configuration rejected; the rules in force stay");
+                }
             }
         }
         // Either way, report this content once, not on every poll.

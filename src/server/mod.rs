@@ -33,7 +33,8 @@ use crate::api::check::CheckService;
 use crate::api::envoy::options::RulesSource;
 use crate::api::envoy::{EnvoyService, xds};
 use crate::api::rlqs::QuotaService;
-use crate::config::{Config, InvalidConfig};
+use crate::config::Config;
+use crate::config_error::ConfigError;
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health::{self, Health};
@@ -43,7 +44,6 @@ use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics;
-use crate::rules::ConfigError;
 use crate::rules::{ConfigSource, RulesHandle};
 use crate::stats::{self, ServerStatsLayer};
 use crate::tls::{ServerTls, TlsError};
@@ -56,10 +56,10 @@ pub enum ServeError {
     Store(#[from] StoreError),
     /// The rules could not be loaded.
     #[error("configuration: {0}")]
-    Rules(#[from] ConfigError),
+    Rules(ConfigError),
     /// An option cannot work.
     #[error(transparent)]
-    Options(#[from] InvalidConfig),
+    Options(#[from] ConfigError),
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -536,7 +536,7 @@ fn follow_rules(
                     rules.rejected();
                     (ConfigSource::pending(path, selection), rules)
                 }
-                Err(err) => return Err(err.into()),
+                Err(err) => return Err(ServeError::Rules(err)),
             };
             let task = tokio::spawn(source.watch(rules.clone(), poll_interval));
             (rules, Some(task))

@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::mapper::Mapping;
 use super::mogrifier::Mogrifier;
 use super::statsd::StatsdSettings;
-use crate::options::{KeyValues, OptionsError, count, key_values, positive_duration};
+use crate::config_error::ConfigError;
+use crate::options::{KeyValues, count, key_values, positive_duration};
 
 /// upstream's default mapping, with the response time in milliseconds
 /// (upstream's PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS): its `scale`
@@ -88,10 +89,10 @@ impl StatsOptions {
 
     /// The mapping of the Prometheus series: the file's, or upstream's
     /// default.
-    pub fn mapping(&self) -> Result<Mapping, OptionsError> {
+    pub fn mapping(&self) -> Result<Mapping, ConfigError> {
         let text = match &self.stats_mapping {
             Some(path) => {
-                std::fs::read_to_string(path).map_err(|source| OptionsError::Unreadable {
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
                     flag: "stats_mapping",
                     path: path.clone(),
                     source,
@@ -105,7 +106,7 @@ impl StatsOptions {
                 || "the default mapping".to_owned(),
                 |p| p.display().to_string(),
             );
-            OptionsError::invalid("stats_mapping", format!("{file}: {err}"))
+            ConfigError::invalid("stats_mapping", format!("{file}: {err}"))
         })
     }
 }

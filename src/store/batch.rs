@@ -553,7 +553,7 @@ mod tests {
             vec![decided, moved, down, broken],
             Ok(reply),
             &breaker,
-            |err| StoreError::Reply(err.to_string()),
+            |err| StoreError::Refused { source: err },
         );
         assert!(matches!(
             decided_outcome.await,
@@ -566,8 +566,31 @@ mod tests {
             matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"c".as_slice()]))
         );
         assert!(
-            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Reply(text))) if text.contains("unknown algorithm"))
+            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Refused { source })) if source.to_string().contains("unknown algorithm"))
         );
         assert!(breaker.allows());
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_gives_every_caller_the_error_with_its_source() {
+        let (first, first_outcome) = queued("a");
+        let (second, second_outcome) = queued("b");
+        let lost: RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+        let breaker = CircuitBreaker::new(2);
+        let failed = Err(StoreError::Unavailable { source: lost });
+        answer_all(vec![first, second], failed, &breaker, |err| {
+            StoreError::Refused { source: err }
+        });
+        for outcome in [first_outcome.await, second_outcome.await] {
+            let Ok(Outcome::Failed(err)) = outcome else {
+                panic!("a caller was not given the batch's error");
+            };
+            let source = std::error::Error::source(&err).and_then(|err| err.downcast_ref());
+            assert!(
+                source.is_some_and(RedisError::is_connection_dropped),
+                "{err:?}"
+            );
+        }
+        assert!(!breaker.allows(), "each caller's failure counts");
     }
 }

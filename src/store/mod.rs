@@ -6,7 +6,8 @@
 //! `redis` runs scripts through pools that `managers` open (`pinned_tls`
 //! for a pinned server certificate), behind a `breaker` per node (on a
 //! Cluster, one per primary: `nodes`), as `redis_settings` say, many calls
-//! to one node as one script call (`batch`); `memory` keeps state in this
+//! to one node as one script call (`batch`), and reads what goes wrong as
+//! `redis_errors` says; `memory` keeps state in this
 //! process, reading the time from `clock` (beside the script part that
 //! reads Redis's); `options` turns the command line into settings.
 
@@ -20,6 +21,7 @@ mod nodes;
 pub mod options;
 mod pinned_tls;
 pub mod redis;
+mod redis_errors;
 mod redis_settings;
 
 pub use self::backend::Backend;

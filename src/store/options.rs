@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{Credentials, RedisSettings, RedisTls, Sentinel, Topology};
-use crate::options::{
-    OptionsError, Secret, memory_budget, positive_duration, read_identity, read_optional_pem,
-};
+use crate::config_error::ConfigError;
+use crate::options::{Secret, memory_budget, positive_duration, read_identity, read_optional_pem};
 
 /// Where counters live: Redis (standalone, Cluster or Sentinel) or, without
 /// --redis-url, the embedded store.
@@ -231,7 +230,7 @@ pub struct EmbeddedSettings {
 impl StoreOptions {
     /// The store these options name, with its TLS files read (the error
     /// names the flag).
-    pub fn settings(&self) -> Result<StoreSettings, OptionsError> {
+    pub fn settings(&self) -> Result<StoreSettings, ConfigError> {
         let embedded = EmbeddedSettings {
             max_bytes: self.memory_max_bytes,
             sweep_interval: self.memory_sweep_interval,
@@ -245,7 +244,7 @@ impl StoreOptions {
                 local: embedded,
             },
             (None, Some(_)) => {
-                return Err(OptionsError::invalid(
+                return Err(ConfigError::invalid(
                     "redis_persecond_url",
                     "a per-second Redis needs a main one (--redis-url): without it every limit \
                      is on the embedded store",
@@ -305,13 +304,13 @@ impl StoreOptions {
 
     /// The settings of the Redis `redis` describes, when it has a URL; the
     /// timeouts and the breaker are the store's, whichever Redis.
-    fn redis_settings(&self, redis: &Described<'_>) -> Result<Option<RedisSettings>, OptionsError> {
+    fn redis_settings(&self, redis: &Described<'_>) -> Result<Option<RedisSettings>, ConfigError> {
         let ids = &redis.ids;
         if redis.urls.is_empty() {
             return Ok(None);
         }
         if redis.mode == Topology::Standalone && redis.urls.len() > 1 {
-            return Err(OptionsError::invalid(
+            return Err(ConfigError::invalid(
                 ids.url,
                 format!(
                     "a standalone Redis takes one URL (several are for --{} cluster or sentinel)",

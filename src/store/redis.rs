@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool::managed::Pool;
-use deadpool_redis::{PoolError, Runtime};
+use deadpool_redis::Runtime;
 use redis::{
     AsyncConnectionConfig, ClientTlsConfig, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
-    RedisError, RetryMethod, ScriptInvocation, TlsCertificates, Value,
+    RedisError, ScriptInvocation, TlsCertificates, Value,
 };
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
@@ -27,6 +27,7 @@ use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
 use super::nodes::{ClusterNodes, Node, Nodes};
 use super::pinned_tls::{PinnedTls, Trust};
+use super::redis_errors::{classify, classify_pool, refused_unrun, script_failed};
 use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
 use crate::metrics;
@@ -106,10 +107,10 @@ impl RedisStore {
     /// Builds the pool; connections open lazily, so this succeeds while Redis
     /// is down (health reports it until it is up).
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
-        let misconfigured = |err: RedisError| StoreError::Config(err.to_string());
+        let misconfigured = |err: RedisError| StoreError::config(err);
         let urls = connection_infos(settings).map_err(misconfigured)?;
         let Some(first) = urls.first().cloned() else {
-            return Err(StoreError::Config("no Redis URL".into()));
+            return Err(StoreError::config("no Redis URL"));
         };
         // The connections' own reply timeout is a backstop, twice the
         // command timeout: the store's timeout (`bounded`, which covers the
@@ -245,13 +246,13 @@ impl RedisStore {
             tokio::spawn(self.clone().drive(node, slot));
         }
         let outcome = match tokio::time::timeout(self.command_timeout, outcome).await {
-            Err(_) => return Err(StoreError::Timeout(self.command_timeout)),
-            Ok(Err(_)) => return Err(StoreError::Unavailable("the batch was dropped".into())),
+            Err(_) => return Err(StoreError::deadline(self.command_timeout)),
+            Ok(Err(_)) => return Err(StoreError::BatchLost),
             Ok(Ok(outcome)) => outcome,
         };
         match outcome {
             Outcome::Reply(value) => {
-                T::from_redis_value(value).map_err(|err| StoreError::Reply(err.to_string()))
+                T::from_redis_value(value).map_err(|err| StoreError::Refused { source: err.into() })
             }
             Outcome::Failed(err) => Err(err),
             Outcome::OnItsOwn(call) => self.run_alone(key, call).await,
@@ -339,10 +340,12 @@ impl RedisStore {
                 // Redis refused the batch before running it (a failover's
                 // READONLY, LOADING, BUSY, OOM...): nothing of it was
                 // written, so each call goes out on its own, meeting the
-                // refusal (or not) as it would have alone.
+                // refusal (or not) as it would have alone. A node that
+                // fails the script itself (one before Redis 7 cannot
+                // compile it) would fail every batch: it gets none.
                 debug!(%err, "batch refused; its calls go out one by one");
                 if let Nodes::PerPrimary(nodes) = &*self.nodes
-                    && cannot_compile(&err)
+                    && script_failed(&err)
                 {
                     warn!(
                         %err,
@@ -467,7 +470,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         tokio::time::timeout(self.command_timeout, work)
             .await
-            .map_err(|_| StoreError::Timeout(self.command_timeout))
+            .map_err(|_| StoreError::deadline(self.command_timeout))
             .and_then(|result| result)
     }
 }
@@ -528,46 +531,5 @@ fn bounded_pool<O: Open>(
         .recycle_timeout(Some(settings.command_timeout))
         .runtime(Runtime::Tokio1)
         .build()
-        .map_err(|err| StoreError::Config(err.to_string()))
-}
-
-/// Redis errors that a later call may not meet (connection lost, loading,
-/// failover) are `Unavailable`; the rest mean a bug or a misconfiguration.
-fn classify(err: RedisError) -> StoreError {
-    if err.is_timeout() {
-        return StoreError::Unavailable(format!("redis timed out: {err}"));
-    }
-    match err.retry_method() {
-        RetryMethod::NoRetry => StoreError::Reply(err.to_string()),
-        _ => StoreError::Unavailable(err.to_string()),
-    }
-}
-
-/// Did Redis answer a script call with an error before running it? Any
-/// error reply to the whole batch script is one: its driver catches the
-/// errors of the calls it runs. A lost connection or a timeout is not: the
-/// script may have run.
-fn refused_unrun(err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-    ) && !err.is_io_error()
-        && !err.is_timeout()
-        && !err.is_connection_dropped()
-}
-
-/// Did Redis refuse a script because it could not compile it? A Redis
-/// before 7 cannot read the flags line the node batch script starts with.
-fn cannot_compile(err: &RedisError) -> bool {
-    err.to_string().contains("Error compiling script")
-}
-
-fn classify_pool(err: PoolError) -> StoreError {
-    match err {
-        PoolError::Backend(err) => classify(err),
-        PoolError::Timeout(kind) => {
-            StoreError::Unavailable(format!("redis pool timed out ({kind:?})"))
-        }
-        other => StoreError::Unavailable(other.to_string()),
-    }
+        .map_err(StoreError::config)
 }
