@@ -12,8 +12,14 @@
 //!   [`http`] serves it at `/healthcheck` beside `/json` and the debug
 //!   endpoints.
 //! - [`api`] turns protobuf requests into validated [`limit`] types and
-//!   decisions back into protobuf; it is the only layer that knows tonic
-//!   besides [`server`], [`pb`] and `/json` in [`http`].
+//!   decisions back into protobuf, and errors into gRPC statuses; with
+//!   [`server`] it is the layer that knows tonic (beside the connection
+//!   plumbing: [`incoming`], [`drain`], [`health`], [`codec`], [`pb`]).
+//!   [`http`] speaks the same protobuf messages in their JSON mapping and
+//!   maps errors to HTTP statuses of its own.
+//! - [`decider`] is the decision service the faces ask, free of any
+//!   transport: a validated question (one limit, several, a named
+//!   [`policy`]'s; or a batch) in, decisions or an [`error::Error`] out.
 //! - [`limiter`] names the storage key and hands the request to its
 //!   [`algorithm`] on the configured store.
 //! - [`rules`] holds the operator's rules as loaded from the rules files (or
@@ -43,6 +49,7 @@ pub mod algorithm;
 pub mod api;
 pub mod codec;
 pub mod config;
+pub mod decider;
 pub mod drain;
 pub mod error;
 pub mod health;

@@ -13,7 +13,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 use tokio::sync::Semaphore;
-use tonic::Code;
 use tracing::warn;
 
 use super::api;
@@ -63,7 +62,7 @@ pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> R
     let Ok(permit) = simulator.running.clone().try_acquire_owned() else {
         return api::failure(
             StatusCode::SERVICE_UNAVAILABLE,
-            Code::ResourceExhausted,
+            api::FailureCode::ResourceExhausted,
             format!("{SIMULATIONS_AT_ONCE} simulations are running already: try again shortly"),
         );
     };
@@ -78,7 +77,7 @@ pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> R
             warn!(%err, "a simulation failed");
             api::failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                Code::Internal,
+                api::FailureCode::Internal,
                 format!("the simulation failed: {err}"),
             )
         }

@@ -35,8 +35,8 @@ use tracing::{debug, warn};
 pub use self::body::BodyBounds;
 use self::linger::Lingering;
 pub use self::options::HttpOptions;
-use crate::api::check::CheckService;
 use crate::api::envoy::EnvoyService;
+use crate::decider::Decider;
 use crate::health::Health;
 
 /// The plain-text content type Go's `net/http` gives a text answer.
@@ -285,8 +285,8 @@ pub struct ServiceParts {
     pub health: Health,
     /// Envoy's RLS, for `/json`.
     pub envoy: EnvoyService,
-    /// ratelimitd's own API, for `/v1`.
-    pub check: CheckService,
+    /// The decision service, for `/v1` and the admin API.
+    pub decider: Decider,
     /// How much a request's body may hold and how long it may take.
     pub bounds: BodyBounds,
     /// The admin API's, when it has a token; without, it is not served.
@@ -298,7 +298,7 @@ pub struct ServiceParts {
 /// router without a fallback of its own).
 pub fn service_routes(parts: ServiceParts) -> Router {
     let api = api::Api {
-        check: parts.check,
+        decider: parts.decider,
         health: parts.health.clone(),
         bounds: parts.bounds,
     };

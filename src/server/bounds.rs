@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::api::check::CheckBounds;
 use crate::api::envoy::RequestBounds;
+use crate::decider::CheckBounds;
 use crate::incoming::{IncomingSettings, ShutdownStarted};
 use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::options::{DurationOrOff, count, duration_or_off, positive_duration};

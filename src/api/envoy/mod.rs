@@ -28,6 +28,7 @@ pub mod settings;
 pub mod upstream_stats;
 pub mod xds;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
@@ -36,6 +37,7 @@ use tracing::debug;
 use self::plan::Plan;
 pub use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
 use crate::error::Error;
+use crate::incoming;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
@@ -90,22 +92,35 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        let (_in_flight, request) = self.slots.admit(request)?;
-        let answered = self.decide(&request).await;
+        let peer = incoming::peer_ip(request.extensions());
+        let response = self.answer(peer, &request.into_inner()).await?;
+        Ok(Response::new(response))
+    }
+}
+
+impl EnvoyService {
+    /// `ShouldRateLimit`, whatever carries it (gRPC, or `/json`): a
+    /// decision slot for `peer`, then `request` bounded, matched to the
+    /// rules and decided, and upstream's error statistics counted.
+    pub async fn answer(
+        &self,
+        peer: Option<IpAddr>,
+        request: &rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, Error> {
+        let _in_flight = self.slots.enter(peer)?;
+        let answered = self.decide(request).await;
         // upstream's errors: `redis_error` on the store, `service_error`
         // for the rest.
         match &answered {
             Ok(_) => {}
             Err(Error::Store(_)) => stats::should_rate_limit_error(true),
-            Err(Error::InvalidArgument(_) | Error::NotFound(_)) => {
+            Err(Error::InvalidArgument(_) | Error::NotFound(_) | Error::Overloaded(_)) => {
                 stats::should_rate_limit_error(false);
             }
         }
-        Ok(Response::new(answered?))
+        answered
     }
-}
 
-impl EnvoyService {
     async fn decide(
         &self,
         request: &rls::RateLimitRequest,

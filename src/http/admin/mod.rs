@@ -32,9 +32,10 @@ use tracing::{info, warn};
 pub use self::options::AdminOptions;
 use super::Endpoint;
 use super::api::{self, Api};
-use crate::api::check::ResetLimit;
+use crate::api::check;
 use crate::api::rlqs::QuotaService;
 use crate::config::effective::Effective;
+use crate::decider::ResetLimit;
 use crate::metrics;
 use crate::options::Secret;
 use crate::pb::json::ratelimitd::v1 as json;
@@ -203,14 +204,18 @@ impl Admin {
                     Ok(request) => request,
                     Err(answer) => return answer,
                 };
-                match admin.api.check.reset(request).await {
+                let reset = match check::ask(&admin.api.decider, request) {
+                    Ok(question) => admin.api.decider.reset(&question).await,
+                    Err(err) => Err(err),
+                };
+                match reset {
                     Ok(reset) => api::json_answer(
                         StatusCode::OK,
                         &ResetAnswer {
                             reset: reset.into_iter().map(ResetEntry::from).collect(),
                         },
                     ),
-                    Err(err) => api::failed(&tonic::Status::from(err)),
+                    Err(err) => api::failed(&err),
                 }
             }
             Endpoint::AdminRules => {
