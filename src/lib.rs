@@ -2,7 +2,71 @@
 //!
 //! Application servers and proxies ask over gRPC "may this key spend this much
 //! now?" and get allow or deny, with the limit, what remains and when to retry.
-//! A request flows top to bottom through these modules:
+//! The `ratelimitd` binary serves that question over gRPC, HTTP/JSON and
+//! Envoy's rate limit protocols; this library is the same service without
+//! the transport, for a program that decides in its own process.
+//!
+//! # Embedding the decision service
+//!
+//! A [`decider::Decider`] answers [`decider::Question`]s on a
+//! [`limiter::Limiter`], which keeps its counters on a [`limiter::Store`]:
+//! the embedded store in this process (below), or Redis shared by every
+//! instance ([`store::RedisStore`]). A question names its limits already
+//! validated: each algorithm's parameters ([`limit::FixedWindow`],
+//! [`limit::TokenBucket`], ...) are checked when they are made, and a
+//! broken rule is an [`limit::InvalidArgument`] naming the field. Being
+//! over the limit is a [`limit::Decision`], not an error; an
+//! [`error::Error`] means no decision could be had.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use ratelimitd::decider::{Answer, Decider, Limits, NamedLimit, Question};
+//! use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, LimitRequest, TokenBucket};
+//! use ratelimitd::limiter::{Limiter, Store};
+//! use ratelimitd::store::{MemoryStore, SystemClock};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # tokio::runtime::Runtime::new()?.block_on(async {
+//! let store = Store::Memory(MemoryStore::new(Arc::new(SystemClock::default())));
+//! let decider = Decider::new(Limiter::new(store, "myapp:"));
+//!
+//! // Two limits on one caller, decided together: both allow, or nothing
+//! // is spent.
+//! let key = CallerKey::new("user-42".to_owned())?;
+//! let limit = |name: &str, algorithm| NamedLimit {
+//!     name: name.to_owned(),
+//!     request: LimitRequest {
+//!         key: CallerKey::named(name, &key),
+//!         algorithm,
+//!         cost: 1,
+//!         shadow: false,
+//!     },
+//! };
+//! let question = Question {
+//!     limits: Limits::Several(vec![
+//!         limit("burst", Algorithm::TokenBucket(TokenBucket::new(5, 1.0)?)),
+//!         limit("hourly", Algorithm::FixedWindow(FixedWindow::new(100, Duration::from_secs(3600))?)),
+//!     ]),
+//!     failure_policy: None,
+//! };
+//! let Answer::Several(answer) = decider.decide(question).await? else {
+//!     unreachable!("several limits asked, several answered");
+//! };
+//! assert!(answer.is_allowed());
+//! // The limit closest to denying speaks for the answer: the bucket.
+//! let speaker = answer.most_restrictive().expect("two limits");
+//! assert_eq!(answer.labels[speaker].name, "burst");
+//! assert_eq!(answer.decisions[speaker].remaining(), 4);
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! # })
+//! # }
+//! ```
+//!
+//! # How a request flows
+//!
+//! In the server, a request flows top to bottom through these modules:
 //!
 //! - [`server`] builds the tonic router (our API, Envoy's, health,
 //!   reflection; TLS) and runs it until a shutdown signal, on connections
