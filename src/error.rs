@@ -52,7 +52,7 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Every decision slot is taken: the call is shed at once rather than
-    /// queued (see [`crate::load_shed`]). What bound was reached.
+    /// queued. What bound was reached.
     #[error("{0}")]
     Overloaded(String),
 }

@@ -71,14 +71,14 @@
 //! - [`server`] builds the tonic router (our API, Envoy's, health,
 //!   reflection; TLS) and runs it until a shutdown signal, on connections
 //!   that [`incoming`] accepts and closes (cap, idle, shutdown) and
-//!   [`drain`] tracks calls on; [`load_shed`] sheds decisions beyond the
+//!   `drain` tracks calls on; `load_shed` sheds decisions beyond the
 //!   limit in flight; [`health`] keeps the health status truthful, and
 //!   [`http`] serves it at `/healthcheck` beside `/json` and the debug
 //!   endpoints.
 //! - [`api`] turns protobuf requests into validated [`limit`] types and
 //!   decisions back into protobuf, and errors into gRPC statuses; with
 //!   [`server`] it is the layer that knows tonic (beside the connection
-//!   plumbing: [`incoming`], [`drain`], [`health`], [`codec`], [`pb`]).
+//!   plumbing: [`incoming`], `drain`, [`health`], `codec`, [`pb`]).
 //!   [`http`] speaks the same protobuf messages in their JSON mapping and
 //!   maps errors to HTTP statuses of its own.
 //! - [`decider`] is the decision service the faces ask, free of any
@@ -89,7 +89,7 @@
 //! - [`rules`] holds the operator's rules as loaded from the rules files (or
 //!   xDS) into one snapshot every face reads: Envoy's descriptors, the quota
 //!   service's policies, and [`policy`], the named limit sets that
-//!   `CheckLimit` callers may name instead of parameters; [`spec`] is what
+//!   `CheckLimit` callers may name instead of parameters; `spec` is what
 //!   their grammars share.
 //! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
@@ -101,7 +101,7 @@
 //!
 //! [`stats`] names envoyproxy/ratelimit's statistics as upstream does and
 //! sends them over statsd and to the metrics endpoint through a
-//! statsd_exporter mapping, beside ratelimitd's own [`metrics`].
+//! statsd_exporter mapping, beside ratelimitd's own `metrics`.
 //!
 //! [`config`] gathers the command line and environment (and
 //! envoyproxy/ratelimit's variables) into each subsystem's group of
@@ -111,19 +111,19 @@
 
 pub mod algorithm;
 pub mod api;
-pub mod codec;
+pub(crate) mod codec;
 pub mod config;
 pub mod decider;
-pub mod drain;
+pub(crate) mod drain;
 pub mod error;
 pub mod health;
 pub mod http;
 pub mod incoming;
 pub mod limit;
 pub mod limiter;
-pub mod live;
-pub mod load_shed;
-pub mod metrics;
+pub(crate) mod live;
+pub(crate) mod load_shed;
+pub(crate) mod metrics;
 pub mod options;
 pub mod pb;
 pub mod policy;
@@ -131,8 +131,8 @@ pub mod quota;
 pub mod rules;
 pub mod server;
 pub mod simulate;
-pub mod spec;
+pub(crate) mod spec;
 pub mod stats;
 pub mod store;
 pub mod telemetry;
-pub mod tls;
+pub(crate) mod tls;

@@ -28,7 +28,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// At most `limit` decisions in flight across all connections, and at most
 /// `per_peer_limit` of them from one IP address.
 #[derive(Clone)]
-pub struct DecisionSlots {
+pub(crate) struct DecisionSlots {
     slots: Arc<Semaphore>,
     limit: usize,
     peers: Arc<PeerSlots>,
@@ -42,7 +42,7 @@ struct PeerSlots {
 
 impl DecisionSlots {
     /// At most `limit` decisions in flight, `per_peer_limit` of them from one address.
-    pub fn new(limit: usize, per_peer_limit: usize) -> Self {
+    pub(crate) fn new(limit: usize, per_peer_limit: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
@@ -56,7 +56,7 @@ impl DecisionSlots {
     /// A slot for one decision from `peer` (`None`: not known), held until
     /// the guard is dropped (also when the client gives up and the call's
     /// future is dropped unfinished).
-    pub fn enter(&self, peer: Option<IpAddr>) -> Result<InFlight, Error> {
+    pub(crate) fn enter(&self, peer: Option<IpAddr>) -> Result<InFlight, Error> {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return Err(Error::Overloaded(format!(
                 "more than {} calls in flight (--max-concurrent-requests)",
@@ -103,7 +103,7 @@ impl PeerSlots {
 }
 
 /// A slot taken, counted in the in-flight gauge until dropped.
-pub struct InFlight {
+pub(crate) struct InFlight {
     _slot: OwnedSemaphorePermit,
     peer: Option<(Arc<PeerSlots>, IpAddr)>,
 }

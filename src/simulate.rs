@@ -104,7 +104,7 @@ impl Traffic {
     }
 
     /// When each request arrives, in order: request `n` at the first
-    /// microsecond by which [`Traffic::sent_by`] reaches `n`.
+    /// microsecond by which `Traffic::sent_by` reaches `n`.
     pub fn arrivals(&self) -> Vec<Micros> {
         let count = self.requests();
         let end = self.duration.as_micros();

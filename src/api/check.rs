@@ -3,7 +3,7 @@
 //! answers back to protobuf; and batches of such questions. Nothing else
 //! happens here: `question` validates, `answer` answers. The HTTP API
 //! speaks the same messages (in their JSON mapping) and asks through the
-//! same [`check_limit`] and [`check_limits`].
+//! same `check_limit` and `check_limits`.
 
 mod answer;
 mod question;
@@ -12,8 +12,9 @@ use std::net::IpAddr;
 
 use tonic::{Request, Response, Status};
 
-pub use self::answer::{answer, response};
-pub use self::question::{limit_request, question};
+pub(crate) use self::answer::answer;
+pub use self::question::limit_request;
+pub(crate) use self::question::question;
 use crate::api::status::item_status;
 use crate::decider::Decider;
 use crate::error::Error;
@@ -22,18 +23,18 @@ use crate::pb::ratelimitd::v1 as pb;
 
 /// The service, over one decider.
 #[derive(Clone)]
-pub struct CheckService {
+pub(crate) struct CheckService {
     decider: Decider,
 }
 
 impl CheckService {
     /// The service, asking `decider`.
-    pub fn new(decider: Decider) -> Self {
+    pub(crate) fn new(decider: Decider) -> Self {
         Self { decider }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
+    pub(crate) fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
         pb::rate_limiter_server::RateLimiterServer::new(self)
     }
 }
@@ -41,7 +42,7 @@ impl CheckService {
 /// `request` as the decider's question, against the policies in force
 /// (looked at only when it names a policy: the other forms need no look
 /// at the configuration).
-pub fn ask(
+pub(crate) fn ask(
     decider: &Decider,
     request: pb::CheckLimitRequest,
 ) -> Result<crate::decider::Question, Error> {
@@ -51,7 +52,7 @@ pub fn ask(
 
 /// `CheckLimit`, whatever carries it: a decision slot for `peer`, then
 /// `request` validated and decided.
-pub async fn check_limit(
+pub(crate) async fn check_limit(
     decider: &Decider,
     peer: Option<IpAddr>,
     request: pb::CheckLimitRequest,
@@ -64,7 +65,7 @@ pub async fn check_limit(
 /// `CheckLimits`, whatever carries it: one decision slot for the whole
 /// batch, and every item against the same policies (one reload cannot
 /// split a batch); an item refused or undecided carries its error.
-pub async fn check_limits(
+pub(crate) async fn check_limits(
     decider: &Decider,
     peer: Option<IpAddr>,
     batch: pb::CheckLimitsRequest,

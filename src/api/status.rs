@@ -8,7 +8,7 @@ use crate::pb::google::rpc;
 /// unknown policy NOT_FOUND, a passing store fault UNAVAILABLE (a later
 /// call may succeed), any other store fault INTERNAL, and a call shed for
 /// load RESOURCE_EXHAUSTED.
-pub fn code(err: &Error) -> tonic::Code {
+pub(crate) fn code(err: &Error) -> tonic::Code {
     match err {
         Error::InvalidArgument(_) => tonic::Code::InvalidArgument,
         Error::NotFound(_) => tonic::Code::NotFound,
@@ -27,7 +27,7 @@ impl From<Error> for tonic::Status {
 }
 
 /// `err` as one item of a batch's answer.
-pub fn item_status(err: &Error) -> rpc::Status {
+pub(crate) fn item_status(err: &Error) -> rpc::Status {
     rpc::Status {
         code: code(err) as i32,
         message: err.to_string(),

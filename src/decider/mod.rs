@@ -108,7 +108,7 @@ impl Decider {
 
     /// The same service, admitting callers to at most `slots` decisions
     /// in flight ([`Decider::admit`]).
-    pub fn with_slots(self, slots: DecisionSlots) -> Self {
+    pub(crate) fn with_slots(self, slots: DecisionSlots) -> Self {
         Self {
             slots: Some(slots),
             ..self
@@ -135,7 +135,7 @@ impl Decider {
     /// A slot for one call from `peer` (`None`: not known), held until the
     /// guard is dropped; `Overloaded` when every slot is taken. Without
     /// slots, every call is admitted.
-    pub fn admit(&self, peer: Option<IpAddr>) -> Result<Option<InFlight>, Error> {
+    pub(crate) fn admit(&self, peer: Option<IpAddr>) -> Result<Option<InFlight>, Error> {
         self.slots
             .as_ref()
             .map(|slots| slots.enter(peer))

@@ -37,11 +37,11 @@ use crate::pb::json::ratelimitd::v1 as json;
 use crate::pb::ratelimitd::v1 as pb;
 
 /// The media type the API reads and writes.
-pub const JSON: &str = "application/json";
+pub(crate) const JSON: &str = "application/json";
 
 /// What the API's handlers share.
 #[derive(Clone)]
-pub struct Api {
+pub(crate) struct Api {
     /// The decision service, asked as the gRPC `RateLimiter` asks it.
     pub decider: Decider,
     /// Whether the instance can decide.
@@ -53,7 +53,7 @@ pub struct Api {
 /// A refused request: the field and the rule it breaks, as gRPC's
 /// INVALID_ARGUMENT message names them.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The field's path in the request (proto field names, e.g.
     /// `fixed_window.window`; `request` for the body as a whole,
     /// `content-type` for that header).
@@ -64,7 +64,7 @@ pub struct Refusal {
 
 /// No decision could be had: the gRPC status the call ended with.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The gRPC status code's name, e.g. `UNAVAILABLE`.
     pub code: String,
     /// What happened.
@@ -73,7 +73,7 @@ pub struct Failure {
 
 /// `/readyz`'s answer: health, and each part of it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// `SERVING` when every part holds (the instance can decide), else
     /// `NOT_SERVING`: what gRPC health says.
     pub status: String,
@@ -89,7 +89,7 @@ pub struct Readiness {
 
 /// `/healthz`'s answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// Always `alive`: the process answers.
     pub status: String,
 }
@@ -97,7 +97,7 @@ pub struct Liveness {
 /// `POST /v1/check`: `CheckLimit`, with the IETF `RateLimit-Policy` and
 /// `RateLimit` headers and, when denied, `Retry-After`, as the client
 /// libraries set them.
-pub async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
     let request: pb::CheckLimitRequest =
         match accept::<json::CheckLimitRequest, _>(&api, &headers, body, "CheckLimitRequest").await
         {
@@ -121,7 +121,7 @@ pub(super) async fn decide(api: &Api, request: pb::CheckLimitRequest) -> Respons
 }
 
 /// `POST /v1/check-many`: `CheckLimits`.
-pub async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
     let request: pb::CheckLimitsRequest =
         match accept::<json::CheckLimitsRequest, _>(&api, &headers, body, "CheckLimitsRequest")
             .await
@@ -136,7 +136,7 @@ pub async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
 }
 
 /// `GET /healthz`: the process answers.
-pub async fn healthz() -> Response {
+pub(crate) async fn healthz() -> Response {
     json_answer(
         StatusCode::OK,
         &Liveness {
@@ -147,7 +147,7 @@ pub async fn healthz() -> Response {
 
 /// `GET /readyz`: 200 while the instance can decide (gRPC health
 /// SERVING), else 503; each part of health in the body.
-pub async fn readyz(health: Health) -> Response {
+pub(crate) async fn readyz(health: Health) -> Response {
     let state = health.state();
     let serving = state.serving();
     let body = Readiness {

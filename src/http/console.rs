@@ -27,14 +27,14 @@ const SIMULATIONS_AT_ONCE: usize = 2;
 
 /// What the simulator's handler holds.
 #[derive(Clone)]
-pub struct Simulator {
+pub(crate) struct Simulator {
     bounds: BodyBounds,
     running: Arc<Semaphore>,
 }
 
 impl Simulator {
     /// A simulator reading bodies within `bounds`.
-    pub fn new(bounds: BodyBounds) -> Self {
+    pub(crate) fn new(bounds: BodyBounds) -> Self {
         Self {
             bounds,
             running: Arc::new(Semaphore::new(SIMULATIONS_AT_ONCE)),
@@ -43,7 +43,7 @@ impl Simulator {
 }
 
 /// `POST /v1/simulate`.
-pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> Response {
     let request = match api::read_message::<json::SimulateRequest, pb::SimulateRequest>(
         simulator.bounds,
         &headers,
@@ -115,14 +115,14 @@ mod assets {
 /// scripts inlined (one request loads all of it), and the
 /// `Content-Security-Policy` that lets those scripts run and nothing else.
 #[derive(Clone)]
-pub struct Page {
+pub(crate) struct Page {
     html: axum::body::Bytes,
     policy: axum::http::HeaderValue,
 }
 
 impl Page {
     /// The page.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let inline = [
             ("vendor/uPlot.min.css", assets::CHART_STYLE),
             ("console.css", assets::STYLE),
@@ -155,7 +155,7 @@ impl Page {
     }
 
     /// `GET /`.
-    pub fn serve(&self) -> Response {
+    pub(crate) fn serve(&self) -> Response {
         use axum::http::header::{
             CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS,
         };

@@ -35,7 +35,7 @@ use crate::pb::json::envoy::service::ratelimit::v3 as json;
 
 /// `/json` on `envoy`, with bodies within `bounds`, answering only while
 /// `health` says the gRPC port is open. Any method, as upstream.
-pub fn route(envoy: EnvoyService, health: Health, bounds: BodyBounds) -> MethodRouter {
+pub(crate) fn route(envoy: EnvoyService, health: Health, bounds: BodyBounds) -> MethodRouter {
     any(move |headers: HeaderMap, body: Body| {
         answer(envoy.clone(), health.clone(), bounds, headers, body)
     })

@@ -14,7 +14,7 @@ use crate::health::Health;
 use crate::live;
 
 /// `GET /v1/console/live`.
-pub async fn live(health: Health) -> Response {
+pub(crate) async fn live(health: Health) -> Response {
     let Some(live) = live::get() else {
         return api::failure(
             StatusCode::SERVICE_UNAVAILABLE,

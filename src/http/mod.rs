@@ -1,24 +1,23 @@
 //! The HTTP/1.1 side, on axum: one way to serve a router on a listener
-//! until told to stop ([`Served`]), and the routers of the two listeners.
-//! The service listener ([`service_routes`], every route of it in
-//! [`Endpoint::ALL`]): the JSON API ([`api`]), `/healthz` and `/readyz`,
-//! its OpenAPI document ([`openapi`]), and envoyproxy/ratelimit's
-//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]).
-//! With an admin token, the admin API ([`admin`]) too.
+//! until told to stop (`Served`), and the routers of the two listeners.
+//! The service listener (`service_routes`, every route of it in
+//! [`Endpoint::ALL`]): the JSON API (`api`), `/healthz` and `/readyz`,
+//! its OpenAPI document (`openapi`), and envoyproxy/ratelimit's
+//! `/healthcheck` (following [`crate::health`]) and `/json` (`json`).
+//! With an admin token, the admin API (`admin`) too.
 //! The debug listener: [`debug`].
 
-pub mod admin;
-pub mod api;
-pub mod body;
+pub(crate) mod admin;
+pub(crate) mod api;
+pub(crate) mod body;
 pub mod console;
-pub mod debug;
-pub mod json;
-pub mod linger;
-pub mod live;
-pub mod openapi;
-pub mod options;
+pub(crate) mod debug;
+pub(crate) mod json;
+pub(crate) mod linger;
+pub(crate) mod live;
+pub(crate) mod openapi;
+pub(crate) mod options;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
@@ -32,7 +31,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-pub use self::body::BodyBounds;
+pub(crate) use self::body::BodyBounds;
 use self::linger::Lingering;
 pub use self::options::HttpOptions;
 use crate::api::envoy::EnvoyService;
@@ -40,12 +39,11 @@ use crate::decider::Decider;
 use crate::health::Health;
 
 /// The plain-text content type Go's `net/http` gives a text answer.
-pub const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+pub(crate) const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
 /// A router served on a listener, until [`Served::stop`].
-pub struct Served {
+pub(crate) struct Served {
     name: &'static str,
-    address: Option<SocketAddr>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
@@ -56,7 +54,7 @@ impl Served {
     /// `header_timeout` of starting them, or its connection is closed.
     /// A closing connection lingers as long (see [`linger`]): a client is
     /// given that long to send a request body anyway.
-    pub fn start(
+    pub(crate) fn start(
         name: &'static str,
         listener: TcpListener,
         router: Router,
@@ -81,22 +79,12 @@ impl Served {
             header_timeout,
             stopped,
         ));
-        Self {
-            name,
-            address,
-            stop,
-            task,
-        }
-    }
-
-    /// Where it serves.
-    pub fn address(&self) -> Option<SocketAddr> {
-        self.address
+        Self { name, stop, task }
     }
 
     /// Stops accepting, lets requests in flight finish for up to `grace`,
     /// then drops what is left.
-    pub async fn stop(self, grace: Duration) {
+    pub(crate) async fn stop(self, grace: Duration) {
         let _ = self.stop.send(());
         let abort = self.task.abort_handle();
         if tokio::time::timeout(grace, self.task).await.is_err() {
@@ -206,42 +194,42 @@ macro_rules! endpoints {
 
 endpoints! {
     /// Every route of the service listener. The router is built from
-    /// [`Endpoint::ALL`] ([`service_routes`]) and so is the OpenAPI
-    /// document ([`openapi::document`]): neither has a route the other
+    /// [`Endpoint::ALL`] (`service_routes`) and so is the OpenAPI
+    /// document (`openapi::document`): neither has a route the other
     /// lacks.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Endpoint {
-        /// `POST /v1/check`: [`api::check`].
+        /// `POST /v1/check`: `api::check`.
         Check => "/v1/check",
-        /// `POST /v1/check-many`: [`api::check_many`].
+        /// `POST /v1/check-many`: `api::check_many`.
         CheckMany => "/v1/check-many",
-        /// `GET /healthz`: [`api::healthz`].
+        /// `GET /healthz`: `api::healthz`.
         Healthz => "/healthz",
-        /// `GET /readyz`: [`api::readyz`].
+        /// `GET /readyz`: `api::readyz`.
         Readyz => "/readyz",
-        /// `GET /openapi.json`: [`openapi::document`].
+        /// `GET /openapi.json`: `openapi::document`.
         OpenApi => "/openapi.json",
-        /// envoyproxy/ratelimit's `/json` (any method): [`json`].
+        /// envoyproxy/ratelimit's `/json` (any method): `json`.
         Json => "/json",
         /// envoyproxy/ratelimit's `/healthcheck` (any method).
         Healthcheck => "/healthcheck",
-        /// `POST /admin/v1/peek`: [`admin`].
+        /// `POST /admin/v1/peek`: `admin`.
         AdminPeek => "/admin/v1/peek",
-        /// `POST /admin/v1/reset`: [`admin`].
+        /// `POST /admin/v1/reset`: `admin`.
         AdminReset => "/admin/v1/reset",
-        /// `GET /admin/v1/rules`: [`admin`].
+        /// `GET /admin/v1/rules`: `admin`.
         AdminRules => "/admin/v1/rules",
-        /// `GET /admin/v1/policies`: [`admin`].
+        /// `GET /admin/v1/policies`: `admin`.
         AdminPolicies => "/admin/v1/policies",
-        /// `GET /admin/v1/quota-buckets`: [`admin`].
+        /// `GET /admin/v1/quota-buckets`: `admin`.
         AdminQuotaBuckets => "/admin/v1/quota-buckets",
-        /// `GET /admin/v1/config`: [`admin`].
+        /// `GET /admin/v1/config`: `admin`.
         AdminConfig => "/admin/v1/config",
-        /// `POST /v1/simulate`: [`console::simulate`].
+        /// `POST /v1/simulate`: `console::simulate`.
         Simulate => "/v1/simulate",
-        /// `GET /v1/console/live`: [`live::live`].
+        /// `GET /v1/console/live`: `live::live`.
         ConsoleLive => "/v1/console/live",
-        /// `GET /`: the web console, [`console::Page`].
+        /// `GET /`: the web console, `console::Page`.
         Console => "/",
     }
 }
@@ -270,7 +258,7 @@ impl Endpoint {
 }
 
 /// What the service listener serves.
-pub struct ServiceParts {
+pub(crate) struct ServiceParts {
     /// Whether the instance can decide.
     pub health: Health,
     /// Envoy's RLS, for `/json`.
@@ -286,7 +274,7 @@ pub struct ServiceParts {
 /// The service listener's routes ([`Endpoint::ALL`]); any other path is
 /// 404, as upstream's. A feature adds its own routes with `merge` (a
 /// router without a fallback of its own).
-pub fn service_routes(parts: ServiceParts) -> Router {
+pub(crate) fn service_routes(parts: ServiceParts) -> Router {
     let api = api::Api {
         decider: parts.decider,
         health: parts.health.clone(),
@@ -391,7 +379,7 @@ async fn healthcheck(health: Health) -> Response {
 
 /// An answer that is only a status, as Go's `http.Error` writes one: the
 /// status's text and a newline, as plain text.
-pub fn status_only(status: StatusCode) -> Response {
+pub(crate) fn status_only(status: StatusCode) -> Response {
     let text = format!("{}\n", status.canonical_reason().unwrap_or("Error"));
     (
         status,

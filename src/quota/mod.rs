@@ -7,7 +7,7 @@
 //! bucket's hash, on Redis's clock; the embedded ledger runs its Rust twin
 //! (`share`) under a lock, on the process's clock.
 
-pub mod presence;
+pub(crate) mod presence;
 pub mod share;
 
 use std::collections::HashMap;

@@ -122,7 +122,7 @@ impl BoundsOptions {
     }
 
     /// How many connections are accepted and how long they are kept.
-    pub fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
+    pub(crate) fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
         IncomingSettings {
             max_connections: self.max_connections,
             max_connections_per_ip: self.max_connections_per_ip,

@@ -2,7 +2,7 @@
 //! them (lyft/gostats' dot-separated statsd names: `ratelimit.service.
 //! rate_limit.<domain>.<key>.total_hits`, `ratelimit_server.ShouldRateLimit
 //! .total_requests`, ...), and sent where upstream sends them: over statsd
-//! ([`statsd`]), and as Prometheus series named by a statsd_exporter
+//! (`statsd`), and as Prometheus series named by a statsd_exporter
 //! mapping ([`mapper`], upstream's default one unless another is given)
 //! beside ratelimitd's own metrics at `--metrics-listen`.
 //!
@@ -15,14 +15,14 @@
 //! Off (every handle a no-op) unless statsd or the metrics endpoint is on.
 
 pub mod mapper;
-pub mod mogrifier;
-pub mod names;
-pub mod options;
-pub mod prometheus;
-pub mod registry;
-pub mod server;
-pub mod statsd;
-pub mod upstream;
+pub(crate) mod mogrifier;
+pub(crate) mod names;
+pub(crate) mod options;
+pub(crate) mod prometheus;
+pub(crate) mod registry;
+pub(crate) mod server;
+pub(crate) mod statsd;
+pub(crate) mod upstream;
 
 use std::sync::{Arc, OnceLock};
 

@@ -24,14 +24,14 @@ const METHODS: [(&str, &str); 2] = [
 ];
 
 /// The method of `path` upstream counts, by name.
-pub fn method_of(path: &str) -> Option<&'static str> {
+pub(crate) fn method_of(path: &str) -> Option<&'static str> {
     METHODS
         .iter()
         .find(|(known, _)| *known == path)
         .map(|(_, name)| *name)
 }
 
-/// Wraps a service in [`Counted`].
+/// Wraps a service in `Counted`.
 #[derive(Clone, Default)]
 pub struct ServerStatsLayer;
 

@@ -10,7 +10,7 @@ use super::names::{
 use super::registry::{Counter, Gauge, Registry, Timer};
 
 /// The service's statistics (upstream's `ServiceStats`).
-pub struct ServiceStats {
+pub(crate) struct ServiceStats {
     /// `ratelimit.service.config_load_success`.
     pub config_load_success: Counter,
     /// `ratelimit.service.config_load_error`.
@@ -25,7 +25,7 @@ pub struct ServiceStats {
 
 impl ServiceStats {
     /// The service's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         Self {
             config_load_success: registry.counter(&format!("{SERVICE}.config_load_success")),
             config_load_error: registry.counter(&format!("{SERVICE}.config_load_error")),
@@ -38,7 +38,7 @@ impl ServiceStats {
 
 /// One gRPC method's statistics (upstream's server reporter).
 #[derive(Clone, Default)]
-pub struct MethodStats {
+pub(crate) struct MethodStats {
     /// `ratelimit_server.<method>.total_requests`.
     pub total_requests: Counter,
     /// `ratelimit_server.<method>.response_time`, in milliseconds.
@@ -47,7 +47,7 @@ pub struct MethodStats {
 
 impl MethodStats {
     /// Method `method`'s statistics (its name without the service).
-    pub fn new(registry: &Registry, method: &str) -> Self {
+    pub(crate) fn new(registry: &Registry, method: &str) -> Self {
         Self {
             total_requests: registry.counter(&format!("{SERVER}.{method}.total_requests")),
             response_time: registry.timer(&format!("{SERVER}.{method}.response_time")),
@@ -184,7 +184,7 @@ impl RuleStats {
 }
 
 /// `ratelimit.service.rate_limit.<domain>.domain_not_found`.
-pub fn domain_not_found(registry: &Registry, domain: &str) -> Counter {
+pub(crate) fn domain_not_found(registry: &Registry, domain: &str) -> Counter {
     registry.counter(&format!(
         "{RATE_LIMIT}.{}.domain_not_found",
         sanitize(domain)

@@ -8,7 +8,7 @@ use crate::pb::convert::micros_to_duration;
 use crate::pb::ratelimitd::v1 as pb;
 
 /// The protobuf form of a decision.
-pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
+pub(crate) fn response(decision: &Decision) -> pb::CheckLimitResponse {
     let (retry_after, cost_exceeds_limit) = retry(decision);
     pb::CheckLimitResponse {
         allowed: decision.is_allowed(),
@@ -25,7 +25,7 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
 
 /// The protobuf form of an answer: one decision in the top-level fields,
 /// or several with a status each.
-pub fn answer(answer: &Answer) -> pb::CheckLimitResponse {
+pub(crate) fn answer(answer: &Answer) -> pb::CheckLimitResponse {
     match answer {
         Answer::One(decision) => response(decision),
         Answer::Several(several) => several_response(several),

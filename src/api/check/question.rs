@@ -20,7 +20,7 @@ use crate::rules::Rules;
 /// form, then that form's fields. `rules` is the configuration in force
 /// when the request names a policy (`None` for the other forms);
 /// `max_limits` bounds the several-limits form.
-pub fn question(
+pub(crate) fn question(
     request: pb::CheckLimitRequest,
     rules: Option<&Rules>,
     max_limits: usize,

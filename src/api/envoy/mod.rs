@@ -18,15 +18,15 @@
 //! A call flows: [`settings`] bounds the request, `plan` matches it,
 //! the limiter decides, `response` answers, [`upstream_stats`] counts.
 
-pub mod headers;
+pub(crate) mod headers;
 mod live;
-pub mod metadata;
-pub mod options;
+pub(crate) mod metadata;
+pub(crate) mod options;
 mod plan;
 mod response;
-pub mod settings;
-pub mod upstream_stats;
-pub mod xds;
+pub(crate) mod settings;
+pub(crate) mod upstream_stats;
+pub(crate) mod xds;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use self::plan::Plan;
-pub use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
+pub(crate) use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
 use crate::error::Error;
 use crate::incoming;
 use crate::limiter::Limiter;
@@ -48,7 +48,7 @@ use crate::store::{Clock, SystemClock};
 
 /// The `RateLimitService` implementation.
 #[derive(Clone)]
-pub struct EnvoyService {
+pub(crate) struct EnvoyService {
     limiter: Limiter,
     rules: RulesHandle,
     settings: EnvoySettings,
@@ -60,7 +60,7 @@ pub struct EnvoyService {
 
 impl EnvoyService {
     /// The service, deciding on `limiter` by the rules `rules` holds now, each call holding one of `slots`.
-    pub fn new(
+    pub(crate) fn new(
         limiter: Limiter,
         rules: RulesHandle,
         settings: EnvoySettings,
@@ -76,12 +76,15 @@ impl EnvoyService {
     }
 
     /// The same service telling time by `clock`.
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
         Self { clock, ..self }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
+    pub(crate) fn into_server(
+        self,
+    ) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
         rls::rate_limit_service_server::RateLimitServiceServer::new(self)
     }
 }
@@ -102,7 +105,7 @@ impl EnvoyService {
     /// `ShouldRateLimit`, whatever carries it (gRPC, or `/json`): a
     /// decision slot for `peer`, then `request` bounded, matched to the
     /// rules and decided, and upstream's error statistics counted.
-    pub async fn answer(
+    pub(crate) async fn answer(
         &self,
         peer: Option<IpAddr>,
         request: &rls::RateLimitRequest,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::options::{OptionsError, Secret};
 
 /// The shortest token taken: long enough that guessing is hopeless.
-pub const MIN_TOKEN_LENGTH: usize = 16;
+pub(crate) const MIN_TOKEN_LENGTH: usize = 16;
 
 /// The admin API's token.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
