@@ -32,7 +32,7 @@ impl Store {
     /// The quota ledgers on this store: on Redis, with this process's own
     /// ledger for the `local` failure policy; on the embedded store, this
     /// process's own alone.
-    pub fn quota_ledgers(&self) -> QuotaLedgers {
+    pub(crate) fn quota_ledgers(&self) -> QuotaLedgers {
         match self {
             Self::Redis(redis) => QuotaLedgers::on_redis(redis.clone()),
             Self::Memory(_) => QuotaLedgers::in_process(),

@@ -6,4 +6,5 @@
 pub(crate) mod file;
 pub(crate) mod model;
 
-pub use model::{Policies, Policy, PolicyLimit, Scope, algorithm};
+pub(crate) use model::Policies;
+pub use model::{Policy, PolicyLimit, Scope};

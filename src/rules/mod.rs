@@ -29,13 +29,14 @@ pub(crate) mod wildcard;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use self::directory::{FileSelection, Files};
+pub(crate) use self::directory::FileSelection;
 pub use self::document::compile;
-pub use self::handle::{Loads, RulesHandle};
+pub(crate) use self::handle::Loads;
+pub use self::handle::RulesHandle;
 use self::quota::QuotaDomain;
-pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source, StatsNaming};
-pub use self::source::ConfigSource;
-pub use self::tree::{Found, Level};
+pub(crate) use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule};
+pub(crate) use self::source::ConfigSource;
+pub(crate) use self::tree::{Found, Level};
 use crate::policy::{Policies, Policy};
 pub use crate::spec::ConfigError;
 
@@ -63,8 +64,8 @@ impl Rules {
 
     /// The key upstream names the statistics of a descriptor of `entries`
     /// in `domain` by, from the request's values (see
-    /// [`Level::request_stats_key`]).
-    pub fn request_stats_key(
+    /// `Level::request_stats_key`).
+    pub(crate) fn request_stats_key(
         &self,
         domain: &str,
         entries: &[(&str, &str)],

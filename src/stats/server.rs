@@ -33,7 +33,7 @@ pub(crate) fn method_of(path: &str) -> Option<&'static str> {
 
 /// Wraps a service in `Counted`.
 #[derive(Clone, Default)]
-pub struct ServerStatsLayer;
+pub(crate) struct ServerStatsLayer;
 
 impl<S> Layer<S> for ServerStatsLayer {
     type Service = Counted<S>;
@@ -45,7 +45,7 @@ impl<S> Layer<S> for ServerStatsLayer {
 
 /// A service whose calls of upstream's methods are counted and timed.
 #[derive(Clone)]
-pub struct Counted<S> {
+pub(crate) struct Counted<S> {
     inner: S,
 }
 

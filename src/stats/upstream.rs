@@ -57,7 +57,7 @@ impl MethodStats {
 
 /// The Redis pool's statistics (upstream's `poolStats`).
 #[derive(Clone, Default)]
-pub struct PoolStats {
+pub(crate) struct PoolStats {
     /// `ratelimit.redis_pool.cx_active`: connections open now.
     pub cx_active: Gauge,
     /// `ratelimit.redis_pool.cx_total`: connections opened.
@@ -68,7 +68,7 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// The pool's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         Self {
             cx_active: registry.gauge(&format!("{REDIS_POOL}.cx_active")),
             cx_total: registry.counter(&format!("{REDIS_POOL}.cx_total")),
@@ -77,13 +77,13 @@ impl PoolStats {
     }
 
     /// A connection opened.
-    pub fn opened(&self) {
+    pub(crate) fn opened(&self) {
         self.cx_total.inc();
         self.cx_active.add(1);
     }
 
     /// A connection closed.
-    pub fn closed(&self) {
+    pub(crate) fn closed(&self) {
         self.cx_active.sub(1);
         self.cx_local_close.inc();
     }
@@ -93,7 +93,7 @@ impl PoolStats {
 /// gauges of freecache's counts; its `averageAccessTime` has no
 /// counterpart). Each is set as it changes.
 #[derive(Clone, Default)]
-pub struct LocalCacheStats {
+pub(crate) struct LocalCacheStats {
     /// `ratelimit.localcache.hitCount`: lookups a cached denial answered.
     pub hit_count: Gauge,
     /// `ratelimit.localcache.missCount`: lookups it did not.
@@ -114,7 +114,7 @@ pub struct LocalCacheStats {
 
 impl LocalCacheStats {
     /// The local cache's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         let gauge = |stat: &str| registry.gauge(&format!("{LOCAL_CACHE}.{stat}"));
         Self {
             hit_count: gauge("hitCount"),
