@@ -41,7 +41,7 @@ fn buffer_settings() -> BufferSettings {
 /// A [`Codec`] for `application/grpc+proto` that answers an undecodable
 /// message with `INVALID_ARGUMENT`.
 #[derive(Debug, Clone)]
-pub struct StrictProstCodec<T, U> {
+pub(crate) struct StrictProstCodec<T, U> {
     _messages: PhantomData<(T, U)>,
 }
 
@@ -74,7 +74,7 @@ where
 
 /// tonic-prost's decoder with its error code changed.
 #[derive(Debug, Clone)]
-pub struct StrictDecoder<U>(ProstDecoder<U>);
+pub(crate) struct StrictDecoder<U>(ProstDecoder<U>);
 
 impl<U: Message + Default> Decoder for StrictDecoder<U> {
     type Item = U;

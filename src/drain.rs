@@ -24,7 +24,7 @@ const STREAMING_PATHS: [&str; 3] = [
 
 /// Wraps a service in [`Drain`].
 #[derive(Clone, Default)]
-pub struct DrainLayer;
+pub(crate) struct DrainLayer;
 
 impl<S> Layer<S> for DrainLayer {
     type Service = Drain<S>;
@@ -36,7 +36,7 @@ impl<S> Layer<S> for DrainLayer {
 
 /// A service whose calls are counted while in flight, so shutdown can wait for them.
 #[derive(Clone)]
-pub struct Drain<S> {
+pub(crate) struct Drain<S> {
     inner: S,
 }
 

@@ -1,5 +1,5 @@
-//! What can go wrong while deciding, and the one place it becomes a gRPC
-//! status. Being over the limit is not here: that is a decision.
+//! What can go wrong while deciding. Being over the limit is not here:
+//! that is a decision. Each face says what an error is in its protocol.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,32 +128,8 @@ pub enum Error {
     /// The store could not decide.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-impl From<Error> for tonic::Status {
-    /// The message is `field: rule` for a refused request, and the
-    /// [`InvalidArgument`] itself rides along as the status's source, so
-    /// that a caller in this process (the HTTP API) reads the field and the
-    /// rule without parsing the message.
-    fn from(err: Error) -> Self {
-        match err {
-            Error::InvalidArgument(err) => {
-                with_source(tonic::Status::invalid_argument(err.to_string()), err)
-            }
-            Error::NotFound(err) => with_source(tonic::Status::not_found(err.to_string()), err),
-            Error::Store(err) if err.is_transient() => tonic::Status::unavailable(err.to_string()),
-            Error::Store(err) => tonic::Status::internal(err.to_string()),
-        }
-    }
-}
-
-fn with_source(mut status: tonic::Status, err: InvalidArgument) -> tonic::Status {
-    status.set_source(std::sync::Arc::new(err));
-    status
-}
-
-/// The field and the rule a refused call broke, when `status` came from
-/// an [`Error`] (see `From<Error> for tonic::Status`).
-pub fn refusal(status: &tonic::Status) -> Option<&InvalidArgument> {
-    std::error::Error::source(status)?.downcast_ref::<InvalidArgument>()
+    /// Every decision slot is taken: the call is shed at once rather than
+    /// queued. What bound was reached.
+    #[error("{0}")]
+    Overloaded(String),
 }

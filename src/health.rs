@@ -1,4 +1,4 @@
-//! Whether this instance should get traffic, kept in one place ([`Health`])
+//! Whether this instance should get traffic, kept in one place (`Health`)
 //! that `grpc.health.v1.Health` and the HTTP `/healthcheck` both follow.
 //! It is serving only while all hold: every store answers (the main one,
 //! and the per-second Redis when there is one; or the failure
@@ -31,7 +31,7 @@ pub const SERVICE_NAMES: [&str; 4] = [
 
 /// What health is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct State {
+pub(crate) struct State {
     /// The store answers, or the failure policy answers without it.
     pub store: bool,
     /// Rules are in force, or health does not require them.
@@ -44,14 +44,14 @@ pub struct State {
 
 impl State {
     /// Serving: every part holds.
-    pub fn serving(self) -> bool {
+    pub(crate) fn serving(self) -> bool {
         self.store && self.rules && self.open && !self.stopping
     }
 }
 
 /// The one health state; clones share it.
 #[derive(Clone)]
-pub struct Health {
+pub(crate) struct Health {
     state: Arc<watch::Sender<State>>,
     requires_rules: bool,
 }
@@ -59,7 +59,7 @@ pub struct Health {
 impl Health {
     /// Not serving: the store is not yet seen to answer, the port not yet
     /// open. With `requires_rules`, rules must be in force too.
-    pub fn new(requires_rules: bool) -> Self {
+    pub(crate) fn new(requires_rules: bool) -> Self {
         let state = State {
             store: false,
             rules: !requires_rules,
@@ -73,23 +73,23 @@ impl Health {
     }
 
     /// Serving now?
-    pub fn serving(&self) -> bool {
+    pub(crate) fn serving(&self) -> bool {
         self.state.borrow().serving()
     }
 
     /// Each part of health now.
-    pub fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         *self.state.borrow()
     }
 
     /// Is the gRPC port open? What `/json` asks before deciding, so that
     /// it answers only when gRPC would.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.state.borrow().open
     }
 
     /// The state, told again at each change.
-    pub fn subscribe(&self) -> watch::Receiver<State> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<State> {
         self.state.subscribe()
     }
 
@@ -102,34 +102,34 @@ impl Health {
     }
 
     /// The store answers (or the failure policy does without it), or not.
-    pub fn set_store(&self, answers: bool) {
+    pub(crate) fn set_store(&self, answers: bool) {
         self.update(|state| state.store = answers);
     }
 
     /// Rules are in force, or not (counts only when health requires them).
-    pub fn set_rules(&self, in_force: bool) {
+    pub(crate) fn set_rules(&self, in_force: bool) {
         let requires = self.requires_rules;
         self.update(|state| state.rules = in_force || !requires);
     }
 
     /// The gRPC port accepts calls.
-    pub fn opened(&self) {
+    pub(crate) fn opened(&self) {
         self.update(|state| state.open = true);
     }
 
     /// The gRPC port stops taking calls (shutdown, after its delay).
-    pub fn closed(&self) {
+    pub(crate) fn closed(&self) {
         self.update(|state| state.open = false);
     }
 
     /// Shutdown has begun: not serving, for good.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.update(|state| state.stopping = true);
     }
 }
 
 /// Sets every name in [`SERVICE_NAMES`] to `status`.
-pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
+pub(crate) async fn report(reporter: &HealthReporter, status: ServingStatus) {
     for name in SERVICE_NAMES {
         reporter.set_service_status(name, status).await;
     }
@@ -138,7 +138,7 @@ pub async fn report(reporter: &HealthReporter, status: ServingStatus) {
 /// Tells `reporter` (gRPC health) each change of `health`, until it has
 /// told the first state of shutdown: then returns, so that whoever awaits
 /// this task knows gRPC health says NOT_SERVING.
-pub async fn follow_in_grpc(health: Health, reporter: HealthReporter) {
+pub(crate) async fn follow_in_grpc(health: Health, reporter: HealthReporter) {
     let mut state = health.subscribe();
     loop {
         let now = *state.borrow_and_update();
@@ -156,7 +156,7 @@ pub async fn follow_in_grpc(health: Health, reporter: HealthReporter) {
 
 /// Follows what the rules source loads: health's rules part is whether
 /// rules are in force. Runs as a task; the server aborts it at shutdown.
-pub async fn follow_rules(health: Health, mut loads: watch::Receiver<Loads>) {
+pub(crate) async fn follow_rules(health: Health, mut loads: watch::Receiver<Loads>) {
     loop {
         let in_force = loads.borrow_and_update().in_force;
         health.set_rules(in_force);
@@ -168,7 +168,7 @@ pub async fn follow_rules(health: Health, mut loads: watch::Receiver<Loads>) {
 
 /// What health's store part does while a store does not answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WhileDown {
+pub(crate) enum WhileDown {
     /// Down: NOT_SERVING until every store answers again.
     NotServing,
     /// Up: the failure policy answers without the store.
@@ -185,7 +185,12 @@ pub enum WhileDown {
 /// part at each change of state: up while every one answers, and while
 /// one does not as `while_down` says (the probe logs either way). Runs as
 /// a task; the server aborts it at shutdown.
-pub async fn watch(stores: Vec<Store>, health: Health, interval: Duration, while_down: WhileDown) {
+pub(crate) async fn watch(
+    stores: Vec<Store>,
+    health: Health,
+    interval: Duration,
+    while_down: WhileDown,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut serving: Option<bool> = None;

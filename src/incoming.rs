@@ -38,7 +38,7 @@ use per_ip::{PeerConnections, PeerSlot};
 
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
-pub struct IncomingSettings {
+pub(crate) struct IncomingSettings {
     /// Connections open at once; more wait in the kernel's backlog.
     pub max_connections: usize,
     /// Connections open at once from one IP address; more are closed.
@@ -52,7 +52,7 @@ pub struct IncomingSettings {
 }
 
 /// The instant a shutdown began, set once, read by every connection.
-pub type ShutdownStarted = Arc<OnceLock<Instant>>;
+pub(crate) type ShutdownStarted = Arc<OnceLock<Instant>>;
 
 /// How long a draining connection stays open after its last call ended, or
 /// after the shutdown began, so that what was last sent (an answer, a
@@ -75,7 +75,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The connections `listener` accepts, forever, over TLS with `tls`. Never
 /// yields an error: accept errors are handled here (tonic would retry them
 /// at once), and a failed handshake drops only that connection.
-pub fn connections(
+pub(crate) fn connections(
     listener: TcpListener,
     settings: IncomingSettings,
     tls: Option<TlsAcceptor>,
@@ -225,7 +225,7 @@ impl Acceptor {
 /// What a connection is doing, shared with the call-tracking layer through
 /// the request's [`ConnectionInfo`].
 #[derive(Debug)]
-pub struct Activity {
+pub(crate) struct Activity {
     opened: Instant,
     /// Unary calls not yet fully answered: a shutdown waits for these.
     calls: AtomicUsize,
@@ -256,7 +256,7 @@ impl Activity {
     }
 
     /// Counts a call (or, with `streaming`, a stream) until the guard drops.
-    pub fn enter(self: &Arc<Self>, streaming: bool) -> ActivityGuard {
+    pub(crate) fn enter(self: &Arc<Self>, streaming: bool) -> ActivityGuard {
         self.counter(streaming).fetch_add(1, Ordering::AcqRel);
         self.touch();
         ActivityGuard {
@@ -275,7 +275,7 @@ impl Activity {
 }
 
 /// One call or stream counted on its connection, until dropped.
-pub struct ActivityGuard {
+pub(crate) struct ActivityGuard {
     activity: Arc<Activity>,
     streaming: bool,
 }
@@ -291,7 +291,7 @@ impl Drop for ActivityGuard {
 
 /// What tonic puts in every request's extensions for our connections.
 #[derive(Debug, Clone)]
-pub struct ConnectionInfo {
+pub(crate) struct ConnectionInfo {
     /// The peer's and our address.
     pub tcp: TcpConnectInfo,
     /// When the connection last had a call, for the idle timeout.
@@ -299,7 +299,7 @@ pub struct ConnectionInfo {
 }
 
 /// The IP address a call came from, when it came on one of our connections.
-pub fn peer_ip(extensions: &tonic::Extensions) -> Option<std::net::IpAddr> {
+pub(crate) fn peer_ip(extensions: &tonic::Extensions) -> Option<std::net::IpAddr> {
     let info = extensions.get::<ConnectionInfo>()?;
     info.tcp.remote_addr().map(|address| address.ip())
 }
@@ -340,7 +340,7 @@ macro_rules! on_transport {
 }
 
 /// One accepted connection, holding its place under the cap until dropped.
-pub struct Connection {
+pub(crate) struct Connection {
     stream: Transport,
     _slot: Slot,
     activity: Arc<Activity>,

@@ -1,6 +1,6 @@
 //! Sheds decisions beyond a server-wide number in flight: a decision that
-//! finds every slot taken gets `RESOURCE_EXHAUSTED` at once, instead of
-//! queueing without bound while Redis is slow (a queue only turns a slow
+//! finds every slot taken is refused at once (`RESOURCE_EXHAUSTED` over
+//! gRPC), instead of queueing without bound while Redis is slow (a queue only turns a slow
 //! store into a slow proxy and then a memory problem).
 //!
 //! A slot is taken by the API handlers once the request has been read and
@@ -21,15 +21,14 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::error::Error;
+use crate::metrics;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::Status;
-
-use crate::{incoming, metrics};
 
 /// At most `limit` decisions in flight across all connections, and at most
 /// `per_peer_limit` of them from one IP address.
 #[derive(Clone)]
-pub struct DecisionSlots {
+pub(crate) struct DecisionSlots {
     slots: Arc<Semaphore>,
     limit: usize,
     peers: Arc<PeerSlots>,
@@ -43,7 +42,7 @@ struct PeerSlots {
 
 impl DecisionSlots {
     /// At most `limit` decisions in flight, `per_peer_limit` of them from one address.
-    pub fn new(limit: usize, per_peer_limit: usize) -> Self {
+    pub(crate) fn new(limit: usize, per_peer_limit: usize) -> Self {
         Self {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
@@ -54,19 +53,12 @@ impl DecisionSlots {
         }
     }
 
-    /// A slot for the call `request` makes (its peer read from the
-    /// connection it came on), and the call's message.
-    pub fn admit<T>(&self, request: tonic::Request<T>) -> Result<(InFlight, T), Status> {
-        let in_flight = self.enter(incoming::peer_ip(request.extensions()))?;
-        Ok((in_flight, request.into_inner()))
-    }
-
     /// A slot for one decision from `peer` (`None`: not known), held until
     /// the guard is dropped (also when the client gives up and the call's
     /// future is dropped unfinished).
-    pub fn enter(&self, peer: Option<IpAddr>) -> Result<InFlight, Status> {
+    pub(crate) fn enter(&self, peer: Option<IpAddr>) -> Result<InFlight, Error> {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            return Err(Status::resource_exhausted(format!(
+            return Err(Error::Overloaded(format!(
                 "more than {} calls in flight (--max-concurrent-requests)",
                 self.limit
             )));
@@ -75,7 +67,7 @@ impl DecisionSlots {
             let mut in_flight = self.peers.lock();
             let count = in_flight.entry(peer).or_insert(0);
             if *count >= self.peers.limit {
-                return Err(Status::resource_exhausted(format!(
+                return Err(Error::Overloaded(format!(
                     "more than {} calls in flight from {peer} \
                      (--max-concurrent-requests-per-peer)",
                     self.peers.limit
@@ -111,7 +103,7 @@ impl PeerSlots {
 }
 
 /// A slot taken, counted in the in-flight gauge until dropped.
-pub struct InFlight {
+pub(crate) struct InFlight {
     _slot: OwnedSemaphorePermit,
     peer: Option<(Arc<PeerSlots>, IpAddr)>,
 }

@@ -24,14 +24,14 @@ use crate::limit::Decision;
 const QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
 
 /// A histogram's buckets by name: whole (`Full`) or by its start.
-pub type Buckets = Vec<(Matcher, Vec<f64>)>;
+pub(crate) type Buckets = Vec<(Matcher, Vec<f64>)>;
 
 /// Installs the recorder, serving `/metrics` on `listen` when given, with
 /// `histograms` (the upstream statistics' histograms a mapping names)
 /// bucketed as given; the handle renders the same text (the debug
 /// listener's `/metrics`). Call once, inside the tokio runtime, before
 /// anything is counted.
-pub fn install(
+pub(crate) fn install(
     listen: Option<SocketAddr>,
     histograms: Buckets,
 ) -> Result<PrometheusHandle, BuildError> {
@@ -133,14 +133,14 @@ fn export_fixed_zeros() {
 }
 
 /// Redis `store`'s error counters, at 0 (called when the store is built).
-pub fn redis_store(store: &'static str) {
+pub(crate) fn redis_store(store: &'static str) {
     for kind in REDIS_ERROR_KINDS {
         counter!("ratelimitd_redis_errors_total", "kind" => kind, "store" => store).increment(0);
     }
 }
 
 /// A loaded `CheckLimit` policy's decision counters, at 0.
-pub fn policy_loaded(policy: &str) {
+pub(crate) fn policy_loaded(policy: &str) {
     for outcome in ["allowed", "denied", "degraded"] {
         counter!(
             "ratelimitd_policy_decisions_total",
@@ -152,7 +152,7 @@ pub fn policy_loaded(policy: &str) {
 }
 
 /// A loaded quota policy's counters, at 0.
-pub fn quota_policy_loaded(domain: &str, policy: &str) {
+pub(crate) fn quota_policy_loaded(domain: &str, policy: &str) {
     counter!(
         "ratelimitd_quota_degraded_total",
         "domain" => domain.to_owned(),
@@ -193,7 +193,7 @@ const OUTCOMES: [&str; 3] = ["allowed", "denied", "degraded"];
 
 /// Which face a decision came through.
 #[derive(Debug, Clone, Copy)]
-pub enum Api {
+pub(crate) enum Api {
     /// Our `CheckLimit`.
     CheckLimit,
     /// Envoy's `ShouldRateLimit`.
@@ -210,7 +210,7 @@ impl Api {
 }
 
 /// One decision: allowed, denied, or degraded (made by the failure policy).
-pub fn decision(api: Api, algorithm: Kind, decision: &Decision) {
+pub(crate) fn decision(api: Api, algorithm: Kind, decision: &Decision) {
     let Some(hot) = HOT.get() else {
         return;
     };
@@ -235,7 +235,7 @@ pub fn decision(api: Api, algorithm: Kind, decision: &Decision) {
 
 /// A `CheckLimit` that named a policy, by policy and outcome. Policy
 /// names come from the operator's file, so the label stays bounded.
-pub fn policy_decision(policy: &str, allowed: bool, degraded: bool) {
+pub(crate) fn policy_decision(policy: &str, allowed: bool, degraded: bool) {
     counter!(
         "ratelimitd_policy_decisions_total",
         "policy" => policy.to_owned(),
@@ -245,13 +245,13 @@ pub fn policy_decision(policy: &str, allowed: bool, degraded: bool) {
 }
 
 /// A would-be denial let through by shadow mode, for a configured domain.
-pub fn shadow_decision(domain: &str) {
+pub(crate) fn shadow_decision(domain: &str) {
     counter!("ratelimitd_shadow_decisions_total", "domain" => domain.to_owned()).increment(1);
 }
 
 /// One call of the admin API, by endpoint (its route's name) and
 /// outcome (`ok`, `unauthenticated`, `forbidden`, `refused`, `failed`).
-pub fn admin_request(endpoint: &'static str, outcome: &'static str) {
+pub(crate) fn admin_request(endpoint: &'static str, outcome: &'static str) {
     counter!(
         "ratelimitd_admin_requests_total",
         "endpoint" => endpoint,
@@ -261,19 +261,19 @@ pub fn admin_request(endpoint: &'static str, outcome: &'static str) {
 }
 
 /// A request answered from the local over-limit cache, without Redis.
-pub fn denial_cache_hit() {
+pub(crate) fn denial_cache_hit() {
     counter!("ratelimitd_local_cache_hits_total").increment(1);
 }
 
 /// The number of calls one script call to Redis `store` carried (1 for a
 /// call that went alone).
-pub fn redis_batch(store: &'static str, calls: usize) {
+pub(crate) fn redis_batch(store: &'static str, calls: usize) {
     histogram!("ratelimitd_redis_batch_size", "store" => store).record(calls as f64);
 }
 
 /// One script call on Redis `store` (`main`, or `per_second`): how long it
 /// took, and how it failed if it did.
-pub fn redis_command(store: &'static str, took: Duration, outcome: Result<(), &StoreError>) {
+pub(crate) fn redis_command(store: &'static str, took: Duration, outcome: Result<(), &StoreError>) {
     histogram!("ratelimitd_redis_command_seconds", "store" => store).record(took.as_secs_f64());
     crate::live::store_call(store, took, outcome.is_err());
     if let Err(err) = outcome {
@@ -298,7 +298,7 @@ fn redis_error_kind(err: &StoreError) -> &'static str {
 }
 
 /// The connections of Redis `store`'s pool now.
-pub fn redis_pool(store: &'static str, in_use: usize, idle: usize) {
+pub(crate) fn redis_pool(store: &'static str, in_use: usize, idle: usize) {
     gauge!("ratelimitd_redis_pool_connections", "state" => "in_use", "store" => store)
         .set(in_use as f64);
     gauge!("ratelimitd_redis_pool_connections", "state" => "idle", "store" => store)
@@ -306,7 +306,7 @@ pub fn redis_pool(store: &'static str, in_use: usize, idle: usize) {
 }
 
 /// A configuration reload that took, or was refused.
-pub fn config_reload(succeeded: bool) {
+pub(crate) fn config_reload(succeeded: bool) {
     let result = if succeeded { "success" } else { "failure" };
     counter!("ratelimitd_config_reloads_total", "result" => result).increment(1);
 }
@@ -314,59 +314,59 @@ pub fn config_reload(succeeded: bool) {
 /// Lines of upstream's statistics statsd did not take (the socket was
 /// full or refused them, the timer queue was full, the address did not
 /// resolve).
-pub fn statsd_dropped(lines: u64) {
+pub(crate) fn statsd_dropped(lines: u64) {
     counter!("ratelimitd_statsd_dropped_lines_total").increment(lines);
 }
 
 /// Calls in flight, up or down by one.
-pub fn in_flight(delta: f64) {
+pub(crate) fn in_flight(delta: f64) {
     if let Some(hot) = HOT.get() {
         hot.in_flight.increment(delta);
     }
 }
 
 /// Client connections open, up or down by one.
-pub fn connections(delta: f64) {
+pub(crate) fn connections(delta: f64) {
     gauge!("ratelimitd_connections").increment(delta);
 }
 
 /// A connection closed as soon as it was accepted, for `reason`
 /// (`per_ip`: its address had `--max-connections-per-ip` open).
-pub fn connection_refused(reason: &'static str, connections: u64) {
+pub(crate) fn connection_refused(reason: &'static str, connections: u64) {
     counter!("ratelimitd_connections_refused_total", "reason" => reason).increment(connections);
 }
 
 /// An HTTP connection that lingered at its close (`end`: how that ended),
 /// having read and thrown away `discarded` bytes its client still sent.
-pub fn http_lingering_close(end: &'static str, discarded: u64) {
+pub(crate) fn http_lingering_close(end: &'static str, discarded: u64) {
     counter!("ratelimitd_http_lingering_closes_total", "end" => end).increment(1);
     counter!("ratelimitd_http_lingering_discarded_bytes_total").increment(discarded);
 }
 
 /// An `accept` that failed (out of file descriptors, mostly).
-pub fn accept_error() {
+pub(crate) fn accept_error() {
     counter!("ratelimitd_accept_errors_total").increment(1);
 }
 
 /// The embedded store's keys and estimated bytes, after each sweep.
-pub fn memory_store(keys: usize, bytes: usize) {
+pub(crate) fn memory_store(keys: usize, bytes: usize) {
     gauge!("ratelimitd_memory_keys").set(keys as f64);
     gauge!("ratelimitd_memory_bytes").set(bytes as f64);
 }
 
 /// Live keys the embedded store evicted to stay within its budget.
-pub fn memory_evictions(keys: usize) {
+pub(crate) fn memory_evictions(keys: usize) {
     counter!("ratelimitd_memory_evictions_total").increment(keys as u64);
 }
 
 /// A quota service stream opened (+1) or closed (-1).
-pub fn quota_streams(delta: f64) {
+pub(crate) fn quota_streams(delta: f64) {
     gauge!("ratelimitd_quota_streams").increment(delta);
 }
 
 /// A quota policy's subscribers on this instance (one Envoy stream's
 /// bucket each), up or down.
-pub fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
+pub(crate) fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
     gauge!(
         "ratelimitd_quota_subscribers",
         "domain" => domain.to_owned(),
@@ -378,7 +378,7 @@ pub fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
 
 /// The rate this instance has assigned under a quota policy, in requests
 /// per second, up or down.
-pub fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
+pub(crate) fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
     gauge!(
         "ratelimitd_quota_assigned_requests_per_second",
         "domain" => domain.to_owned(),
@@ -389,7 +389,7 @@ pub fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
 }
 
 /// What Envoys reported under a quota policy.
-pub fn quota_reported(domain: &str, policy: &str, allowed: u64, denied: u64) {
+pub(crate) fn quota_reported(domain: &str, policy: &str, allowed: u64, denied: u64) {
     for (outcome, count) in [("allowed", allowed), ("denied", denied)] {
         counter!(
             "ratelimitd_quota_reported_requests_total",
@@ -403,7 +403,7 @@ pub fn quota_reported(domain: &str, policy: &str, allowed: u64, denied: u64) {
 
 /// An assignment sent to an Envoy, by its kind (`token_bucket`,
 /// `allow_all`, `deny_all`, `abandon`).
-pub fn quota_assignment(domain: &str, policy: &str, kind: &'static str) {
+pub(crate) fn quota_assignment(domain: &str, policy: &str, kind: &'static str) {
     counter!(
         "ratelimitd_quota_assignments_total",
         "domain" => domain.to_owned(),
@@ -416,12 +416,12 @@ pub fn quota_assignment(domain: &str, policy: &str, kind: &'static str) {
 /// Bucket reports ignored, and why (`no_domain`, `domain_changed`,
 /// `unknown_domain`, `empty_bucket_id`, `bucket_id_too_large`,
 /// `too_many_buckets`).
-pub fn quota_report_ignored(reason: &'static str, reports: u64) {
+pub(crate) fn quota_report_ignored(reason: &'static str, reports: u64) {
     counter!("ratelimitd_quota_reports_ignored_total", "reason" => reason).increment(reports);
 }
 
 /// A share the store could not settle, answered by the failure policy.
-pub fn quota_degraded(domain: &str, policy: &str) {
+pub(crate) fn quota_degraded(domain: &str, policy: &str) {
     counter!(
         "ratelimitd_quota_degraded_total",
         "domain" => domain.to_owned(),

@@ -14,10 +14,6 @@ use std::time::Duration;
 
 use crate::config_error::ConfigError;
 
-/// An option's error, as the groups of options name it: a [`ConfigError`]
-/// naming the flag (`Invalid`, `Unreadable`).
-pub use crate::config_error::ConfigError as OptionsError;
-
 /// The PEM file `path` that `flag` names, read whole.
 pub fn read_pem(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
     std::fs::read(path).map_err(|source| ConfigError::Unreadable {

@@ -6,8 +6,8 @@
 //! time: requests sent, admitted and denied, and what remains at the step's
 //! end, for each limit.
 //!
-//! Everything is bounded ([`MAX_LIMITS`], [`MAX_STEPS`], [`MAX_REQUESTS`],
-//! [`MAX_DURATION`]), so one run costs at most a few hundred thousand
+//! Everything is bounded (at most 10 limits, 10 000 steps, 100 000
+//! requests and an hour), so one run costs at most a few hundred thousand
 //! decisions, and each bound broken is refused naming its field.
 
 use std::time::Duration;
@@ -21,15 +21,15 @@ use crate::pb::ratelimitd::v1::simulated_traffic::Shape as PbShape;
 use crate::store::MemoryChange;
 
 /// Most limits in one run.
-pub const MAX_LIMITS: usize = 10;
+pub(crate) const MAX_LIMITS: usize = 10;
 /// Most steps in one answer (the traffic's duration over the step).
-pub const MAX_STEPS: u64 = 10_000;
+pub(crate) const MAX_STEPS: u64 = 10_000;
 /// Most requests the traffic may send in one run.
-pub const MAX_REQUESTS: u64 = 100_000;
+pub(crate) const MAX_REQUESTS: u64 = 100_000;
 /// Longest traffic.
-pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3600);
 /// The step when the request gives none.
-pub const DEFAULT_STEP: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_STEP: Duration = Duration::from_millis(100);
 
 /// A request arrives once the traffic's count reaches its number less
 /// this: the counts are floating point, and an arrival due at an exact
@@ -38,7 +38,7 @@ const ARRIVAL_SLACK: f64 = 1e-6;
 
 /// When requests arrive.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// `rate` per second, evenly spaced, the first at zero.
     Steady,
     /// `rate` × `period` at once at the start of every period.
@@ -57,7 +57,7 @@ pub enum Shape {
 
 /// A traffic pattern, validated.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Traffic {
+pub(crate) struct Traffic {
     /// Its shape.
     pub shape: Shape,
     /// Requests per second (at the top, for a ramp and a sawtooth).
@@ -92,7 +92,7 @@ impl Traffic {
     }
 
     /// How many requests it sends in all (those arriving before its end).
-    pub fn requests(&self) -> u64 {
+    pub(crate) fn requests(&self) -> u64 {
         let last = self.duration.saturating_sub(Micros::from_micros(1));
         let sent = (self.sent_by(last) + ARRIVAL_SLACK).floor();
         if sent.is_finite() && sent >= 0.0 {
@@ -104,8 +104,8 @@ impl Traffic {
     }
 
     /// When each request arrives, in order: request `n` at the first
-    /// microsecond by which [`Traffic::sent_by`] reaches `n`.
-    pub fn arrivals(&self) -> Vec<Micros> {
+    /// microsecond by which `Traffic::sent_by` reaches `n`.
+    pub(crate) fn arrivals(&self) -> Vec<Micros> {
         let count = self.requests();
         let end = self.duration.as_micros();
         let mut arrivals = Vec::with_capacity(count.min(MAX_REQUESTS) as usize);
@@ -132,7 +132,7 @@ impl Traffic {
 
 /// One limit of a run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SimulatedLimit {
+pub(crate) struct SimulatedLimit {
     /// Its name, if it has one.
     pub name: String,
     /// The algorithm and its parameters.
@@ -145,9 +145,9 @@ pub struct SimulatedLimit {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Simulation {
     /// The limits, each on its own counter.
-    pub limits: Vec<SimulatedLimit>,
+    pub(crate) limits: Vec<SimulatedLimit>,
     /// What is sent.
-    pub traffic: Traffic,
+    pub(crate) traffic: Traffic,
     /// The length of one step of the answer.
     pub step: Micros,
 }

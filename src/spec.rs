@@ -9,7 +9,7 @@ use std::fmt;
 /// A YAML scalar read as text, as upstream's Go struct fields read them:
 /// `value: 123` is the string "123".
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Text(pub String);
+pub(crate) struct Text(pub String);
 
 impl<'de> serde::Deserialize<'de> for Text {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -38,7 +38,7 @@ impl<'de> serde::Deserialize<'de> for Text {
 
 impl Text {
     /// The text, for a field that may be absent: "" when it is.
-    pub fn or_empty(text: Option<&Self>) -> &str {
+    pub(crate) fn or_empty(text: Option<&Self>) -> &str {
         text.map_or("", |Self(text)| text.as_str())
     }
 }
@@ -94,7 +94,7 @@ impl Unit {
 
 /// The YAML parser's reason alone: its message starts with "error: line L
 /// column C: " (the line is reported apart) and ends with a source excerpt.
-pub fn parser_reason(message: &str) -> String {
+pub(crate) fn parser_reason(message: &str) -> String {
     let first = message.lines().next().unwrap_or(message).trim();
     let without_position = first
         .strip_prefix("error: line ")

@@ -85,7 +85,7 @@ pub fn init(format: LogFormat, level: LogLevel) {
 
 /// Lets a warning out at most once per interval, counting those held back.
 #[derive(Debug)]
-pub struct WarnThrottle {
+pub(crate) struct WarnThrottle {
     every: Duration,
     /// When the last warning went out, and how many were held back since.
     state: Mutex<(Option<Instant>, u64)>,
@@ -93,7 +93,7 @@ pub struct WarnThrottle {
 
 impl WarnThrottle {
     /// At most one warning per `every`.
-    pub const fn new(every: Duration) -> Self {
+    pub(crate) const fn new(every: Duration) -> Self {
         Self {
             every,
             state: Mutex::new((None, 0)),
@@ -102,7 +102,7 @@ impl WarnThrottle {
 
     /// Runs `log` (given how many warnings were held back since the last
     /// one) unless a warning went out within the interval.
-    pub fn warn(&self, log: impl FnOnce(u64)) {
+    pub(crate) fn warn(&self, log: impl FnOnce(u64)) {
         let now = Instant::now();
         let suppressed = {
             let mut state = self

@@ -1,134 +1,100 @@
 //! The `ratelimitd.v1.RateLimiter` service: protobuf in, validated
-//! questions to the limiter (one limit, several, or a named policy's),
-//! decisions back to protobuf; and batches of such questions. Nothing else
-//! happens here: `question` validates, `answer` answers; `reset` is an
-//! operator's reset of the limits a request names.
+//! questions to the [`Decider`] (one limit, several, or a named policy's),
+//! answers back to protobuf; and batches of such questions. Nothing else
+//! happens here: `question` validates, `answer` answers. The HTTP API
+//! speaks the same messages (in their JSON mapping) and asks through the
+//! same `check_limit` and `check_limits`.
 
 mod answer;
 mod question;
-mod reset;
 
-use futures::StreamExt;
+use std::net::IpAddr;
+
 use tonic::{Request, Response, Status};
-use tracing::debug;
 
-pub use self::answer::response;
-use self::answer::several_response;
+pub(crate) use self::answer::answer;
 pub use self::question::limit_request;
-use self::question::{Form, question};
-pub use self::reset::ResetLimit;
+pub(crate) use self::question::question;
+use crate::api::status::item_status;
+use crate::decider::Decider;
 use crate::error::Error;
-use crate::limit::InvalidArgument;
-use crate::limiter::Limiter;
-use crate::live;
-use crate::load_shed::DecisionSlots;
-use crate::metrics::{self, Api};
-use crate::pb::google::rpc;
+use crate::incoming;
 use crate::pb::ratelimitd::v1 as pb;
-use crate::rules::{Rules, RulesHandle};
 
-/// Items of one batch decided at once: enough to keep a Redis pool busy,
-/// few enough that one batch does not take every connection from the
-/// unary calls beside it.
-const BATCH_CONCURRENCY: usize = 32;
-
-/// Bounds on what one call may ask.
-#[derive(Debug, Clone, Copy)]
-pub struct CheckBounds {
-    /// Most limits in one request's `limits`.
-    pub max_limits: usize,
-    /// Most requests in one `CheckLimits`.
-    pub max_batch: usize,
-}
-
-/// The service, over one limiter.
+/// The service, over one decider.
 #[derive(Clone)]
-pub struct CheckService {
-    limiter: Limiter,
-    slots: DecisionSlots,
-    /// Where the named policies are (with every other rule, reloaded with
-    /// them).
-    rules: RulesHandle,
-    bounds: CheckBounds,
+pub(crate) struct CheckService {
+    decider: Decider,
 }
 
 impl CheckService {
-    /// The service, deciding on `limiter`, each call holding one of
-    /// `slots`, with the policies of `rules`.
-    pub fn new(
-        limiter: Limiter,
-        slots: DecisionSlots,
-        rules: RulesHandle,
-        bounds: CheckBounds,
-    ) -> Self {
-        Self {
-            limiter,
-            slots,
-            rules,
-            bounds,
-        }
+    /// The service, asking `decider`.
+    pub(crate) fn new(decider: Decider) -> Self {
+        Self { decider }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
+    pub(crate) fn into_server(self) -> pb::rate_limiter_server::RateLimiterServer<Self> {
         pb::rate_limiter_server::RateLimiterServer::new(self)
     }
+}
 
-    /// Validates and decides one request, against the policies of `rules`
-    /// (taken only for requests that name a policy: the other forms need
-    /// no look at the configuration).
-    async fn answer(
-        &self,
-        request: pb::CheckLimitRequest,
-        rules: Option<&Rules>,
-    ) -> Result<pb::CheckLimitResponse, Error> {
-        let question = question(request, rules, self.bounds.max_limits)?;
-        match question.form {
-            Form::One => {
-                let request = &question.requests[0];
-                let decision = self.limiter.check(request, question.failure_policy).await?;
-                metrics::decision(Api::CheckLimit, request.algorithm.kind(), &decision);
-                live::decision(
-                    live::Face::CheckLimit,
-                    live::Origin::Request,
-                    request,
-                    &decision,
-                );
-                debug!(
-                    algorithm = request.algorithm.name(),
-                    allowed = decision.is_allowed(),
-                    remaining = decision.remaining(),
-                    "decided"
-                );
-                Ok(response(&decision))
+/// `request` as the decider's question, against the policies in force
+/// (looked at only when it names a policy: the other forms need no look
+/// at the configuration).
+pub(crate) fn ask(
+    decider: &Decider,
+    request: pb::CheckLimitRequest,
+) -> Result<crate::decider::Question, Error> {
+    let rules = (!request.policy.is_empty()).then(|| decider.rules());
+    question(request, rules.as_deref(), decider.bounds().max_limits)
+}
+
+/// `CheckLimit`, whatever carries it: a decision slot for `peer`, then
+/// `request` validated and decided.
+pub(crate) async fn check_limit(
+    decider: &Decider,
+    peer: Option<IpAddr>,
+    request: pb::CheckLimitRequest,
+) -> Result<pb::CheckLimitResponse, Error> {
+    let _in_flight = decider.admit(peer)?;
+    let question = ask(decider, request)?;
+    Ok(answer(&decider.decide(question).await?))
+}
+
+/// `CheckLimits`, whatever carries it: one decision slot for the whole
+/// batch, and every item against the same policies (one reload cannot
+/// split a batch); an item refused or undecided carries its error.
+pub(crate) async fn check_limits(
+    decider: &Decider,
+    peer: Option<IpAddr>,
+    batch: pb::CheckLimitsRequest,
+) -> Result<pb::CheckLimitsResponse, Error> {
+    let _in_flight = decider.admit(peer)?;
+    let items = batch.requests;
+    let rules = items
+        .iter()
+        .any(|item| !item.policy.is_empty())
+        .then(|| decider.rules());
+    let max_limits = decider.bounds().max_limits;
+    let questions = items
+        .into_iter()
+        .map(|item| question(item, rules.as_deref(), max_limits))
+        .collect();
+    let answers = decider.decide_batch(questions).await?;
+    let results = answers
+        .into_iter()
+        .map(|answered| {
+            let result = match answered {
+                Ok(answered) => pb::check_limit_result::Result::Response(answer(&answered)),
+                Err(err) => pb::check_limit_result::Result::Error(item_status(&err)),
+            };
+            pb::CheckLimitResult {
+                result: Some(result),
             }
-            Form::Several { labels, policy } => {
-                let decisions = self
-                    .limiter
-                    .check_all(&question.requests, question.failure_policy)
-                    .await?;
-                let origin = match &policy {
-                    Some(policy) => live::Origin::Policy(&policy.name),
-                    None => live::Origin::Request,
-                };
-                for (request, decision) in question.requests.iter().zip(&decisions) {
-                    metrics::decision(Api::CheckLimit, request.algorithm.kind(), decision);
-                    live::decision(live::Face::CheckLimit, origin, request, decision);
-                }
-                let response = several_response(&labels, &decisions);
-                if let Some(policy) = &policy {
-                    metrics::policy_decision(&policy.name, response.allowed, response.degraded);
-                }
-                debug!(
-                    limits = decisions.len(),
-                    policy = policy.as_ref().map(|p| p.name.as_str()),
-                    allowed = response.allowed,
-                    "decided"
-                );
-                Ok(response)
-            }
-        }
-    }
+        })
+        .collect();
+    Ok(pb::CheckLimitsResponse { results })
 }
 
 #[tonic::async_trait]
@@ -137,61 +103,17 @@ impl pb::rate_limiter_server::RateLimiter for CheckService {
         &self,
         request: Request<pb::CheckLimitRequest>,
     ) -> Result<Response<pb::CheckLimitResponse>, Status> {
-        let (_in_flight, request) = self.slots.admit(request)?;
-        let rules = (!request.policy.is_empty()).then(|| self.rules.current());
-        let response = self.answer(request, rules.as_deref()).await?;
+        let peer = incoming::peer_ip(request.extensions());
+        let response = check_limit(&self.decider, peer, request.into_inner()).await?;
         Ok(Response::new(response))
     }
 
-    /// One slot for the whole batch: its items are decided at most
-    /// `BATCH_CONCURRENCY` at a time, and every item against the same
-    /// policies (one reload cannot split a batch).
     async fn check_limits(
         &self,
         request: Request<pb::CheckLimitsRequest>,
     ) -> Result<Response<pb::CheckLimitsResponse>, Status> {
-        let (_in_flight, batch) = self.slots.admit(request)?;
-        let items = batch.requests;
-        if items.is_empty() {
-            return Err(Error::from(InvalidArgument::new("requests", "must not be empty")).into());
-        }
-        if items.len() > self.bounds.max_batch {
-            return Err(Error::from(InvalidArgument::new(
-                "requests",
-                format!(
-                    "must hold at most {} requests (got {}); the server's --max-batch-size \
-                     sets the bound",
-                    self.bounds.max_batch,
-                    items.len()
-                ),
-            ))
-            .into());
-        }
-        let rules = items
-            .iter()
-            .any(|item| !item.policy.is_empty())
-            .then(|| self.rules.current());
-        let rules = rules.as_deref();
-        let results = futures::stream::iter(items)
-            .map(|item| async move {
-                let result = match self.answer(item, rules).await {
-                    Ok(response) => pb::check_limit_result::Result::Response(response),
-                    Err(err) => {
-                        let status = Status::from(err);
-                        pb::check_limit_result::Result::Error(rpc::Status {
-                            code: status.code() as i32,
-                            message: status.message().to_owned(),
-                            details: Vec::new(),
-                        })
-                    }
-                };
-                pb::CheckLimitResult {
-                    result: Some(result),
-                }
-            })
-            .buffered(BATCH_CONCURRENCY)
-            .collect()
-            .await;
-        Ok(Response::new(pb::CheckLimitsResponse { results }))
+        let peer = incoming::peer_ip(request.extensions());
+        let response = check_limits(&self.decider, peer, request.into_inner()).await?;
+        Ok(Response::new(response))
     }
 }

@@ -1,7 +1,8 @@
 //! The JSON API of the service listener: `POST /v1/check` (`CheckLimit`,
 //! in any of its forms: one limit, several, a named policy) and `POST
-//! /v1/check-many` (`CheckLimits`, the batch), decided by the very methods
-//! the gRPC port serves; `GET /healthz` and `GET /readyz`, following
+//! /v1/check-many` (`CheckLimits`, the batch), asked of the decision
+//! service ([`crate::decider`]) through the same [`check::check_limit`]
+//! and [`check::check_limits`] the gRPC port goes through; `GET /healthz` and `GET /readyz`, following
 //! [`crate::health`]. Messages are proto3's JSON mapping as pbjson reads
 //! and writes it ([`crate::pb::json`]: camelCase out, either name form in,
 //! 64-bit integers as strings, enums by name, unknown fields refused); a
@@ -24,26 +25,25 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use prost::Message;
 use serde::Serialize;
-use tonic::Code;
 use tracing::warn;
 
 use super::body::{self, BodyBounds, BodyError};
-use crate::api::check::CheckService;
+use crate::api::check;
 use crate::api::envoy::headers::sf_string;
-use crate::error::refusal;
+use crate::decider::Decider;
+use crate::error::Error;
 use crate::health::Health;
 use crate::pb::json::ratelimitd::v1 as json;
 use crate::pb::ratelimitd::v1 as pb;
-use crate::pb::ratelimitd::v1::rate_limiter_server::RateLimiter;
 
 /// The media type the API reads and writes.
-pub const JSON: &str = "application/json";
+pub(crate) const JSON: &str = "application/json";
 
 /// What the API's handlers share.
 #[derive(Clone)]
-pub struct Api {
-    /// The gRPC `RateLimiter` service, whose methods decide.
-    pub check: CheckService,
+pub(crate) struct Api {
+    /// The decision service, asked as the gRPC `RateLimiter` asks it.
+    pub decider: Decider,
     /// Whether the instance can decide.
     pub health: Health,
     /// How much a body may hold and how long it may take.
@@ -53,7 +53,7 @@ pub struct Api {
 /// A refused request: the field and the rule it breaks, as gRPC's
 /// INVALID_ARGUMENT message names them.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The field's path in the request (proto field names, e.g.
     /// `fixed_window.window`; `request` for the body as a whole,
     /// `content-type` for that header).
@@ -64,7 +64,7 @@ pub struct Refusal {
 
 /// No decision could be had: the gRPC status the call ended with.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The gRPC status code's name, e.g. `UNAVAILABLE`.
     pub code: String,
     /// What happened.
@@ -73,7 +73,7 @@ pub struct Failure {
 
 /// `/readyz`'s answer: health, and each part of it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// `SERVING` when every part holds (the instance can decide), else
     /// `NOT_SERVING`: what gRPC health says.
     pub status: String,
@@ -89,7 +89,7 @@ pub struct Readiness {
 
 /// `/healthz`'s answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Liveness {
+pub(crate) struct Liveness {
     /// Always `alive`: the process answers.
     pub status: String,
 }
@@ -97,7 +97,7 @@ pub struct Liveness {
 /// `POST /v1/check`: `CheckLimit`, with the IETF `RateLimit-Policy` and
 /// `RateLimit` headers and, when denied, `Retry-After`, as the client
 /// libraries set them.
-pub async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
     let request: pb::CheckLimitRequest =
         match accept::<json::CheckLimitRequest, _>(&api, &headers, body, "CheckLimitRequest").await
         {
@@ -111,18 +111,17 @@ pub async fn check(api: Api, headers: HeaderMap, body: Body) -> Response {
 /// headers.
 pub(super) async fn decide(api: &Api, request: pb::CheckLimitRequest) -> Response {
     let windows = windows(&request);
-    match api.check.check_limit(tonic::Request::new(request)).await {
+    match check::check_limit(&api.decider, None, request).await {
         Ok(response) => {
-            let response = response.into_inner();
             let quota = quota_headers(&windows, &response);
             written::<_, json::CheckLimitResponse>(&response, quota)
         }
-        Err(status) => failed(&status),
+        Err(err) => failed(&err),
     }
 }
 
 /// `POST /v1/check-many`: `CheckLimits`.
-pub async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
     let request: pb::CheckLimitsRequest =
         match accept::<json::CheckLimitsRequest, _>(&api, &headers, body, "CheckLimitsRequest")
             .await
@@ -130,16 +129,14 @@ pub async fn check_many(api: Api, headers: HeaderMap, body: Body) -> Response {
             Ok(request) => request,
             Err(answer) => return answer,
         };
-    match api.check.check_limits(tonic::Request::new(request)).await {
-        Ok(response) => {
-            written::<_, json::CheckLimitsResponse>(&response.into_inner(), HeaderMap::new())
-        }
-        Err(status) => failed(&status),
+    match check::check_limits(&api.decider, None, request).await {
+        Ok(response) => written::<_, json::CheckLimitsResponse>(&response, HeaderMap::new()),
+        Err(err) => failed(&err),
     }
 }
 
 /// `GET /healthz`: the process answers.
-pub async fn healthz() -> Response {
+pub(crate) async fn healthz() -> Response {
     json_answer(
         StatusCode::OK,
         &Liveness {
@@ -150,7 +147,7 @@ pub async fn healthz() -> Response {
 
 /// `GET /readyz`: 200 while the instance can decide (gRPC health
 /// SERVING), else 503; each part of health in the body.
-pub async fn readyz(health: Health) -> Response {
+pub(crate) async fn readyz(health: Health) -> Response {
     let state = health.state();
     let serving = state.serving();
     let body = Readiness {
@@ -198,7 +195,7 @@ where
     if !api.health.is_open() {
         return Err(failure(
             StatusCode::SERVICE_UNAVAILABLE,
-            Code::Unavailable,
+            FailureCode::Unavailable,
             "not deciding yet, or any more: the gRPC port is not open".into(),
         ));
     }
@@ -246,7 +243,7 @@ where
         warn!(%err, "{name}: the JSON and gRPC types disagree");
         failure(
             StatusCode::INTERNAL_SERVER_ERROR,
-            Code::Internal,
+            FailureCode::Internal,
             format!("{name}: {err}"),
         )
     })
@@ -276,39 +273,43 @@ pub(super) fn written<Grpc: Message, Json: Message + Default + Serialize>(
             warn!(%err, "cannot write the response");
             failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                Code::Internal,
+                FailureCode::Internal,
                 format!("cannot write the response: {err}"),
             )
         }
     }
 }
 
-/// The answer to a call the service did not decide.
-pub(super) fn failed(status: &tonic::Status) -> Response {
-    let code = status.code();
-    match code {
-        Code::InvalidArgument | Code::NotFound => {
-            let http = if code == Code::NotFound {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            match refusal(status) {
-                Some(refused_for) => refused(http, &refused_for.field, refused_for.rule.clone()),
-                // Refused before the service (the decoder, a bound): the
-                // request as a whole.
-                None => refused(http, "request", status.message().to_owned()),
-            }
-        }
-        Code::Unavailable | Code::ResourceExhausted => failure(
-            StatusCode::SERVICE_UNAVAILABLE,
-            code,
-            status.message().to_owned(),
+/// The answer to a call the service did not decide: 400 for a refused
+/// request and 404 for an unknown policy, naming the field and the rule;
+/// 503 when a later call may be decided (the store for now, every
+/// decision slot taken), else 500, naming the gRPC code.
+pub(super) fn failed(err: &Error) -> Response {
+    match err {
+        Error::InvalidArgument(refused_for) => refused(
+            StatusCode::BAD_REQUEST,
+            &refused_for.field,
+            refused_for.rule.clone(),
         ),
-        _ => failure(
+        Error::NotFound(refused_for) => refused(
+            StatusCode::NOT_FOUND,
+            &refused_for.field,
+            refused_for.rule.clone(),
+        ),
+        Error::Store(store) if store.is_transient() => failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            FailureCode::Unavailable,
+            err.to_string(),
+        ),
+        Error::Store(_) => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
-            code,
-            status.message().to_owned(),
+            FailureCode::Internal,
+            err.to_string(),
+        ),
+        Error::Overloaded(_) => failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            FailureCode::ResourceExhausted,
+            err.to_string(),
         ),
     }
 }
@@ -323,36 +324,36 @@ pub(super) fn refused(status: StatusCode, field: &str, rule: String) -> Response
     )
 }
 
-pub(super) fn failure(status: StatusCode, code: Code, message: String) -> Response {
+pub(super) fn failure(status: StatusCode, code: FailureCode, message: String) -> Response {
     json_answer(
         status,
         &Failure {
-            code: code_name(code).to_owned(),
+            code: code.name().to_owned(),
             message,
         },
     )
 }
 
-/// A gRPC code's name, as the gRPC specification writes it.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
+/// The gRPC code a [`Failure`] names: what the call would have ended with
+/// over gRPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FailureCode {
+    /// No decision can be had now; a later call may have one.
+    Unavailable,
+    /// Every slot for such work is taken.
+    ResourceExhausted,
+    /// Anything else.
+    Internal,
+}
+
+impl FailureCode {
+    /// Its name, as the gRPC specification writes it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Unavailable => "UNAVAILABLE",
+            Self::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Self::Internal => "INTERNAL",
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use futures::StreamExt;
 
 /// How much a body may hold and how long it may take.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyBounds {
+pub(crate) struct BodyBounds {
     /// Most bytes.
     pub max_bytes: usize,
     /// Longest from the headers to the body's last byte.
@@ -21,7 +21,7 @@ pub struct BodyBounds {
 
 /// Why a body was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// It holds (or says it holds) more than the bound.
     #[error("must be at most {max_bytes} bytes (the server's --max-request-bytes)")]
     TooLarge {
@@ -38,7 +38,11 @@ pub enum BodyError {
 
 /// The whole body, within `bounds`. A `content-length` over the bound is
 /// refused before a byte is read.
-pub async fn read(body: Body, headers: &HeaderMap, bounds: BodyBounds) -> Result<Bytes, BodyError> {
+pub(crate) async fn read(
+    body: Body,
+    headers: &HeaderMap,
+    bounds: BodyBounds,
+) -> Result<Bytes, BodyError> {
     let too_large = BodyError::TooLarge {
         max_bytes: bounds.max_bytes,
     };

@@ -13,7 +13,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 use tokio::sync::Semaphore;
-use tonic::Code;
 use tracing::warn;
 
 use super::api;
@@ -28,14 +27,14 @@ const SIMULATIONS_AT_ONCE: usize = 2;
 
 /// What the simulator's handler holds.
 #[derive(Clone)]
-pub struct Simulator {
+pub(crate) struct Simulator {
     bounds: BodyBounds,
     running: Arc<Semaphore>,
 }
 
 impl Simulator {
     /// A simulator reading bodies within `bounds`.
-    pub fn new(bounds: BodyBounds) -> Self {
+    pub(crate) fn new(bounds: BodyBounds) -> Self {
         Self {
             bounds,
             running: Arc::new(Semaphore::new(SIMULATIONS_AT_ONCE)),
@@ -44,7 +43,7 @@ impl Simulator {
 }
 
 /// `POST /v1/simulate`.
-pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> Response {
+pub(crate) async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> Response {
     let request = match api::read_message::<json::SimulateRequest, pb::SimulateRequest>(
         simulator.bounds,
         &headers,
@@ -63,7 +62,7 @@ pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> R
     let Ok(permit) = simulator.running.clone().try_acquire_owned() else {
         return api::failure(
             StatusCode::SERVICE_UNAVAILABLE,
-            Code::ResourceExhausted,
+            api::FailureCode::ResourceExhausted,
             format!("{SIMULATIONS_AT_ONCE} simulations are running already: try again shortly"),
         );
     };
@@ -78,7 +77,7 @@ pub async fn simulate(simulator: Simulator, headers: HeaderMap, body: Body) -> R
             warn!(%err, "a simulation failed");
             api::failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                Code::Internal,
+                api::FailureCode::Internal,
                 format!("the simulation failed: {err}"),
             )
         }
@@ -116,14 +115,14 @@ mod assets {
 /// scripts inlined (one request loads all of it), and the
 /// `Content-Security-Policy` that lets those scripts run and nothing else.
 #[derive(Clone)]
-pub struct Page {
+pub(crate) struct Page {
     html: axum::body::Bytes,
     policy: axum::http::HeaderValue,
 }
 
 impl Page {
     /// The page.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let inline = [
             ("vendor/uPlot.min.css", assets::CHART_STYLE),
             ("console.css", assets::STYLE),
@@ -156,7 +155,7 @@ impl Page {
     }
 
     /// `GET /`.
-    pub fn serve(&self) -> Response {
+    pub(crate) fn serve(&self) -> Response {
         use axum::http::header::{
             CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS,
         };

@@ -26,7 +26,7 @@ const METRICS: (&str, &str) = (
 
 /// The debug routes: the rules in `rules`; the metrics `metrics` renders,
 /// when an exporter is installed.
-pub fn routes(rules: RulesHandle, metrics: Option<PrometheusHandle>) -> Router {
+pub(crate) fn routes(rules: RulesHandle, metrics: Option<PrometheusHandle>) -> Router {
     let mut endpoints = vec![RLCONFIG];
     let mut router = Router::new().route(
         RLCONFIG.0,

@@ -1,11 +1,11 @@
 //! `/json`, as envoyproxy/ratelimit serves it for clients that cannot speak
 //! gRPC: a `RateLimitRequest` in proto3's JSON mapping in, the
-//! `RateLimitResponse` out, decided by the very `ShouldRateLimit` the gRPC
-//! port serves. The JSON is pbjson's (camelCase names out, either form in;
-//! enums by name; 64-bit integers as strings; unknown fields refused), on
-//! message types that share the protobuf encoding with the gRPC ones
-//! ([`crate::pb::json`]): the request and response cross between the two
-//! through it.
+//! `RateLimitResponse` out, decided as the gRPC port's `ShouldRateLimit`
+//! decides ([`EnvoyService::answer`]). The JSON is pbjson's (camelCase
+//! names out, either form in; enums by name; 64-bit integers as strings;
+//! unknown fields refused), on message types that share the protobuf
+//! encoding with the gRPC ones ([`crate::pb::json`]): the request and
+//! response cross between the two through it.
 //!
 //! Statuses, as upstream's: 400 for a body that is not such a request and
 //! for a request the service refuses (no domain, no descriptors, beyond
@@ -23,20 +23,19 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any};
 use prost::Message;
-use tonic::Code;
 use tracing::{debug, warn};
 
 use super::body::{self, BodyBounds, BodyError};
 use super::status_only;
 use crate::api::envoy::EnvoyService;
+use crate::error::Error;
 use crate::health::Health;
 use crate::pb::envoy::service::ratelimit::v3 as rls;
-use crate::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use crate::pb::json::envoy::service::ratelimit::v3 as json;
 
 /// `/json` on `envoy`, with bodies within `bounds`, answering only while
 /// `health` says the gRPC port is open. Any method, as upstream.
-pub fn route(envoy: EnvoyService, health: Health, bounds: BodyBounds) -> MethodRouter {
+pub(crate) fn route(envoy: EnvoyService, health: Health, bounds: BodyBounds) -> MethodRouter {
     any(move |headers: HeaderMap, body: Body| {
         answer(envoy.clone(), health.clone(), bounds, headers, body)
     })
@@ -73,15 +72,22 @@ async fn answer(
             return status_only(StatusCode::BAD_REQUEST);
         }
     };
-    match envoy.should_rate_limit(tonic::Request::new(request)).await {
-        Ok(response) => write(response.into_inner()),
-        Err(status) => {
-            warn!(code = ?status.code(), message = status.message(), "/json: refused");
-            status_only(match status.code() {
-                Code::InvalidArgument | Code::NotFound => StatusCode::BAD_REQUEST,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            })
+    match envoy.answer(None, &request).await {
+        Ok(response) => write(response),
+        Err(err) => {
+            warn!(%err, "/json: refused");
+            status_only(status_of(&err))
         }
+    }
+}
+
+/// The status of a call the service did not answer: 400 for a request it
+/// refused, as upstream's; 500 for the rest (the store; every decision
+/// slot taken).
+fn status_of(err: &Error) -> StatusCode {
+    match err {
+        Error::InvalidArgument(_) | Error::NotFound(_) => StatusCode::BAD_REQUEST,
+        Error::Store(_) | Error::Overloaded(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -20,14 +20,14 @@ use crate::metrics;
 
 /// The most a closing connection reads and throws away: past it the
 /// client is not finishing a request body but streaming, and is cut off.
-pub const MAX_DISCARDED_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_DISCARDED_BYTES: u64 = 64 * 1024 * 1024;
 
 /// How much is read at a time while draining.
 const DRAIN_CHUNK: usize = 16 * 1024;
 
 /// How a lingering close ended, for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LingerEnd {
+pub(crate) enum LingerEnd {
     /// The client closed its side: everything it sent was read.
     Closed,
     /// [`MAX_DISCARDED_BYTES`] were thrown away.
@@ -40,7 +40,7 @@ pub enum LingerEnd {
 
 impl LingerEnd {
     /// Its label in `ratelimitd_http_lingering_closes_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Closed => "closed",
             Self::ByteLimit => "byte_limit",
@@ -64,7 +64,7 @@ enum State {
 }
 
 /// A connection whose shutdown lingers (see the module's comment).
-pub struct Lingering<S> {
+pub(crate) struct Lingering<S> {
     inner: S,
     state: State,
     /// Longest it lingers.
@@ -74,7 +74,7 @@ pub struct Lingering<S> {
 impl<S> Lingering<S> {
     /// `inner`, lingering up to `linger` (and [`MAX_DISCARDED_BYTES`]) when
     /// it shuts down.
-    pub fn new(inner: S, linger: Duration) -> Self {
+    pub(crate) fn new(inner: S, linger: Duration) -> Self {
         Self {
             inner,
             state: State::Open,

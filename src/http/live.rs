@@ -8,18 +8,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
 use axum::response::Response;
-use tonic::Code;
 
 use super::api;
 use crate::health::Health;
 use crate::live;
 
 /// `GET /v1/console/live`.
-pub async fn live(health: Health) -> Response {
+pub(crate) async fn live(health: Health) -> Response {
     let Some(live) = live::get() else {
         return api::failure(
             StatusCode::SERVICE_UNAVAILABLE,
-            Code::Unavailable,
+            api::FailureCode::Unavailable,
             "the live view is not recording in this process".into(),
         );
     };

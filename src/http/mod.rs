@@ -1,24 +1,23 @@
 //! The HTTP/1.1 side, on axum: one way to serve a router on a listener
-//! until told to stop ([`Served`]), and the routers of the two listeners.
-//! The service listener ([`service_routes`], every route of it in
-//! [`Endpoint::ALL`]): the JSON API ([`api`]), `/healthz` and `/readyz`,
-//! its OpenAPI document ([`openapi`]), and envoyproxy/ratelimit's
-//! `/healthcheck` (following [`crate::health`]) and `/json` ([`json`]).
-//! With an admin token, the admin API ([`admin`]) too.
+//! until told to stop (`Served`), and the routers of the two listeners.
+//! The service listener (`service_routes`, every route of it in
+//! [`Endpoint::ALL`]): the JSON API (`api`), `/healthz` and `/readyz`,
+//! its OpenAPI document (`openapi`), and envoyproxy/ratelimit's
+//! `/healthcheck` (following [`crate::health`]) and `/json` (`json`).
+//! With an admin token, the admin API (`admin`) too.
 //! The debug listener: [`debug`].
 
-pub mod admin;
-pub mod api;
-pub mod body;
+pub(crate) mod admin;
+pub(crate) mod api;
+pub(crate) mod body;
 pub mod console;
-pub mod debug;
-pub mod json;
-pub mod linger;
-pub mod live;
-pub mod openapi;
-pub mod options;
+pub(crate) mod debug;
+pub(crate) mod json;
+pub(crate) mod linger;
+pub(crate) mod live;
+pub(crate) mod openapi;
+pub(crate) mod options;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
@@ -32,20 +31,19 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-pub use self::body::BodyBounds;
+pub(crate) use self::body::BodyBounds;
 use self::linger::Lingering;
 pub use self::options::HttpOptions;
-use crate::api::check::CheckService;
 use crate::api::envoy::EnvoyService;
+use crate::decider::Decider;
 use crate::health::Health;
 
 /// The plain-text content type Go's `net/http` gives a text answer.
-pub const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+pub(crate) const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
 /// A router served on a listener, until [`Served::stop`].
-pub struct Served {
+pub(crate) struct Served {
     name: &'static str,
-    address: Option<SocketAddr>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
@@ -56,7 +54,7 @@ impl Served {
     /// `header_timeout` of starting them, or its connection is closed.
     /// A closing connection lingers as long (see [`linger`]): a client is
     /// given that long to send a request body anyway.
-    pub fn start(
+    pub(crate) fn start(
         name: &'static str,
         listener: TcpListener,
         router: Router,
@@ -81,22 +79,12 @@ impl Served {
             header_timeout,
             stopped,
         ));
-        Self {
-            name,
-            address,
-            stop,
-            task,
-        }
-    }
-
-    /// Where it serves.
-    pub fn address(&self) -> Option<SocketAddr> {
-        self.address
+        Self { name, stop, task }
     }
 
     /// Stops accepting, lets requests in flight finish for up to `grace`,
     /// then drops what is left.
-    pub async fn stop(self, grace: Duration) {
+    pub(crate) async fn stop(self, grace: Duration) {
         let _ = self.stop.send(());
         let abort = self.task.abort_handle();
         if tokio::time::timeout(grace, self.task).await.is_err() {
@@ -175,66 +163,78 @@ async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
-/// Every route of the service listener. The router is built from this
-/// list ([`service_routes`]) and so is the OpenAPI document
-/// ([`openapi::document`]): neither has a route the other lacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/check`: [`api::check`].
-    Check,
-    /// `POST /v1/check-many`: [`api::check_many`].
-    CheckMany,
-    /// `GET /healthz`: [`api::healthz`].
-    Healthz,
-    /// `GET /readyz`: [`api::readyz`].
-    Readyz,
-    /// `GET /openapi.json`: [`openapi::document`].
-    OpenApi,
-    /// envoyproxy/ratelimit's `/json` (any method): [`json`].
-    Json,
-    /// envoyproxy/ratelimit's `/healthcheck` (any method).
-    Healthcheck,
-    /// `POST /admin/v1/peek`: [`admin`].
-    AdminPeek,
-    /// `POST /admin/v1/reset`: [`admin`].
-    AdminReset,
-    /// `GET /admin/v1/rules`: [`admin`].
-    AdminRules,
-    /// `GET /admin/v1/policies`: [`admin`].
-    AdminPolicies,
-    /// `GET /admin/v1/quota-buckets`: [`admin`].
-    AdminQuotaBuckets,
-    /// `GET /admin/v1/config`: [`admin`].
-    AdminConfig,
-    /// `POST /v1/simulate`: [`console::simulate`].
-    Simulate,
-    /// `GET /v1/console/live`: [`live::live`].
-    ConsoleLive,
-    /// `GET /`: the web console, [`console::Page`].
-    Console,
+/// Defines [`Endpoint`] with [`Endpoint::ALL`] and [`Endpoint::path`] from
+/// one list, so that no endpoint can be missing from the list the router
+/// and the OpenAPI document are built from.
+macro_rules! endpoints {
+    (
+        $(#[$meta:meta])*
+        pub enum Endpoint {
+            $($(#[doc = $doc:literal])* $name:ident => $path:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub enum Endpoint {
+            $($(#[doc = $doc])* $name,)*
+        }
+
+        impl Endpoint {
+            /// All of them, in the order they are declared.
+            pub const ALL: [Self; [$(stringify!($name)),*].len()] = [$(Self::$name),*];
+
+            /// Its path.
+            pub fn path(self) -> &'static str {
+                match self {
+                    $(Self::$name => $path,)*
+                }
+            }
+        }
+    };
+}
+
+endpoints! {
+    /// Every route of the service listener. The router is built from
+    /// [`Endpoint::ALL`] (`service_routes`) and so is the OpenAPI
+    /// document (`openapi::document`): neither has a route the other
+    /// lacks.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Endpoint {
+        /// `POST /v1/check`: `api::check`.
+        Check => "/v1/check",
+        /// `POST /v1/check-many`: `api::check_many`.
+        CheckMany => "/v1/check-many",
+        /// `GET /healthz`: `api::healthz`.
+        Healthz => "/healthz",
+        /// `GET /readyz`: `api::readyz`.
+        Readyz => "/readyz",
+        /// `GET /openapi.json`: `openapi::document`.
+        OpenApi => "/openapi.json",
+        /// envoyproxy/ratelimit's `/json` (any method): `json`.
+        Json => "/json",
+        /// envoyproxy/ratelimit's `/healthcheck` (any method).
+        Healthcheck => "/healthcheck",
+        /// `POST /admin/v1/peek`: `admin`.
+        AdminPeek => "/admin/v1/peek",
+        /// `POST /admin/v1/reset`: `admin`.
+        AdminReset => "/admin/v1/reset",
+        /// `GET /admin/v1/rules`: `admin`.
+        AdminRules => "/admin/v1/rules",
+        /// `GET /admin/v1/policies`: `admin`.
+        AdminPolicies => "/admin/v1/policies",
+        /// `GET /admin/v1/quota-buckets`: `admin`.
+        AdminQuotaBuckets => "/admin/v1/quota-buckets",
+        /// `GET /admin/v1/config`: `admin`.
+        AdminConfig => "/admin/v1/config",
+        /// `POST /v1/simulate`: `console::simulate`.
+        Simulate => "/v1/simulate",
+        /// `GET /v1/console/live`: `live::live`.
+        ConsoleLive => "/v1/console/live",
+        /// `GET /`: the web console, `console::Page`.
+        Console => "/",
+    }
 }
 
 impl Endpoint {
-    /// All of them.
-    pub const ALL: [Self; 16] = [
-        Self::Check,
-        Self::CheckMany,
-        Self::Healthz,
-        Self::Readyz,
-        Self::OpenApi,
-        Self::Json,
-        Self::Healthcheck,
-        Self::AdminPeek,
-        Self::AdminReset,
-        Self::AdminRules,
-        Self::AdminPolicies,
-        Self::AdminQuotaBuckets,
-        Self::AdminConfig,
-        Self::Simulate,
-        Self::ConsoleLive,
-        Self::Console,
-    ];
-
     /// The admin API's: served only with an admin token.
     pub fn is_admin(self) -> bool {
         matches!(
@@ -255,38 +255,16 @@ impl Endpoint {
             .into_iter()
             .filter(move |endpoint| admin || !endpoint.is_admin())
     }
-
-    /// Its path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Self::Check => "/v1/check",
-            Self::CheckMany => "/v1/check-many",
-            Self::Healthz => "/healthz",
-            Self::Readyz => "/readyz",
-            Self::OpenApi => "/openapi.json",
-            Self::Json => "/json",
-            Self::Healthcheck => "/healthcheck",
-            Self::AdminPeek => "/admin/v1/peek",
-            Self::AdminReset => "/admin/v1/reset",
-            Self::AdminRules => "/admin/v1/rules",
-            Self::AdminPolicies => "/admin/v1/policies",
-            Self::AdminQuotaBuckets => "/admin/v1/quota-buckets",
-            Self::AdminConfig => "/admin/v1/config",
-            Self::Simulate => "/v1/simulate",
-            Self::ConsoleLive => "/v1/console/live",
-            Self::Console => "/",
-        }
-    }
 }
 
 /// What the service listener serves.
-pub struct ServiceParts {
+pub(crate) struct ServiceParts {
     /// Whether the instance can decide.
     pub health: Health,
     /// Envoy's RLS, for `/json`.
     pub envoy: EnvoyService,
-    /// ratelimitd's own API, for `/v1`.
-    pub check: CheckService,
+    /// The decision service, for `/v1` and the admin API.
+    pub decider: Decider,
     /// How much a request's body may hold and how long it may take.
     pub bounds: BodyBounds,
     /// The admin API's, when it has a token; without, it is not served.
@@ -296,9 +274,9 @@ pub struct ServiceParts {
 /// The service listener's routes ([`Endpoint::ALL`]); any other path is
 /// 404, as upstream's. A feature adds its own routes with `merge` (a
 /// router without a fallback of its own).
-pub fn service_routes(parts: ServiceParts) -> Router {
+pub(crate) fn service_routes(parts: ServiceParts) -> Router {
     let api = api::Api {
-        check: parts.check,
+        decider: parts.decider,
         health: parts.health.clone(),
         bounds: parts.bounds,
     };
@@ -401,7 +379,7 @@ async fn healthcheck(health: Health) -> Response {
 
 /// An answer that is only a status, as Go's `http.Error` writes one: the
 /// status's text and a newline, as plain text.
-pub fn status_only(status: StatusCode) -> Response {
+pub(crate) fn status_only(status: StatusCode) -> Response {
     let text = format!("{}\n", status.canonical_reason().unwrap_or("Error"));
     (
         status,
@@ -412,4 +390,76 @@ pub fn status_only(status: StatusCode) -> Response {
         text,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::api::envoy::EnvoySettings;
+    use crate::limiter::{Limiter, Store};
+    use crate::load_shed::DecisionSlots;
+    use crate::rules::RulesHandle;
+    use crate::store::{MemoryStore, SystemClock};
+
+    /// The service listener's router without the admin API.
+    fn router() -> Router {
+        let store = Store::Memory(MemoryStore::new(Arc::new(SystemClock::default())));
+        let limiter = Limiter::new(store, "t:");
+        let envoy = EnvoyService::new(
+            limiter.clone(),
+            RulesHandle::default(),
+            EnvoySettings::default(),
+            DecisionSlots::new(4, 4),
+        );
+        service_routes(ServiceParts {
+            health: Health::new(false),
+            envoy,
+            decider: Decider::new(limiter),
+            bounds: BodyBounds {
+                max_bytes: 1024,
+                read_timeout: Duration::from_secs(1),
+            },
+            admin: None,
+        })
+    }
+
+    /// Whether `path` gets the router's fallback, the answer to a path it
+    /// has no route for.
+    async fn falls_back(path: &str) -> bool {
+        let request = Request::get(path).body(Body::empty()).expect("a request");
+        let answer = router().oneshot(request).await.expect("an answer");
+        if answer.status() != StatusCode::NOT_FOUND {
+            return false;
+        }
+        let body = axum::body::to_bytes(answer.into_body(), 4096)
+            .await
+            .expect("the body");
+        body.as_ref() == b"404 page not found\n"
+    }
+
+    #[tokio::test]
+    async fn every_endpoint_listed_is_routed_and_nothing_else() {
+        let mut paths: Vec<&str> = Endpoint::ALL.iter().map(|e| e.path()).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), Endpoint::ALL.len(), "one path per endpoint");
+        for endpoint in Endpoint::served(false) {
+            assert!(
+                !falls_back(endpoint.path()).await,
+                "{endpoint:?} is listed but not routed"
+            );
+        }
+        for endpoint in Endpoint::ALL.into_iter().filter(|e| e.is_admin()) {
+            assert!(
+                falls_back(endpoint.path()).await,
+                "{endpoint:?} is routed without an admin token"
+            );
+        }
+        assert!(falls_back("/v1/unknown").await);
+    }
 }

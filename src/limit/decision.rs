@@ -21,6 +21,24 @@ enum Verdict {
 }
 
 /// The answer. Being over the limit is a decision, not an error.
+///
+/// ```
+/// use ratelimitd::limit::{Decision, Micros, RetryAfter};
+///
+/// let denied = Decision::denied(
+///     10,
+///     0,
+///     Micros::from_secs(30),
+///     RetryAfter::After(Micros::from_secs(6)),
+/// );
+/// assert!(!denied.is_allowed());
+/// assert_eq!(denied.limit(), 10);
+/// assert_eq!(denied.retry_after(), RetryAfter::After(Micros::from_secs(6)));
+///
+/// // An allowed decision waits for nothing.
+/// let allowed = Decision::allowed(10, 9, Micros::from_secs(30));
+/// assert_eq!(allowed.retry_after(), RetryAfter::After(Micros::ZERO));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     verdict: Verdict,

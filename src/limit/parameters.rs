@@ -66,6 +66,23 @@ fn quantity(field: &str, value: u64, max: u64) -> Result<u64, InvalidArgument> {
 }
 
 /// At most `limit` units per window.
+///
+/// Each parameter is checked once, when the value is made; the error names
+/// the field and the rule.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use ratelimitd::limit::{FixedWindow, FixedWindowMode};
+///
+/// let per_minute = FixedWindow::new(100, Duration::from_secs(60)).unwrap();
+/// assert_eq!(per_minute.limit(), 100);
+/// assert_eq!(per_minute.window().as_millis(), 60_000);
+/// assert_eq!(per_minute.mode(), FixedWindowMode::Anchored);
+///
+/// let refused = FixedWindow::new(0, Duration::from_secs(60)).unwrap_err();
+/// assert_eq!(refused.to_string(), "limit: must be at least 1");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindow {
     limit: u64,
@@ -174,6 +191,17 @@ impl<const MAX: u64> LimitPerWindow<MAX> {
 }
 
 /// A bucket of `capacity` tokens, starting full, refilled continuously.
+///
+/// ```
+/// use ratelimitd::limit::TokenBucket;
+///
+/// // Bursts of 10, 2 a second on average.
+/// let bucket = TokenBucket::new(10, 2.0).unwrap();
+/// assert_eq!(bucket.capacity(), 10);
+///
+/// let refused = TokenBucket::new(10, f64::NAN).unwrap_err();
+/// assert_eq!(refused.field, "refill_per_second");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenBucket {
     capacity: u64,

@@ -20,6 +20,39 @@ use crate::metrics;
 use crate::store::{MemoryStore, RedisStore};
 
 /// Decides requests on one store (or two: see [`Limiter::with_per_second`]).
+///
+/// The limiter is the core without policies, metrics or load shedding (the
+/// [`Decider`](crate::decider::Decider) adds those): it names each
+/// request's storage key under its prefix and runs the request's algorithm
+/// on the store.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// use ratelimitd::limit::{Algorithm, CallerKey, LimitRequest, TokenBucket};
+/// use ratelimitd::limiter::{Limiter, Store};
+/// use ratelimitd::store::{MemoryStore, SystemClock};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = Store::Memory(MemoryStore::new(Arc::new(SystemClock::default())));
+/// let limiter = Limiter::new(store, "example:");
+/// // Bursts of 3, refilled at one a second.
+/// let request = LimitRequest {
+///     key: CallerKey::new("client-7".to_owned()).unwrap(),
+///     algorithm: Algorithm::TokenBucket(TokenBucket::new(3, 1.0).unwrap()),
+///     cost: 2,
+///     shadow: false,
+/// };
+/// let first = limiter.check(&request, None).await.unwrap();
+/// assert!(first.is_allowed());
+/// assert_eq!(first.remaining(), 1);
+/// // Two more do not fit in the one token left: nothing is spent.
+/// let second = limiter.check(&request, None).await.unwrap();
+/// assert!(!second.is_allowed());
+/// assert_eq!(second.remaining(), 1);
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct Limiter {
     store: Store,

@@ -15,7 +15,7 @@
 //! Off until [`install`] (the server does when its HTTP listener is on):
 //! until then, recording is a check of a `OnceLock` and nothing else.
 
-pub mod sketch;
+pub(crate) mod sketch;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -27,15 +27,15 @@ use self::sketch::SpaceSaving;
 use crate::limit::{Decision, FailurePolicy, LimitRequest};
 
 /// Seconds of history kept.
-pub const HISTORY_SECONDS: usize = 300;
+pub(crate) const HISTORY_SECONDS: usize = 300;
 /// Most series of decisions; past it, new ones count as `(other)`.
-pub const MAX_SERIES: usize = 100;
+pub(crate) const MAX_SERIES: usize = 100;
 /// Keys the denied-keys sketch keeps.
-pub const TOP_KEYS: usize = 50;
+pub(crate) const TOP_KEYS: usize = 50;
 /// Most quota policies shown.
 const MAX_QUOTA_POLICIES: usize = 100;
 /// What the series past [`MAX_SERIES`] are counted as.
-pub const OTHER: &str = "(other)";
+pub(crate) const OTHER: &str = "(other)";
 
 /// The recorder of this process, once installed.
 static LIVE: OnceLock<Live> = OnceLock::new();
@@ -43,12 +43,12 @@ static LIVE: OnceLock<Live> = OnceLock::new();
 /// Turns the recorder on, telling it what the console shows of the
 /// configuration: the failure policy in force and the stores' labels. A
 /// second call changes nothing.
-pub fn install(failure_policy: FailurePolicy, stores: Vec<&'static str>) {
+pub(crate) fn install(failure_policy: FailurePolicy, stores: Vec<&'static str>) {
     let _ = LIVE.set(Live::new(failure_policy, stores));
 }
 
 /// The recorder, when on.
-pub fn get() -> Option<&'static Live> {
+pub(crate) fn get() -> Option<&'static Live> {
     LIVE.get()
 }
 
@@ -61,7 +61,7 @@ fn this_second() -> u64 {
 
 /// Which face a decision came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Face {
+pub(crate) enum Face {
     /// `CheckLimit` (over gRPC or `/v1/check`).
     CheckLimit,
     /// Envoy's `ShouldRateLimit` (over gRPC or `/json`).
@@ -70,7 +70,7 @@ pub enum Face {
 
 /// Where a decision's limit comes from, as far as the console labels it.
 #[derive(Debug, Clone, Copy)]
-pub enum Origin<'a> {
+pub(crate) enum Origin<'a> {
     /// Parameters the caller sent (`CheckLimit` with one limit or
     /// several, a limit Envoy sent with a descriptor).
     Request,
@@ -82,7 +82,7 @@ pub enum Origin<'a> {
 }
 
 /// One decision, into the recorder when it is on.
-pub fn decision(api: Face, origin: Origin<'_>, request: &LimitRequest, decision: &Decision) {
+pub(crate) fn decision(api: Face, origin: Origin<'_>, request: &LimitRequest, decision: &Decision) {
     if let Some(live) = get() {
         live.record(this_second(), api, origin, request, decision);
     }
@@ -90,21 +90,21 @@ pub fn decision(api: Face, origin: Origin<'_>, request: &LimitRequest, decision:
 
 /// One call to the store labelled `store`: how long it took, whether it
 /// failed.
-pub fn store_call(store: &'static str, took: Duration, failed: bool) {
+pub(crate) fn store_call(store: &'static str, took: Duration, failed: bool) {
     if let Some(live) = get() {
         live.store_call(this_second(), store, took, failed);
     }
 }
 
 /// A quota policy's subscribers on this instance, up or down.
-pub fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
+pub(crate) fn quota_subscribers(domain: &str, policy: &str, delta: f64) {
     if let Some(live) = get() {
         live.quota(domain, policy, |quota| quota.subscribers += delta);
     }
 }
 
 /// The rate this instance assigned under a quota policy, up or down.
-pub fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
+pub(crate) fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
     if let Some(live) = get() {
         live.quota(domain, policy, |quota| quota.assigned_rate += delta);
     }
@@ -155,7 +155,7 @@ struct State {
 }
 
 /// The recorder.
-pub struct Live {
+pub(crate) struct Live {
     failure_policy: FailurePolicy,
     stores: Vec<&'static str>,
     state: Mutex<State>,
@@ -163,7 +163,7 @@ pub struct Live {
 
 impl Live {
     /// An empty recorder.
-    pub fn new(failure_policy: FailurePolicy, stores: Vec<&'static str>) -> Self {
+    pub(crate) fn new(failure_policy: FailurePolicy, stores: Vec<&'static str>) -> Self {
         Self {
             failure_policy,
             stores,
@@ -185,7 +185,7 @@ impl Live {
     }
 
     /// Records one decision made in second `now`.
-    pub fn record(
+    pub(crate) fn record(
         &self,
         now: u64,
         api: Face,
@@ -224,7 +224,7 @@ impl Live {
     }
 
     /// Records one store call made in second `now`.
-    pub fn store_call(&self, now: u64, store: &'static str, took: Duration, failed: bool) {
+    pub(crate) fn store_call(&self, now: u64, store: &'static str, took: Duration, failed: bool) {
         let mut state = self.state();
         let second = state.second(now).store.entry(store).or_default();
         second.calls += 1;
@@ -245,7 +245,7 @@ impl Live {
     /// What the console shows, as of second `now`: the seconds from
     /// `now - HISTORY_SECONDS + 1` to `now`, oldest first, with `store_serving`
     /// (health's word on the store).
-    pub fn view(&self, now: u64, store_serving: bool) -> LiveView {
+    pub(crate) fn view(&self, now: u64, store_serving: bool) -> LiveView {
         let state = self.state();
         let first = now.saturating_sub(HISTORY_SECONDS as u64 - 1);
         let times: Vec<u64> = (first..=now).collect();
@@ -406,7 +406,7 @@ impl State {
 /// `GET /v1/console/live`'s answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct LiveView {
+pub(crate) struct LiveView {
     /// The newest second, since the Unix epoch (still counting).
     pub now: u64,
     /// Each second shown, since the Unix epoch, oldest first: the last
@@ -430,7 +430,7 @@ pub struct LiveView {
 /// Decisions per second of one face, origin and algorithm.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct LiveSeries {
+pub(crate) struct LiveSeries {
     /// `check_limit` or `envoy` (`(other)` for the series past the bound).
     pub api: String,
     /// `rule` (a configured Envoy rule), `policy` (a named policy) or
@@ -452,7 +452,7 @@ pub struct LiveSeries {
 /// The store's health and latency.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct StoreView {
+pub(crate) struct StoreView {
     /// Health's word: the store answers (or the failure policy answers
     /// without it).
     pub serving: bool,
@@ -466,7 +466,7 @@ pub struct StoreView {
 /// One store's calls per second.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct StoreLatency {
+pub(crate) struct StoreLatency {
     /// The store.
     pub store: String,
     /// Calls, per second.
@@ -494,7 +494,7 @@ impl StoreLatency {
 /// A quota policy's share on this instance.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct QuotaShare {
+pub(crate) struct QuotaShare {
     /// The domain.
     pub domain: String,
     /// The quota policy.
@@ -508,7 +508,7 @@ pub struct QuotaShare {
 /// A denied key.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct DeniedKey {
+pub(crate) struct DeniedKey {
     /// The key as counted (a named limit's `<name>:<key>`, a policy's
     /// `<policy>/<limit>:<key>`, an Envoy descriptor's composed key).
     pub key: String,

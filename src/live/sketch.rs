@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 /// One kept key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hitter {
+pub(crate) struct Hitter {
     /// The key.
     pub key: String,
     /// Times seen, perhaps over by up to `overestimate`.
@@ -21,7 +21,7 @@ pub struct Hitter {
 
 /// The sketch.
 #[derive(Debug, Clone)]
-pub struct SpaceSaving {
+pub(crate) struct SpaceSaving {
     capacity: usize,
     kept: Vec<Hitter>,
     /// Where each kept key is in `kept`.
@@ -30,7 +30,7 @@ pub struct SpaceSaving {
 
 impl SpaceSaving {
     /// A sketch keeping at most `capacity` keys (at least one).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Self {
             capacity,
@@ -40,7 +40,7 @@ impl SpaceSaving {
     }
 
     /// Counts `key` once more.
-    pub fn offer(&mut self, key: &str) {
+    pub(crate) fn offer(&mut self, key: &str) {
         if let Some(&place) = self.places.get(key) {
             self.kept[place].count += 1;
             return;
@@ -79,14 +79,15 @@ impl SpaceSaving {
 
     /// The kept keys, most counted first (ties by key, so the order is
     /// stable).
-    pub fn top(&self) -> Vec<Hitter> {
+    pub(crate) fn top(&self) -> Vec<Hitter> {
         let mut top = self.kept.clone();
         top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
         top
     }
 
     /// Forgets every key.
-    pub fn clear(&mut self) {
+    #[cfg(test)]
+    pub(crate) fn clear(&mut self) {
         self.kept.clear();
         self.places.clear();
     }

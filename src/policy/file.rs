@@ -16,12 +16,12 @@ use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::spec::{Text, Unit};
 
 /// The section as written: policy name → its limits.
-pub type PoliciesSpec = BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>;
+pub(crate) type PoliciesSpec = BTreeMap<Text, Spanned<Vec<Spanned<PolicyLimitSpec>>>>;
 
 /// One limit of a policy, as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PolicyLimitSpec {
+pub(crate) struct PolicyLimitSpec {
     /// Unique in its policy; default: `per` as written.
     name: Option<Text>,
     /// The window or period: `1s`, `500ms`, `1h`, or a unit word.
@@ -39,7 +39,7 @@ pub struct PolicyLimitSpec {
 
 /// The policies of `file`'s section, each with the line it starts at. A
 /// policy holds at most as many limits as one Redis script decides at once.
-pub fn compile(file: &str, specs: &PoliciesSpec) -> Result<Vec<(Policy, u64)>, ConfigError> {
+pub(crate) fn compile(file: &str, specs: &PoliciesSpec) -> Result<Vec<(Policy, u64)>, ConfigError> {
     let mut policies = Vec::with_capacity(specs.len());
     for (Text(name), spanned) in specs {
         let line = spanned.referenced.line();

@@ -1,9 +1,10 @@
 //! Named policies: limit sets the operator defines once, in a rules file's
 //! `policies:` section, and `CheckLimit` callers name instead of sending
-//! parameters. [`model`] is what a policy is and how it is asked;
-//! [`file`](mod@file) reads the section.
+//! parameters. `model` is what a policy is and how it is asked;
+//! `file` reads the section.
 
-pub mod file;
-pub mod model;
+pub(crate) mod file;
+pub(crate) mod model;
 
-pub use model::{Policies, Policy, PolicyLimit, Scope, algorithm};
+pub(crate) use model::Policies;
+pub use model::{Policy, PolicyLimit, Scope};

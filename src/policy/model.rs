@@ -10,7 +10,7 @@ use crate::algorithm::registry::{self, Kind, Rate, WindowStart};
 use crate::limit::{Algorithm, CallerKey, InvalidArgument, LimitRequest};
 
 /// Every policy, by name.
-pub type Policies = HashMap<String, Arc<Policy>>;
+pub(crate) type Policies = HashMap<String, Arc<Policy>>;
 
 /// A named set of limits, decided together, all or nothing.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ pub enum Scope {
 ///
 /// The error names the file's field (`per`, `limit`, `burst`, `algorithm`)
 /// and the rule.
-pub fn algorithm(
+pub(crate) fn algorithm(
     algorithm: Option<&str>,
     limit: u64,
     per: Duration,

@@ -7,7 +7,7 @@
 //! bucket's hash, on Redis's clock; the embedded ledger runs its Rust twin
 //! (`share`) under a lock, on the process's clock.
 
-pub mod presence;
+pub(crate) mod presence;
 pub mod share;
 
 use std::collections::HashMap;
@@ -25,12 +25,12 @@ pub use share::{Entry, MicroRps, Millis, Share, ShareOp, ShareParams};
 pub const SHARE_LUA: &str = include_str!("share.lua");
 
 /// The script that settles shares on Redis: the clock, then `share.lua`.
-pub static SHARE: LazyLock<Script> =
+pub(crate) static SHARE: LazyLock<Script> =
     LazyLock::new(|| Script::new(&[CLOCK_LUA, SHARE_LUA].concat()));
 
 /// Where the ledgers of quota buckets live: on Redis, shared by every
 /// instance, or in this process (one instance's subscribers only).
-pub type QuotaLedger = Backend<MemoryLedger>;
+pub(crate) type QuotaLedger = Backend<MemoryLedger>;
 
 impl QuotaLedger {
     /// A new ledger of this process's own, on the system's clock.
@@ -70,7 +70,7 @@ impl QuotaLedger {
 }
 
 /// The quota ledgers on the configured store (see `limiter::Store`).
-pub struct QuotaLedgers {
+pub(crate) struct QuotaLedgers {
     /// Where shares are settled.
     pub shared: QuotaLedger,
     /// This instance's own ledger, which settles for the `local` failure
@@ -81,7 +81,7 @@ pub struct QuotaLedgers {
 impl QuotaLedgers {
     /// On Redis, shared by every instance, with this instance's own ledger
     /// beside it.
-    pub fn on_redis(redis: RedisStore) -> Self {
+    pub(crate) fn on_redis(redis: RedisStore) -> Self {
         Self {
             shared: QuotaLedger::Redis(redis),
             own: Some(QuotaLedger::own()),
@@ -89,7 +89,7 @@ impl QuotaLedgers {
     }
 
     /// This instance's own ledger alone (on the embedded store).
-    pub fn in_process() -> Self {
+    pub(crate) fn in_process() -> Self {
         Self {
             shared: QuotaLedger::own(),
             own: None,
@@ -155,7 +155,7 @@ const NAME_ESCAPES: &AsciiSet = &CONTROLS.add(b'%').add(b'|').add(b',').add(b'='
 /// each part percent-escaped; a name over 1 KiB is kept as its prefix and
 /// SHA-256 (tag `rlqh:`), as Envoy descriptor keys are. The braces make the
 /// whole name one Redis Cluster hash tag: one bucket, one slot.
-pub fn bucket_key(prefix: &str, domain: &str, bucket: &HashMap<String, String>) -> String {
+pub(crate) fn bucket_key(prefix: &str, domain: &str, bucket: &HashMap<String, String>) -> String {
     let mut pairs: Vec<(&String, &String)> = bucket.iter().collect();
     pairs.sort();
     let mut name = utf8_percent_encode(domain, NAME_ESCAPES).to_string();

@@ -31,7 +31,7 @@ const KEEP_NUDGES: Duration = Duration::from_secs(10);
 
 /// This instance's presence on the shared store.
 #[derive(Clone)]
-pub struct Presence {
+pub(crate) struct Presence {
     store: RedisStore,
     instances_key: String,
     nudges_key: String,
@@ -47,7 +47,7 @@ pub struct Presence {
 
 /// What one beat learned.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Beat {
+pub(crate) struct Beat {
     /// Redis's clock at the beat, ms: the next beat reads nudges from it.
     pub now_ms: i64,
     /// The instances whose beat ran out.
@@ -61,7 +61,7 @@ impl Presence {
     /// for `timeout`, and polls every `every` (nudges are kept long enough
     /// for several polls). A dead instance is named for `forget_after`, by
     /// when its subscribers' entries have run out by themselves.
-    pub fn new(
+    pub(crate) fn new(
         store: RedisStore,
         prefix: &str,
         me: &str,
@@ -82,7 +82,7 @@ impl Presence {
 
     /// Beats, and reads the dead instances and the nudges written at or
     /// after `since_ms` (the last beat's `now_ms`; 0: all that are kept).
-    pub async fn beat(&self, since_ms: i64) -> Result<Beat, StoreError> {
+    pub(crate) async fn beat(&self, since_ms: i64) -> Result<Beat, StoreError> {
         let mut invocation = BEAT.key(&self.instances_key);
         invocation
             .key(&self.nudges_key)
@@ -109,7 +109,7 @@ impl Presence {
     }
 
     /// Asks the other instances to settle the bucket at `key` again.
-    pub async fn nudge(&self, key: &str) -> Result<(), StoreError> {
+    pub(crate) async fn nudge(&self, key: &str) -> Result<(), StoreError> {
         let mut invocation = NUDGE.key(&self.nudges_key);
         invocation
             .arg(format!("{} {key}", self.me))

@@ -50,7 +50,7 @@ use crate::spec::{Text, Unit};
 /// One descriptor, as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DescriptorSpec {
+pub(crate) struct DescriptorSpec {
     key: Option<Text>,
     value: Option<Text>,
     rate_limit: Option<Spanned<RateLimitSpec>>,
@@ -108,7 +108,7 @@ struct ReplacesSpec {
 }
 
 /// The tree of `domain`'s `descriptors`, written in `file`.
-pub fn compile(
+pub(crate) fn compile(
     file: &str,
     domain: &str,
     descriptors: &[Spanned<DescriptorSpec>],

@@ -28,7 +28,7 @@ const MAX_DEPTH: usize = 16;
 
 /// The files a `--config` path names, each with its content.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Files {
+pub(crate) struct Files {
     /// Each file read: its path and its text.
     pub files: Vec<(PathBuf, String)>,
 }
@@ -36,7 +36,7 @@ pub struct Files {
 impl Files {
     /// Reads `path`: a file, or the files of a directory that `selection`
     /// names, in path order.
-    pub fn read(path: &Path, selection: FileSelection) -> Result<Self, ConfigError> {
+    pub(crate) fn read(path: &Path, selection: FileSelection) -> Result<Self, ConfigError> {
         let metadata = std::fs::metadata(path).map_err(|err| unreadable(path, &err))?;
         let paths = if metadata.is_dir() {
             selected(path, selection)?

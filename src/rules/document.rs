@@ -152,7 +152,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::rules::{FileSelection, Files};
+    use crate::rules::FileSelection;
+    use crate::rules::directory::Files;
 
     fn compile_text(text: &str) -> Result<Rules, ConfigError> {
         compile(&[(PathBuf::from("limits.yaml"), text.to_owned())])

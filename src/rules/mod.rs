@@ -1,41 +1,42 @@
 //! The operator's rules, as loaded from the rules files (or xDS) into one
 //! snapshot that every face reads: Envoy's descriptor rules per domain, the
 //! quota service's policies per domain, and `CheckLimit`'s named policies.
-//! Pure models and grammars below, reading and polling in [`directory`]
-//! and [`source`], swapping in [`handle`].
+//! Pure models and grammars below, reading and polling in `directory`
+//! and `source`, swapping in `handle`.
 //!
-//! - [`directory`]: which files of the runtime directory, and their text.
-//! - [`document`]: one file as a whole, and a set of files into [`Rules`].
-//! - [`descriptors_file`]: upstream's `descriptors` into a tree of rules
-//!   ([`tree`], [`rule`]).
-//! - [`quota_file`]: the quota service's buckets into [`quota`] policies.
+//! - `directory`: which files of the runtime directory, and their text.
+//! - `document`: one file as a whole, and a set of files into [`Rules`].
+//! - `descriptors_file`: upstream's `descriptors` into a tree of rules
+//!   (`tree`, `rule`).
+//! - `quota_file`: the quota service's buckets into `quota` policies.
 //! - `CheckLimit`'s policies are a room of their own: [`crate::policy`].
-//! - [`dump`]: the rules in force as upstream's debug endpoint prints them;
-//!   [`listing`]: as lists, for it and the admin API.
+//! - `dump`: the rules in force as upstream's debug endpoint prints them;
+//!   `listing`: as lists, for it and the admin API.
 
-pub mod descriptors_file;
-pub mod directory;
-pub mod document;
-pub mod dump;
-pub mod handle;
-pub mod listing;
-pub mod quota;
-pub mod quota_file;
-pub mod rule;
-pub mod source;
-pub mod tree;
-pub mod wildcard;
+pub(crate) mod descriptors_file;
+pub(crate) mod directory;
+pub(crate) mod document;
+pub(crate) mod dump;
+pub(crate) mod handle;
+pub(crate) mod listing;
+pub(crate) mod quota;
+pub(crate) mod quota_file;
+pub(crate) mod rule;
+pub(crate) mod source;
+pub(crate) mod tree;
+pub(crate) mod wildcard;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use self::directory::{FileSelection, Files};
+pub(crate) use self::directory::FileSelection;
 pub use self::document::compile;
-pub use self::handle::{Loads, RulesHandle};
+pub(crate) use self::handle::Loads;
+pub use self::handle::RulesHandle;
 use self::quota::QuotaDomain;
-pub use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule, Source, StatsNaming};
-pub use self::source::ConfigSource;
-pub use self::tree::{Found, Level};
+pub(crate) use self::rule::{Counted, DescriptorSettings, Limit, Period, Rule};
+pub(crate) use self::source::ConfigSource;
+pub(crate) use self::tree::{Found, Level};
 use crate::policy::{Policies, Policy};
 
 /// Every rule in force: one compiled configuration.
@@ -62,8 +63,8 @@ impl Rules {
 
     /// The key upstream names the statistics of a descriptor of `entries`
     /// in `domain` by, from the request's values (see
-    /// [`Level::request_stats_key`]).
-    pub fn request_stats_key(
+    /// `Level::request_stats_key`).
+    pub(crate) fn request_stats_key(
         &self,
         domain: &str,
         entries: &[(&str, &str)],

@@ -22,7 +22,7 @@ use super::wildcard::Wildcard;
 /// counted in millionths of a request per second, and their arithmetic
 /// (demand × headroom, floored quotients) must stay exact in Redis's Lua,
 /// whose numbers are doubles: exact integers below 2^53.
-pub const MAX_REQUESTS_PER_SECOND: u64 = 1_000_000;
+pub(crate) const MAX_REQUESTS_PER_SECOND: u64 = 1_000_000;
 
 /// What a quota policy allows each bucket it governs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +176,7 @@ impl QuotaDomain {
 
 /// The default of a domain whose file writes no `quota_default`: allow all,
 /// as Envoy itself does for a bucket without an assignment.
-pub fn allow_all_default(source: Source) -> Arc<QuotaPolicy> {
+pub(crate) fn allow_all_default(source: Source) -> Arc<QuotaPolicy> {
     Arc::new(QuotaPolicy {
         name: "default".to_owned(),
         bucket: Vec::new(),
@@ -187,7 +187,7 @@ pub fn allow_all_default(source: Source) -> Arc<QuotaPolicy> {
 }
 
 /// A bucket pattern written out, sorted by key: `name=api,tenant=*`.
-pub fn render_pattern(bucket: &[(String, ValuePattern)]) -> String {
+pub(crate) fn render_pattern(bucket: &[(String, ValuePattern)]) -> String {
     bucket
         .iter()
         .map(|(key, pattern)| match pattern {

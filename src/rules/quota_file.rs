@@ -21,7 +21,7 @@ use crate::spec::{Text, Unit};
 /// One `quota_buckets` entry, as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct QuotaBucketSpec {
+pub(crate) struct QuotaBucketSpec {
     bucket_id: Option<Spanned<BTreeMap<Text, Text>>>,
     rate_limit: Option<Spanned<QuotaRateSpec>>,
     #[serde(default)]
@@ -31,7 +31,7 @@ pub struct QuotaBucketSpec {
 /// `quota_default`, as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct QuotaDefaultSpec {
+pub(crate) struct QuotaDefaultSpec {
     rate_limit: Option<Spanned<QuotaRateSpec>>,
     #[serde(default)]
     shadow_mode: bool,
@@ -52,7 +52,7 @@ struct QuotaRateSpec {
 
 /// A domain's quota policies, from `quota_buckets` and `quota_default`
 /// (allow all when not written, where the file's `domain:` is).
-pub fn compile(
+pub(crate) fn compile(
     file: &str,
     buckets: &[Spanned<QuotaBucketSpec>],
     default: Option<&Spanned<QuotaDefaultSpec>>,

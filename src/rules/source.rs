@@ -18,7 +18,7 @@ use crate::config_error::ConfigError;
 use crate::metrics;
 
 /// A configuration path and what was last read from it.
-pub struct ConfigSource {
+pub(crate) struct ConfigSource {
     path: PathBuf,
     selection: FileSelection,
     last: Files,
@@ -26,7 +26,10 @@ pub struct ConfigSource {
 
 impl ConfigSource {
     /// Reads and compiles `path`; any error is the caller's to report.
-    pub fn load(path: PathBuf, selection: FileSelection) -> Result<(Self, Rules), ConfigError> {
+    pub(crate) fn load(
+        path: PathBuf,
+        selection: FileSelection,
+    ) -> Result<(Self, Rules), ConfigError> {
         let snapshot = Files::read(&path, selection)?;
         let rules = document::compile(&snapshot.files)?;
         crate::stats::config_load(true);
@@ -49,7 +52,7 @@ impl ConfigSource {
 
     /// A source whose first load failed, started anyway (the rules stay
     /// empty): polling loads the first configuration that compiles.
-    pub fn pending(path: PathBuf, selection: FileSelection) -> Self {
+    pub(crate) fn pending(path: PathBuf, selection: FileSelection) -> Self {
         Self {
             path,
             selection,
@@ -59,7 +62,7 @@ impl ConfigSource {
 
     /// Polls every `interval` for ever, swapping in each change that
     /// compiles. Runs as a task; the server aborts it at shutdown.
-    pub async fn watch(mut self, rules: RulesHandle, interval: Duration) {
+    pub(crate) async fn watch(mut self, rules: RulesHandle, interval: Duration) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;

@@ -19,7 +19,7 @@ use super::wildcard::Wildcard;
 
 /// A node of a domain's descriptor tree.
 #[derive(Debug, Default)]
-pub struct Node {
+pub(crate) struct Node {
     /// The limits of a descriptor ending here, all decided together: one
     /// for upstream's `rate_limit`, none for a node without one.
     pub rules: Vec<Arc<Rule>>,
@@ -46,7 +46,7 @@ enum How<'a> {
 
 /// The rules at one depth.
 #[derive(Debug, Default)]
-pub struct Level {
+pub(crate) struct Level {
     /// key → value → node.
     exact: HashMap<String, HashMap<String, Node>>,
     /// (key, value pattern, node), in file order.
@@ -68,13 +68,13 @@ pub struct Found<'a> {
 
 impl Level {
     /// Whether no rule is below this level.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.exact.is_empty() && self.wildcards.is_empty() && self.any_value.is_empty()
     }
 
     /// Every node at this level: exact values, wildcards, then rules
     /// without a value.
-    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = &Node> {
         let exact = self.exact.values().flat_map(HashMap::values);
         let wildcards = self.wildcards.iter().map(|(_, _, node)| node);
         exact.chain(wildcards).chain(self.any_value.values())
@@ -83,7 +83,7 @@ impl Level {
     /// Adds the node for `key` with `value` (an exact value, a wildcard
     /// pattern, or none for any value); `false`, adding nothing, when the
     /// level already has one for them.
-    pub fn insert(&mut self, key: String, value: Option<&str>, node: Node) -> bool {
+    pub(crate) fn insert(&mut self, key: String, value: Option<&str>, node: Node) -> bool {
         match value {
             Some(value) => match Wildcard::new(value) {
                 Some(pattern) => {
@@ -117,7 +117,7 @@ impl Level {
 
     /// The rules for a descriptor of `(key, value)` entries below this
     /// level.
-    pub fn find<'a>(&'a self, entries: &[(&'a str, &'a str)]) -> Option<Found<'a>> {
+    pub(crate) fn find<'a>(&'a self, entries: &[(&'a str, &'a str)]) -> Option<Found<'a>> {
         let mut level = self;
         let mut counter_values = Vec::with_capacity(entries.len());
         for (depth, (key, value)) in entries.iter().enumerate() {
@@ -161,7 +161,7 @@ impl Level {
     /// `key_value` (a `share_threshold` wildcard's pattern for its value);
     /// else each level as configured, but for the request's value where a
     /// wildcard or key-only level says `value_to_metric`.
-    pub fn request_stats_key(
+    pub(crate) fn request_stats_key(
         &self,
         domain: &str,
         entries: &[(&str, &str)],

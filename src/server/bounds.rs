@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::api::check::CheckBounds;
 use crate::api::envoy::RequestBounds;
+use crate::decider::CheckBounds;
 use crate::incoming::{IncomingSettings, ShutdownStarted};
 use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
 use crate::options::{DurationOrOff, count, duration_or_off, positive_duration};
@@ -122,7 +122,7 @@ impl BoundsOptions {
     }
 
     /// How many connections are accepted and how long they are kept.
-    pub fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
+    pub(crate) fn connections(&self, shutting_down: ShutdownStarted) -> IncomingSettings {
         IncomingSettings {
             max_connections: self.max_connections,
             max_connections_per_ip: self.max_connections_per_ip,

@@ -35,6 +35,7 @@ use crate::api::envoy::{EnvoyService, xds};
 use crate::api::rlqs::QuotaService;
 use crate::config::Config;
 use crate::config_error::ConfigError;
+use crate::decider::Decider;
 use crate::drain::DrainLayer;
 use crate::error::StoreError;
 use crate::health::{self, Health};
@@ -333,7 +334,7 @@ impl HttpSide {
             service: http::service_routes(http::ServiceParts {
                 health: health.clone(),
                 envoy: apis.envoy.clone(),
-                check: apis.check.clone(),
+                decider: apis.decider.clone(),
                 bounds,
                 admin,
             }),
@@ -394,7 +395,7 @@ fn grpc_router(
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .add_service(
-            apis.check
+            CheckService::new(apis.decider)
                 .into_server()
                 .max_decoding_message_size(max_request),
         )
@@ -418,9 +419,10 @@ type GrpcRouter = tonic::transport::server::Router<
     >,
 >;
 
-/// The three APIs on one limiter and one set of rules.
+/// The three APIs (`CheckLimit`'s through its decider) on one limiter and
+/// one set of rules.
 struct Apis {
-    check: CheckService,
+    decider: Decider,
     envoy: EnvoyService,
     quota: QuotaService,
 }
@@ -448,12 +450,10 @@ impl Apis {
             ),
             quota_shutdown,
         );
-        let check = CheckService::new(
-            limiter.clone(),
-            slots.clone(),
-            rules.clone(),
-            config.bounds.check_request(),
-        );
+        let decider = Decider::new(limiter.clone())
+            .with_rules(rules.clone())
+            .with_slots(slots.clone())
+            .with_bounds(config.bounds.check_request());
         let envoy = EnvoyService::new(
             limiter.clone(),
             rules,
@@ -461,7 +461,7 @@ impl Apis {
             slots,
         );
         Self {
-            check,
+            decider,
             envoy,
             quota,
         }

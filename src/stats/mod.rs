@@ -2,7 +2,7 @@
 //! them (lyft/gostats' dot-separated statsd names: `ratelimit.service.
 //! rate_limit.<domain>.<key>.total_hits`, `ratelimit_server.ShouldRateLimit
 //! .total_requests`, ...), and sent where upstream sends them: over statsd
-//! ([`statsd`]), and as Prometheus series named by a statsd_exporter
+//! (`statsd`), and as Prometheus series named by a statsd_exporter
 //! mapping ([`mapper`], upstream's default one unless another is given)
 //! beside ratelimitd's own metrics at `--metrics-listen`.
 //!
@@ -15,14 +15,14 @@
 //! Off (every handle a no-op) unless statsd or the metrics endpoint is on.
 
 pub mod mapper;
-pub mod mogrifier;
-pub mod names;
-pub mod options;
-pub mod prometheus;
-pub mod registry;
-pub mod server;
-pub mod statsd;
-pub mod upstream;
+pub(crate) mod mogrifier;
+pub(crate) mod names;
+pub(crate) mod options;
+pub(crate) mod prometheus;
+pub(crate) mod registry;
+pub(crate) mod server;
+pub(crate) mod statsd;
+pub(crate) mod upstream;
 
 use std::sync::{Arc, OnceLock};
 
@@ -33,10 +33,10 @@ use self::mapper::Mapping;
 use self::names::Tags;
 pub use self::options::StatsOptions;
 use self::prometheus::Prometheus;
-pub use self::registry::{Counter, Gauge, Timer};
+pub(crate) use self::registry::{Counter, Gauge};
 use self::registry::{Registry, TIMER_QUEUE};
-pub use self::server::ServerStatsLayer;
-pub use self::upstream::{LocalCacheStats, PoolStats, RuleHits, RuleStats};
+pub(crate) use self::server::ServerStatsLayer;
+pub(crate) use self::upstream::{LocalCacheStats, PoolStats, RuleHits, RuleStats};
 use self::upstream::{MethodStats, ServiceStats, domain_not_found};
 
 /// The statistics of this process, once installed.
@@ -57,7 +57,7 @@ struct Stats {
 /// `mapping` when the metrics endpoint is on: call once, inside the tokio
 /// runtime, before anything is counted. Nothing happens when neither
 /// statsd nor the endpoint is on; a second call changes nothing.
-pub fn install(options: &StatsOptions, mapping: Option<Mapping>) {
+pub(crate) fn install(options: &StatsOptions, mapping: Option<Mapping>) {
     let statsd = options.statsd();
     if statsd.is_none() && mapping.is_none() {
         return;
@@ -96,12 +96,12 @@ pub fn install(options: &StatsOptions, mapping: Option<Mapping>) {
 }
 
 /// Whether statistics are on.
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     STATS.get().is_some()
 }
 
 /// A configuration load (the first, or a reload) that took, or did not.
-pub fn config_load(succeeded: bool) {
+pub(crate) fn config_load(succeeded: bool) {
     if let Some(stats) = STATS.get() {
         match succeeded {
             true => stats.service.config_load_success.inc(),
@@ -112,7 +112,7 @@ pub fn config_load(succeeded: bool) {
 
 /// A failed `ShouldRateLimit`: on Redis (`redis_error`) or anything else
 /// (`service_error`).
-pub fn should_rate_limit_error(redis: bool) {
+pub(crate) fn should_rate_limit_error(redis: bool) {
     if let Some(stats) = STATS.get() {
         match redis {
             true => stats.service.redis_error.inc(),
@@ -122,7 +122,7 @@ pub fn should_rate_limit_error(redis: bool) {
 }
 
 /// A request global shadow mode answered OK although it was over.
-pub fn global_shadow_mode() {
+pub(crate) fn global_shadow_mode() {
     if let Some(stats) = STATS.get() {
         stats.service.global_shadow_mode.inc();
     }
@@ -130,7 +130,7 @@ pub fn global_shadow_mode() {
 
 /// The local over-limit cache's statistics (no-ops when off); made when
 /// asked, so that they exist only when the cache is on.
-pub fn local_cache() -> LocalCacheStats {
+pub(crate) fn local_cache() -> LocalCacheStats {
     STATS
         .get()
         .map(|stats| LocalCacheStats::new(&stats.registry))
@@ -138,7 +138,7 @@ pub fn local_cache() -> LocalCacheStats {
 }
 
 /// The Redis pool's statistics (no-ops when off).
-pub fn pool() -> PoolStats {
+pub(crate) fn pool() -> PoolStats {
     STATS
         .get()
         .map(|stats| stats.pool.clone())
@@ -157,13 +157,13 @@ fn method(name: &str) -> Option<MethodStats> {
 
 /// The statistics of a configured rule, keyed `key` (`<domain>.<path>`),
 /// when on: hold them (they are made per call).
-pub fn rule(key: &str) -> Option<Arc<RuleStats>> {
+pub(crate) fn rule(key: &str) -> Option<Arc<RuleStats>> {
     let stats = STATS.get()?;
     Some(Arc::new(RuleStats::new(&stats.registry, key)))
 }
 
 /// The statistics keyed by a request's values, from the bounded cache.
-pub fn request_rule(key: &str) -> Option<Arc<RuleStats>> {
+pub(crate) fn request_rule(key: &str) -> Option<Arc<RuleStats>> {
     let stats = STATS.get()?;
     if let Some(found) = stats.by_request.get(key) {
         return Some(found);
@@ -174,7 +174,7 @@ pub fn request_rule(key: &str) -> Option<Arc<RuleStats>> {
 }
 
 /// A descriptor of a domain no configuration has.
-pub fn unknown_domain(domain: &str) {
+pub(crate) fn unknown_domain(domain: &str) {
     let Some(stats) = STATS.get() else { return };
     let counter = match stats.domains.get(domain) {
         Some(counter) => counter,

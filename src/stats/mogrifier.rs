@@ -87,7 +87,7 @@ impl FromStr for Mogrifier {
 
 /// `name` through the first mogrifier that matches it: the new name and
 /// the tags (`key:value`) it adds; unchanged, with none, when none does.
-pub fn mogrify(mogrifiers: &[Mogrifier], name: &str) -> (String, Vec<String>) {
+pub(crate) fn mogrify(mogrifiers: &[Mogrifier], name: &str) -> (String, Vec<String>) {
     for mogrifier in mogrifiers {
         let Some(groups) = mogrifier.pattern.captures(name) else {
             continue;

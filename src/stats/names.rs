@@ -8,17 +8,17 @@ use std::sync::LazyLock;
 use regex::Regex;
 
 /// Upstream's service scope (`ratelimit`, then `service`).
-pub const SERVICE: &str = "ratelimit.service";
+pub(crate) const SERVICE: &str = "ratelimit.service";
 /// Its per-rule scope.
-pub const RATE_LIMIT: &str = "ratelimit.service.rate_limit";
+pub(crate) const RATE_LIMIT: &str = "ratelimit.service.rate_limit";
 /// Its `ShouldRateLimit` error scope.
-pub const SHOULD_RATE_LIMIT: &str = "ratelimit.service.call.should_rate_limit";
+pub(crate) const SHOULD_RATE_LIMIT: &str = "ratelimit.service.call.should_rate_limit";
 /// Its gRPC server scope, per method.
-pub const SERVER: &str = "ratelimit_server";
+pub(crate) const SERVER: &str = "ratelimit_server";
 /// Its Redis pool scope.
-pub const REDIS_POOL: &str = "ratelimit.redis_pool";
+pub(crate) const REDIS_POOL: &str = "ratelimit.redis_pool";
 /// Its local cache's scope.
-pub const LOCAL_CACHE: &str = "ratelimit.localcache";
+pub(crate) const LOCAL_CACHE: &str = "ratelimit.localcache";
 
 /// IPv4 addresses, whose dots upstream replaces (Go's `\d` is ASCII).
 static IPV4: LazyLock<Regex> = LazyLock::new(|| {
@@ -27,7 +27,7 @@ static IPV4: LazyLock<Regex> = LazyLock::new(|| {
 
 /// Upstream's `SanitizeStatName`: `:` and `|` become `_`, and so do the
 /// dots of anything that looks like an IPv4 address.
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let replaced = key.replace([':', '|'], "_");
     IPV4.replace_all(&replaced, |found: &regex::Captures<'_>| {
         found[0].replace('.', "_")

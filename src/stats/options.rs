@@ -112,4 +112,4 @@ impl StatsOptions {
 }
 
 /// envoyproxy/ratelimit's default statsd_exporter mapping.
-pub const DEFAULT_MAPPING: &str = include_str!("default_mapper.yaml");
+pub(crate) const DEFAULT_MAPPING: &str = include_str!("default_mapper.yaml");

@@ -13,12 +13,12 @@ use super::names::Tags;
 use super::prometheus::{Prometheus, Scaled};
 
 /// Timer observations waiting for the statsd sink, at most.
-pub const TIMER_QUEUE: usize = 65_536;
+pub(crate) const TIMER_QUEUE: usize = 65_536;
 
 /// Where timer observations wait for the statsd sink.
-pub type TimerSender = tokio::sync::mpsc::Sender<(Arc<TimerCell>, u64)>;
+pub(crate) type TimerSender = tokio::sync::mpsc::Sender<(Arc<TimerCell>, u64)>;
 /// What the statsd sink takes them from.
-pub type TimerQueue = tokio::sync::mpsc::Receiver<(Arc<TimerCell>, u64)>;
+pub(crate) type TimerQueue = tokio::sync::mpsc::Receiver<(Arc<TimerCell>, u64)>;
 
 /// A cell's Prometheus series, made when the cell first changes (so that,
 /// as upstream's, a statistic that never moved has no series).

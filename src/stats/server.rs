@@ -24,16 +24,16 @@ const METHODS: [(&str, &str); 2] = [
 ];
 
 /// The method of `path` upstream counts, by name.
-pub fn method_of(path: &str) -> Option<&'static str> {
+pub(crate) fn method_of(path: &str) -> Option<&'static str> {
     METHODS
         .iter()
         .find(|(known, _)| *known == path)
         .map(|(_, name)| *name)
 }
 
-/// Wraps a service in [`Counted`].
+/// Wraps a service in `Counted`.
 #[derive(Clone, Default)]
-pub struct ServerStatsLayer;
+pub(crate) struct ServerStatsLayer;
 
 impl<S> Layer<S> for ServerStatsLayer {
     type Service = Counted<S>;
@@ -45,7 +45,7 @@ impl<S> Layer<S> for ServerStatsLayer {
 
 /// A service whose calls of upstream's methods are counted and timed.
 #[derive(Clone)]
-pub struct Counted<S> {
+pub(crate) struct Counted<S> {
     inner: S,
 }
 

@@ -61,7 +61,7 @@ struct Sink {
 }
 
 /// Sends the registry's statistics until the runtime stops.
-pub async fn run(registry: Arc<Registry>, settings: StatsdSettings, mut timers: TimerQueue) {
+pub(crate) async fn run(registry: Arc<Registry>, settings: StatsdSettings, mut timers: TimerQueue) {
     let lines = Lines::default();
     let client = StatsdClient::builder("", lines.clone())
         .with_error_handler(|err| debug!(%err, "a statistic could not be formatted"))

@@ -10,7 +10,7 @@ use super::names::{
 use super::registry::{Counter, Gauge, Registry, Timer};
 
 /// The service's statistics (upstream's `ServiceStats`).
-pub struct ServiceStats {
+pub(crate) struct ServiceStats {
     /// `ratelimit.service.config_load_success`.
     pub config_load_success: Counter,
     /// `ratelimit.service.config_load_error`.
@@ -25,7 +25,7 @@ pub struct ServiceStats {
 
 impl ServiceStats {
     /// The service's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         Self {
             config_load_success: registry.counter(&format!("{SERVICE}.config_load_success")),
             config_load_error: registry.counter(&format!("{SERVICE}.config_load_error")),
@@ -38,7 +38,7 @@ impl ServiceStats {
 
 /// One gRPC method's statistics (upstream's server reporter).
 #[derive(Clone, Default)]
-pub struct MethodStats {
+pub(crate) struct MethodStats {
     /// `ratelimit_server.<method>.total_requests`.
     pub total_requests: Counter,
     /// `ratelimit_server.<method>.response_time`, in milliseconds.
@@ -47,7 +47,7 @@ pub struct MethodStats {
 
 impl MethodStats {
     /// Method `method`'s statistics (its name without the service).
-    pub fn new(registry: &Registry, method: &str) -> Self {
+    pub(crate) fn new(registry: &Registry, method: &str) -> Self {
         Self {
             total_requests: registry.counter(&format!("{SERVER}.{method}.total_requests")),
             response_time: registry.timer(&format!("{SERVER}.{method}.response_time")),
@@ -57,7 +57,7 @@ impl MethodStats {
 
 /// The Redis pool's statistics (upstream's `poolStats`).
 #[derive(Clone, Default)]
-pub struct PoolStats {
+pub(crate) struct PoolStats {
     /// `ratelimit.redis_pool.cx_active`: connections open now.
     pub cx_active: Gauge,
     /// `ratelimit.redis_pool.cx_total`: connections opened.
@@ -68,7 +68,7 @@ pub struct PoolStats {
 
 impl PoolStats {
     /// The pool's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         Self {
             cx_active: registry.gauge(&format!("{REDIS_POOL}.cx_active")),
             cx_total: registry.counter(&format!("{REDIS_POOL}.cx_total")),
@@ -77,13 +77,13 @@ impl PoolStats {
     }
 
     /// A connection opened.
-    pub fn opened(&self) {
+    pub(crate) fn opened(&self) {
         self.cx_total.inc();
         self.cx_active.add(1);
     }
 
     /// A connection closed.
-    pub fn closed(&self) {
+    pub(crate) fn closed(&self) {
         self.cx_active.sub(1);
         self.cx_local_close.inc();
     }
@@ -93,7 +93,7 @@ impl PoolStats {
 /// gauges of freecache's counts; its `averageAccessTime` has no
 /// counterpart). Each is set as it changes.
 #[derive(Clone, Default)]
-pub struct LocalCacheStats {
+pub(crate) struct LocalCacheStats {
     /// `ratelimit.localcache.hitCount`: lookups a cached denial answered.
     pub hit_count: Gauge,
     /// `ratelimit.localcache.missCount`: lookups it did not.
@@ -114,7 +114,7 @@ pub struct LocalCacheStats {
 
 impl LocalCacheStats {
     /// The local cache's statistics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
+    pub(crate) fn new(registry: &Registry) -> Self {
         let gauge = |stat: &str| registry.gauge(&format!("{LOCAL_CACHE}.{stat}"));
         Self {
             hit_count: gauge("hitCount"),
@@ -184,7 +184,7 @@ impl RuleStats {
 }
 
 /// `ratelimit.service.rate_limit.<domain>.domain_not_found`.
-pub fn domain_not_found(registry: &Registry, domain: &str) -> Counter {
+pub(crate) fn domain_not_found(registry: &Registry, domain: &str) -> Counter {
     registry.counter(&format!(
         "{RATE_LIMIT}.{}.domain_not_found",
         sanitize(domain)

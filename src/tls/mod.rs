@@ -16,6 +16,6 @@ mod options;
 mod server;
 pub(crate) mod verifier;
 
-pub use self::certificate::TlsError;
-pub use self::options::TlsOptions;
-pub use self::server::{ServerTls, TlsSettings};
+pub(crate) use self::certificate::TlsError;
+pub(crate) use self::options::TlsOptions;
+pub(crate) use self::server::ServerTls;

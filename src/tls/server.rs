@@ -30,7 +30,7 @@ pub struct TlsSettings {
 }
 
 /// The server's TLS: an acceptor whose certificate follows its files.
-pub struct ServerTls {
+pub(crate) struct ServerTls {
     acceptor: TlsAcceptor,
     certificate: Arc<ReloadingCertificate>,
     /// The bytes the certificate in use was made from.
@@ -40,7 +40,7 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Reads and checks every file; an error names the file.
-    pub fn load(settings: TlsSettings) -> Result<Self, TlsError> {
+    pub(crate) fn load(settings: TlsSettings) -> Result<Self, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let (files, key) = read_pair(&settings.cert, &settings.key, &provider)?;
         let certificate = Arc::new(ReloadingCertificate::new(key));
@@ -72,13 +72,13 @@ impl ServerTls {
     }
 
     /// The acceptor for new connections, with the certificate in use now.
-    pub fn acceptor(&self) -> TlsAcceptor {
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
         self.acceptor.clone()
     }
 
     /// Looks at the certificate files every reload interval, for ever, and
     /// swaps in a changed pair that loads. Runs as a task.
-    pub fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
+    pub(crate) fn watch(&self) -> impl Future<Output = ()> + Send + 'static {
         let certificate = self.certificate.clone();
         let settings = self.settings.clone();
         let mut in_use = self.loaded.clone();

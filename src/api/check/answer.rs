@@ -1,16 +1,14 @@
-//! A `CheckLimit` answer from its decisions: one decision in the top-level
+//! A `CheckLimit` answer from the decider's: one decision in the top-level
 //! fields, or several with a status each and the overall answer spoken by
 //! the most restrictive.
 
-use std::cmp::Reverse;
-
-use super::question::Label;
+use crate::decider::{Answer, Label, Several};
 use crate::limit::{Decision, Micros, RetryAfter};
 use crate::pb::convert::micros_to_duration;
 use crate::pb::ratelimitd::v1 as pb;
 
 /// The protobuf form of a decision.
-pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
+pub(crate) fn response(decision: &Decision) -> pb::CheckLimitResponse {
     let (retry_after, cost_exceeds_limit) = retry(decision);
     pb::CheckLimitResponse {
         allowed: decision.is_allowed(),
@@ -25,39 +23,24 @@ pub fn response(decision: &Decision) -> pb::CheckLimitResponse {
     }
 }
 
+/// The protobuf form of an answer: one decision in the top-level fields,
+/// or several with a status each.
+pub(crate) fn answer(answer: &Answer) -> pb::CheckLimitResponse {
+    match answer {
+        Answer::One(decision) => response(decision),
+        Answer::Several(several) => several_response(several),
+    }
+}
+
 /// The answer to several limits decided together: one status each, and
-/// the request's overall decision (see the proto's `CheckLimitResponse`).
-pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitResponse {
-    let enforcing: Vec<usize> = (0..decisions.len())
-        .filter(|&i| !labels[i].shadow)
-        .collect();
-    let allowed = enforcing.iter().all(|&i| decisions[i].is_allowed());
-    // Denied: the denying limit with the longest wait (never is longest).
-    // Allowed: the fewest units left, then the longest reset. Ties go to
-    // the first, as `min_by_key` keeps it. (The Envoy face orders one
-    // descriptor's limits the same way.)
-    let restrictiveness = |decision: &Decision| {
-        if allowed || decision.is_allowed() {
-            (1, decision.remaining(), Reverse(decision.reset_after()))
-        } else {
-            let wait = match decision.retry_after() {
-                RetryAfter::After(micros) => micros,
-                RetryAfter::Never => Micros::MAX,
-            };
-            (0, 0, Reverse(wait))
-        }
-    };
-    // All shadow: the statuses still name the most restrictive.
-    let candidates = if enforcing.is_empty() {
-        (0..decisions.len()).collect()
-    } else {
-        enforcing
-    };
-    let chosen = candidates
-        .into_iter()
-        .min_by_key(|&i| restrictiveness(&decisions[i]))
-        .map(|i| (i, &decisions[i]));
-    let degraded = decisions.iter().any(Decision::is_degraded);
+/// the request's overall decision (see the proto's `CheckLimitResponse`),
+/// the top-level fields speaking for the most restrictive limit.
+fn several_response(several: &Several) -> pb::CheckLimitResponse {
+    let allowed = several.is_allowed();
+    let degraded = several.is_degraded();
+    let chosen = several
+        .most_restrictive()
+        .and_then(|i| Some((i, several.decisions.get(i)?)));
     let Some((most_restrictive, top)) = chosen else {
         // No limits: `question` never builds such a request.
         return pb::CheckLimitResponse {
@@ -71,9 +54,10 @@ pub(super) fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::
     } else {
         retry(top)
     };
-    let limits = labels
+    let limits = several
+        .labels
         .iter()
-        .zip(decisions)
+        .zip(&several.decisions)
         .map(|(label, decision)| status(label, decision))
         .collect();
     // The top-level fields speak for the most restrictive, but for the
@@ -146,6 +130,14 @@ mod tests {
         } else {
             Decision::denied(10, remaining, reset, retry)
         }
+    }
+
+    /// The answer to limits labelled `labels` decided `decisions`.
+    fn several_response(labels: &[Label], decisions: &[Decision]) -> pb::CheckLimitResponse {
+        super::several_response(&Several {
+            labels: labels.to_vec(),
+            decisions: decisions.to_vec(),
+        })
     }
 
     fn labels(shadows: &[bool]) -> Vec<Label> {

@@ -1,56 +1,26 @@
-//! A `CheckLimit` request validated once, into the types the core trusts:
-//! which of its three forms it takes (one algorithm, several `limits`, or
-//! a named policy), then that form's fields, each error naming the field.
+//! A `CheckLimit` request validated once, into the [`Question`] the
+//! decider takes: which of its three forms it takes (one algorithm,
+//! several `limits`, or a named policy), then that form's fields, each
+//! error naming the field.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::algorithm::{
     self,
     registry::{self, Kind},
 };
+use crate::decider::{self, Limits, NamedLimit, Question};
 use crate::error::Error;
 use crate::limit::{self, Algorithm, CallerKey, FailurePolicy, InvalidArgument, LimitRequest};
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
-use crate::policy::Policy;
 use crate::rules::Rules;
 
-/// A validated request: the limit requests to decide, and how to answer.
-pub(super) struct Question {
-    /// What the limiter decides.
-    pub(super) requests: Vec<LimitRequest>,
-    /// How to answer.
-    pub(super) form: Form,
-    /// The call's own failure policy, if it names one.
-    pub(super) failure_policy: Option<FailurePolicy>,
-}
-
-/// Which form a request takes, as far as its answer differs.
-pub(super) enum Form {
-    /// One limit: answered in the top-level fields alone.
-    One,
-    /// Several limits (or a policy's): one label per request, in order.
-    Several {
-        /// One per limit.
-        labels: Vec<Label>,
-        /// The policy the request named, if it named one.
-        policy: Option<Arc<Policy>>,
-    },
-}
-
-/// What a status reports of its limit besides the decision.
-pub(super) struct Label {
-    /// The limit's name (empty for an unnamed one).
-    pub(super) name: String,
-    /// Decided and reported, but never denies.
-    pub(super) shadow: bool,
-}
-
-/// Validates a request once, into the types the core trusts: its form,
-/// then that form's fields. `rules` is the configuration in force when the
-/// request names a policy (`None` for the other forms).
-pub(super) fn question(
+/// Validates a request once, into the question the decider takes: its
+/// form, then that form's fields. `rules` is the configuration in force
+/// when the request names a policy (`None` for the other forms);
+/// `max_limits` bounds the several-limits form.
+pub(crate) fn question(
     request: pb::CheckLimitRequest,
     rules: Option<&Rules>,
     max_limits: usize,
@@ -81,60 +51,31 @@ pub(super) fn question(
         )
         .into());
     }
-    if !request.policy.is_empty() {
+    let limits = if !request.policy.is_empty() {
         limit::check_name("policy", &request.policy)?;
-        let known = rules.and_then(|rules| rules.policy(&request.policy));
-        let Some(policy) = known.cloned() else {
-            return Err(Error::NotFound(InvalidArgument::new(
-                "policy",
-                format!(
-                    "'{}' is not defined in the server's policies",
-                    request.policy
-                ),
-            )));
+        let policy = match rules {
+            Some(rules) => decider::policy(rules, &request.policy)?,
+            None => decider::policy(&Rules::default(), &request.policy)?,
         };
         let key = CallerKey::new(request.key)?;
         let cost = limit::cost(request.cost)?;
-        let labels = policy
-            .limits
-            .iter()
-            .map(|limit| Label {
-                name: limit.name.clone(),
-                shadow: limit.shadow,
-            })
-            .collect();
-        return Ok(Question {
-            requests: policy.requests(&key, cost),
-            form: Form::Several {
-                labels,
-                policy: Some(policy),
-            },
-            failure_policy,
-        });
-    }
-    if !request.limits.is_empty() {
-        let (requests, labels) = several(request, max_limits)?;
-        return Ok(Question {
-            requests,
-            form: Form::Several {
-                labels,
-                policy: None,
-            },
-            failure_policy,
-        });
-    }
+        Limits::Policy { policy, key, cost }
+    } else if !request.limits.is_empty() {
+        Limits::Several(several(request, max_limits)?)
+    } else {
+        Limits::One(limit_request(request)?)
+    };
     Ok(Question {
-        requests: vec![limit_request(request)?],
-        form: Form::One,
+        limits,
         failure_policy,
     })
 }
 
-/// The limit requests of a request with `limits`, and their labels.
+/// The limits of a request with `limits`, each with its name.
 fn several(
     request: pb::CheckLimitRequest,
     max_limits: usize,
-) -> Result<(Vec<LimitRequest>, Vec<Label>), InvalidArgument> {
+) -> Result<Vec<NamedLimit>, InvalidArgument> {
     if request.limits.len() > max_limits {
         return Err(InvalidArgument::new(
             "limits",
@@ -151,38 +92,36 @@ fn several(
         Some(CallerKey::new(request.key)?)
     };
     let cost = limit::cost(request.cost)?;
-    let mut requests: Vec<LimitRequest> = Vec::with_capacity(request.limits.len());
-    let mut labels: Vec<Label> = Vec::with_capacity(request.limits.len());
+    let mut limits: Vec<NamedLimit> = Vec::with_capacity(request.limits.len());
     // The limits seen so far, by what makes a counter theirs: a name, or
     // (unnamed) a key and an algorithm. A map, so a bound raised high
     // stays linear.
     let mut seen: HashMap<(String, String, &'static str), usize> = HashMap::new();
     for (i, limit) in request.limits.into_iter().enumerate() {
         let within = |err: InvalidArgument| err.within(&format!("limits[{i}]"));
-        let (request, label) = one_of_several(limit, key.as_ref(), cost).map_err(within)?;
-        let identity = if label.name.is_empty() {
-            let tag = algorithm::key_tag(&request.algorithm);
-            (String::new(), request.key.as_str().to_owned(), tag)
+        let limit = one_of_several(limit, key.as_ref(), cost).map_err(within)?;
+        let identity = if limit.name.is_empty() {
+            let tag = algorithm::key_tag(&limit.request.algorithm);
+            (String::new(), limit.request.key.as_str().to_owned(), tag)
         } else {
-            (label.name.clone(), String::new(), "")
+            (limit.name.clone(), String::new(), "")
         };
         if let Some(first) = seen.insert(identity, i) {
-            let (field, rule) = if label.name.is_empty() {
+            let (field, rule) = if limit.name.is_empty() {
                 let rule = format!(
                     "counts on the same counter as limits[{first}] (same key and algorithm): \
                      give one of them a name, or its own key"
                 );
                 ("key", rule)
             } else {
-                let rule = format!("'{}' is already the name of limits[{first}]", label.name);
+                let rule = format!("'{}' is already the name of limits[{first}]", limit.name);
                 ("name", rule)
             };
             return Err(within(InvalidArgument::new(field, rule)));
         }
-        requests.push(request);
-        labels.push(label);
+        limits.push(limit);
     }
-    Ok((requests, labels))
+    Ok(limits)
 }
 
 /// One entry of `limits`, on the request's `key` unless it has its own,
@@ -192,7 +131,7 @@ fn one_of_several(
     limit: pb::Limit,
     key: Option<&CallerKey>,
     cost: u64,
-) -> Result<(LimitRequest, Label), InvalidArgument> {
+) -> Result<NamedLimit, InvalidArgument> {
     if !limit.name.is_empty() {
         limit::check_name("name", &limit.name)?;
     }
@@ -212,17 +151,15 @@ fn one_of_several(
     } else {
         CallerKey::named(&limit.name, &own_key)
     };
-    let request = LimitRequest {
-        key: counted,
-        algorithm,
-        cost,
-        shadow: false,
-    };
-    let label = Label {
+    Ok(NamedLimit {
         name: limit.name,
-        shadow: false,
-    };
-    Ok((request, label))
+        request: LimitRequest {
+            key: counted,
+            algorithm,
+            cost,
+            shadow: false,
+        },
+    })
 }
 
 /// Validates a one-limit request into the request the core decides.

@@ -4,7 +4,7 @@
 
 /// What the headers describe: the most restrictive descriptor's limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quota<'a> {
+pub(crate) struct Quota<'a> {
     /// The rule's `RateLimit-Policy` id.
     pub policy_id: &'a str,
     /// `q`: units per window.
@@ -18,7 +18,7 @@ pub struct Quota<'a> {
 }
 
 /// `(name, value)` of the two header fields.
-pub fn header_fields(quota: &Quota<'_>) -> [(&'static str, String); 2] {
+pub(crate) fn header_fields(quota: &Quota<'_>) -> [(&'static str, String); 2] {
     let id = sf_string(quota.policy_id);
     [
         (
@@ -34,7 +34,7 @@ pub fn header_fields(quota: &Quota<'_>) -> [(&'static str, String); 2] {
 
 /// A structured-field String: quoted, with `"` and `\` escaped, and any
 /// character outside printable ASCII (which the type cannot hold) as `_`.
-pub fn sf_string(text: &str) -> String {
+pub(crate) fn sf_string(text: &str) -> String {
     let mut quoted = String::with_capacity(text.len() + 2);
     quoted.push('"');
     for c in text.chars() {

@@ -31,7 +31,7 @@ fn list(values: Vec<Value>) -> Value {
 
 /// The response's metadata for `request`; `passed` holds the metadata of
 /// each rule whose descriptor passed, in descriptor order.
-pub fn response_metadata<'a>(
+pub(crate) fn response_metadata<'a>(
     request: &RateLimitRequest,
     passed: impl Iterator<Item = &'a Struct>,
 ) -> Struct {

@@ -18,24 +18,26 @@
 //! A call flows: [`settings`] bounds the request, `plan` matches it,
 //! the limiter decides, `response` answers, [`upstream_stats`] counts.
 
-pub mod headers;
+pub(crate) mod headers;
 mod live;
-pub mod metadata;
-pub mod options;
+pub(crate) mod metadata;
+pub(crate) mod options;
 mod plan;
 mod response;
-pub mod settings;
-pub mod upstream_stats;
-pub mod xds;
+pub(crate) mod settings;
+pub(crate) mod upstream_stats;
+pub(crate) mod xds;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
 use self::plan::Plan;
-pub use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
+pub(crate) use self::settings::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
 use crate::error::Error;
+use crate::incoming;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
 use crate::metrics::{self, Api};
@@ -46,7 +48,7 @@ use crate::store::{Clock, SystemClock};
 
 /// The `RateLimitService` implementation.
 #[derive(Clone)]
-pub struct EnvoyService {
+pub(crate) struct EnvoyService {
     limiter: Limiter,
     rules: RulesHandle,
     settings: EnvoySettings,
@@ -58,7 +60,7 @@ pub struct EnvoyService {
 
 impl EnvoyService {
     /// The service, deciding on `limiter` by the rules `rules` holds now, each call holding one of `slots`.
-    pub fn new(
+    pub(crate) fn new(
         limiter: Limiter,
         rules: RulesHandle,
         settings: EnvoySettings,
@@ -74,12 +76,15 @@ impl EnvoyService {
     }
 
     /// The same service telling time by `clock`.
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
         Self { clock, ..self }
     }
 
     /// The tonic server for this service.
-    pub fn into_server(self) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
+    pub(crate) fn into_server(
+        self,
+    ) -> rls::rate_limit_service_server::RateLimitServiceServer<Self> {
         rls::rate_limit_service_server::RateLimitServiceServer::new(self)
     }
 }
@@ -90,22 +95,35 @@ impl rls::rate_limit_service_server::RateLimitService for EnvoyService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, Status> {
-        let (_in_flight, request) = self.slots.admit(request)?;
-        let answered = self.decide(&request).await;
+        let peer = incoming::peer_ip(request.extensions());
+        let response = self.answer(peer, &request.into_inner()).await?;
+        Ok(Response::new(response))
+    }
+}
+
+impl EnvoyService {
+    /// `ShouldRateLimit`, whatever carries it (gRPC, or `/json`): a
+    /// decision slot for `peer`, then `request` bounded, matched to the
+    /// rules and decided, and upstream's error statistics counted.
+    pub(crate) async fn answer(
+        &self,
+        peer: Option<IpAddr>,
+        request: &rls::RateLimitRequest,
+    ) -> Result<rls::RateLimitResponse, Error> {
+        let _in_flight = self.slots.enter(peer)?;
+        let answered = self.decide(request).await;
         // upstream's errors: `redis_error` on the store, `service_error`
         // for the rest.
         match &answered {
             Ok(_) => {}
             Err(Error::Store(_)) => stats::should_rate_limit_error(true),
-            Err(Error::InvalidArgument(_) | Error::NotFound(_)) => {
+            Err(Error::InvalidArgument(_) | Error::NotFound(_) | Error::Overloaded(_)) => {
                 stats::should_rate_limit_error(false);
             }
         }
-        Ok(Response::new(answered?))
+        answered
     }
-}
 
-impl EnvoyService {
     async fn decide(
         &self,
         request: &rls::RateLimitRequest,

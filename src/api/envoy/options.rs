@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use super::xds::{XdsSettings, XdsTls};
 use super::{EnvoySettings, KeyLayout, LimitHeaderNames, RequestBounds};
+use crate::config_error::ConfigError;
 use crate::options::{
-    KeyValues, OptionsError, SecretValues, key_values, positive_duration, read_identity,
-    read_optional_pem, secret_values,
+    KeyValues, SecretValues, key_values, positive_duration, read_identity, read_optional_pem,
+    secret_values,
 };
 use crate::rules::FileSelection;
 
@@ -240,7 +241,7 @@ impl EnvoyOptions {
     /// Where the rules come from, with the xDS TLS files read (the error
     /// names the flag). Clap has made sure --config and --xds-server are
     /// not both given.
-    pub fn rules_source(&self) -> Result<RulesSource, OptionsError> {
+    pub fn rules_source(&self) -> Result<RulesSource, ConfigError> {
         if let Some(path) = &self.config {
             return Ok(RulesSource::Files {
                 path: path.clone(),
@@ -260,7 +261,7 @@ impl EnvoyOptions {
 
 impl XdsOptions {
     /// The xDS source, when a server is named.
-    fn settings(&self) -> Result<Option<XdsSettings>, OptionsError> {
+    fn settings(&self) -> Result<Option<XdsSettings>, ConfigError> {
         let Some(server) = &self.xds_server else {
             return Ok(None);
         };

@@ -12,7 +12,7 @@ use super::response::Answer;
 use crate::algorithm;
 use crate::limit::Decision;
 use crate::rules::Limit;
-pub use crate::stats::RuleHits;
+pub(crate) use crate::stats::RuleHits;
 
 /// Upstream's NEAR_LIMIT_RATIO default.
 const NEAR_LIMIT_RATIO: f64 = 0.8;
@@ -57,7 +57,7 @@ pub(super) fn record(plan: &Plan, answers: &[Answer], decisions: &[Decision]) {
 /// The hits of a descriptor that asked for `hits` under a limit of `limit`
 /// and got `decision`. `counted_denied`: a denied descriptor spent its hits
 /// (counting denied hits), so `decision.remaining()` is what is left after.
-pub fn rule_hits(
+pub(crate) fn rule_hits(
     limit: u64,
     hits: u64,
     decision: &Decision,

@@ -29,11 +29,11 @@ use crate::pb::ratelimit::config::ratelimit::v3 as conf;
 use crate::rules::{self, Rules, RulesHandle};
 
 /// The type of the resources asked for.
-pub const RATE_LIMIT_CONFIG_TYPE: &str =
+pub(crate) const RATE_LIMIT_CONFIG_TYPE: &str =
     "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
 /// The largest xDS response read.
-pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
 /// google.rpc.Code INVALID_ARGUMENT, for a NACK.
 const INVALID_ARGUMENT: i32 = 3;
@@ -82,7 +82,7 @@ impl std::fmt::Debug for XdsTls {
 /// Follows the management server for ever, swapping each accepted
 /// configuration into `rules`. Runs as a task; the server aborts it at
 /// shutdown.
-pub async fn watch(settings: XdsSettings, rules: RulesHandle) {
+pub(crate) async fn watch(settings: XdsSettings, rules: RulesHandle) {
     let mut accepted = String::new();
     let mut delay = settings.retry_interval;
     loop {

@@ -24,7 +24,7 @@ const MIN_FILL_SECONDS: u64 = 60;
 
 /// What an Envoy enforces for a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assigned {
+pub(crate) enum Assigned {
     /// Every request passes.
     AllowAll,
     /// No request passes.
@@ -47,7 +47,7 @@ impl Assigned {
     /// the burst the policy's `burst` in the grant's proportion (else a
     /// tenth of a second of the grant), at least one request. A grant too
     /// small for one request per interval denies all.
-    pub fn share(grant: MicroRps, rate: &QuotaRate) -> Self {
+    pub(crate) fn share(grant: MicroRps, rate: &QuotaRate) -> Self {
         let fill_seconds = rate.period_seconds.max(MIN_FILL_SECONDS);
         let capacity = rate.micro_rps().max(1);
         // The grant's part of the policy's requests, scaled to the
@@ -69,7 +69,7 @@ impl Assigned {
     }
 
     /// Its rate in requests per second, for metrics.
-    pub fn requests_per_second(&self) -> Option<f64> {
+    pub(crate) fn requests_per_second(&self) -> Option<f64> {
         match *self {
             Self::AllowAll => None,
             Self::DenyAll => Some(0.0),
@@ -82,7 +82,7 @@ impl Assigned {
     }
 
     /// A short name for metrics and logs.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::AllowAll => "allow_all",
             Self::DenyAll => "deny_all",
@@ -91,7 +91,7 @@ impl Assigned {
     }
 
     /// As Envoy's protobuf.
-    pub fn to_strategy(self) -> RateLimitStrategy {
+    pub(crate) fn to_strategy(self) -> RateLimitStrategy {
         let strategy = match self {
             Self::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
             Self::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),

@@ -32,9 +32,8 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-pub use self::assignment::Assigned;
 use self::nudges::Nudges;
-pub use self::options::{QuotaOptions, QuotaSettings};
+pub(crate) use self::options::{QuotaOptions, QuotaSettings};
 use self::shared::Shared;
 use self::stream::QuotaStream;
 use crate::metrics;
@@ -46,7 +45,7 @@ use crate::telemetry::WarnThrottle;
 
 /// The quota service.
 #[derive(Clone)]
-pub struct QuotaService {
+pub(crate) struct QuotaService {
     shared: Arc<Shared>,
 }
 
@@ -62,7 +61,7 @@ impl QuotaService {
     /// `rules`. Its streams end when `shutdown` turns true. On Redis it
     /// beats and follows the other instances (a task of its own, until
     /// shutdown).
-    pub fn new(
+    pub(crate) fn new(
         ledgers: QuotaLedgers,
         rules: RulesHandle,
         settings: QuotaSettings,
@@ -102,7 +101,7 @@ impl QuotaService {
 
     /// This instance's id among the instances on the same store, and how
     /// many bucket subscriptions its streams hold now: for the admin API.
-    pub fn subscriptions(&self) -> (&str, usize) {
+    pub(crate) fn subscriptions(&self) -> (&str, usize) {
         (
             &self.shared.instance,
             self.shared.subscriptions.load(Ordering::Relaxed),
@@ -110,7 +109,7 @@ impl QuotaService {
     }
 
     /// The tonic service.
-    pub fn into_server(
+    pub(crate) fn into_server(
         self,
     ) -> rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer<Self> {
         rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer::new(self)

@@ -14,13 +14,13 @@ use crate::rules::quota::{QuotaLimit, QuotaPolicy, render_pattern};
 use crate::rules::{Limit, Rule, Rules};
 
 /// A time as RFC 3339, in UTC, to the millisecond.
-pub fn timestamp(time: SystemTime) -> String {
+pub(crate) fn timestamp(time: SystemTime) -> String {
     humantime::format_rfc3339_millis(time).to_string()
 }
 
 /// Where a rule, policy or quota policy was written.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Written {
+pub(crate) struct Written {
     /// The file, as read (`xds:<name>` for a resource from xDS).
     pub file: String,
     /// Its line, 1-based.
@@ -30,7 +30,7 @@ pub struct Written {
 /// `GET /admin/v1/rules`: the Envoy rules in force.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RulesList {
+pub(crate) struct RulesList {
     /// Where the rules come from: `files <path>`, `xds <server>`, or
     /// `none`.
     pub origin: String,
@@ -44,7 +44,7 @@ pub struct RulesList {
 /// One limit of a descriptor.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RuleEntry {
+pub(crate) struct RuleEntry {
     /// The domain.
     pub domain: String,
     /// The descriptor's place below the domain: one `key` or `key_value`
@@ -73,7 +73,7 @@ pub struct RuleEntry {
 /// `GET /admin/v1/policies`: `CheckLimit`'s named policies.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct PoliciesList {
+pub(crate) struct PoliciesList {
     /// When the rules holding them were put in force (RFC 3339).
     pub loaded_at: Option<String>,
     /// By name.
@@ -82,7 +82,7 @@ pub struct PoliciesList {
 
 /// One policy.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PolicyEntry {
+pub(crate) struct PolicyEntry {
     /// Its name, as callers send it.
     pub name: String,
     /// Its limits, in file order.
@@ -93,7 +93,7 @@ pub struct PolicyEntry {
 
 /// One limit of a policy.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PolicyLimitEntry {
+pub(crate) struct PolicyLimitEntry {
     /// Its name within the policy.
     pub name: String,
     /// Its algorithm and parameters.
@@ -108,7 +108,7 @@ pub struct PolicyLimitEntry {
 /// An algorithm and its parameters.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct AlgorithmEntry {
+pub(crate) struct AlgorithmEntry {
     /// `fixed_window`, `sliding_window`, `sliding_window_counter`,
     /// `token_bucket` or `gcra`.
     pub name: String,
@@ -127,7 +127,7 @@ pub struct AlgorithmEntry {
 /// instance's subscriptions.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct QuotaList {
+pub(crate) struct QuotaList {
     /// When the rules holding them were put in force (RFC 3339).
     pub loaded_at: Option<String>,
     /// This instance's id among the instances sharing the store.
@@ -140,7 +140,7 @@ pub struct QuotaList {
 
 /// One domain's quota policies.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct QuotaDomainEntry {
+pub(crate) struct QuotaDomainEntry {
     /// The domain.
     pub domain: String,
     /// In file order; the most specific match governs a bucket.
@@ -152,7 +152,7 @@ pub struct QuotaDomainEntry {
 /// One quota policy.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct QuotaPolicyEntry {
+pub(crate) struct QuotaPolicyEntry {
     /// Its name (its metrics' `policy` label).
     pub name: String,
     /// The buckets it governs, `key=value` (or a wildcard) per key.
@@ -173,7 +173,7 @@ pub struct QuotaPolicyEntry {
 
 /// `GET /admin/v1/config`: every flag in force.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ConfigList {
+pub(crate) struct ConfigList {
     /// The server's version.
     pub version: String,
     /// Every flag, in `--help`'s order.
@@ -182,7 +182,7 @@ pub struct ConfigList {
 
 /// One flag.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct FlagEntry {
+pub(crate) struct FlagEntry {
     /// Its long name, without `--`.
     pub flag: String,
     /// Its value as given, or its default: a string, a list of strings for
@@ -206,7 +206,7 @@ impl From<&EffectiveFlag> for FlagEntry {
 }
 
 /// The Envoy rules of `rules`.
-pub fn rules_list(rules: &Rules, loaded_at: Option<SystemTime>, origin: &str) -> RulesList {
+pub(crate) fn rules_list(rules: &Rules, loaded_at: Option<SystemTime>, origin: &str) -> RulesList {
     RulesList {
         origin: origin.to_owned(),
         loaded_at: loaded_at.map(timestamp),
@@ -257,7 +257,7 @@ fn rule_entry(domain: &str, rule: &Rule) -> RuleEntry {
 }
 
 /// The policies of `rules`.
-pub fn policies_list(rules: &Rules, loaded_at: Option<SystemTime>) -> PoliciesList {
+pub(crate) fn policies_list(rules: &Rules, loaded_at: Option<SystemTime>) -> PoliciesList {
     PoliciesList {
         loaded_at: loaded_at.map(timestamp),
         policies: rules
@@ -340,7 +340,7 @@ fn algorithm_entry(algorithm: &Algorithm) -> AlgorithmEntry {
 }
 
 /// The quota policies of `rules`, and this instance's subscriptions.
-pub fn quota_list(
+pub(crate) fn quota_list(
     rules: &Rules,
     loaded_at: Option<SystemTime>,
     (instance, subscriptions): (&str, usize),

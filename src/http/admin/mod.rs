@@ -13,9 +13,9 @@
 //! logged with the caller's address and counted
 //! (`ratelimitd_admin_requests_total`).
 
-pub mod lists;
-pub mod openapi;
-pub mod options;
+pub(crate) mod lists;
+pub(crate) mod openapi;
+pub(crate) mod options;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,12 +29,13 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 use tracing::{info, warn};
 
-pub use self::options::AdminOptions;
+pub(crate) use self::options::AdminOptions;
 use super::Endpoint;
 use super::api::{self, Api};
-use crate::api::check::ResetLimit;
+use crate::api::check;
 use crate::api::rlqs::QuotaService;
 use crate::config::effective::Effective;
+use crate::decider::ResetLimit;
 use crate::metrics;
 use crate::options::Secret;
 use crate::pb::json::ratelimitd::v1 as json;
@@ -42,7 +43,7 @@ use crate::pb::ratelimitd::v1 as pb;
 use crate::rules::RulesHandle;
 
 /// What the admin API serves, besides the JSON API's parts.
-pub struct AdminParts {
+pub(crate) struct AdminParts {
     /// The token callers must send.
     pub token: Secret,
     /// The rules in force.
@@ -57,7 +58,7 @@ pub struct AdminParts {
 
 /// The admin API's handlers' shared state.
 #[derive(Clone)]
-pub struct Admin(Arc<Inner>);
+pub(crate) struct Admin(Arc<Inner>);
 
 struct Inner {
     /// SHA-256 of the token: compared in constant time, whatever the
@@ -75,7 +76,7 @@ const TOKEN_RULE: &str = "must be `Bearer <the server's admin token>`";
 
 /// `POST /admin/v1/reset`'s answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ResetAnswer {
+pub(crate) struct ResetAnswer {
     /// One entry per limit the request names, in order (limits sharing
     /// one counter name the same key).
     pub reset: Vec<ResetEntry>,
@@ -84,7 +85,7 @@ pub struct ResetAnswer {
 /// One limit reset.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ResetEntry {
+pub(crate) struct ResetEntry {
     /// The limit's name (empty for an unnamed limit and the one-limit
     /// form).
     pub name: String,
@@ -113,7 +114,7 @@ impl From<ResetLimit> for ResetEntry {
 
 impl Admin {
     /// The admin API over `parts`, deciding through `api`.
-    pub fn new(parts: AdminParts, api: Api) -> Self {
+    pub(crate) fn new(parts: AdminParts, api: Api) -> Self {
         Self(Arc::new(Inner {
             token_digest: digest(parts.token.expose().as_bytes()),
             api,
@@ -125,7 +126,7 @@ impl Admin {
     }
 
     /// The route of an admin endpoint (any other endpoint: none).
-    pub fn route(&self, endpoint: Endpoint) -> Option<MethodRouter> {
+    pub(crate) fn route(&self, endpoint: Endpoint) -> Option<MethodRouter> {
         let admin = self.clone();
         let handler = move |request: Request| {
             let admin = admin.clone();
@@ -203,14 +204,18 @@ impl Admin {
                     Ok(request) => request,
                     Err(answer) => return answer,
                 };
-                match admin.api.check.reset(request).await {
+                let reset = match check::ask(&admin.api.decider, request) {
+                    Ok(question) => admin.api.decider.reset(&question).await,
+                    Err(err) => Err(err),
+                };
+                match reset {
                     Ok(reset) => api::json_answer(
                         StatusCode::OK,
                         &ResetAnswer {
                             reset: reset.into_iter().map(ResetEntry::from).collect(),
                         },
                     ),
-                    Err(err) => api::failed(&tonic::Status::from(err)),
+                    Err(err) => api::failed(&err),
                 }
             }
             Endpoint::AdminRules => {
@@ -244,7 +249,7 @@ impl Admin {
 }
 
 /// The metrics label of an admin endpoint.
-pub fn label(endpoint: Endpoint) -> &'static str {
+pub(crate) fn label(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::AdminPeek => "peek",
         Endpoint::AdminReset => "reset",

@@ -18,10 +18,10 @@ use super::{ResetAnswer, ResetEntry};
 use crate::http::api::{JSON, Refusal};
 
 /// The name of the admin API's security scheme.
-pub const ADMIN_TOKEN: &str = "adminToken";
+pub(crate) const ADMIN_TOKEN: &str = "adminToken";
 
 /// The admin API's schemas and its security scheme, into `components`.
-pub fn components(components: &mut Components) {
+pub(crate) fn components(components: &mut Components) {
     for (name, schema) in [
         (ResetAnswer::name(), ResetAnswer::schema()),
         (ResetEntry::name(), ResetEntry::schema()),
@@ -99,7 +99,7 @@ fn admin_list(id: &str, summary: &str, description: &str, schema: &str) -> Opera
 
 /// `POST /admin/v1/peek`, but its body and the answers it shares with
 /// every call on a `CheckLimitRequest`.
-pub fn peek() -> OperationBuilder {
+pub(crate) fn peek() -> OperationBuilder {
     admin_operation(
         "adminPeek",
         "What the limits of a request have left, spending nothing",
@@ -116,7 +116,7 @@ pub fn peek() -> OperationBuilder {
 }
 
 /// `POST /admin/v1/reset`, as [`peek`].
-pub fn reset() -> OperationBuilder {
+pub(crate) fn reset() -> OperationBuilder {
     admin_operation(
         "adminReset",
         "Reset the limits of a request",
@@ -134,7 +134,7 @@ pub fn reset() -> OperationBuilder {
 }
 
 /// `GET /admin/v1/rules`.
-pub fn rules() -> Operation {
+pub(crate) fn rules() -> Operation {
     admin_list(
         "adminRules",
         "The Envoy rules in force",
@@ -145,7 +145,7 @@ pub fn rules() -> Operation {
 }
 
 /// `GET /admin/v1/policies`.
-pub fn policies() -> Operation {
+pub(crate) fn policies() -> Operation {
     admin_list(
         "adminPolicies",
         "The named policies in force",
@@ -155,7 +155,7 @@ pub fn policies() -> Operation {
 }
 
 /// `GET /admin/v1/quota-buckets`.
-pub fn quota_buckets() -> Operation {
+pub(crate) fn quota_buckets() -> Operation {
     admin_list(
         "adminQuotaBuckets",
         "The quota service's policies, and this instance's subscriptions",
@@ -166,7 +166,7 @@ pub fn quota_buckets() -> Operation {
 }
 
 /// `GET /admin/v1/config`.
-pub fn config() -> Operation {
+pub(crate) fn config() -> Operation {
     admin_list(
         "adminConfig",
         "The configuration in force",

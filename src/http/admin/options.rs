@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use crate::options::{OptionsError, Secret};
+use crate::config_error::ConfigError;
+use crate::options::Secret;
 
 /// The shortest token taken: long enough that guessing is hopeless.
-pub const MIN_TOKEN_LENGTH: usize = 16;
+pub(crate) const MIN_TOKEN_LENGTH: usize = 16;
 
 /// The admin API's token.
 #[derive(Clone, Debug, PartialEq, clap::Args)]
@@ -34,14 +35,13 @@ pub struct AdminOptions {
 impl AdminOptions {
     /// The token, read from its file if given so (the error names the
     /// flag), or none: no admin API.
-    pub fn token(&self) -> Result<Option<Secret>, OptionsError> {
+    pub fn token(&self) -> Result<Option<Secret>, ConfigError> {
         if let Some(path) = &self.admin_token_file {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| OptionsError::Unreadable {
-                    flag: "admin_token_file",
-                    path: path.clone(),
-                    source,
-                })?;
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Unreadable {
+                flag: "admin_token_file",
+                path: path.clone(),
+                source,
+            })?;
             let token = text
                 .strip_suffix('\n')
                 .map(|line| line.strip_suffix('\r').unwrap_or(line))
@@ -56,17 +56,17 @@ impl AdminOptions {
 }
 
 /// `token` as a token, or why not (never quoting it).
-fn checked(flag: &'static str, token: &str) -> Result<Secret, OptionsError> {
+fn checked(flag: &'static str, token: &str) -> Result<Secret, ConfigError> {
     let what = if flag == "admin_token_file" {
         "the token in the file"
     } else {
         "the token"
     };
     if token.is_empty() {
-        return Err(OptionsError::invalid(flag, format!("{what} is empty")));
+        return Err(ConfigError::invalid(flag, format!("{what} is empty")));
     }
     if token.chars().count() < MIN_TOKEN_LENGTH {
-        return Err(OptionsError::invalid(
+        return Err(ConfigError::invalid(
             flag,
             format!(
                 "{what} must be at least {MIN_TOKEN_LENGTH} characters (e.g. `openssl rand -hex 32`)"
@@ -74,7 +74,7 @@ fn checked(flag: &'static str, token: &str) -> Result<Secret, OptionsError> {
         ));
     }
     if !token.chars().all(|c| c.is_ascii_graphic()) {
-        return Err(OptionsError::invalid(
+        return Err(ConfigError::invalid(
             flag,
             format!("{what} must be printable ASCII without spaces (it is sent in an HTTP header)"),
         ));

@@ -48,7 +48,7 @@ const ROOTS: [&str; 8] = [
 ];
 
 /// The document of a server that serves the admin API (`admin`) or not.
-pub fn document(admin: bool) -> OpenApi {
+pub(crate) fn document(admin: bool) -> OpenApi {
     let mut components = Components::new();
     match MessageSchemas::from_descriptors() {
         Ok(schemas) => components.schemas.extend(schemas.0),
@@ -187,7 +187,7 @@ fn json_body(schema: &str, examples: &[(&str, serde_json::Value)]) -> RequestBod
 /// The example bodies of `POST /v1/check`, one per form of the request.
 /// The tests send each: the `policy` one needs a policy named
 /// `free-tier`.
-pub fn check_examples() -> [(&'static str, serde_json::Value); 3] {
+pub(crate) fn check_examples() -> [(&'static str, serde_json::Value); 3] {
     [
         (
             "one limit",
