@@ -1,17 +1,14 @@
 //! The algorithms by name: the one place that knows each algorithm's name,
-//! which parameters it takes, how a face's limit (so many units per period,
-//! maybe a burst) becomes its validated parameters, and how it is stated in
-//! `CheckLimit`'s protobuf. Every face, the policies file and the load
-//! generator build their algorithms here.
+//! which parameters it takes, and how a face's limit (so many units per
+//! period, maybe a burst) becomes its validated parameters. Every face, the
+//! policies file and the load generator build their algorithms here; how
+//! each is stated in protobuf is the gRPC layer's (`pb::algorithm`).
 
 use std::time::Duration;
 
 use crate::limit::{
     Algorithm, FixedWindow, Gcra, InvalidArgument, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
-use crate::pb::convert;
-use crate::pb::ratelimitd::v1 as pb;
-use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 
 /// The five algorithms, without their parameters. On the command line (the
 /// load generator's `--algorithm`) they are written `fixed-window`,
@@ -155,42 +152,6 @@ impl Kind {
             Self::Gcra => Gcra::new(limit, per, burst).map(Algorithm::Gcra),
         }
     }
-
-    /// `rate` under this algorithm as `CheckLimit`'s one-limit form states
-    /// it (the parameters [`Kind::build`] reads from it, in the message's
-    /// fields). `per` beyond protobuf's range is sent unset.
-    pub fn to_proto(self, rate: Rate) -> PbAlgorithm {
-        let Rate { limit, per, burst } = rate;
-        let window = prost_types::Duration::try_from(per).ok();
-        let burst = burst.unwrap_or(limit);
-        match self {
-            Self::FixedWindow => PbAlgorithm::FixedWindow(pb::FixedWindow { limit, window }),
-            Self::SlidingWindow => PbAlgorithm::SlidingWindow(pb::SlidingWindow { limit, window }),
-            Self::SlidingWindowCounter => {
-                PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter { limit, window })
-            }
-            Self::TokenBucket => PbAlgorithm::TokenBucket(pb::TokenBucket {
-                capacity: burst,
-                refill_per_second: limit as f64 / per.as_secs_f64(),
-            }),
-            Self::Gcra => PbAlgorithm::Gcra(pb::Gcra {
-                rate: limit,
-                period: window,
-                burst,
-            }),
-        }
-    }
-
-    /// Which algorithm a `CheckLimit` oneof names.
-    fn of_proto(algorithm: &PbAlgorithm) -> Self {
-        match algorithm {
-            PbAlgorithm::FixedWindow(_) => Self::FixedWindow,
-            PbAlgorithm::SlidingWindow(_) => Self::SlidingWindow,
-            PbAlgorithm::TokenBucket(_) => Self::TokenBucket,
-            PbAlgorithm::Gcra(_) => Self::Gcra,
-            PbAlgorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
-        }
-    }
 }
 
 /// The error for a burst given to an algorithm that takes none.
@@ -207,35 +168,6 @@ pub fn burst_refused(name: &str) -> InvalidArgument {
             bursting.join(" and ")
         ),
     )
-}
-
-/// A `CheckLimit` algorithm and its parameters, each checked; the error
-/// names the field within the algorithm's message (`fixed_window.window`).
-/// A fixed window starts at the key's first request.
-pub fn from_proto(algorithm: PbAlgorithm) -> Result<Algorithm, InvalidArgument> {
-    let kind = Kind::of_proto(&algorithm);
-    let windowed = |limit: u64, window: Option<prost_types::Duration>| {
-        let per = convert::required_duration("window", window)?;
-        kind.build(Rate::new(limit, per), WindowStart::FirstRequest)
-    };
-    match algorithm {
-        PbAlgorithm::FixedWindow(p) => windowed(p.limit, p.window),
-        PbAlgorithm::SlidingWindow(p) => windowed(p.limit, p.window),
-        PbAlgorithm::SlidingWindowCounter(p) => windowed(p.limit, p.window),
-        // Stated as capacity and refill rate, not as a rate per period.
-        PbAlgorithm::TokenBucket(p) => {
-            TokenBucket::new(p.capacity, p.refill_per_second).map(Algorithm::TokenBucket)
-        }
-        PbAlgorithm::Gcra(p) => convert::required_duration("period", p.period).and_then(|period| {
-            let rate = Rate {
-                limit: p.rate,
-                per: period,
-                burst: Some(p.burst),
-            };
-            kind.build(rate, WindowStart::FirstRequest)
-        }),
-    }
-    .map_err(|err| err.within(kind.name()))
 }
 
 /// Each algorithm's name and kind, here beside the names rather than with
@@ -316,38 +248,6 @@ mod tests {
         assert_eq!(
             (err.field.as_str(), err.rule.as_str()),
             ("window", "must be positive")
-        );
-    }
-
-    #[test]
-    fn the_proto_form_builds_back_to_the_same_algorithm() {
-        let rate = Rate::new(7, Duration::from_secs(3));
-        for kind in Kind::ALL {
-            let built = kind.build(rate, WindowStart::FirstRequest).unwrap();
-            let sent = from_proto(kind.to_proto(rate)).unwrap();
-            assert_eq!(sent, built, "{}", kind.name());
-            assert_eq!(sent.name(), kind.name());
-        }
-    }
-
-    #[test]
-    fn proto_errors_name_the_algorithm_and_its_field() {
-        let missing = PbAlgorithm::Gcra(pb::Gcra {
-            rate: 1,
-            period: None,
-            burst: 1,
-        });
-        assert_eq!(from_proto(missing).unwrap_err().field, "gcra.period");
-        let zero = PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
-            limit: 0,
-            window: Some(prost_types::Duration {
-                seconds: 1,
-                nanos: 0,
-            }),
-        });
-        assert_eq!(
-            from_proto(zero).unwrap_err().to_string(),
-            "sliding_window_counter.limit: must be at least 1"
         );
     }
 }
