@@ -1,8 +1,11 @@
 //! The algorithms by name: the one place that knows each algorithm's name,
-//! which parameters it takes, and how a face's limit (so many units per
-//! period, maybe a burst) becomes its validated parameters. Every face, the
-//! policies file and the load generator build their algorithms here; how
-//! each is stated in protobuf is the gRPC layer's (`pb::algorithm`).
+//! its tag, its Lua source, which parameters it takes, and how a face's
+//! limit (so many units per period, maybe a burst) becomes its validated
+//! parameters. Every face, the policies file and the load generator build
+//! their algorithms here, and every list of the algorithms elsewhere (the
+//! script's dispatch, the metrics, the benchmarks) is made from
+//! [`ENTRIES`]. How each is stated in protobuf is the gRPC layer's
+//! (`pb::algorithm`).
 
 use std::time::Duration;
 
@@ -10,9 +13,10 @@ use crate::limit::{
     Algorithm, FixedWindow, Gcra, InvalidArgument, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
 
-/// The five algorithms, without their parameters. On the command line (the
-/// load generator's `--algorithm`) they are written `fixed-window`,
-/// `token-bucket` and so on; in files and protobuf, by [`Kind::name`].
+/// The algorithms, without their parameters, in [`ENTRIES`]' order. On the
+/// command line (the load generator's `--algorithm`) they are written
+/// `fixed-window`, `token-bucket` and so on; in files and protobuf, by
+/// [`Kind::name`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     /// At most the limit per window.
@@ -28,6 +32,91 @@ pub enum Kind {
     /// About the limit per sliding window, from two aligned counts.
     SlidingWindowCounter,
 }
+
+/// One algorithm as the rest of the service knows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Which algorithm.
+    pub kind: Kind,
+    /// The name files, protobuf field paths, logs and metrics use; also
+    /// the name of its Lua function (and, with `_refund`, of the function
+    /// that takes a spend back).
+    pub name: &'static str,
+    /// Its tag: the script's name for it, and the tag in its storage keys
+    /// (see `algorithm::key_tag` for the fixed window's two other modes).
+    pub tag: &'static str,
+    /// Its Lua source: the decision function, then, after
+    /// [`REFUND_PART`], the refund function.
+    pub lua: &'static str,
+    /// Whether a burst apart from the limit means anything to it.
+    pub takes_burst: bool,
+    /// Whether it counts a cost it denies when told to
+    /// (`algorithm::Spend::Always`), as envoyproxy/ratelimit counts hits.
+    pub counts_denied_hits: bool,
+}
+
+/// The line in each algorithm's Lua source that starts its refund part:
+/// only the refund script defines what follows it, so the decision script
+/// does no work for it.
+pub const REFUND_PART: &str = "\n-- Refund (refund.lua's part):\n";
+
+/// What every algorithm's Lua function relies on, defined before them.
+pub const SPEND_LUA: &str = include_str!("spend.lua");
+
+/// Every algorithm, in the order error messages list them. The tags are
+/// storage-key tags too: a deployment's counters live under them, so an
+/// existing tag never changes.
+pub const ENTRIES: [Entry; 5] = [
+    Entry {
+        kind: Kind::FixedWindow,
+        name: "fixed_window",
+        tag: "fw",
+        lua: include_str!("fixed_window.lua"),
+        takes_burst: false,
+        counts_denied_hits: true,
+    },
+    Entry {
+        kind: Kind::SlidingWindow,
+        name: "sliding_window",
+        tag: "sl",
+        lua: include_str!("sliding_window.lua"),
+        takes_burst: false,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::TokenBucket,
+        name: "token_bucket",
+        tag: "tb",
+        lua: include_str!("token_bucket.lua"),
+        takes_burst: true,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::Gcra,
+        name: "gcra",
+        tag: "gc",
+        lua: include_str!("gcra.lua"),
+        takes_burst: true,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::SlidingWindowCounter,
+        name: "sliding_window_counter",
+        tag: "sc",
+        lua: include_str!("sliding_window_counter.lua"),
+        takes_burst: false,
+        counts_denied_hits: false,
+    },
+];
+
+// Each entry sits at its kind's index, so `Kind::entry` is one lookup.
+const _: () = {
+    let mut i = 0;
+    while i < ENTRIES.len() {
+        assert!(ENTRIES[i].kind as usize == i, "ENTRIES out of Kind's order");
+        i += 1;
+    }
+};
 
 /// Where a fixed window starts: the one parameter the faces choose apart,
 /// each on purpose.
@@ -65,24 +154,39 @@ impl Rate {
 }
 
 impl Kind {
+    /// How many algorithms there are: the length of every per-algorithm
+    /// array.
+    pub const COUNT: usize = ENTRIES.len();
+
     /// Every algorithm, in the order error messages list them.
-    pub const ALL: [Self; 5] = [
-        Self::FixedWindow,
-        Self::SlidingWindow,
-        Self::TokenBucket,
-        Self::Gcra,
-        Self::SlidingWindowCounter,
-    ];
+    pub const ALL: [Self; Self::COUNT] = {
+        let mut all = [Self::FixedWindow; Self::COUNT];
+        let mut i = 0;
+        while i < Self::COUNT {
+            all[i] = ENTRIES[i].kind;
+            i += 1;
+        }
+        all
+    };
+
+    /// Its registry entry.
+    pub const fn entry(self) -> &'static Entry {
+        &ENTRIES[self as usize]
+    }
+
+    /// Its place in [`Kind::ALL`], for arrays indexed by algorithm.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The name files, protobuf field paths, logs and metrics use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingWindow => "sliding_window",
-            Self::TokenBucket => "token_bucket",
-            Self::Gcra => "gcra",
-            Self::SlidingWindowCounter => "sliding_window_counter",
-        }
+    pub const fn name(self) -> &'static str {
+        self.entry().name
+    }
+
+    /// Its tag: the script's name for it, and its storage keys' tag.
+    pub const fn tag(self) -> &'static str {
+        self.entry().tag
     }
 
     /// The algorithm named `name` exactly, if any.
@@ -99,8 +203,8 @@ impl Kind {
     }
 
     /// Whether a burst apart from the limit means anything to it.
-    pub fn takes_burst(self) -> bool {
-        matches!(self, Self::TokenBucket | Self::Gcra)
+    pub const fn takes_burst(self) -> bool {
+        self.entry().takes_burst
     }
 
     /// Which algorithm `algorithm` is.
@@ -182,6 +286,7 @@ impl Algorithm {
     pub fn name(&self) -> &'static str {
         self.kind().name()
     }
+
 }
 
 #[cfg(test)]
