@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use crate::limit::{
-    Algorithm, FixedWindow, Gcra, InvalidArgument, SlidingWindow, SlidingWindowCounter, TokenBucket,
+    Algorithm, FixedWindow, Gcra, InvalidArgument, Micros, SlidingWindow, SlidingWindowCounter,
+    TokenBucket,
 };
 
 /// The algorithms, without their parameters, in [`ENTRIES`]' order. On the
@@ -287,6 +288,41 @@ impl Algorithm {
         self.kind().name()
     }
 
+    /// How long its state matters: the window; a token bucket's time to
+    /// fill from empty; GCRA's burst of intervals. Tests step time by it.
+    pub fn span(&self) -> Micros {
+        match self {
+            Self::FixedWindow(p) => p.window().as_micros(),
+            Self::SlidingWindow(p) => p.window().as_micros(),
+            Self::SlidingWindowCounter(p) => p.window().as_micros(),
+            Self::Gcra(p) => p.interval() * p.burst(),
+            Self::TokenBucket(p) => {
+                Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
+            }
+        }
+    }
+}
+
+impl Kind {
+    /// `rate` under this algorithm in every way it keeps its state, each
+    /// its own storage key tag: the fixed window anchored, aligned, and
+    /// aligned in a key named by its window; every other algorithm in its
+    /// one way. For tests that must cover each (tests/twins.rs).
+    pub fn layouts(self, rate: Rate) -> Result<Vec<Algorithm>, InvalidArgument> {
+        let first = self.build(rate, WindowStart::FirstRequest)?;
+        let Algorithm::FixedWindow(_) = first else {
+            return Ok(vec![first]);
+        };
+        let aligned = self.build(rate, WindowStart::Epoch)?;
+        let Algorithm::FixedWindow(fixed) = aligned else {
+            return Ok(vec![first, aligned]);
+        };
+        Ok(vec![
+            first,
+            aligned,
+            Algorithm::FixedWindow(fixed.aligned_by_name()),
+        ])
+    }
 }
 
 #[cfg(test)]
@@ -341,7 +377,7 @@ mod tests {
         };
         assert_eq!(
             (gcra.burst(), gcra.interval()),
-            (3, crate::limit::Micros::from_millis(100))
+            (3, Micros::from_millis(100))
         );
         let err = Kind::SlidingWindow
             .build(bursty, WindowStart::FirstRequest)
@@ -354,5 +390,29 @@ mod tests {
             (err.field.as_str(), err.rule.as_str()),
             ("window", "must be positive")
         );
+    }
+
+    #[test]
+    fn layouts_cover_each_way_of_keeping_state() {
+        let rate = Rate::new(4, Duration::from_millis(500));
+        let mut modes = Vec::new();
+        for kind in Kind::ALL {
+            for algorithm in kind.layouts(rate).unwrap() {
+                assert_eq!(algorithm.kind(), kind);
+                assert!(algorithm.span() > Micros::ZERO, "{algorithm:?}");
+                if let Algorithm::FixedWindow(fixed) = algorithm {
+                    modes.push(fixed.mode());
+                }
+            }
+        }
+        use crate::limit::FixedWindowMode::{Aligned, AlignedByName, Anchored};
+        assert_eq!(modes, [Anchored, Aligned, AlignedByName]);
+        let gcra = Kind::Gcra
+            .layouts(Rate {
+                burst: Some(2),
+                ..rate
+            })
+            .unwrap();
+        assert_eq!(gcra[0].span(), Micros::from_millis(250));
     }
 }

@@ -312,7 +312,7 @@ fn seconds(millis: u64) -> String {
     }
 }
 
-fn algorithm_entry(algorithm: &Algorithm) -> AlgorithmEntry {
+pub(crate) fn algorithm_entry(algorithm: &Algorithm) -> AlgorithmEntry {
     let mut entry = AlgorithmEntry {
         name: algorithm.name().to_owned(),
         limit: algorithm.limit(),
