@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::limit::{
     Algorithm, FixedWindow, Gcra, InvalidArgument, Micros, SlidingWindow, SlidingWindowCounter,
-    TokenBucket,
+    TokenBucket, Window,
 };
 
 /// The algorithms, without their parameters, in [`ENTRIES`]' order. On the
@@ -119,6 +119,81 @@ const _: () = {
     }
 };
 
+/// What each algorithm's module says of its parameters type, for the
+/// lists made from the registry: how the script is sent them, what marks a
+/// spend the script may have to give back, and what the admin API shows.
+/// [`with_parameters!`] reaches it from an [`Algorithm`].
+pub trait Parameters {
+    /// Which algorithm these are the parameters of.
+    const KIND: Kind;
+
+    /// Its three parameters as the script reads them after its tag (see
+    /// `decide.lua`).
+    fn script_values(&self) -> [ScriptValue; 3];
+
+    /// What the script replies as the mark of an allowed spend.
+    fn mark(&self) -> Mark;
+
+    /// Its parameters as the admin API shows them.
+    fn shown(&self) -> Shown;
+
+    /// How long its state matters (see [`Algorithm::span`]).
+    fn span(&self) -> Micros;
+}
+
+/// One parameter as a script call sends it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScriptValue {
+    /// A whole number.
+    Whole(u64),
+    /// A rate, in its shortest exact decimal form (which Lua's `tonumber`
+    /// reads back to the same double).
+    Rate(f64),
+}
+
+/// What the script's mark of an allowed spend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// Nothing: the units are given back to the key as it is.
+    Unmarked,
+    /// The number of the window the units were counted in.
+    Window,
+    /// The stamp of the log entry the spend added.
+    Entry,
+}
+
+/// An algorithm's parameters as the admin API shows them: those it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shown {
+    /// Its window.
+    pub window: Option<Window>,
+    /// A token bucket's refill rate.
+    pub refill_per_second: Option<f64>,
+    /// The time between requests at the sustained rate.
+    pub interval: Option<Micros>,
+}
+
+/// `$body` with `$p` bound to `$algorithm`'s parameters, whichever
+/// algorithm it is: the one list of [`Algorithm`]'s variants outside its
+/// definition, each of whose parameters is [`Parameters`].
+macro_rules! with_parameters {
+    ($algorithm:expr, $p:ident => $body:expr) => {
+        match $algorithm {
+            $crate::limit::Algorithm::FixedWindow($p) => $body,
+            $crate::limit::Algorithm::SlidingWindow($p) => $body,
+            $crate::limit::Algorithm::TokenBucket($p) => $body,
+            $crate::limit::Algorithm::Gcra($p) => $body,
+            $crate::limit::Algorithm::SlidingWindowCounter($p) => $body,
+        }
+    };
+}
+pub(crate) use with_parameters;
+
+/// The algorithm `_parameters` are of.
+fn kind_of<P: Parameters>(_parameters: &P) -> Kind {
+    P::KIND
+}
+
 /// Where a fixed window starts: the one parameter the faces choose apart,
 /// each on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,13 +285,7 @@ impl Kind {
 
     /// Which algorithm `algorithm` is.
     pub fn of(algorithm: &Algorithm) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow(_) => Self::FixedWindow,
-            Algorithm::SlidingWindow(_) => Self::SlidingWindow,
-            Algorithm::TokenBucket(_) => Self::TokenBucket,
-            Algorithm::Gcra(_) => Self::Gcra,
-            Algorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
-        }
+        with_parameters!(algorithm, p => kind_of(p))
     }
 
     /// `rate` under this algorithm:
@@ -291,15 +360,7 @@ impl Algorithm {
     /// How long its state matters: the window; a token bucket's time to
     /// fill from empty; GCRA's burst of intervals. Tests step time by it.
     pub fn span(&self) -> Micros {
-        match self {
-            Self::FixedWindow(p) => p.window().as_micros(),
-            Self::SlidingWindow(p) => p.window().as_micros(),
-            Self::SlidingWindowCounter(p) => p.window().as_micros(),
-            Self::Gcra(p) => p.interval() * p.burst(),
-            Self::TokenBucket(p) => {
-                Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
-            }
-        }
+        with_parameters!(self, p => p.span())
     }
 }
 

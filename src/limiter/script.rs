@@ -9,8 +9,9 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
 
+use crate::algorithm::registry::{Mark, Parameters, ScriptValue, with_parameters};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
+use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 pub use crate::store::BatchScripts;
 use crate::store::{Batchable, CLOCK_LUA, script_values};
 
@@ -130,14 +131,10 @@ impl SpendMark {
     fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, StoreError> {
         let unsigned = u64::try_from(mark)
             .map_err(|_| StoreError::Reply(format!("script replied mark = {mark}")))?;
-        Ok(match algorithm {
-            Algorithm::FixedWindow(p) => match p.mode() {
-                FixedWindowMode::Aligned => Self::Window(unsigned),
-                FixedWindowMode::Anchored | FixedWindowMode::AlignedByName => Self::Unmarked,
-            },
-            Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
-            Algorithm::SlidingWindow(_) => Self::Entry(Micros::from_micros(unsigned)),
-            Algorithm::TokenBucket(_) | Algorithm::Gcra(_) => Self::Unmarked,
+        Ok(match with_parameters!(algorithm, p => p.mark()) {
+            Mark::Unmarked => Self::Unmarked,
+            Mark::Window => Self::Window(unsigned),
+            Mark::Entry => Self::Entry(Micros::from_micros(unsigned)),
         })
     }
 
@@ -262,40 +259,10 @@ fn put(args: &mut Cmd, value: impl ToRedisArgs) {
 /// algorithm by its registry tag, then its three parameters.
 fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
     put(args, algorithm.kind().tag());
-    match algorithm {
-        Algorithm::FixedWindow(p) => {
-            put(args, p.limit());
-            put(args, p.window().as_millis());
-            put(
-                args,
-                match p.mode() {
-                    FixedWindowMode::Anchored => 0,
-                    FixedWindowMode::Aligned => 1,
-                    FixedWindowMode::AlignedByName => 2,
-                },
-            );
-        }
-        Algorithm::SlidingWindow(p) => {
-            put(args, p.limit());
-            put(args, p.window().as_micros());
-            put(args, 0);
-        }
-        // The rate goes in Rust's shortest exact decimal form, which Lua's
-        // `tonumber` reads back to the same double.
-        Algorithm::TokenBucket(p) => {
-            put(args, p.capacity());
-            put(args, p.refill_per_second());
-            put(args, 0);
-        }
-        Algorithm::Gcra(p) => {
-            put(args, p.burst());
-            put(args, p.interval());
-            put(args, 0);
-        }
-        Algorithm::SlidingWindowCounter(p) => {
-            put(args, p.limit());
-            put(args, p.window().as_micros());
-            put(args, 0);
+    for value in with_parameters!(algorithm, p => p.script_values()) {
+        match value {
+            ScriptValue::Whole(number) => put(args, number),
+            ScriptValue::Rate(rate) => put(args, rate),
         }
     }
     put(args, cost);
