@@ -42,6 +42,8 @@
 //! layer may use.
 
 pub mod algorithm;
+#[cfg(test)]
+mod algorithm_lists;
 pub mod api;
 pub mod codec;
 pub mod config;

@@ -13,9 +13,6 @@ pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
 
-#[cfg(test)]
-mod every_list;
-
 use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros};
 use crate::store::MemoryChange;
 

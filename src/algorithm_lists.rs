@@ -1,13 +1,14 @@
-//! Every list of the algorithms made from the registry, checked to hold
-//! each registered algorithm: the scripts' branches and sources, the
-//! arguments a script call sends, the metrics' slots, the protobuf
-//! messages (in proto/ and in the conversion), and the admin API's view.
+//! Every list of the algorithms made from the algorithm registry, checked
+//! to hold each registered algorithm: the scripts' branches and sources,
+//! the metrics' slots, the protobuf messages (in proto/ and in the
+//! conversion), and the admin API's view. A test module of the crate
+//! rather than of `algorithm`, which knows nothing of the lists' owners.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::registry::{ENTRIES, Kind, Rate, WindowStart};
-use super::{Spend, decide_in_memory, key_tag};
+use crate::algorithm::registry::{ENTRIES, Kind, Rate, WindowStart};
+use crate::algorithm::{Spend, decide_in_memory, key_tag};
 use crate::http::admin::lists::algorithm_entry;
 use crate::limit::{Algorithm, Micros};
 use crate::limiter::script::lua::{
@@ -105,7 +106,7 @@ fn oneof_fields(proto: &str, message: &str) -> Vec<String> {
 
 #[test]
 fn the_proto_states_exactly_the_registered_algorithms() {
-    let proto = include_str!("../../proto/ratelimitd/v1/ratelimit.proto");
+    let proto = include_str!("../proto/ratelimitd/v1/ratelimit.proto");
     let names: Vec<&str> = Kind::ALL.map(Kind::name).to_vec();
     assert_eq!(oneof_fields(proto, "CheckLimitRequest"), names);
     assert_eq!(oneof_fields(proto, "Limit"), names);
