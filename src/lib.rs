@@ -95,7 +95,9 @@
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
 //! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
 //!   in-memory twin with the same semantics; its registry is the one place
-//!   that names the algorithms and builds them from a face's parameters.
+//!   that names the algorithms (their tags and Lua sources too) and builds
+//!   them from a face's parameters, and the scripts, the metrics and the
+//!   benchmarks take their lists of algorithms from it.
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
 //!   an embedded map with expiry.
 //!
@@ -111,6 +113,8 @@
 //! configured wrong, in the rules files, the options or the command line.
 
 pub mod algorithm;
+#[cfg(test)]
+mod algorithm_lists;
 pub mod api;
 pub(crate) mod codec;
 pub mod config;

@@ -178,7 +178,7 @@ pub(crate) fn quota_policy_loaded(domain: &str, policy: &str) {
 struct HotHandles {
     /// `ratelimitd_decisions_total`, by [`APIS`], [`Kind::ALL`] and
     /// [`OUTCOMES`].
-    decisions: [[[Counter; 3]; 5]; 2],
+    decisions: [[[Counter; OUTCOMES.len()]; Kind::COUNT]; APIS.len()],
     /// `ratelimitd_requests_in_flight`.
     in_flight: Gauge,
 }
@@ -218,10 +218,7 @@ pub(crate) fn decision(api: Api, algorithm: Kind, decision: &Decision) {
         Api::CheckLimit => 0,
         Api::Envoy => 1,
     };
-    let algorithm = Kind::ALL
-        .iter()
-        .position(|&kind| kind == algorithm)
-        .unwrap_or_default();
+    let algorithm = algorithm.index();
     let outcome = outcome_index(decision.is_allowed(), decision.is_degraded());
     if let Some(counter) = hot
         .decisions

@@ -1,7 +1,7 @@
 //! Code generated from `proto/` by `build.rs`, fenced here with its lint
 //! allowances so the rest of the crate stays strict; and, in [`convert`],
 //! the conversions between generated types and ours that more than one
-//! place needs.
+//! place needs, and in [`algorithm`], each algorithm's message.
 
 #[allow(clippy::all, clippy::pedantic, missing_docs, unreachable_pub)]
 pub mod ratelimitd {
@@ -153,4 +153,5 @@ pub mod json {
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ratelimitd_descriptor");
 
+pub mod algorithm;
 pub mod convert;

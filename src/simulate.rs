@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use crate::algorithm::{self, Spend, registry};
 use crate::limit::{self, Algorithm, InvalidArgument, Micros};
-use crate::pb::convert;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 use crate::pb::ratelimitd::v1::simulated_traffic::Shape as PbShape;
+use crate::pb::{algorithm::from_proto, convert};
 use crate::store::MemoryChange;
 
 /// Most limits in one run.
@@ -302,7 +302,7 @@ fn simulated_limit(limit: pb::Limit, traffic_cost: u64) -> Result<SimulatedLimit
             format!("is required: set one of {}", registry::Kind::names(", ")),
         )
     })?;
-    let algorithm = registry::from_proto(algorithm)?;
+    let algorithm = from_proto(algorithm)?;
     let cost = match limit.cost {
         Some(cost) => limit::cost(Some(cost))?,
         None => traffic_cost,

@@ -55,8 +55,9 @@ end
 -- envoyproxy/ratelimit does), and `remaining` is what is left after it.
 -- `window_sent` and `cost_sent` are `window_ms` and the limit's cost as
 -- sent (see fw_count): it writes only the limit's own cost.
-local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, window_sent,
-                            cost_sent)
+local function fixed_window(key, now, values, cost, spend)
+  local limit, window_ms, aligned = values[2], values[3], values[4]
+  local window_sent, cost_sent = values[6], values[7]
   -- A plain counter in its window that counts `cost` whatever the answer
   -- (ALWAYS) is counted at once: INCRBY's reply says what it held before.
   local count_at_once = spend == ALWAYS and cost > 0
@@ -138,4 +139,25 @@ local function fixed_window(key, now, limit, window_ms, aligned, cost, spend, wi
     return 1, remaining - cost, reset_after, 0, window
   end
   return 1, remaining - cost, reset_after, 0, 0
+end
+
+-- Refund (refund.lua's part):
+
+-- Gives back `cost` units of a spend whose mark is `mark` (as sent):
+-- aligned (`aligned` '1'), only if the key still counts the window that
+-- was spent; anchored, or named by its window (the key is the window), if
+-- the key is still there. Returns 1 if it gave them back.
+local function fixed_window_refund(key, limit, window_ms, aligned, cost, mark)
+  if aligned == '1' then
+    if redis.call('HGET', key, 'w') == mark then
+      redis.call('HINCRBY', key, 'n', -cost)
+      return 1
+    end
+    return 0
+  end
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('DECRBY', key, cost)
+    return 1
+  end
+  return 0
 end

@@ -8,6 +8,7 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
+use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
 use super::{Spend, redis_expiry_at};
 use crate::limit::{Decision, FixedWindow, FixedWindowMode, Micros, RetryAfter};
 use crate::store::MemoryChange;
@@ -167,6 +168,41 @@ pub fn decide(
         Decision::allowed(limit, limit - used - cost, reset_after),
         change,
     )
+}
+
+/// What the lists made from the registry need of its parameters.
+impl Parameters for FixedWindow {
+    const KIND: Kind = Kind::FixedWindow;
+    fn script_values(&self) -> [ScriptValue; 3] {
+        let mode = match self.mode() {
+            FixedWindowMode::Anchored => 0,
+            FixedWindowMode::Aligned => 1,
+            FixedWindowMode::AlignedByName => 2,
+        };
+        [
+            ScriptValue::Whole(self.limit()),
+            ScriptValue::Whole(self.window().as_millis()),
+            ScriptValue::Whole(mode),
+        ]
+    }
+    /// An aligned window's number: a refund gives units back only while
+    /// the key counts that window. Anchored, or named by its window, the
+    /// key is the window.
+    fn mark(&self) -> Mark {
+        match self.mode() {
+            FixedWindowMode::Aligned => Mark::Window,
+            FixedWindowMode::Anchored | FixedWindowMode::AlignedByName => Mark::Unmarked,
+        }
+    }
+    fn shown(&self) -> Shown {
+        Shown {
+            window: Some(self.window()),
+            ..Shown::default()
+        }
+    }
+    fn span(&self) -> Micros {
+        self.window().as_micros()
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,8 @@ end
 -- reset_after_us (until the TAT), retry_after_us (-1: never), and a mark
 -- for refund.lua (always 0: intervals are simply given back). With `spend`
 -- DRY it decides the same and writes nothing.
-local function gcra(key, now, burst, interval, cost, spend)
+local function gcra(key, now, values, cost, spend)
+  local burst, interval = values[2], values[3]
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then
     tat = now
@@ -42,4 +43,17 @@ local function gcra(key, now, burst, interval, cost, spend)
     redis.call('SET', key, new_tat, 'PX', math.ceil((new_tat - now) / 1000))
   end
   return 1, gcra_remaining_at(now, tolerance, interval, new_tat), new_tat - now, 0, 0
+end
+
+-- Refund (refund.lua's part):
+
+-- Gives back `cost` intervals, if the key is still there. Returns 1 if it
+-- gave them back.
+local function gcra_refund(key, burst, interval, unused, cost, mark)
+  local tat = tonumber(redis.call('GET', key))
+  if tat then
+    redis.call('SET', key, tat - cost * tonumber(interval), 'KEEPTTL')
+    return 1
+  end
+  return 0
 end

@@ -3,6 +3,7 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
+use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
 use super::written_for;
 use crate::limit::{Decision, Gcra, Micros, RetryAfter};
 use crate::store::MemoryChange;
@@ -52,6 +53,32 @@ pub fn decide(
     }
     *state = Some(State { tat: new_tat });
     (decision, written_for(now, new_tat - now))
+}
+
+/// What the lists made from the registry need of its parameters.
+impl Parameters for Gcra {
+    const KIND: Kind = Kind::Gcra;
+    fn script_values(&self) -> [ScriptValue; 3] {
+        [
+            ScriptValue::Whole(self.burst()),
+            ScriptValue::Whole(self.interval().as_micros()),
+            ScriptValue::Whole(0),
+        ]
+    }
+    /// Intervals are simply given back.
+    fn mark(&self) -> Mark {
+        Mark::Unmarked
+    }
+    fn shown(&self) -> Shown {
+        Shown {
+            interval: Some(self.interval()),
+            ..Shown::default()
+        }
+    }
+    /// A whole burst of intervals.
+    fn span(&self) -> Micros {
+        self.interval() * self.burst()
+    }
 }
 
 #[cfg(test)]

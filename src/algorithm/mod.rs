@@ -31,9 +31,10 @@ pub enum Spend {
 }
 
 /// Whether `algorithm` counts a cost it denies when told to
-/// ([`Spend::Always`]): only the fixed window does, in both twins.
+/// ([`Spend::Always`]), as its registry entry says: only the fixed window
+/// does, in both twins.
 pub fn counts_denied_hits(algorithm: &Algorithm) -> bool {
-    matches!(algorithm, Algorithm::FixedWindow(_))
+    algorithm.kind().entry().counts_denied_hits
 }
 
 /// The in-memory state of one key, whichever algorithm owns it. A key's name
@@ -129,18 +130,18 @@ fn written_for(now: Micros, reset_after: Micros) -> MemoryChange {
 }
 
 /// The tag in the storage key's hash tag, one per kind of state, so the same
-/// caller key under two algorithms names two different keys.
+/// caller key under two algorithms names two different keys: the
+/// algorithm's registry tag, except for the fixed window's aligned modes,
+/// which keep their state in other shapes. These tags name the keys an
+/// existing deployment's counters are in, so none of them may change.
 pub fn key_tag(algorithm: &Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow(p) => match p.mode() {
-            FixedWindowMode::Anchored => "fw",
+            FixedWindowMode::Anchored => algorithm.kind().tag(),
             FixedWindowMode::Aligned => "fa",
             FixedWindowMode::AlignedByName => "fn",
         },
-        Algorithm::SlidingWindow(_) => "sl",
-        Algorithm::TokenBucket(_) => "tb",
-        Algorithm::Gcra(_) => "gc",
-        Algorithm::SlidingWindowCounter(_) => "sc",
+        _ => algorithm.kind().tag(),
     }
 }
 

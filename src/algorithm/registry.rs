@@ -1,21 +1,23 @@
 //! The algorithms by name: the one place that knows each algorithm's name,
-//! which parameters it takes, how a face's limit (so many units per period,
-//! maybe a burst) becomes its validated parameters, and how it is stated in
-//! `CheckLimit`'s protobuf. Every face, the policies file and the load
-//! generator build their algorithms here.
+//! its tag, its Lua source, which parameters it takes, and how a face's
+//! limit (so many units per period, maybe a burst) becomes its validated
+//! parameters. Every face, the policies file and the load generator build
+//! their algorithms here, and every list of the algorithms elsewhere (the
+//! script's dispatch, the metrics, the benchmarks) is made from
+//! [`ENTRIES`]. How each is stated in protobuf is the gRPC layer's
+//! (`pb::algorithm`).
 
 use std::time::Duration;
 
 use crate::limit::{
-    Algorithm, FixedWindow, Gcra, InvalidArgument, SlidingWindow, SlidingWindowCounter, TokenBucket,
+    Algorithm, FixedWindow, Gcra, InvalidArgument, Micros, SlidingWindow, SlidingWindowCounter,
+    TokenBucket, Window,
 };
-use crate::pb::convert;
-use crate::pb::ratelimitd::v1 as pb;
-use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 
-/// The five algorithms, without their parameters. On the command line (the
-/// load generator's `--algorithm`) they are written `fixed-window`,
-/// `token-bucket` and so on; in files and protobuf, by [`Kind::name`].
+/// The algorithms, without their parameters, in [`ENTRIES`]' order. On the
+/// command line (the load generator's `--algorithm`) they are written
+/// `fixed-window`, `token-bucket` and so on; in files and protobuf, by
+/// [`Kind::name`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     /// At most the limit per window.
@@ -30,6 +32,166 @@ pub enum Kind {
     Gcra,
     /// About the limit per sliding window, from two aligned counts.
     SlidingWindowCounter,
+}
+
+/// One algorithm as the rest of the service knows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    /// Which algorithm.
+    pub kind: Kind,
+    /// The name files, protobuf field paths, logs and metrics use; also
+    /// the name of its Lua function (and, with `_refund`, of the function
+    /// that takes a spend back).
+    pub name: &'static str,
+    /// Its tag: the script's name for it, and the tag in its storage keys
+    /// (see `algorithm::key_tag` for the fixed window's two other modes).
+    pub tag: &'static str,
+    /// Its Lua source: the decision function, then, after
+    /// [`REFUND_PART`], the refund function.
+    pub lua: &'static str,
+    /// Whether a burst apart from the limit means anything to it.
+    pub takes_burst: bool,
+    /// Whether it counts a cost it denies when told to
+    /// (`algorithm::Spend::Always`), as envoyproxy/ratelimit counts hits.
+    pub counts_denied_hits: bool,
+}
+
+/// The line in each algorithm's Lua source that starts its refund part:
+/// only the refund script defines what follows it, so the decision script
+/// does no work for it.
+pub const REFUND_PART: &str = "\n-- Refund (refund.lua's part):\n";
+
+/// What every algorithm's Lua function relies on, defined before them.
+pub const SPEND_LUA: &str = include_str!("spend.lua");
+
+/// Every algorithm, in the order error messages list them. The tags are
+/// storage-key tags too: a deployment's counters live under them, so an
+/// existing tag never changes.
+pub const ENTRIES: [Entry; 5] = [
+    Entry {
+        kind: Kind::FixedWindow,
+        name: "fixed_window",
+        tag: "fw",
+        lua: include_str!("fixed_window.lua"),
+        takes_burst: false,
+        counts_denied_hits: true,
+    },
+    Entry {
+        kind: Kind::SlidingWindow,
+        name: "sliding_window",
+        tag: "sl",
+        lua: include_str!("sliding_window.lua"),
+        takes_burst: false,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::TokenBucket,
+        name: "token_bucket",
+        tag: "tb",
+        lua: include_str!("token_bucket.lua"),
+        takes_burst: true,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::Gcra,
+        name: "gcra",
+        tag: "gc",
+        lua: include_str!("gcra.lua"),
+        takes_burst: true,
+        counts_denied_hits: false,
+    },
+    Entry {
+        kind: Kind::SlidingWindowCounter,
+        name: "sliding_window_counter",
+        tag: "sc",
+        lua: include_str!("sliding_window_counter.lua"),
+        takes_burst: false,
+        counts_denied_hits: false,
+    },
+];
+
+// Each entry sits at its kind's index, so `Kind::entry` is one lookup.
+const _: () = {
+    let mut i = 0;
+    while i < ENTRIES.len() {
+        assert!(ENTRIES[i].kind as usize == i, "ENTRIES out of Kind's order");
+        i += 1;
+    }
+};
+
+/// What each algorithm's module says of its parameters type, for the
+/// lists made from the registry: how the script is sent them, what marks a
+/// spend the script may have to give back, and what the admin API shows.
+/// [`with_parameters!`] reaches it from an [`Algorithm`].
+pub trait Parameters {
+    /// Which algorithm these are the parameters of.
+    const KIND: Kind;
+
+    /// Its three parameters as the script reads them after its tag (see
+    /// `decide.lua`).
+    fn script_values(&self) -> [ScriptValue; 3];
+
+    /// What the script replies as the mark of an allowed spend.
+    fn mark(&self) -> Mark;
+
+    /// Its parameters as the admin API shows them.
+    fn shown(&self) -> Shown;
+
+    /// How long its state matters (see [`Algorithm::span`]).
+    fn span(&self) -> Micros;
+}
+
+/// One parameter as a script call sends it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScriptValue {
+    /// A whole number.
+    Whole(u64),
+    /// A rate, in its shortest exact decimal form (which Lua's `tonumber`
+    /// reads back to the same double).
+    Rate(f64),
+}
+
+/// What the script's mark of an allowed spend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// Nothing: the units are given back to the key as it is.
+    Unmarked,
+    /// The number of the window the units were counted in.
+    Window,
+    /// The stamp of the log entry the spend added.
+    Entry,
+}
+
+/// An algorithm's parameters as the admin API shows them: those it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shown {
+    /// Its window.
+    pub window: Option<Window>,
+    /// A token bucket's refill rate.
+    pub refill_per_second: Option<f64>,
+    /// The time between requests at the sustained rate.
+    pub interval: Option<Micros>,
+}
+
+/// `$body` with `$p` bound to `$algorithm`'s parameters, whichever
+/// algorithm it is: the one list of [`Algorithm`]'s variants outside its
+/// definition, each of whose parameters is [`Parameters`].
+macro_rules! with_parameters {
+    ($algorithm:expr, $p:ident => $body:expr) => {
+        match $algorithm {
+            $crate::limit::Algorithm::FixedWindow($p) => $body,
+            $crate::limit::Algorithm::SlidingWindow($p) => $body,
+            $crate::limit::Algorithm::TokenBucket($p) => $body,
+            $crate::limit::Algorithm::Gcra($p) => $body,
+            $crate::limit::Algorithm::SlidingWindowCounter($p) => $body,
+        }
+    };
+}
+pub(crate) use with_parameters;
+
+/// The algorithm `_parameters` are of.
+fn kind_of<P: Parameters>(_parameters: &P) -> Kind {
+    P::KIND
 }
 
 /// Where a fixed window starts: the one parameter the faces choose apart,
@@ -68,24 +230,39 @@ impl Rate {
 }
 
 impl Kind {
+    /// How many algorithms there are: the length of every per-algorithm
+    /// array.
+    pub const COUNT: usize = ENTRIES.len();
+
     /// Every algorithm, in the order error messages list them.
-    pub const ALL: [Self; 5] = [
-        Self::FixedWindow,
-        Self::SlidingWindow,
-        Self::TokenBucket,
-        Self::Gcra,
-        Self::SlidingWindowCounter,
-    ];
+    pub const ALL: [Self; Self::COUNT] = {
+        let mut all = [Self::FixedWindow; Self::COUNT];
+        let mut i = 0;
+        while i < Self::COUNT {
+            all[i] = ENTRIES[i].kind;
+            i += 1;
+        }
+        all
+    };
+
+    /// Its registry entry.
+    pub const fn entry(self) -> &'static Entry {
+        &ENTRIES[self as usize]
+    }
+
+    /// Its place in [`Kind::ALL`], for arrays indexed by algorithm.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// The name files, protobuf field paths, logs and metrics use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed_window",
-            Self::SlidingWindow => "sliding_window",
-            Self::TokenBucket => "token_bucket",
-            Self::Gcra => "gcra",
-            Self::SlidingWindowCounter => "sliding_window_counter",
-        }
+    pub const fn name(self) -> &'static str {
+        self.entry().name
+    }
+
+    /// Its tag: the script's name for it, and its storage keys' tag.
+    pub const fn tag(self) -> &'static str {
+        self.entry().tag
     }
 
     /// The algorithm named `name` exactly, if any.
@@ -102,19 +279,13 @@ impl Kind {
     }
 
     /// Whether a burst apart from the limit means anything to it.
-    pub fn takes_burst(self) -> bool {
-        matches!(self, Self::TokenBucket | Self::Gcra)
+    pub const fn takes_burst(self) -> bool {
+        self.entry().takes_burst
     }
 
     /// Which algorithm `algorithm` is.
     pub fn of(algorithm: &Algorithm) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow(_) => Self::FixedWindow,
-            Algorithm::SlidingWindow(_) => Self::SlidingWindow,
-            Algorithm::TokenBucket(_) => Self::TokenBucket,
-            Algorithm::Gcra(_) => Self::Gcra,
-            Algorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
-        }
+        with_parameters!(algorithm, p => kind_of(p))
     }
 
     /// `rate` under this algorithm:
@@ -155,42 +326,6 @@ impl Kind {
             Self::Gcra => Gcra::new(limit, per, burst).map(Algorithm::Gcra),
         }
     }
-
-    /// `rate` under this algorithm as `CheckLimit`'s one-limit form states
-    /// it (the parameters [`Kind::build`] reads from it, in the message's
-    /// fields). `per` beyond protobuf's range is sent unset.
-    pub fn to_proto(self, rate: Rate) -> PbAlgorithm {
-        let Rate { limit, per, burst } = rate;
-        let window = prost_types::Duration::try_from(per).ok();
-        let burst = burst.unwrap_or(limit);
-        match self {
-            Self::FixedWindow => PbAlgorithm::FixedWindow(pb::FixedWindow { limit, window }),
-            Self::SlidingWindow => PbAlgorithm::SlidingWindow(pb::SlidingWindow { limit, window }),
-            Self::SlidingWindowCounter => {
-                PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter { limit, window })
-            }
-            Self::TokenBucket => PbAlgorithm::TokenBucket(pb::TokenBucket {
-                capacity: burst,
-                refill_per_second: limit as f64 / per.as_secs_f64(),
-            }),
-            Self::Gcra => PbAlgorithm::Gcra(pb::Gcra {
-                rate: limit,
-                period: window,
-                burst,
-            }),
-        }
-    }
-
-    /// Which algorithm a `CheckLimit` oneof names.
-    fn of_proto(algorithm: &PbAlgorithm) -> Self {
-        match algorithm {
-            PbAlgorithm::FixedWindow(_) => Self::FixedWindow,
-            PbAlgorithm::SlidingWindow(_) => Self::SlidingWindow,
-            PbAlgorithm::TokenBucket(_) => Self::TokenBucket,
-            PbAlgorithm::Gcra(_) => Self::Gcra,
-            PbAlgorithm::SlidingWindowCounter(_) => Self::SlidingWindowCounter,
-        }
-    }
 }
 
 /// The error for a burst given to an algorithm that takes none.
@@ -209,35 +344,6 @@ pub fn burst_refused(name: &str) -> InvalidArgument {
     )
 }
 
-/// A `CheckLimit` algorithm and its parameters, each checked; the error
-/// names the field within the algorithm's message (`fixed_window.window`).
-/// A fixed window starts at the key's first request.
-pub fn from_proto(algorithm: PbAlgorithm) -> Result<Algorithm, InvalidArgument> {
-    let kind = Kind::of_proto(&algorithm);
-    let windowed = |limit: u64, window: Option<prost_types::Duration>| {
-        let per = convert::required_duration("window", window)?;
-        kind.build(Rate::new(limit, per), WindowStart::FirstRequest)
-    };
-    match algorithm {
-        PbAlgorithm::FixedWindow(p) => windowed(p.limit, p.window),
-        PbAlgorithm::SlidingWindow(p) => windowed(p.limit, p.window),
-        PbAlgorithm::SlidingWindowCounter(p) => windowed(p.limit, p.window),
-        // Stated as capacity and refill rate, not as a rate per period.
-        PbAlgorithm::TokenBucket(p) => {
-            TokenBucket::new(p.capacity, p.refill_per_second).map(Algorithm::TokenBucket)
-        }
-        PbAlgorithm::Gcra(p) => convert::required_duration("period", p.period).and_then(|period| {
-            let rate = Rate {
-                limit: p.rate,
-                per: period,
-                burst: Some(p.burst),
-            };
-            kind.build(rate, WindowStart::FirstRequest)
-        }),
-    }
-    .map_err(|err| err.within(kind.name()))
-}
-
 /// Each algorithm's name and kind, here beside the names rather than with
 /// the parameters in [`crate::limit`].
 impl Algorithm {
@@ -249,6 +355,34 @@ impl Algorithm {
     /// A short stable name, for logs and metrics: [`Kind::name`].
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// How long its state matters: the window; a token bucket's time to
+    /// fill from empty; GCRA's burst of intervals. Tests step time by it.
+    pub fn span(&self) -> Micros {
+        with_parameters!(self, p => p.span())
+    }
+}
+
+impl Kind {
+    /// `rate` under this algorithm in every way it keeps its state, each
+    /// its own storage key tag: the fixed window anchored, aligned, and
+    /// aligned in a key named by its window; every other algorithm in its
+    /// one way. For tests that must cover each (tests/suite/twins.rs).
+    pub fn layouts(self, rate: Rate) -> Result<Vec<Algorithm>, InvalidArgument> {
+        let first = self.build(rate, WindowStart::FirstRequest)?;
+        let Algorithm::FixedWindow(_) = first else {
+            return Ok(vec![first]);
+        };
+        let aligned = self.build(rate, WindowStart::Epoch)?;
+        let Algorithm::FixedWindow(fixed) = aligned else {
+            return Ok(vec![first, aligned]);
+        };
+        Ok(vec![
+            first,
+            aligned,
+            Algorithm::FixedWindow(fixed.aligned_by_name()),
+        ])
     }
 }
 
@@ -304,7 +438,7 @@ mod tests {
         };
         assert_eq!(
             (gcra.burst(), gcra.interval()),
-            (3, crate::limit::Micros::from_millis(100))
+            (3, Micros::from_millis(100))
         );
         let err = Kind::SlidingWindow
             .build(bursty, WindowStart::FirstRequest)
@@ -320,34 +454,26 @@ mod tests {
     }
 
     #[test]
-    fn the_proto_form_builds_back_to_the_same_algorithm() {
-        let rate = Rate::new(7, Duration::from_secs(3));
+    fn layouts_cover_each_way_of_keeping_state() {
+        let rate = Rate::new(4, Duration::from_millis(500));
+        let mut modes = Vec::new();
         for kind in Kind::ALL {
-            let built = kind.build(rate, WindowStart::FirstRequest).unwrap();
-            let sent = from_proto(kind.to_proto(rate)).unwrap();
-            assert_eq!(sent, built, "{}", kind.name());
-            assert_eq!(sent.name(), kind.name());
+            for algorithm in kind.layouts(rate).unwrap() {
+                assert_eq!(algorithm.kind(), kind);
+                assert!(algorithm.span() > Micros::ZERO, "{algorithm:?}");
+                if let Algorithm::FixedWindow(fixed) = algorithm {
+                    modes.push(fixed.mode());
+                }
+            }
         }
-    }
-
-    #[test]
-    fn proto_errors_name_the_algorithm_and_its_field() {
-        let missing = PbAlgorithm::Gcra(pb::Gcra {
-            rate: 1,
-            period: None,
-            burst: 1,
-        });
-        assert_eq!(from_proto(missing).unwrap_err().field, "gcra.period");
-        let zero = PbAlgorithm::SlidingWindowCounter(pb::SlidingWindowCounter {
-            limit: 0,
-            window: Some(prost_types::Duration {
-                seconds: 1,
-                nanos: 0,
-            }),
-        });
-        assert_eq!(
-            from_proto(zero).unwrap_err().to_string(),
-            "sliding_window_counter.limit: must be at least 1"
-        );
+        use crate::limit::FixedWindowMode::{Aligned, AlignedByName, Anchored};
+        assert_eq!(modes, [Anchored, Aligned, AlignedByName]);
+        let gcra = Kind::Gcra
+            .layouts(Rate {
+                burst: Some(2),
+                ..rate
+            })
+            .unwrap();
+        assert_eq!(gcra[0].span(), Micros::from_millis(250));
     }
 }

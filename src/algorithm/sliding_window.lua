@@ -38,7 +38,8 @@ local function sw_between(base, total)
   return (total - base) % SW_TOTAL_MODULUS
 end
 
-local function sliding_window(key, now, limit, window, cost, spend)
+local function sliding_window(key, now, values, cost, spend)
+  local limit, window = values[2], values[3]
   local expired = redis.call('ZCOUNT', key, '-inf', now - window)
   local pruned = math.min(expired, SW_PRUNE_PER_CALL)
   if pruned > 0 then
@@ -103,6 +104,8 @@ local function sliding_window(key, now, limit, window, cost, spend)
   return 1, remaining - cost, reset_after, 0, stamp
 end
 
+-- Refund (refund.lua's part):
+
 -- Takes back the entry stamped `mark` (refund.lua). Entries added after it
 -- carry running totals that include its units, so up to SW_REFUND_REWRITES
 -- of them are rewritten without it; past that they are left as they are,
@@ -111,7 +114,7 @@ end
 -- Returns 1 if the entry was there.
 local SW_REFUND_REWRITES = 64
 
-local function sliding_window_refund(key, mark)
+local function sliding_window_refund(key, limit, window, unused, cost, mark)
   local found = redis.call('ZRANGEBYSCORE', key, mark, mark)
   if #found == 0 then
     return 0

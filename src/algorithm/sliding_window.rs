@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 
+use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
 use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
 use crate::store::MemoryChange;
@@ -147,6 +148,31 @@ pub fn decide(
         Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
+}
+
+/// What the lists made from the registry need of its parameters.
+impl Parameters for SlidingWindow {
+    const KIND: Kind = Kind::SlidingWindow;
+    fn script_values(&self) -> [ScriptValue; 3] {
+        [
+            ScriptValue::Whole(self.limit()),
+            ScriptValue::Whole(self.window().as_micros().as_micros()),
+            ScriptValue::Whole(0),
+        ]
+    }
+    /// The stamp of the entry the spend added.
+    fn mark(&self) -> Mark {
+        Mark::Entry
+    }
+    fn shown(&self) -> Shown {
+        Shown {
+            window: Some(self.window()),
+            ..Shown::default()
+        }
+    }
+    fn span(&self) -> Micros {
+        self.window().as_micros()
+    }
 }
 
 #[cfg(test)]

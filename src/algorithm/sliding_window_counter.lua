@@ -44,7 +44,8 @@ end
 -- 0 with no more requests), retry_after_us (-1: never), and a mark for
 -- refund.lua (the window index spent in). With `spend` DRY it decides
 -- the same and writes nothing.
-local function sliding_window_counter(key, now, limit, window, cost, spend)
+local function sliding_window_counter(key, now, values, cost, spend)
+  local limit, window = values[2], values[3]
   local index = math.floor(now / window)
   local current, previous = 0, 0
   local stored = redis.call('HMGET', key, 'w', 'c', 'p')
@@ -95,4 +96,16 @@ local function sliding_window_counter(key, now, limit, window, cost, spend)
     reset_after = next_start + window
   end
   return 1, remaining - cost, reset_after, 0, index
+end
+
+-- Refund (refund.lua's part):
+
+-- Gives back `cost` units, only if the key still counts the window that
+-- was spent (`mark`). Returns 1 if it gave them back.
+local function sliding_window_counter_refund(key, limit, window, unused, cost, mark)
+  if redis.call('HGET', key, 'w') == mark then
+    redis.call('HINCRBY', key, 'c', -cost)
+    return 1
+  end
+  return 0
 end

@@ -6,6 +6,7 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
+use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
 use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
 use crate::store::MemoryChange;
@@ -118,6 +119,32 @@ pub fn decide(
         Decision::allowed(limit, remaining - cost, reset_after),
         written_for(now, reset_after),
     )
+}
+
+/// What the lists made from the registry need of its parameters.
+impl Parameters for SlidingWindowCounter {
+    const KIND: Kind = Kind::SlidingWindowCounter;
+    fn script_values(&self) -> [ScriptValue; 3] {
+        [
+            ScriptValue::Whole(self.limit()),
+            ScriptValue::Whole(self.window().as_micros().as_micros()),
+            ScriptValue::Whole(0),
+        ]
+    }
+    /// The window spent in: a refund gives units back only while the key
+    /// counts it.
+    fn mark(&self) -> Mark {
+        Mark::Window
+    }
+    fn shown(&self) -> Shown {
+        Shown {
+            window: Some(self.window()),
+            ..Shown::default()
+        }
+    }
+    fn span(&self) -> Micros {
+        self.window().as_micros()
+    }
 }
 
 #[cfg(test)]

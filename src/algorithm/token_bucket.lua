@@ -17,7 +17,8 @@ end
 -- retry_after_us (-1: never), and a mark for refund.lua (always 0: tokens
 -- are simply given back). With `spend` DRY it decides the same and writes
 -- nothing.
-local function token_bucket(key, now, capacity, rate, cost, spend)
+local function token_bucket(key, now, values, cost, spend)
+  local capacity, rate = values[2], values[3]
   local tokens = capacity
   local stamp = now
   local stored = redis.call('HMGET', key, 't', 'ts')
@@ -48,4 +49,17 @@ local function token_bucket(key, now, capacity, rate, cost, spend)
     redis.call('PEXPIRE', key, math.ceil(reset_after / 1000))
   end
   return 1, math.floor(tokens), reset_after, 0, 0
+end
+
+-- Refund (refund.lua's part):
+
+-- Gives back `cost` tokens, up to the capacity, if the key is still
+-- there. Returns 1 if it gave them back.
+local function token_bucket_refund(key, capacity, rate, unused, cost, mark)
+  local tokens = tonumber(redis.call('HGET', key, 't'))
+  if tokens then
+    redis.call('HSET', key, 't', math.min(tonumber(capacity), tokens + cost))
+    return 1
+  end
+  return 0
 end

@@ -4,6 +4,7 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
+use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
 use super::written_for;
 use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
 use crate::store::MemoryChange;
@@ -73,6 +74,32 @@ pub fn decide(
     }
     *state = Some(State { tokens, stamp });
     (decision, written_for(now, reset_after))
+}
+
+/// What the lists made from the registry need of its parameters.
+impl Parameters for TokenBucket {
+    const KIND: Kind = Kind::TokenBucket;
+    fn script_values(&self) -> [ScriptValue; 3] {
+        [
+            ScriptValue::Whole(self.capacity()),
+            ScriptValue::Rate(self.refill_per_second()),
+            ScriptValue::Whole(0),
+        ]
+    }
+    /// Tokens are simply given back.
+    fn mark(&self) -> Mark {
+        Mark::Unmarked
+    }
+    fn shown(&self) -> Shown {
+        Shown {
+            refill_per_second: Some(self.refill_per_second()),
+            ..Shown::default()
+        }
+    }
+    /// The time to fill from empty.
+    fn span(&self) -> Micros {
+        Micros::from_micros((self.capacity() as f64 / self.refill_per_second() * 1e6) as u64)
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use crate::api::envoy::headers::sf_string;
 use crate::decider::Decider;
 use crate::error::Error;
 use crate::health::Health;
+use crate::pb::algorithm::StatedWindow;
 use crate::pb::json::ratelimitd::v1 as json;
 use crate::pb::ratelimitd::v1 as pb;
 
@@ -362,27 +363,13 @@ impl FailureCode {
 /// for a policy's (its windows are the operator's, and the client
 /// libraries send none either).
 fn windows(request: &pb::CheckLimitRequest) -> Vec<Option<u64>> {
-    use pb::check_limit_request::Algorithm as One;
-    use pb::limit::Algorithm as OfSeveral;
     if let Some(algorithm) = &request.algorithm {
-        return vec![match algorithm {
-            One::FixedWindow(limit) => seconds(limit.window.as_ref()),
-            One::SlidingWindow(limit) => seconds(limit.window.as_ref()),
-            One::SlidingWindowCounter(limit) => seconds(limit.window.as_ref()),
-            One::Gcra(limit) => seconds(limit.period.as_ref()),
-            One::TokenBucket(bucket) => fill_seconds(bucket),
-        }];
+        return vec![algorithm.window_seconds()];
     }
     request
         .limits
         .iter()
-        .map(|limit| match limit.algorithm.as_ref()? {
-            OfSeveral::FixedWindow(limit) => seconds(limit.window.as_ref()),
-            OfSeveral::SlidingWindow(limit) => seconds(limit.window.as_ref()),
-            OfSeveral::SlidingWindowCounter(limit) => seconds(limit.window.as_ref()),
-            OfSeveral::Gcra(limit) => seconds(limit.period.as_ref()),
-            OfSeveral::TokenBucket(bucket) => fill_seconds(bucket),
-        })
+        .map(|limit| limit.algorithm.as_ref()?.window_seconds())
         .collect()
 }
 
@@ -391,14 +378,6 @@ fn seconds(duration: Option<&prost_types::Duration>) -> Option<u64> {
     let duration = duration?;
     let whole = u64::try_from(duration.seconds).ok()?;
     Some(whole + u64::from(duration.nanos > 0))
-}
-
-/// The time an empty bucket takes to fill: the window of its capacity.
-fn fill_seconds(bucket: &pb::TokenBucket) -> Option<u64> {
-    let seconds = (bucket.capacity as f64 / bucket.refill_per_second).ceil();
-    // Validation keeps it within 366 days; a cast of anything else is not
-    // a window.
-    (seconds.is_finite() && seconds >= 0.0 && seconds < u64::MAX as f64).then_some(seconds as u64)
 }
 
 /// `RateLimit-Policy`, `RateLimit` and, when denied and waiting helps,

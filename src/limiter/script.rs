@@ -2,16 +2,23 @@
 //! Lua parts make each script, how a call's limits become `KEYS` and `ARGV`,
 //! and how the reply becomes decisions. The one place that knows both the
 //! algorithms' parameters and Redis's script calls; `decide.lua` and
-//! `refund.lua` (beside this file) document the same layout from Lua's side.
+//! `refund.lua` (beside this file) document the same layout from Lua's side,
+//! and [`lua`] puts each script's text together from the algorithm registry.
 
 use std::sync::LazyLock;
 
 use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
 
+use crate::algorithm::registry::{Mark, Parameters, ScriptValue, with_parameters};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros, RetryAfter};
+use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
 pub use crate::store::BatchScripts;
 use crate::store::{Batchable, CLOCK_LUA, script_values};
+
+pub mod lua;
+
+pub use lua::{ALGORITHMS_LUA, DECIDE_BATCH_LUA, DECIDE_LUA, DECIDE_NODE_BATCH_LUA};
+use lua::{ALGORITHMS_WITH_REFUNDS_LUA, REFUND_PART_LUA};
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -20,42 +27,6 @@ use crate::store::{Batchable, CLOCK_LUA, script_values};
 /// a named policy's limits, `CheckLimit`'s default limits per request, and
 /// `ShouldRateLimit`'s default descriptors each fit in one call.
 pub const MAX_LIMITS_PER_SCRIPT: usize = 64;
-
-/// Every algorithm's Lua function, with the spend constants they share.
-/// Public so a test can put them under a clock of its own.
-pub const ALGORITHMS_LUA: &str = concat!(
-    include_str!("../algorithm/spend.lua"),
-    include_str!("../algorithm/fixed_window.lua"),
-    include_str!("../algorithm/sliding_window.lua"),
-    include_str!("../algorithm/token_bucket.lua"),
-    include_str!("../algorithm/gcra.lua"),
-    include_str!("../algorithm/sliding_window_counter.lua"),
-);
-
-/// The driver that decides a call's limits in a [`Mode`]; it needs the
-/// algorithms and a clock defined above it.
-pub const DECIDE_LUA: &str = concat!(
-    include_str!("script/decide.lua"),
-    include_str!("script/single.lua")
-);
-
-/// The driver that decides many calls, each as [`DECIDE_LUA`] decides
-/// one, in one script, on a standalone Redis; it needs the algorithms and a
-/// clock defined above it.
-pub const DECIDE_BATCH_LUA: &str = concat!(
-    include_str!("script/decide.lua"),
-    include_str!("script/batch.lua"),
-    include_str!("script/batch_keys.lua")
-);
-
-/// [`DECIDE_BATCH_LUA`] for the calls waiting for one node of a Redis
-/// Cluster, whose keys may hash to several slots of that node; it needs the
-/// algorithms and a clock above it, and [`NODE_BATCH_FLAGS`] first.
-pub const DECIDE_NODE_BATCH_LUA: &str = concat!(
-    include_str!("script/decide.lua"),
-    include_str!("script/batch.lua"),
-    include_str!("script/batch_node.lua")
-);
 
 /// The first line of a script built on [`DECIDE_NODE_BATCH_LUA`]: Redis
 /// lets it touch keys of several hash slots, all on the node it runs on.
@@ -90,13 +61,8 @@ pub static DECIDE_NODE_BATCH: LazyLock<Script> = LazyLock::new(|| {
 
 /// Takes back what [`DECIDE`] spent, when a request spanning several Redis
 /// Cluster nodes was denied by one after another had spent.
-pub static REFUND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../algorithm/spend.lua"),
-        include_str!("../algorithm/sliding_window.lua"),
-        include_str!("script/refund.lua")
-    ))
-});
+pub static REFUND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&[ALGORITHMS_WITH_REFUNDS_LUA, REFUND_PART_LUA].concat()));
 
 /// `ARGV` values per limit: algorithm, three parameters, cost, and shadow
 /// (decide) or mark (refund).
@@ -165,13 +131,10 @@ impl SpendMark {
     fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, StoreError> {
         let unsigned = u64::try_from(mark)
             .map_err(|_| StoreError::Reply(format!("script replied mark = {mark}")))?;
-        Ok(match algorithm {
-            Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
-                Self::Window(unsigned)
-            }
-            Algorithm::SlidingWindowCounter(_) => Self::Window(unsigned),
-            Algorithm::SlidingWindow(_) => Self::Entry(Micros::from_micros(unsigned)),
-            _ => Self::Unmarked,
+        Ok(match with_parameters!(algorithm, p => p.mark()) {
+            Mark::Unmarked => Self::Unmarked,
+            Mark::Window => Self::Window(unsigned),
+            Mark::Entry => Self::Entry(Micros::from_micros(unsigned)),
         })
     }
 
@@ -292,47 +255,14 @@ fn put(args: &mut Cmd, value: impl ToRedisArgs) {
     args.arg(value);
 }
 
-/// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`.
+/// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`: the
+/// algorithm by its registry tag, then its three parameters.
 fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
-    match algorithm {
-        Algorithm::FixedWindow(p) => {
-            put(args, "fw");
-            put(args, p.limit());
-            put(args, p.window().as_millis());
-            put(
-                args,
-                match p.mode() {
-                    FixedWindowMode::Anchored => 0,
-                    FixedWindowMode::Aligned => 1,
-                    FixedWindowMode::AlignedByName => 2,
-                },
-            );
-        }
-        Algorithm::SlidingWindow(p) => {
-            put(args, "sw");
-            put(args, p.limit());
-            put(args, p.window().as_micros());
-            put(args, 0);
-        }
-        // The rate goes in Rust's shortest exact decimal form, which Lua's
-        // `tonumber` reads back to the same double.
-        Algorithm::TokenBucket(p) => {
-            put(args, "tb");
-            put(args, p.capacity());
-            put(args, p.refill_per_second());
-            put(args, 0);
-        }
-        Algorithm::Gcra(p) => {
-            put(args, "gc");
-            put(args, p.burst());
-            put(args, p.interval());
-            put(args, 0);
-        }
-        Algorithm::SlidingWindowCounter(p) => {
-            put(args, "sc");
-            put(args, p.limit());
-            put(args, p.window().as_micros());
-            put(args, 0);
+    put(args, algorithm.kind().tag());
+    for value in with_parameters!(algorithm, p => p.script_values()) {
+        match value {
+            ScriptValue::Whole(number) => put(args, number),
+            ScriptValue::Rate(rate) => put(args, rate),
         }
     }
     put(args, cost);
@@ -501,6 +431,26 @@ mod tests {
             Value::Int(0),
         ]);
         assert!(decode_each(&[limit], &text, ignore).is_err());
+    }
+
+    #[test]
+    fn each_algorithm_is_sent_by_its_registry_tag() {
+        use crate::algorithm::registry::{Kind, Rate, WindowStart};
+        let rate = Rate::new(2, Duration::from_secs(1));
+        for kind in Kind::ALL {
+            let algorithm = kind.build(rate, WindowStart::FirstRequest).expect("valid");
+            let mut args = Cmd::new();
+            write_decide_args(&mut args, Mode::Decide, &[spending_one(&algorithm)]);
+            let sent: Vec<Vec<u8>> = args
+                .args_iter()
+                .map(|arg| match arg {
+                    redis::Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            assert_eq!(sent.len(), ARGS_PER_LIMIT + 1, "{}", kind.name());
+            assert_eq!(sent[0], kind.tag().as_bytes(), "{}", kind.name());
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Conversions between generated protobuf types and ours that more than one
 //! place needs: durations (ours are microseconds), JSON and protobuf
-//! `Struct` (descriptor metadata), envoyproxy/ratelimit's time units, and
-//! the two oneofs that carry one algorithm.
+//! `Struct` (descriptor metadata) and envoyproxy/ratelimit's time units.
+//! Each algorithm's messages are converted in `pb::algorithm`.
 
 use std::time::Duration;
 
@@ -9,8 +9,6 @@ use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
 
 use super::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as RlsUnit;
-use super::ratelimitd::v1::check_limit_request::Algorithm as OneLimit;
-use super::ratelimitd::v1::limit::Algorithm as OfSeveral;
 use crate::limit::{InvalidArgument, Micros};
 use crate::spec::Unit;
 
@@ -127,34 +125,6 @@ fn json_to_value(json: &serde_json::Value) -> Value {
         serde_json::Value::Object(_) => Kind::StructValue(json_to_struct(json).unwrap_or_default()),
     };
     Value { kind: Some(kind) }
-}
-
-// One algorithm's messages, under the one-limit form's oneof
-// (`CheckLimitRequest.algorithm`) and under a `Limit`'s: the same
-// messages, so each converts to the other.
-
-impl From<OneLimit> for OfSeveral {
-    fn from(algorithm: OneLimit) -> Self {
-        match algorithm {
-            OneLimit::FixedWindow(p) => Self::FixedWindow(p),
-            OneLimit::SlidingWindow(p) => Self::SlidingWindow(p),
-            OneLimit::TokenBucket(p) => Self::TokenBucket(p),
-            OneLimit::Gcra(p) => Self::Gcra(p),
-            OneLimit::SlidingWindowCounter(p) => Self::SlidingWindowCounter(p),
-        }
-    }
-}
-
-impl From<OfSeveral> for OneLimit {
-    fn from(algorithm: OfSeveral) -> Self {
-        match algorithm {
-            OfSeveral::FixedWindow(p) => Self::FixedWindow(p),
-            OfSeveral::SlidingWindow(p) => Self::SlidingWindow(p),
-            OfSeveral::TokenBucket(p) => Self::TokenBucket(p),
-            OfSeveral::Gcra(p) => Self::Gcra(p),
-            OfSeveral::SlidingWindowCounter(p) => Self::SlidingWindowCounter(p),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ mod readme_installs;
 mod redis_batching;
 mod redis_faults;
 mod redis_security;
+mod refunds;
 mod request_bounds;
 mod rlqs;
 mod rlqs_instances;

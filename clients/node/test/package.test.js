@@ -51,3 +51,21 @@ test('npm pack ships lib, index.js, index.d.ts, proto, README and package.json o
     'proto/ratelimitd/v1/ratelimit.proto',
   ]);
 });
+
+// The algorithm table is the server's: its `type`s are exactly the fields of
+// the proto's `oneof algorithm` (which the server's own tests check against
+// its algorithm registry), in the same order, and each sets its own field.
+test("the algorithm table names exactly the proto's algorithms", () => {
+  const { ALGORITHMS, TYPES } = require('../lib/algorithms');
+  const proto = fs.readFileSync(path.join(PACKAGE, 'proto', 'ratelimitd', 'v1', 'ratelimit.proto'), 'utf8');
+  for (const message of ['CheckLimitRequest', 'Limit']) {
+    const start = proto.indexOf(`message ${message} {`);
+    assert.ok(start >= 0, `the proto has no message ${message}`);
+    const oneof = proto.indexOf('oneof algorithm {', start);
+    assert.ok(oneof >= 0, `${message} has no oneof algorithm`);
+    const body = proto.slice(oneof, proto.indexOf('}', oneof));
+    const fields = [...body.matchAll(/^\s+\w+ (\w+) = \d+;/gm)].map((m) => m[1]);
+    assert.deepEqual(TYPES, fields, `${message}'s oneof algorithm`);
+  }
+  for (const type of TYPES) assert.equal(ALGORITHMS[type].field, type);
+});

@@ -2,7 +2,9 @@
 generates the stubs from) is the repository's: run inside the checkout, this
 fails as soon as proto/ changes without the copy (`python generate_stubs.py
 --sync` refreshes it). Outside a checkout (an unpacked sdist) there is
-nothing to compare with."""
+nothing to compare with. The algorithm table is the proto's too: its
+`type=`s are exactly the fields of the `oneof algorithm` (which the
+server's own tests check against its algorithm registry)."""
 
 from pathlib import Path
 
@@ -27,3 +29,14 @@ def test_the_packaged_proto_is_the_repositorys(proto):
 def test_the_copy_holds_only_what_the_stubs_need():
     found = sorted(str(p.relative_to(PACKAGE / "proto")) for p in (PACKAGE / "proto").rglob("*.proto"))
     assert found == sorted(COPIED)
+
+
+@pytest.mark.parametrize("message", ("CheckLimitRequest", "Limit"))
+def test_the_algorithm_table_names_exactly_the_protos_algorithms(message):
+    from ratelimitd_client._pb import ratelimit_pb2 as pb
+    from ratelimitd_client._request import ALGORITHMS
+
+    oneof = getattr(pb, message).DESCRIPTOR.oneofs_by_name["algorithm"]
+    assert list(ALGORITHMS) == [field.name for field in oneof.fields]
+    for name, algorithm in ALGORITHMS.items():
+        assert algorithm.field == name

@@ -5,13 +5,11 @@
 
 use std::collections::HashMap;
 
-use crate::algorithm::{
-    self,
-    registry::{self, Kind},
-};
+use crate::algorithm::{self, registry::Kind};
 use crate::decider::{self, Limits, NamedLimit, Question};
 use crate::error::Error;
 use crate::limit::{self, Algorithm, CallerKey, FailurePolicy, InvalidArgument, LimitRequest};
+use crate::pb::algorithm::from_proto;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 use crate::rules::Rules;
@@ -186,7 +184,7 @@ fn algorithm(algorithm: Option<PbAlgorithm>) -> Result<Algorithm, InvalidArgumen
             ),
         ));
     };
-    registry::from_proto(algorithm)
+    from_proto(algorithm)
 }
 
 /// The call's own failure policy, if it names one.

@@ -317,7 +317,7 @@ pub(crate) fn algorithm(options: &Options) -> Result<Algorithm, String> {
 /// one-limit form, or `--limits` copies of it named `l0`, `l1`... (each a
 /// counter of its own on the request's key), and `--cost` on the request.
 fn check_limit_template(options: &Options) -> CheckLimitRequest {
-    let algorithm = options.algorithm.to_proto(options.rate());
+    let algorithm = ratelimitd::pb::algorithm::to_proto(options.algorithm, options.rate());
     let cost = Some(options.cost);
     if options.limits <= 1 {
         return CheckLimitRequest {

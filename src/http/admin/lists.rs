@@ -7,6 +7,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::algorithm::registry::{Parameters, with_parameters};
 use crate::config::effective::EffectiveFlag;
 use crate::limit::Algorithm;
 use crate::policy::{Policy, Scope};
@@ -312,31 +313,20 @@ fn seconds(millis: u64) -> String {
     }
 }
 
-fn algorithm_entry(algorithm: &Algorithm) -> AlgorithmEntry {
-    let mut entry = AlgorithmEntry {
+/// `algorithm` as the lists show it: its name, limit, and the parameters
+/// it has ([`Parameters::shown`]).
+pub(crate) fn algorithm_entry(algorithm: &Algorithm) -> AlgorithmEntry {
+    let shown = with_parameters!(algorithm, p => p.shown());
+    AlgorithmEntry {
         name: algorithm.name().to_owned(),
         limit: algorithm.limit(),
-        window: None,
-        refill_per_second: None,
-        interval: None,
-    };
-    match algorithm {
-        Algorithm::FixedWindow(fixed) => entry.window = Some(seconds(fixed.window().as_millis())),
-        Algorithm::SlidingWindow(sliding) => {
-            entry.window = Some(seconds(sliding.window().as_millis()));
-        }
-        Algorithm::SlidingWindowCounter(counter) => {
-            entry.window = Some(seconds(counter.window().as_millis()));
-        }
-        Algorithm::TokenBucket(bucket) => {
-            entry.refill_per_second = Some(bucket.refill_per_second())
-        }
-        Algorithm::Gcra(gcra) => {
-            let micros = gcra.interval().as_micros();
-            entry.interval = Some(format!("{}.{:06}s", micros / 1_000_000, micros % 1_000_000));
-        }
+        window: shown.window.map(|window| seconds(window.as_millis())),
+        refill_per_second: shown.refill_per_second,
+        interval: shown.interval.map(|interval| {
+            let micros = interval.as_micros();
+            format!("{}.{:06}s", micros / 1_000_000, micros % 1_000_000)
+        }),
     }
-    entry
 }
 
 /// The quota policies of `rules`, and this instance's subscriptions.

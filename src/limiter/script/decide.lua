@@ -13,10 +13,11 @@
 --
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
---          algorithm, three parameters, cost, shadow (1|0)
+--          algorithm (its tag in algorithm::registry), three
+--          parameters, cost, shadow (1|0)
 --            'fw': limit, window_ms, aligned (0: anchored, 1: aligned,
 --                  2: aligned, the key named by its window)
---            'sw': limit, window_us, (unused)
+--            'sl': limit, window_us, (unused)
 --            'tb': capacity, refill_per_second, (unused)
 --            'gc': burst, interval_us, (unused)
 --            'sc': limit, window_us, (unused)
@@ -63,22 +64,13 @@ end
 
 -- Limit i of the call whose keys start after keys[k0] and whose values
 -- start after ARGV[a0], decided at `cost` with `spend`: the algorithm's
--- five values.
+-- five values. Each algorithm's function takes the limit's values as
+-- limit_at read them and picks its parameters from them.
 local function decide_limit(keys, k0, a0, i, cost, spend)
   local limit = limit_at(a0 + ARGS_PER_LIMIT * (i - 1))
-  local algorithm, p1, p2 = limit[1], limit[2], limit[3]
+  local algorithm = limit[1]
   local key = keys[k0 + i]
-  if algorithm == 'fw' then
-    return fixed_window(key, now, p1, p2, limit[4], cost, spend, limit[6], limit[7])
-  elseif algorithm == 'sw' then
-    return sliding_window(key, now, p1, p2, cost, spend)
-  elseif algorithm == 'tb' then
-    return token_bucket(key, now, p1, p2, cost, spend)
-  elseif algorithm == 'gc' then
-    return gcra(key, now, p1, p2, cost, spend)
-  elseif algorithm == 'sc' then
-    return sliding_window_counter(key, now, p1, p2, cost, spend)
-  end
+  -- limiter::script puts one branch per registered algorithm here.
   error('unknown algorithm ' .. tostring(algorithm))
 end
 

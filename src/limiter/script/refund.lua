@@ -10,7 +10,10 @@
 --          that give units back without finding the spend)
 -- Reply    the number of limits refunded
 --
--- sliding_window.lua is defined above this part in the same script.
+-- Every algorithm's Lua source, refund part included, is defined above
+-- this part in the same script: each algorithm's `<name>_refund(key, p1,
+-- p2, p3, cost, mark)` takes its parameters as sent and returns 1 if it
+-- gave the units back.
 local refunded = 0
 for i = 1, #KEYS do
   local at = 6 * (i - 1)
@@ -18,40 +21,7 @@ for i = 1, #KEYS do
   local algorithm = ARGV[at + 1]
   local cost = tonumber(ARGV[at + 5])
   local mark = ARGV[at + 6]
-  if algorithm == 'fw' and ARGV[at + 4] == '1' then
-    -- Aligned: only if the key still counts the window that was spent.
-    if redis.call('HGET', key, 'w') == mark then
-      redis.call('HINCRBY', key, 'n', -cost)
-      refunded = refunded + 1
-    end
-  elseif algorithm == 'fw' then
-    -- Anchored, or named by its window (the key is the window).
-    if redis.call('EXISTS', key) == 1 then
-      redis.call('DECRBY', key, cost)
-      refunded = refunded + 1
-    end
-  elseif algorithm == 'sw' then
-    refunded = refunded + sliding_window_refund(key, mark)
-  elseif algorithm == 'tb' then
-    local tokens = tonumber(redis.call('HGET', key, 't'))
-    if tokens then
-      local capacity = tonumber(ARGV[at + 2])
-      redis.call('HSET', key, 't', math.min(capacity, tokens + cost))
-      refunded = refunded + 1
-    end
-  elseif algorithm == 'sc' then
-    -- Only if the key still counts the window that was spent.
-    if redis.call('HGET', key, 'w') == mark then
-      redis.call('HINCRBY', key, 'c', -cost)
-      refunded = refunded + 1
-    end
-  elseif algorithm == 'gc' then
-    local tat = tonumber(redis.call('GET', key))
-    if tat then
-      local interval = tonumber(ARGV[at + 3])
-      redis.call('SET', key, tat - cost * interval, 'KEEPTTL')
-      refunded = refunded + 1
-    end
-  end
+  local p1, p2, p3 = ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
+  -- limiter::script puts one branch per registered algorithm here.
 end
 return refunded
