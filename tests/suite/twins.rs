@@ -2,9 +2,9 @@
 //! its Rust twin in the embedded store give identical decisions (allowed,
 //! remaining, reset_after, retry_after) and keep identical state (values
 //! and expiry) after every step of random sequences of (time, cost,
-//! parameters), for all five algorithms (the fixed window anchored,
-//! aligned, and aligned by name), alone and several per call, in every
-//! script mode.
+//! parameters), for every registered algorithm in each of its layouts
+//! (the fixed window anchored, aligned, and aligned by name), alone and
+//! several per call, in every script mode.
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
@@ -26,11 +26,9 @@ use std::time::Duration;
 
 use common::RedisServer;
 use common::draws::{self, Draws, Tape, tapes};
+use ratelimitd::algorithm::registry::{Kind, Rate};
 use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
-use ratelimitd::limit::{
-    Algorithm, CallerKey, Decision, FixedWindow, FixedWindowMode, Gcra, LimitRequest, Micros,
-    SlidingWindow, SlidingWindowCounter, TokenBucket,
-};
+use ratelimitd::limit::{Algorithm, CallerKey, Decision, FixedWindowMode, LimitRequest, Micros};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{ManualClock, MemoryStore};
@@ -56,47 +54,59 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
 /// own schedule counts plain microseconds.
 const START: u64 = 1_764_806_400_000_000;
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    FixedWindow,
-    AlignedFixedWindow,
-    /// Aligned, named by its window as envoyproxy/ratelimit names it.
-    FixedWindowByName,
-    SlidingWindow,
-    TokenBucket,
-    Gcra,
-    SlidingWindowCounter,
+/// Every way an algorithm keeps its state, as (algorithm, layout): the
+/// registry's algorithms, each in every layout [`Kind::layouts`] gives it.
+fn every_layout() -> Vec<(Kind, usize)> {
+    let sample = Rate::new(1, Duration::from_secs(1));
+    Kind::ALL
+        .into_iter()
+        .flat_map(|kind| {
+            let layouts = kind.layouts(sample).expect("valid parameters").len();
+            (0..layouts).map(move |layout| (kind, layout))
+        })
+        .collect()
 }
 
-const KINDS: [Kind; 7] = [
-    Kind::FixedWindow,
-    Kind::AlignedFixedWindow,
-    Kind::FixedWindowByName,
-    Kind::SlidingWindow,
-    Kind::TokenBucket,
-    Kind::Gcra,
-    Kind::SlidingWindowCounter,
-];
-
-fn random_algorithm(random: &mut Draws<'_>, kind: Kind) -> Algorithm {
+/// Random parameters for `kind`: a limit of 1 to 6 per window of 1 ms to
+/// 1 s; a token bucket of that capacity refilled at one of a few rates
+/// (slow, fractional, fast); GCRA's rate of 1 to 5 per window, bursts of
+/// the limit.
+fn random_rate(random: &mut Draws<'_>, kind: Kind) -> Rate {
     let limit = 1 + random.upto(5);
     let window = Duration::from_millis(random.pick(&[1, 2, 5, 10, 50, 1000]));
-    let made = match kind {
-        Kind::FixedWindow => FixedWindow::new(limit, window).map(Algorithm::FixedWindow),
-        Kind::AlignedFixedWindow => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
-        Kind::FixedWindowByName => FixedWindow::aligned(limit, window)
-            .map(|fixed| Algorithm::FixedWindow(fixed.aligned_by_name())),
-        Kind::SlidingWindow => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
+    match kind {
+        Kind::FixedWindow | Kind::SlidingWindow | Kind::SlidingWindowCounter => {
+            Rate::new(limit, window)
+        }
         Kind::TokenBucket => {
-            let rate = random.pick(&[0.5, 1.0, 1.0 / 3.0, 3.7, 100.0, 1000.0, 12_345.6]);
-            TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
+            // Refill rates of 0.5, 1, 1/3, 3.7, 100, 1000 and 12345.6 a
+            // second, each exactly the quotient of these.
+            let (units, per_ms) = random.pick(&[
+                (1, 2000),
+                (1, 1000),
+                (1, 3000),
+                (37, 10_000),
+                (100, 1000),
+                (1000, 1000),
+                (123_456, 10_000),
+            ]);
+            Rate {
+                limit: units,
+                per: Duration::from_millis(per_ms),
+                burst: Some(limit),
+            }
         }
-        Kind::Gcra => Gcra::new(1 + random.upto(4), window, limit).map(Algorithm::Gcra),
-        Kind::SlidingWindowCounter => {
-            SlidingWindowCounter::new(limit, window).map(Algorithm::SlidingWindowCounter)
-        }
-    };
-    made.expect("valid parameters")
+        Kind::Gcra => Rate {
+            limit: 1 + random.upto(4),
+            per: window,
+            burst: Some(limit),
+        },
+    }
+}
+
+fn random_algorithm(random: &mut Draws<'_>, (kind, layout): (Kind, usize)) -> Algorithm {
+    let rate = random_rate(random, kind);
+    kind.layouts(rate).expect("valid parameters")[layout]
 }
 
 /// A span that finds the edges: none, a few microseconds, around a
@@ -124,18 +134,6 @@ fn random_cost(random: &mut Draws<'_>, limit: u64) -> u64 {
         6 => limit,
         7 => limit + 1,
         _ => random.upto(limit + 1),
-    }
-}
-
-fn window_of(algorithm: &Algorithm) -> Micros {
-    match algorithm {
-        Algorithm::FixedWindow(p) => p.window().as_micros(),
-        Algorithm::SlidingWindow(p) => p.window().as_micros(),
-        Algorithm::SlidingWindowCounter(p) => p.window().as_micros(),
-        Algorithm::Gcra(p) => p.interval() * p.burst(),
-        Algorithm::TokenBucket(p) => {
-            Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
-        }
     }
 }
 
@@ -386,15 +384,16 @@ async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result
     redis.flush_all().await;
     let mut random = Draws::new(&tape.setup);
     let mut twins = Twins::new(redis).await;
+    let layouts = every_layout();
     let algorithms: Vec<Algorithm> = (0..limits)
         .map(|_| {
-            let kind = random.pick(&KINDS);
-            random_algorithm(&mut random, kind)
+            let layout = random.pick(&layouts);
+            random_algorithm(&mut random, layout)
         })
         .collect();
     let shortest = algorithms
         .iter()
-        .map(window_of)
+        .map(Algorithm::span)
         .min()
         .map_or(1000, Micros::as_micros);
     let mut history = Vec::new();
