@@ -27,8 +27,12 @@ use std::time::Duration;
 use common::RedisServer;
 use common::draws::{self, Draws, Tape, tapes};
 use ratelimitd::algorithm::registry::{Kind, Rate};
-use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
-use ratelimitd::limit::{Algorithm, CallerKey, Decision, FixedWindowMode, LimitRequest, Micros};
+use ratelimitd::algorithm::{
+    self, Snapshot, Spend, State, fixed_window, gcra, redis_expiry_at, sliding_window,
+    sliding_window_counter, token_bucket,
+};
+use ratelimitd::algorithm::{Algorithm, FixedWindowMode, LimitRequest};
+use ratelimitd::limit::{CallerKey, Decision, Micros};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{ManualClock, MemoryStore};
@@ -295,10 +299,10 @@ impl Twins {
             Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
                 let values = hash(&["w", "n"]).await;
                 values[0].as_ref()?;
-                Snapshot::FixedWindow {
+                Snapshot::FixedWindow(fixed_window::Snapshot {
                     window: Some(number(&values[0])),
                     used: number(&values[1]),
-                }
+                })
             }
             Algorithm::FixedWindow(_) => {
                 let used: Option<String> = redis::cmd("GET")
@@ -306,10 +310,10 @@ impl Twins {
                     .query_async(connection)
                     .await
                     .expect("GET");
-                Snapshot::FixedWindow {
+                Snapshot::FixedWindow(fixed_window::Snapshot {
                     window: None,
                     used: number(&Some(used?)),
-                }
+                })
             }
             Algorithm::SlidingWindow(p) => {
                 let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
@@ -334,15 +338,15 @@ impl Twins {
                 if entries.is_empty() {
                     return None;
                 }
-                Snapshot::SlidingWindow { entries }
+                Snapshot::SlidingWindow(sliding_window::Snapshot { entries })
             }
             Algorithm::TokenBucket(_) => {
                 let values = hash(&["t", "ts"]).await;
                 let tokens: f64 = values[0].as_deref()?.parse().expect("tokens");
-                Snapshot::TokenBucket {
+                Snapshot::TokenBucket(token_bucket::Snapshot {
                     tokens,
                     stamp: Micros::from_micros(number(&values[1])),
-                }
+                })
             }
             Algorithm::Gcra(_) => {
                 let tat: Option<String> = redis::cmd("GET")
@@ -350,18 +354,18 @@ impl Twins {
                     .query_async(connection)
                     .await
                     .expect("GET");
-                Snapshot::Gcra {
+                Snapshot::Gcra(gcra::Snapshot {
                     tat: Micros::from_micros(number(&Some(tat?))),
-                }
+                })
             }
             Algorithm::SlidingWindowCounter(_) => {
                 let values = hash(&["w", "c", "p"]).await;
                 values[0].as_ref()?;
-                Snapshot::SlidingWindowCounter {
+                Snapshot::SlidingWindowCounter(sliding_window_counter::Snapshot {
                     index: number(&values[0]),
                     current: number(&values[1]),
                     previous: number(&values[2]),
-                }
+                })
             }
         };
         let expiry_ms = expiry_ms.unwrap_or_else(|| panic!("{key} has no expiry"));

@@ -101,7 +101,7 @@ pub(crate) fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm
 
 /// [`every_algorithm`] as the library's validated model, for tests that
 /// drive the limiter directly.
-pub(crate) fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
+pub(crate) fn every_model_algorithm(limit: u64) -> [ratelimitd::algorithm::Algorithm; 5] {
     every_algorithm(limit).map(|algorithm| {
         ratelimitd::api::check::limit_request(request("k", algorithm, None))
             .expect("valid parameters")
