@@ -2,10 +2,11 @@
 //! its tag, its Lua source, which parameters it takes, and how a face's
 //! limit (so many units per period, maybe a burst) becomes its validated
 //! parameters. Every face, the policies file and the load generator build
-//! their algorithms here, and every list of the algorithms elsewhere (the
-//! script's dispatch, the metrics, the benchmarks) is made from
-//! [`ENTRIES`]. How each is stated in protobuf is the gRPC layer's
-//! (`pb::algorithm`).
+//! their algorithms here. Its one list of them makes [`Kind`], [`ENTRIES`],
+//! [`Algorithm`], the per-key state and every match over them (see
+//! `variants.rs`), and every list of the algorithms elsewhere (the script's
+//! dispatch, the metrics, the benchmarks) is made from [`ENTRIES`]. How
+//! each is stated in protobuf is the gRPC layer's (`pb::algorithm`).
 
 pub use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
 
@@ -14,20 +15,32 @@ use super::variants::algorithms;
 use crate::limit::{Decision, InvalidArgument, Micros};
 use crate::store::MemoryChange;
 
+// Every algorithm, in the order error messages list them. The tags are
+// storage-key tags too: a deployment's counters live under them, so an
+// existing tag never changes. (`$` first: see `algorithms!`.)
 algorithms! {$
     /// At most the limit per window.
-    FixedWindow(fixed_window::FixedWindow) = "fixed_window", "fw", false, true;
+    FixedWindow(fixed_window::FixedWindow) {
+        name: "fixed_window", tag: "fw", takes_burst: false, counts_denied_hits: true,
+    }
     /// At most the limit within any span of the window (a log of spends).
-    SlidingWindow(sliding_window::SlidingWindow) = "sliding_window", "sl", false, false;
+    SlidingWindow(sliding_window::SlidingWindow) {
+        name: "sliding_window", tag: "sl", takes_burst: false, counts_denied_hits: false,
+    }
     /// A bucket of the burst (default: the limit), refilled at the limit
     /// per period.
-    TokenBucket(token_bucket::TokenBucket) = "token_bucket", "tb", true, false;
+    TokenBucket(token_bucket::TokenBucket) {
+        name: "token_bucket", tag: "tb", takes_burst: true, counts_denied_hits: false,
+    }
     /// The limit per period sustained, up to the burst (default: the limit)
     /// at once.
-    Gcra(gcra::Gcra) = "gcra", "gc", true, false;
+    Gcra(gcra::Gcra) {
+        name: "gcra", tag: "gc", takes_burst: true, counts_denied_hits: false,
+    }
     /// About the limit per sliding window, from two aligned counts.
-    SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter) =
-        "sliding_window_counter", "sc", false, false;
+    SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter) {
+        name: "sliding_window_counter", tag: "sc", takes_burst: false, counts_denied_hits: false,
+    }
 }
 
 /// One algorithm as the rest of the service knows it.

@@ -11,16 +11,20 @@
 //! [`Snapshot`]: super::Snapshot
 //! [`Parameters`]: super::parameters::Parameters
 
-/// One line per algorithm, in the order error messages list them:
-/// `Variant(module::Parameters) = "name", "tag", takes_burst,
-/// counts_denied_hits;` with its doc comment. The first token is `$`, which
-/// the macro passes on to the `with_parameters!` it defines. Its Lua source
-/// is `<name>.lua` beside its module.
+/// One entry per algorithm, in the order error messages list them: its
+/// doc comment, `Variant(module::Parameters)`, and its `Entry` fields but
+/// its kind and Lua source (which is `<name>.lua` beside its module). The
+/// first token is `$`, which the macro passes on to the `with_parameters!`
+/// it defines (a macro cannot write `$` in a macro it makes otherwise).
 macro_rules! algorithms {
     ($d:tt $(
         $(#[doc = $doc:literal])*
-        $variant:ident($module:ident::$parameters:ident) =
-            $name:literal, $tag:literal, $takes_burst:literal, $counts_denied_hits:literal;
+        $variant:ident($module:ident::$parameters:ident) {
+            name: $name:literal,
+            tag: $tag:literal,
+            takes_burst: $takes_burst:literal,
+            counts_denied_hits: $counts_denied_hits:literal $(,)?
+        }
     )+) => {
         /// The algorithms, without their parameters, in [`ENTRIES`]' order.
         /// On the command line (the load generator's `--algorithm`) they are
