@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use ratelimitd::algorithm::registry::{Kind, Rate, WindowStart};
-use ratelimitd::limit::{Algorithm, CallerKey, Decision, LimitRequest};
+use ratelimitd::algorithm::{Algorithm, LimitRequest};
+use ratelimitd::limit::{CallerKey, Decision};
 use ratelimitd::limiter::{DEFAULT_KEY_PREFIX, Limiter, Store};
 use ratelimitd::store::{MemoryStore, SystemClock};
 

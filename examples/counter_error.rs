@@ -10,8 +10,9 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
+use ratelimitd::algorithm::{SlidingWindow, SlidingWindowCounter};
 use ratelimitd::algorithm::{sliding_window, sliding_window_counter};
-use ratelimitd::limit::{Micros, SlidingWindow, SlidingWindowCounter};
+use ratelimitd::limit::Micros;
 
 const LIMIT: u64 = 100;
 /// One second, in microseconds: the generated traffic counts in those.

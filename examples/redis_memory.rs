@@ -10,10 +10,10 @@
 
 use std::time::Duration;
 
-use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter,
-    TokenBucket,
+use ratelimitd::algorithm::{
+    Algorithm, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
+use ratelimitd::limit::CallerKey;
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{RedisSettings, RedisStore, Topology};
 

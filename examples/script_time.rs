@@ -17,10 +17,10 @@
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
-use ratelimitd::limit::{
-    Algorithm, CallerKey, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter,
-    TokenBucket,
+use ratelimitd::algorithm::{
+    Algorithm, FixedWindow, Gcra, LimitRequest, SlidingWindow, SlidingWindowCounter, TokenBucket,
 };
+use ratelimitd::limit::CallerKey;
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{RedisSettings, RedisStore, Topology};
 use redis::aio::MultiplexedConnection;

@@ -7,10 +7,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::registry::{ENTRIES, Kind, Rate, WindowStart};
 use crate::algorithm::{Spend, decide_in_memory, key_tag};
 use crate::http::admin::lists::algorithm_entry;
-use crate::limit::{Algorithm, Micros};
+use crate::limit::Micros;
 use crate::limiter::script::lua::{
     ALGORITHMS_LUA, ALGORITHMS_WITH_REFUNDS_LUA, DECIDE_LUA, REFUND_PART_LUA, defines,
 };

@@ -12,8 +12,8 @@
 //! [`limiter::Limiter`], which keeps its counters on a [`limiter::Store`]:
 //! the embedded store in this process (below), or Redis shared by every
 //! instance ([`store::RedisStore`]). A question names its limits already
-//! validated: each algorithm's parameters ([`limit::FixedWindow`],
-//! [`limit::TokenBucket`], ...) are checked when they are made, and a
+//! validated: each algorithm's parameters ([`algorithm::FixedWindow`],
+//! [`algorithm::TokenBucket`], ...) are checked when they are made, and a
 //! broken rule is an [`limit::InvalidArgument`] naming the field. Being
 //! over the limit is a [`limit::Decision`], not an error; an
 //! [`error::Error`] means no decision could be had.
@@ -23,7 +23,8 @@
 //! use std::time::Duration;
 //!
 //! use ratelimitd::decider::{Answer, Decider, Limits, NamedLimit, Question};
-//! use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, LimitRequest, TokenBucket};
+//! use ratelimitd::algorithm::{Algorithm, FixedWindow, LimitRequest, TokenBucket};
+//! use ratelimitd::limit::CallerKey;
 //! use ratelimitd::limiter::{Limiter, Store};
 //! use ratelimitd::store::{MemoryStore, SystemClock};
 //!
@@ -75,8 +76,9 @@
 //!   limit in flight; [`health`] keeps the health status truthful, and
 //!   [`http`] serves it at `/healthcheck` beside `/json` and the debug
 //!   endpoints.
-//! - [`api`] turns protobuf requests into validated [`limit`] types and
-//!   decisions back into protobuf, and errors into gRPC statuses; with
+//! - [`api`] turns protobuf requests into validated [`limit`] and
+//!   [`algorithm`] types and decisions back into protobuf, and errors into
+//!   gRPC statuses; with
 //!   [`server`] it is the layer that knows tonic (beside the connection
 //!   plumbing: [`incoming`], `drain`, [`health`], `codec`, [`pb`]).
 //!   [`http`] speaks the same protobuf messages in their JSON mapping and
@@ -93,11 +95,14 @@
 //!   their grammars share.
 //! - [`quota`] splits each Envoy quota bucket's rate among the Envoys
 //!   reporting it (the quota service, `api::rlqs`), on the same store.
-//! - [`algorithm`] holds, per algorithm, its Lua script for Redis and its
-//!   in-memory twin with the same semantics; its registry is the one place
-//!   that names the algorithms (their tags and Lua sources too) and builds
-//!   them from a face's parameters, and the scripts, the metrics and the
-//!   benchmarks take their lists of algorithms from it.
+//! - [`algorithm`] holds, per algorithm, its parameters, its Lua script
+//!   for Redis and its in-memory twin with the same semantics; its
+//!   registry is the one list of the algorithms (their tags and Lua
+//!   sources too), from which the [`algorithm::Algorithm`] enum, the
+//!   per-key state and every match over them are made, and which builds
+//!   them from a face's parameters; the scripts, the metrics and the
+//!   benchmarks take their lists of algorithms from it. A
+//!   [`algorithm::LimitRequest`] is one key under one algorithm.
 //! - [`store`] runs scripts on Redis through a deadpool pool, or keeps state in
 //!   an embedded map with expiry.
 //!

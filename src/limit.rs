@@ -1,10 +1,12 @@
-//! The validated model of a rate-limit question and its answer, free of
-//! protobuf and of any store.
+//! The validated model of a rate-limit question and its answer that every
+//! algorithm shares (keys, names, costs, windows, decisions), free of
+//! protobuf and of any store; each algorithm's parameters, and the
+//! question that names one, are `algorithm`'s.
 //!
 //! Every constructor here checks its rule once; code past the API layer holds
 //! only values that passed (a window is whole milliseconds within bounds, a
-//! limit is non-zero, a rate is finite and positive), so the algorithms never
-//! re-check. A rule that fails is an [`InvalidArgument`] naming the field.
+//! limit is non-zero), so the algorithms never re-check. A rule that fails
+//! is an [`InvalidArgument`] naming the field.
 
 use std::fmt;
 use std::time::Duration;
@@ -15,10 +17,7 @@ mod parameters;
 
 pub use decision::{Decision, RetryAfter};
 pub use micros::Micros;
-pub use parameters::{
-    Algorithm, FixedWindow, FixedWindowMode, Gcra, LimitPerWindow, SlidingWindow,
-    SlidingWindowCounter, TokenBucket, Window,
-};
+pub use parameters::{LimitPerWindow, Window, quantity};
 
 /// Longest caller key, in bytes. Keys longer than this are almost always a
 /// bug in the caller (a whole header or body used as a key), and each key is
@@ -251,20 +250,6 @@ pub fn cost(cost: Option<u64>) -> Result<u64, InvalidArgument> {
         ));
     }
     Ok(cost)
-}
-
-/// One validated question: may `key` spend `cost` under `algorithm` now?
-#[derive(Debug, Clone, PartialEq)]
-pub struct LimitRequest {
-    /// Who is limited.
-    pub key: CallerKey,
-    /// Under which limit.
-    pub algorithm: Algorithm,
-    /// Units to spend (0 looks without spending).
-    pub cost: u64,
-    /// Decided and reported, but never the reason a group of limits is
-    /// denied (Envoy's shadow mode). Always `false` for `CheckLimit`.
-    pub shadow: bool,
 }
 
 /// What to answer when the store cannot decide in time.

@@ -12,8 +12,9 @@
 
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::{self, Spend, registry};
-use crate::limit::{self, Algorithm, InvalidArgument, Micros};
+use crate::limit::{self, InvalidArgument, Micros};
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;
 use crate::pb::ratelimitd::v1::simulated_traffic::Shape as PbShape;

@@ -8,10 +8,101 @@
 //! Cheapest of the algorithms (one small key) but it admits up to twice the
 //! limit across a window boundary.
 
-use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
+use std::time::Duration;
+
+use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
 use super::{Spend, redis_expiry_at};
-use crate::limit::{Decision, FixedWindow, FixedWindowMode, Micros, RetryAfter};
+use crate::limit::{Decision, InvalidArgument, MAX_QUANTITY, Micros, RetryAfter, Window, quantity};
 use crate::store::MemoryChange;
+
+/// At most `limit` units per window.
+///
+/// Each parameter is checked once, when the value is made; the error names
+/// the field and the rule.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use ratelimitd::algorithm::{FixedWindow, FixedWindowMode};
+///
+/// let per_minute = FixedWindow::new(100, Duration::from_secs(60)).unwrap();
+/// assert_eq!(per_minute.limit(), 100);
+/// assert_eq!(per_minute.window().as_millis(), 60_000);
+/// assert_eq!(per_minute.mode(), FixedWindowMode::Anchored);
+///
+/// let refused = FixedWindow::new(0, Duration::from_secs(60)).unwrap_err();
+/// assert_eq!(refused.to_string(), "limit: must be at least 1");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    window: Window,
+    mode: FixedWindowMode,
+}
+
+/// Where a fixed window starts, and how its count is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixedWindowMode {
+    /// The window starts at the key's first spending request
+    /// (`CheckLimit`).
+    Anchored,
+    /// Windows are the multiples of the window's length since the Unix
+    /// epoch, as envoyproxy/ratelimit counts them; the key keeps the number
+    /// of the window it counts.
+    Aligned,
+    /// Aligned, and kept as envoyproxy/ratelimit keeps it: a plain counter
+    /// in a key that its caller names with the window's start, living one
+    /// window from its last count (`--envoy-key-layout upstream`).
+    AlignedByName,
+}
+
+impl FixedWindow {
+    /// A window anchored at the key's first spending request.
+    pub fn new(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            limit: quantity("limit", limit, MAX_QUANTITY)?,
+            window: Window::new(window)?,
+            mode: FixedWindowMode::Anchored,
+        })
+    }
+
+    /// A window aligned to multiples of its length since the Unix epoch.
+    pub fn aligned(limit: u64, window: Duration) -> Result<Self, InvalidArgument> {
+        Ok(Self {
+            mode: FixedWindowMode::Aligned,
+            ..Self::new(limit, window)?
+        })
+    }
+
+    /// The same limit, aligned, counted in a plain counter that the caller
+    /// names with each window's start, as envoyproxy/ratelimit counts.
+    pub fn aligned_by_name(self) -> Self {
+        Self {
+            mode: FixedWindowMode::AlignedByName,
+            ..self
+        }
+    }
+
+    /// Units per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window's length.
+    pub fn window(&self) -> Window {
+        self.window
+    }
+
+    /// Where the window starts, and how the count is kept.
+    pub fn mode(&self) -> FixedWindowMode {
+        self.mode
+    }
+
+    /// Windows aligned to multiples of their length since the Unix epoch.
+    pub fn is_aligned(&self) -> bool {
+        self.mode != FixedWindowMode::Anchored
+    }
+}
 
 /// The in-memory state of one key, as the script keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +118,21 @@ pub struct State {
 }
 
 impl State {
-    pub(super) fn snapshot(&self) -> super::Snapshot {
-        super::Snapshot::FixedWindow {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
             window: self.window,
             used: self.used,
         }
     }
+}
+
+/// A key's count as plain values, the same in both twins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// An aligned window's number (`None`: anchored, or by name).
+    pub window: Option<u64>,
+    /// Units counted.
+    pub used: u64,
 }
 
 /// What a decision finds of a key's counter at an instant.
@@ -172,7 +272,26 @@ pub fn decide(
 
 /// What the lists made from the registry need of its parameters.
 impl Parameters for FixedWindow {
-    const KIND: Kind = Kind::FixedWindow;
+    type State = State;
+    /// `limit` per `per`, the window starting as `start` says.
+    fn from_rate(rate: Rate, start: WindowStart) -> Result<Self, InvalidArgument> {
+        match start {
+            WindowStart::FirstRequest => Self::new(rate.limit, rate.per),
+            WindowStart::Epoch => Self::aligned(rate.limit, rate.per),
+        }
+    }
+    fn limit(&self) -> u64 {
+        self.limit()
+    }
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+        spend: Spend,
+    ) -> (Decision, MemoryChange) {
+        decide(self, state, now, cost, spend)
+    }
     fn script_values(&self) -> [ScriptValue; 3] {
         let mode = match self.mode() {
             FixedWindowMode::Anchored => 0,

@@ -3,10 +3,68 @@
 //! O(1) memory. The Lua side is `gcra.lua`; this file holds its in-memory
 //! twin, which does the same integer steps.
 
-use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
-use super::written_for;
-use crate::limit::{Decision, Gcra, Micros, RetryAfter};
+use std::time::Duration;
+
+use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
+use super::{Spend, written_for};
+use crate::limit::{
+    Decision, InvalidArgument, MAX_QUANTITY, MAX_WINDOW, Micros, RetryAfter, Window, quantity,
+};
 use crate::store::MemoryChange;
+
+/// GCRA (the generic cell rate algorithm): `rate` requests per `period`
+/// sustained, one every `interval` microseconds, and up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    burst: u64,
+    /// The period divided by the rate, rounded up to a whole microsecond,
+    /// so the sustained rate is never above the one asked for.
+    interval: Micros,
+}
+
+impl Gcra {
+    /// `rate` requests per `period` sustained, up to `burst` at once.
+    pub fn new(rate: u64, period: Duration, burst: u64) -> Result<Self, InvalidArgument> {
+        let rate = quantity("rate", rate, MAX_QUANTITY)?;
+        let period = Window::new(period).map_err(|err| InvalidArgument::new("period", err.rule))?;
+        let burst = quantity("burst", burst, MAX_QUANTITY)?;
+        let period_us = period.as_micros().as_micros();
+        if rate > period_us {
+            return Err(InvalidArgument::new(
+                "rate",
+                format!("must be at most one per microsecond of period ({period_us})"),
+            ));
+        }
+        let interval = period_us.div_ceil(rate);
+        // The key lives until a full burst is earned back; bound that like a
+        // window (this also keeps every instant below 2^53, exact in Lua).
+        let tolerance = u128::from(burst) * u128::from(interval);
+        if tolerance > MAX_WINDOW.as_micros() {
+            return Err(InvalidArgument::new(
+                "burst",
+                format!(
+                    "is too large for the rate: earning back {burst} requests would take \
+                     {} s, more than the maximum of 366 days",
+                    tolerance / 1_000_000
+                ),
+            ));
+        }
+        Ok(Self {
+            burst,
+            interval: Micros::from_micros(interval),
+        })
+    }
+
+    /// Requests that may pass at once.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The time between requests at the sustained rate: at least 1 µs.
+    pub fn interval(&self) -> Micros {
+        self.interval
+    }
+}
 
 /// The in-memory state of one key: its theoretical arrival time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,9 +73,16 @@ pub struct State {
 }
 
 impl State {
-    pub(super) fn snapshot(&self) -> super::Snapshot {
-        super::Snapshot::Gcra { tat: self.tat }
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot { tat: self.tat }
     }
+}
+
+/// A key's theoretical arrival time, the same in both twins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The theoretical arrival time.
+    pub tat: Micros,
 }
 
 /// The in-memory twin of `gcra.lua`. A missing state is an idle key. With
@@ -57,7 +122,23 @@ pub fn decide(
 
 /// What the lists made from the registry need of its parameters.
 impl Parameters for Gcra {
-    const KIND: Kind = Kind::Gcra;
+    type State = State;
+    /// `limit` per `per` sustained, `burst` (default `limit`) at once.
+    fn from_rate(rate: Rate, _start: WindowStart) -> Result<Self, InvalidArgument> {
+        Self::new(rate.limit, rate.per, rate.burst.unwrap_or(rate.limit))
+    }
+    fn limit(&self) -> u64 {
+        self.burst()
+    }
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+        spend: Spend,
+    ) -> (Decision, MemoryChange) {
+        decide(self, state, now, cost, spend != Spend::Dry)
+    }
     fn script_values(&self) -> [ScriptValue; 3] {
         [
             ScriptValue::Whole(self.burst()),

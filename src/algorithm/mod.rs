@@ -1,19 +1,33 @@
-//! The rate-limit algorithms, one Lua file and one Rust file each: the Lua
-//! function decides on Redis, the Rust function is its in-memory twin with
-//! the same semantics (tests/suite/twins.rs proves them equal). This module is the
-//! twin of `decide.lua`'s driver for the embedded store; the script itself,
-//! and how a call becomes its arguments, is `limiter::script`. Nothing here
-//! knows Redis. [`registry`] names the algorithms and builds each from the
-//! parameters the faces state.
+//! The rate-limit algorithms, one Lua file and one Rust file each: the Rust
+//! file holds its parameters, and the Lua function decides on Redis while
+//! the Rust function is its in-memory twin with the same semantics
+//! (tests/suite/twins.rs proves them equal). This module is the twin of
+//! `decide.lua`'s driver for the embedded store; the script itself, and how
+//! a call becomes its arguments, is `limiter::script`. Nothing here knows
+//! Redis. [`registry`] is the one list of the algorithms: from it come
+//! [`Algorithm`], [`State`] and [`Snapshot`], and it builds each algorithm
+//! from the parameters the faces state.
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod parameters;
 pub mod registry;
+mod request;
 pub mod sliding_window;
 pub mod sliding_window_counter;
 pub mod token_bucket;
+mod variants;
 
-use crate::limit::{Algorithm, Decision, FixedWindowMode, Micros};
+// Each algorithm's parameters type, by its short path.
+pub use fixed_window::{FixedWindow, FixedWindowMode};
+pub use gcra::Gcra;
+pub use registry::{Algorithm, Snapshot, State};
+pub use request::LimitRequest;
+pub use sliding_window::SlidingWindow;
+pub use sliding_window_counter::SlidingWindowCounter;
+pub use token_bucket::TokenBucket;
+
+use crate::limit::{Decision, Micros};
 use crate::store::MemoryChange;
 
 /// What one decision may write.
@@ -35,75 +49,6 @@ pub enum Spend {
 /// does, in both twins.
 pub fn counts_denied_hits(algorithm: &Algorithm) -> bool {
     algorithm.kind().entry().counts_denied_hits
-}
-
-/// The in-memory state of one key, whichever algorithm owns it. A key's name
-/// includes its algorithm, so one key never holds two kinds of state.
-#[derive(Debug, Clone, PartialEq)]
-pub enum State {
-    /// A fixed window's count.
-    FixedWindow(fixed_window::State),
-    /// A sliding log's entries.
-    SlidingWindow(sliding_window::State),
-    /// A token bucket's tokens.
-    TokenBucket(token_bucket::State),
-    /// A GCRA key's theoretical arrival time.
-    Gcra(gcra::State),
-    /// A sliding window counter's two counts.
-    SlidingWindowCounter(sliding_window_counter::State),
-}
-
-impl State {
-    /// What the state holds, in the terms both twins keep it: for comparing
-    /// the embedded store with Redis (tests/suite/twins.rs) and for inspection.
-    pub fn snapshot(&self) -> Snapshot {
-        match self {
-            Self::FixedWindow(state) => state.snapshot(),
-            Self::SlidingWindow(state) => state.snapshot(),
-            Self::TokenBucket(state) => state.snapshot(),
-            Self::Gcra(state) => state.snapshot(),
-            Self::SlidingWindowCounter(state) => state.snapshot(),
-        }
-    }
-}
-
-/// A key's state as plain values, the same whichever twin holds it (each
-/// algorithm's Lua file says how Redis stores these).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Snapshot {
-    /// A fixed window's count.
-    FixedWindow {
-        /// An aligned window's number (`None`: anchored, or by name).
-        window: Option<u64>,
-        /// Units counted.
-        used: u64,
-    },
-    /// A sliding log.
-    SlidingWindow {
-        /// The log's entries, oldest first: (stamp, units).
-        entries: Vec<(Micros, u64)>,
-    },
-    /// A token bucket.
-    TokenBucket {
-        /// Tokens (fractional) as of `stamp`.
-        tokens: f64,
-        /// When `tokens` was true.
-        stamp: Micros,
-    },
-    /// A GCRA key.
-    Gcra {
-        /// The theoretical arrival time.
-        tat: Micros,
-    },
-    /// A sliding window counter.
-    SlidingWindowCounter {
-        /// The window `current` counts.
-        index: u64,
-        /// Units counted in it.
-        current: u64,
-        /// Units counted in the window before.
-        previous: u64,
-    },
 }
 
 /// When Redis drops a key given `PEXPIRE key ttl_ms` (or `SET ... PX`) at
@@ -156,28 +101,7 @@ pub fn decide_in_memory(
 ) -> (Decision, MemoryChange) {
     // Only the fixed window counts denied hits (`counts_denied_hits`): the
     // others take `Spend::Always` as `Spend::IfAllowed`.
-    let spends = spend != Spend::Dry;
-    // Each arm lends the algorithm its own variant and puts it back after.
-    macro_rules! with_variant {
-        ($variant:ident, $module:ident, $params:expr, $spend:expr) => {{
-            let mut own = match state.take() {
-                Some(State::$variant(s)) => Some(s),
-                _ => None,
-            };
-            let outcome = $module::decide($params, &mut own, now, cost, $spend);
-            *state = own.map(State::$variant);
-            outcome
-        }};
-    }
-    match algorithm {
-        Algorithm::FixedWindow(p) => with_variant!(FixedWindow, fixed_window, p, spend),
-        Algorithm::SlidingWindow(p) => with_variant!(SlidingWindow, sliding_window, p, spends),
-        Algorithm::TokenBucket(p) => with_variant!(TokenBucket, token_bucket, p, spends),
-        Algorithm::Gcra(p) => with_variant!(Gcra, gcra, p, spends),
-        Algorithm::SlidingWindowCounter(p) => {
-            with_variant!(SlidingWindowCounter, sliding_window_counter, p, spends)
-        }
-    }
+    algorithm.decide_on(state, now, cost, spend)
 }
 
 /// The twin of `decide.lua`'s driver in `decide` mode: decides

@@ -2,36 +2,45 @@
 //! its tag, its Lua source, which parameters it takes, and how a face's
 //! limit (so many units per period, maybe a burst) becomes its validated
 //! parameters. Every face, the policies file and the load generator build
-//! their algorithms here, and every list of the algorithms elsewhere (the
-//! script's dispatch, the metrics, the benchmarks) is made from
-//! [`ENTRIES`]. How each is stated in protobuf is the gRPC layer's
-//! (`pb::algorithm`).
+//! their algorithms here. Its one list of them makes [`Kind`], [`ENTRIES`],
+//! [`Algorithm`], the per-key state and every match over them (see
+//! `variants.rs`), and every list of the algorithms elsewhere (the script's
+//! dispatch, the metrics, the benchmarks) is made from [`ENTRIES`]. How
+//! each is stated in protobuf is the gRPC layer's (`pb::algorithm`).
 
-use std::time::Duration;
+pub use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
 
-use crate::limit::{
-    Algorithm, FixedWindow, Gcra, InvalidArgument, Micros, SlidingWindow, SlidingWindowCounter,
-    TokenBucket, Window,
-};
+use super::Spend;
+use super::variants::algorithms;
+use crate::limit::{Decision, InvalidArgument, Micros};
+use crate::store::MemoryChange;
 
-/// The algorithms, without their parameters, in [`ENTRIES`]' order. On the
-/// command line (the load generator's `--algorithm`) they are written
-/// `fixed-window`, `token-bucket` and so on; in files and protobuf, by
-/// [`Kind::name`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
+// Every algorithm, in the order error messages list them. The tags are
+// storage-key tags too: a deployment's counters live under them, so an
+// existing tag never changes. (`$` first: see `algorithms!`.)
+algorithms! {$
     /// At most the limit per window.
-    FixedWindow,
+    FixedWindow(fixed_window::FixedWindow) {
+        name: "fixed_window", tag: "fw", takes_burst: false, counts_denied_hits: true,
+    }
     /// At most the limit within any span of the window (a log of spends).
-    SlidingWindow,
+    SlidingWindow(sliding_window::SlidingWindow) {
+        name: "sliding_window", tag: "sl", takes_burst: false, counts_denied_hits: false,
+    }
     /// A bucket of the burst (default: the limit), refilled at the limit
     /// per period.
-    TokenBucket,
+    TokenBucket(token_bucket::TokenBucket) {
+        name: "token_bucket", tag: "tb", takes_burst: true, counts_denied_hits: false,
+    }
     /// The limit per period sustained, up to the burst (default: the limit)
     /// at once.
-    Gcra,
+    Gcra(gcra::Gcra) {
+        name: "gcra", tag: "gc", takes_burst: true, counts_denied_hits: false,
+    }
     /// About the limit per sliding window, from two aligned counts.
-    SlidingWindowCounter,
+    SlidingWindowCounter(sliding_window_counter::SlidingWindowCounter) {
+        name: "sliding_window_counter", tag: "sc", takes_burst: false, counts_denied_hits: false,
+    }
 }
 
 /// One algorithm as the rest of the service knows it.
@@ -64,186 +73,10 @@ pub const REFUND_PART: &str = "\n-- Refund (refund.lua's part):\n";
 /// What every algorithm's Lua function relies on, defined before them.
 pub const SPEND_LUA: &str = include_str!("spend.lua");
 
-/// Every algorithm, in the order error messages list them. The tags are
-/// storage-key tags too: a deployment's counters live under them, so an
-/// existing tag never changes.
-pub const ENTRIES: [Entry; 5] = [
-    Entry {
-        kind: Kind::FixedWindow,
-        name: "fixed_window",
-        tag: "fw",
-        lua: include_str!("fixed_window.lua"),
-        takes_burst: false,
-        counts_denied_hits: true,
-    },
-    Entry {
-        kind: Kind::SlidingWindow,
-        name: "sliding_window",
-        tag: "sl",
-        lua: include_str!("sliding_window.lua"),
-        takes_burst: false,
-        counts_denied_hits: false,
-    },
-    Entry {
-        kind: Kind::TokenBucket,
-        name: "token_bucket",
-        tag: "tb",
-        lua: include_str!("token_bucket.lua"),
-        takes_burst: true,
-        counts_denied_hits: false,
-    },
-    Entry {
-        kind: Kind::Gcra,
-        name: "gcra",
-        tag: "gc",
-        lua: include_str!("gcra.lua"),
-        takes_burst: true,
-        counts_denied_hits: false,
-    },
-    Entry {
-        kind: Kind::SlidingWindowCounter,
-        name: "sliding_window_counter",
-        tag: "sc",
-        lua: include_str!("sliding_window_counter.lua"),
-        takes_burst: false,
-        counts_denied_hits: false,
-    },
-];
-
-// Each entry sits at its kind's index, so `Kind::entry` is one lookup.
-const _: () = {
-    let mut i = 0;
-    while i < ENTRIES.len() {
-        assert!(ENTRIES[i].kind as usize == i, "ENTRIES out of Kind's order");
-        i += 1;
-    }
-};
-
-/// What each algorithm's module says of its parameters type, for the
-/// lists made from the registry: how the script is sent them, what marks a
-/// spend the script may have to give back, and what the admin API shows.
-/// [`with_parameters!`] reaches it from an [`Algorithm`].
-pub trait Parameters {
-    /// Which algorithm these are the parameters of.
-    const KIND: Kind;
-
-    /// Its three parameters as the script reads them after its tag (see
-    /// `decide.lua`).
-    fn script_values(&self) -> [ScriptValue; 3];
-
-    /// What the script replies as the mark of an allowed spend.
-    fn mark(&self) -> Mark;
-
-    /// Its parameters as the admin API shows them.
-    fn shown(&self) -> Shown;
-
-    /// How long its state matters (see [`Algorithm::span`]).
-    fn span(&self) -> Micros;
-}
-
-/// One parameter as a script call sends it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ScriptValue {
-    /// A whole number.
-    Whole(u64),
-    /// A rate, in its shortest exact decimal form (which Lua's `tonumber`
-    /// reads back to the same double).
-    Rate(f64),
-}
-
-/// What the script's mark of an allowed spend is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mark {
-    /// Nothing: the units are given back to the key as it is.
-    Unmarked,
-    /// The number of the window the units were counted in.
-    Window,
-    /// The stamp of the log entry the spend added.
-    Entry,
-}
-
-/// An algorithm's parameters as the admin API shows them: those it has.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Shown {
-    /// Its window.
-    pub window: Option<Window>,
-    /// A token bucket's refill rate.
-    pub refill_per_second: Option<f64>,
-    /// The time between requests at the sustained rate.
-    pub interval: Option<Micros>,
-}
-
-/// `$body` with `$p` bound to `$algorithm`'s parameters, whichever
-/// algorithm it is: the one list of [`Algorithm`]'s variants outside its
-/// definition, each of whose parameters is [`Parameters`].
-macro_rules! with_parameters {
-    ($algorithm:expr, $p:ident => $body:expr) => {
-        match $algorithm {
-            $crate::limit::Algorithm::FixedWindow($p) => $body,
-            $crate::limit::Algorithm::SlidingWindow($p) => $body,
-            $crate::limit::Algorithm::TokenBucket($p) => $body,
-            $crate::limit::Algorithm::Gcra($p) => $body,
-            $crate::limit::Algorithm::SlidingWindowCounter($p) => $body,
-        }
-    };
-}
-pub(crate) use with_parameters;
-
-/// The algorithm `_parameters` are of.
-fn kind_of<P: Parameters>(_parameters: &P) -> Kind {
-    P::KIND
-}
-
-/// Where a fixed window starts: the one parameter the faces choose apart,
-/// each on purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowStart {
-    /// At the key's first spending request: `CheckLimit`'s, for its own
-    /// parameters and its named policies alike.
-    FirstRequest,
-    /// At the multiples of the window since the Unix epoch (a minute starts
-    /// at :00), as envoyproxy/ratelimit counts: the Envoy face's.
-    Epoch,
-}
-
-/// A limit as the faces state it: `limit` units per `per`, and, for the
-/// algorithms that take one ([`Kind::takes_burst`]), a `burst`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rate {
-    /// Units per `per`; a token bucket's capacity unless `burst` says.
-    pub limit: u64,
-    /// The window or period.
-    pub per: Duration,
-    /// A token bucket's capacity, or GCRA's burst; `None`: the limit.
-    pub burst: Option<u64>,
-}
-
-impl Rate {
-    /// `limit` per `per`, without a burst.
-    pub fn new(limit: u64, per: Duration) -> Self {
-        Self {
-            limit,
-            per,
-            burst: None,
-        }
-    }
-}
-
 impl Kind {
     /// How many algorithms there are: the length of every per-algorithm
     /// array.
-    pub const COUNT: usize = ENTRIES.len();
-
-    /// Every algorithm, in the order error messages list them.
-    pub const ALL: [Self; Self::COUNT] = {
-        let mut all = [Self::FixedWindow; Self::COUNT];
-        let mut i = 0;
-        while i < Self::COUNT {
-            all[i] = ENTRIES[i].kind;
-            i += 1;
-        }
-        all
-    };
+    pub const COUNT: usize = Self::ALL.len();
 
     /// Its registry entry.
     pub const fn entry(self) -> &'static Entry {
@@ -285,7 +118,7 @@ impl Kind {
 
     /// Which algorithm `algorithm` is.
     pub fn of(algorithm: &Algorithm) -> Self {
-        with_parameters!(algorithm, p => kind_of(p))
+        algorithm.kind_of()
     }
 
     /// `rate` under this algorithm:
@@ -301,30 +134,10 @@ impl Kind {
     /// `refill_per_second`, `rate`, `period`, `burst`); each face maps
     /// those to its own fields.
     pub fn build(self, rate: Rate, start: WindowStart) -> Result<Algorithm, InvalidArgument> {
-        let Rate { limit, per, burst } = rate;
-        if burst.is_some() && !self.takes_burst() {
+        if rate.burst.is_some() && !self.takes_burst() {
             return Err(burst_refused(self.name()));
         }
-        let burst = burst.unwrap_or(limit);
-        match self {
-            Self::FixedWindow => match start {
-                WindowStart::FirstRequest => FixedWindow::new(limit, per),
-                WindowStart::Epoch => FixedWindow::aligned(limit, per),
-            }
-            .map(Algorithm::FixedWindow),
-            Self::SlidingWindow => SlidingWindow::new(limit, per).map(Algorithm::SlidingWindow),
-            Self::SlidingWindowCounter => {
-                SlidingWindowCounter::new(limit, per).map(Algorithm::SlidingWindowCounter)
-            }
-            Self::TokenBucket => {
-                if per.is_zero() {
-                    return Err(InvalidArgument::new("window", "must be positive"));
-                }
-                let refill_per_second = limit as f64 / per.as_secs_f64();
-                TokenBucket::new(burst, refill_per_second).map(Algorithm::TokenBucket)
-            }
-            Self::Gcra => Gcra::new(limit, per, burst).map(Algorithm::Gcra),
-        }
+        self.build_from(rate, start)
     }
 }
 
@@ -344,8 +157,7 @@ pub fn burst_refused(name: &str) -> InvalidArgument {
     )
 }
 
-/// Each algorithm's name and kind, here beside the names rather than with
-/// the parameters in [`crate::limit`].
+/// What every algorithm's parameters say, whichever algorithm it is.
 impl Algorithm {
     /// Which algorithm this is.
     pub fn kind(&self) -> Kind {
@@ -355,6 +167,11 @@ impl Algorithm {
     /// A short stable name, for logs and metrics: [`Kind::name`].
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// The limit or capacity in force.
+    pub fn limit(&self) -> u64 {
+        with_parameters!(self, p => p.limit())
     }
 
     /// How long its state matters: the window; a token bucket's time to
@@ -388,6 +205,8 @@ impl Kind {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     const SECOND: Duration = Duration::from_secs(1);
@@ -466,7 +285,7 @@ mod tests {
                 }
             }
         }
-        use crate::limit::FixedWindowMode::{Aligned, AlignedByName, Anchored};
+        use crate::algorithm::FixedWindowMode::{Aligned, AlignedByName, Anchored};
         assert_eq!(modes, [Anchored, Aligned, AlignedByName]);
         let gcra = Kind::Gcra
             .layouts(Rate {

@@ -6,10 +6,16 @@
 
 use std::collections::VecDeque;
 
-use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
-use super::written_for;
-use crate::limit::{Decision, Micros, RetryAfter, SlidingWindow};
+use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
+use super::{Spend, written_for};
+use crate::limit::{
+    Decision, InvalidArgument, LimitPerWindow, MAX_SLIDING_WINDOW_LIMIT, Micros, RetryAfter,
+};
 use crate::store::MemoryChange;
+
+/// At most `limit` units within any span of `window`: the sliding log,
+/// whose log holds one entry per unit spent (hence its lower bound).
+pub type SlidingWindow = LimitPerWindow<MAX_SLIDING_WINDOW_LIMIT>;
 
 /// The in-memory state of one key: the log, oldest first, as (stamp,
 /// running total of units after this entry). As in the script, running
@@ -29,7 +35,7 @@ pub struct State {
 }
 
 impl State {
-    pub(super) fn snapshot(&self) -> super::Snapshot {
+    pub(super) fn snapshot(&self) -> Snapshot {
         let mut before = self.base;
         let entries = self
             .entries
@@ -40,7 +46,7 @@ impl State {
                 (stamp, units)
             })
             .collect();
-        super::Snapshot::SlidingWindow { entries }
+        Snapshot { entries }
     }
 
     /// The bytes the log's buffer holds, used or not.
@@ -92,6 +98,13 @@ impl State {
             .partition_point(|&(_, total)| total - self.base < units);
         self.entries.get(at).map(|&(stamp, _)| stamp)
     }
+}
+
+/// A log as plain values, the same in both twins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The log's entries, oldest first: (stamp, units).
+    pub entries: Vec<(Micros, u64)>,
 }
 
 /// The in-memory twin of `sliding_window.lua`. With `spend` false it
@@ -152,7 +165,23 @@ pub fn decide(
 
 /// What the lists made from the registry need of its parameters.
 impl Parameters for SlidingWindow {
-    const KIND: Kind = Kind::SlidingWindow;
+    type State = State;
+    /// At most `limit` per `per`.
+    fn from_rate(rate: Rate, _start: WindowStart) -> Result<Self, InvalidArgument> {
+        Self::new(rate.limit, rate.per)
+    }
+    fn limit(&self) -> u64 {
+        self.limit()
+    }
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+        spend: Spend,
+    ) -> (Decision, MemoryChange) {
+        decide(self, state, now, cost, spend != Spend::Dry)
+    }
     fn script_values(&self) -> [ScriptValue; 3] {
         [
             ScriptValue::Whole(self.limit()),
@@ -180,6 +209,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::algorithm::SlidingWindowCounter;
 
     /// A time of `micros` microseconds.
     const fn us(micros: u64) -> Micros {
@@ -279,5 +309,16 @@ mod tests {
         assert_eq!(state.as_ref().map(|log| log.entries.len()), Some(1));
         let (d, _) = decide(&p, &mut state, us(10), 1, true);
         assert_eq!(d.retry_after(), RetryAfter::After(us(999_990)));
+    }
+
+    #[test]
+    fn the_sliding_log_is_bounded_lower_than_the_counter() {
+        let hour = Duration::from_secs(3600);
+        let above = MAX_SLIDING_WINDOW_LIMIT + 1;
+        assert_eq!(SlidingWindow::new(above, hour).unwrap_err().field, "limit");
+        assert_eq!(
+            SlidingWindowCounter::new(above, hour).unwrap().limit(),
+            above
+        );
     }
 }

@@ -6,10 +6,14 @@
 //! `sliding_window_counter.lua`; this file holds its in-memory twin, which
 //! does the same floating-point steps in the same order.
 
-use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
-use super::written_for;
-use crate::limit::{Decision, Micros, RetryAfter, SlidingWindowCounter};
+use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
+use super::{Spend, written_for};
+use crate::limit::{Decision, InvalidArgument, LimitPerWindow, MAX_QUANTITY, Micros, RetryAfter};
 use crate::store::MemoryChange;
+
+/// At most about `limit` units per `window`, estimated from two aligned
+/// fixed-window counts (the sliding window counter).
+pub type SlidingWindowCounter = LimitPerWindow<MAX_QUANTITY>;
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,13 +25,24 @@ pub struct State {
 }
 
 impl State {
-    pub(super) fn snapshot(&self) -> super::Snapshot {
-        super::Snapshot::SlidingWindowCounter {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
             index: self.index,
             current: self.current,
             previous: self.previous,
         }
     }
+}
+
+/// The two counts as plain values, the same in both twins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The window `current` counts.
+    pub index: u64,
+    /// Units counted in it.
+    pub current: u64,
+    /// Units counted in the window before.
+    pub previous: u64,
 }
 
 /// The previous window's share of `count` at `into` microseconds into the
@@ -123,7 +138,23 @@ pub fn decide(
 
 /// What the lists made from the registry need of its parameters.
 impl Parameters for SlidingWindowCounter {
-    const KIND: Kind = Kind::SlidingWindowCounter;
+    type State = State;
+    /// About `limit` per `per`.
+    fn from_rate(rate: Rate, _start: WindowStart) -> Result<Self, InvalidArgument> {
+        Self::new(rate.limit, rate.per)
+    }
+    fn limit(&self) -> u64 {
+        self.limit()
+    }
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+        spend: Spend,
+    ) -> (Decision, MemoryChange) {
+        decide(self, state, now, cost, spend != Spend::Dry)
+    }
     fn script_values(&self) -> [ScriptValue; 3] {
         [
             ScriptValue::Whole(self.limit()),

@@ -4,10 +4,74 @@
 //! this file holds its in-memory twin, which does the same floating-point
 //! steps in the same order, so both give the same answers.
 
-use super::registry::{Kind, Mark, Parameters, ScriptValue, Shown};
-use super::written_for;
-use crate::limit::{Decision, Micros, RetryAfter, TokenBucket};
+use super::parameters::{Mark, Parameters, Rate, ScriptValue, Shown, WindowStart};
+use super::{Spend, written_for};
+use crate::limit::{
+    Decision, InvalidArgument, MAX_QUANTITY, MAX_WINDOW, Micros, RetryAfter, quantity,
+};
 use crate::store::MemoryChange;
+
+/// A bucket of `capacity` tokens, starting full, refilled continuously.
+///
+/// ```
+/// use ratelimitd::algorithm::TokenBucket;
+///
+/// // Bursts of 10, 2 a second on average.
+/// let bucket = TokenBucket::new(10, 2.0).unwrap();
+/// assert_eq!(bucket.capacity(), 10);
+///
+/// let refused = TokenBucket::new(10, f64::NAN).unwrap_err();
+/// assert_eq!(refused.field, "refill_per_second");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    capacity: u64,
+    refill_per_second: f64,
+}
+
+impl TokenBucket {
+    /// `capacity` tokens refilled at `refill_per_second`.
+    pub fn new(capacity: u64, refill_per_second: f64) -> Result<Self, InvalidArgument> {
+        let capacity = quantity("capacity", capacity, MAX_QUANTITY)?;
+        if !refill_per_second.is_finite() {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                "must be a finite number",
+            ));
+        }
+        if refill_per_second <= 0.0 {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                format!("must be positive (got {refill_per_second})"),
+            ));
+        }
+        // The key lives until the bucket is full again; bound that like a window.
+        let seconds_to_fill = capacity as f64 / refill_per_second;
+        if seconds_to_fill > MAX_WINDOW.as_secs_f64() {
+            return Err(InvalidArgument::new(
+                "refill_per_second",
+                format!(
+                    "is too slow: refilling {capacity} tokens would take {seconds_to_fill:.0} s, \
+                     more than the maximum of 366 days"
+                ),
+            ));
+        }
+        Ok(Self {
+            capacity,
+            refill_per_second,
+        })
+    }
+
+    /// Tokens when full.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Tokens per second: finite and positive.
+    pub fn refill_per_second(&self) -> f64 {
+        self.refill_per_second
+    }
+}
 
 /// The in-memory state of one key.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,12 +81,21 @@ pub struct State {
 }
 
 impl State {
-    pub(super) fn snapshot(&self) -> super::Snapshot {
-        super::Snapshot::TokenBucket {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
             tokens: self.tokens,
             stamp: self.stamp,
         }
     }
+}
+
+/// A bucket as plain values, the same in both twins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Tokens (fractional) as of `stamp`.
+    pub tokens: f64,
+    /// When `tokens` was true.
+    pub stamp: Micros,
 }
 
 /// The in-memory twin of `token_bucket.lua`. A missing state is a full
@@ -78,7 +151,28 @@ pub fn decide(
 
 /// What the lists made from the registry need of its parameters.
 impl Parameters for TokenBucket {
-    const KIND: Kind = Kind::TokenBucket;
+    type State = State;
+    /// `burst` tokens (default `limit`), refilled at `limit / per`.
+    fn from_rate(rate: Rate, _start: WindowStart) -> Result<Self, InvalidArgument> {
+        let Rate { limit, per, burst } = rate;
+        if per.is_zero() {
+            return Err(InvalidArgument::new("window", "must be positive"));
+        }
+        let refill_per_second = limit as f64 / per.as_secs_f64();
+        Self::new(burst.unwrap_or(limit), refill_per_second)
+    }
+    fn limit(&self) -> u64 {
+        self.capacity()
+    }
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: Micros,
+        cost: u64,
+        spend: Spend,
+    ) -> (Decision, MemoryChange) {
+        decide(self, state, now, cost, spend != Spend::Dry)
+    }
     fn script_values(&self) -> [ScriptValue; 3] {
         [
             ScriptValue::Whole(self.capacity()),
@@ -148,5 +242,16 @@ mod tests {
         assert_eq!(d.retry_after(), RetryAfter::Never);
         assert_eq!(change, MemoryChange::None);
         assert!(state.is_none());
+    }
+
+    #[test]
+    fn token_bucket_refuses_rates_that_are_not_positive_finite_numbers() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let err = TokenBucket::new(10, rate).unwrap_err();
+            assert_eq!(err.field, "refill_per_second", "rate {rate}");
+        }
+        assert!(TokenBucket::new(10, 0.5).is_ok());
+        // 10 tokens at 1e-9/s would take centuries to refill.
+        assert!(TokenBucket::new(10, 1e-9).is_err());
     }
 }

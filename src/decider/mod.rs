@@ -57,7 +57,8 @@ impl Default for CheckBounds {
 /// use std::time::Duration;
 ///
 /// use ratelimitd::decider::{Answer, Decider, Question};
-/// use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, LimitRequest};
+/// use ratelimitd::algorithm::{Algorithm, FixedWindow, LimitRequest};
+/// use ratelimitd::limit::CallerKey;
 /// use ratelimitd::limiter::{Limiter, Store};
 /// use ratelimitd::store::{MemoryStore, SystemClock};
 ///

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::algorithm::LimitRequest;
 use crate::error::Error;
-use crate::limit::{CallerKey, FailurePolicy, InvalidArgument, LimitRequest};
+use crate::limit::{CallerKey, FailurePolicy, InvalidArgument};
 use crate::policy::Policy;
 use crate::rules::Rules;
 

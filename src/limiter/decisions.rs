@@ -13,9 +13,10 @@ use super::denial_cache::DenialCache;
 use super::keys::{Combination, Group, GroupDecisions, Groups, Route};
 use super::store::Store;
 use super::{failure, in_memory, on_redis};
+use crate::algorithm::LimitRequest;
 use crate::algorithm::State;
 use crate::error::StoreError;
-use crate::limit::{Decision, FailurePolicy, LimitRequest};
+use crate::limit::{Decision, FailurePolicy};
 use crate::metrics;
 use crate::store::{MemoryStore, RedisStore};
 
@@ -30,7 +31,8 @@ use crate::store::{MemoryStore, RedisStore};
 /// use std::sync::Arc;
 /// use std::time::Duration;
 ///
-/// use ratelimitd::limit::{Algorithm, CallerKey, LimitRequest, TokenBucket};
+/// use ratelimitd::algorithm::{Algorithm, LimitRequest, TokenBucket};
+/// use ratelimitd::limit::CallerKey;
 /// use ratelimitd::limiter::{Limiter, Store};
 /// use ratelimitd::store::{MemoryStore, SystemClock};
 ///

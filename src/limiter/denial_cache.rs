@@ -27,7 +27,8 @@ use std::time::Instant;
 use quick_cache::sync::Cache;
 use quick_cache::{DefaultHashBuilder, Lifecycle, Weighter};
 
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::algorithm::Algorithm;
+use crate::limit::{Decision, Micros, RetryAfter};
 use crate::stats::{self, Gauge, LocalCacheStats};
 
 /// Denials by storage key.
@@ -320,7 +321,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::{FixedWindow, TokenBucket};
+    use crate::algorithm::{FixedWindow, TokenBucket};
 
     fn fixed(limit: u64) -> Algorithm {
         Algorithm::FixedWindow(FixedWindow::new(limit, Duration::from_secs(10)).unwrap())

@@ -7,8 +7,9 @@ use tracing::debug;
 use super::in_memory;
 use super::keys::{Combination, GroupDecisions, Groups};
 use crate::algorithm::State;
+use crate::algorithm::{Algorithm, LimitRequest};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, FailurePolicy, LimitRequest, Micros, RetryAfter};
+use crate::limit::{Decision, FailurePolicy, Micros, RetryAfter};
 use crate::store::MemoryStore;
 
 /// The failure policy's answer while Redis cannot decide (`err`): the error

@@ -3,9 +3,9 @@
 //! the decision script, through `algorithm`'s drivers.
 
 use super::keys::{Combination, GroupDecisions, Groups};
+use crate::algorithm::LimitRequest;
 use crate::algorithm::{self, State};
 use crate::error::StoreError;
-use crate::limit::LimitRequest;
 use crate::store::MemoryStore;
 use crate::store::memory::HeapSize;
 

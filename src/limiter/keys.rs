@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use redis::cluster_routing::Slot;
 
 use crate::algorithm;
+use crate::algorithm::{Algorithm, LimitRequest};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, CallerKey, Decision, KeyOrigin, LimitRequest};
+use crate::limit::{CallerKey, Decision, KeyOrigin};
 
 /// Up to this many requests per call, groups are found by a scan.
 const SCAN_GROUPS_UP_TO: usize = 16;
@@ -281,7 +282,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::{FixedWindow, SlidingWindow};
+    use crate::algorithm::{FixedWindow, SlidingWindow};
 
     fn caller(key: &str) -> CallerKey {
         CallerKey::new(key.into()).unwrap()

@@ -5,8 +5,9 @@
 
 use super::keys::{Combination, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
+use crate::algorithm::LimitRequest;
 use crate::error::StoreError;
-use crate::limit::{Decision, LimitRequest};
+use crate::limit::Decision;
 use crate::store::RedisStore;
 use futures::future::join_all;
 use redis::Value;

@@ -7,8 +7,8 @@
 use super::decisions::Limiter;
 use super::keys::storage_key;
 use super::store::Store;
+use crate::algorithm::LimitRequest;
 use crate::error::StoreError;
-use crate::limit::LimitRequest;
 
 /// One storage key a reset deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,9 +9,10 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::registry::{Mark, Parameters, ScriptValue, with_parameters};
 use crate::error::StoreError;
-use crate::limit::{Algorithm, Decision, Micros, RetryAfter};
+use crate::limit::{Decision, Micros, RetryAfter};
 pub use crate::store::BatchScripts;
 use crate::store::{Batchable, CLOCK_LUA, script_values};
 
@@ -349,7 +350,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::limit::FixedWindow;
+    use crate::algorithm::FixedWindow;
 
     fn fixed() -> Algorithm {
         Algorithm::FixedWindow(FixedWindow::new(3, Duration::from_secs(1)).expect("valid"))

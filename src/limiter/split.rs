@@ -24,8 +24,9 @@ use super::decisions::Limiter;
 use super::failure;
 use super::keys::{Combination, GroupDecisions, Groups, Route};
 use super::on_redis::{self, Answers, Scripts};
+use crate::algorithm::LimitRequest;
 use crate::error::StoreError;
-use crate::limit::{Decision, FailurePolicy, LimitRequest};
+use crate::limit::{Decision, FailurePolicy};
 use crate::store::RedisStore;
 
 /// The requests one store decides, grouped on their own.

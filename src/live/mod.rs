@@ -24,7 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use self::sketch::SpaceSaving;
-use crate::limit::{Decision, FailurePolicy, LimitRequest};
+use crate::algorithm::LimitRequest;
+use crate::limit::{Decision, FailurePolicy};
 
 /// Seconds of history kept.
 pub(crate) const HISTORY_SECONDS: usize = 300;

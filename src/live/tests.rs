@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::limit::{Algorithm, CallerKey, FixedWindow, Gcra, Micros, RetryAfter};
+use crate::algorithm::{Algorithm, FixedWindow, Gcra};
+use crate::limit::{CallerKey, Micros, RetryAfter};
 
 fn request(key: &str, algorithm: Algorithm) -> LimitRequest {
     LimitRequest {

@@ -10,7 +10,8 @@ use super::ratelimitd::v1 as pb;
 use super::ratelimitd::v1::check_limit_request::Algorithm as OneLimit;
 use super::ratelimitd::v1::limit::Algorithm as OfSeveral;
 use crate::algorithm::registry::{Kind, Rate, WindowStart};
-use crate::limit::{Algorithm, InvalidArgument, TokenBucket};
+use crate::algorithm::{Algorithm, TokenBucket};
+use crate::limit::InvalidArgument;
 
 /// One algorithm's protobuf message.
 trait Message: Sized {

@@ -124,7 +124,7 @@ fn policy_limit(spec: &PolicyLimitSpec) -> Result<PolicyLimit, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limit::Algorithm;
+    use crate::algorithm::Algorithm;
 
     fn compile_text(text: &str) -> Result<Vec<(Policy, u64)>, ConfigError> {
         let spec: PoliciesSpec = serde_saphyr::from_str(text).expect("a policies map");

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::registry::{self, Kind, Rate, WindowStart};
-use crate::limit::{Algorithm, CallerKey, InvalidArgument, LimitRequest};
+use crate::algorithm::{Algorithm, LimitRequest};
+use crate::limit::{CallerKey, InvalidArgument};
 
 /// Every policy, by name.
 pub(crate) type Policies = HashMap<String, Arc<Policy>>;

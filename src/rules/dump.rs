@@ -9,7 +9,7 @@
 
 use super::rule::Limit;
 use super::{Rule, Rules};
-use crate::limit::Algorithm;
+use crate::algorithm::Algorithm;
 
 impl Rules {
     /// Every limit of every domain, a line each, sorted.

@@ -8,8 +8,9 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::registry::{Kind, Rate, WindowStart};
-use crate::limit::{Algorithm, InvalidArgument};
+use crate::limit::InvalidArgument;
 use crate::spec::Unit;
 use crate::stats::{self, RuleStats};
 

@@ -23,7 +23,7 @@ use common::{
     RedisServer, ServerProcess, allowed_of_concurrent_calls, check, every_algorithm,
     every_model_algorithm, fixed_window,
 };
-use ratelimitd::limit::Algorithm;
+use ratelimitd::algorithm::Algorithm;
 use ratelimitd::limiter::script::{self, BatchScripts, Mode, ScriptLimit};
 use ratelimitd::store::Batchable;
 use redis::Value;

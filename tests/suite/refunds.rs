@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use crate::common::RedisServer;
+use ratelimitd::algorithm::Algorithm;
 use ratelimitd::algorithm::registry::{Kind, Rate};
-use ratelimitd::limit::{Algorithm, CallerKey, Decision};
+use ratelimitd::limit::{CallerKey, Decision};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use ratelimitd::limiter::storage_key;
 use redis::aio::MultiplexedConnection;

@@ -9,7 +9,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::{RedisServer, TestServer, check, duration, sliding_window};
-use ratelimitd::limit::{Algorithm, Micros, SlidingWindow};
+use ratelimitd::algorithm::{Algorithm, SlidingWindow};
+use ratelimitd::limit::Micros;
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use redis::aio::MultiplexedConnection;
 

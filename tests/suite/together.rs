@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::{RedisServer, every_model_algorithm};
 use futures::future::join_all;
-use ratelimitd::limit::{Algorithm, CallerKey, FixedWindow, LimitRequest};
+use ratelimitd::algorithm::{Algorithm, FixedWindow, LimitRequest};
+use ratelimitd::limit::CallerKey;
 use ratelimitd::limiter::{Limiter, Store};
 use ratelimitd::store::{MemoryStore, RedisSettings, RedisStore, SystemClock, Topology};
 

@@ -2,9 +2,9 @@
 //! its Rust twin in the embedded store give identical decisions (allowed,
 //! remaining, reset_after, retry_after) and keep identical state (values
 //! and expiry) after every step of random sequences of (time, cost,
-//! parameters), for all five algorithms (the fixed window anchored,
-//! aligned, and aligned by name), alone and several per call, in every
-//! script mode.
+//! parameters), for every registered algorithm in each of its layouts
+//! (the fixed window anchored, aligned, and aligned by name), alone and
+//! several per call, in every script mode.
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
@@ -26,11 +26,13 @@ use std::time::Duration;
 
 use common::RedisServer;
 use common::draws::{self, Draws, Tape, tapes};
-use ratelimitd::algorithm::{self, Snapshot, Spend, State, redis_expiry_at};
-use ratelimitd::limit::{
-    Algorithm, CallerKey, Decision, FixedWindow, FixedWindowMode, Gcra, LimitRequest, Micros,
-    SlidingWindow, SlidingWindowCounter, TokenBucket,
+use ratelimitd::algorithm::registry::{Kind, Rate};
+use ratelimitd::algorithm::{
+    self, Snapshot, Spend, State, fixed_window, gcra, redis_expiry_at, sliding_window,
+    sliding_window_counter, token_bucket,
 };
+use ratelimitd::algorithm::{Algorithm, FixedWindowMode, LimitRequest};
+use ratelimitd::limit::{CallerKey, Decision, Micros};
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{ManualClock, MemoryStore};
@@ -56,47 +58,59 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
 /// own schedule counts plain microseconds.
 const START: u64 = 1_764_806_400_000_000;
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    FixedWindow,
-    AlignedFixedWindow,
-    /// Aligned, named by its window as envoyproxy/ratelimit names it.
-    FixedWindowByName,
-    SlidingWindow,
-    TokenBucket,
-    Gcra,
-    SlidingWindowCounter,
+/// Every way an algorithm keeps its state, as (algorithm, layout): the
+/// registry's algorithms, each in every layout [`Kind::layouts`] gives it.
+fn every_layout() -> Vec<(Kind, usize)> {
+    let sample = Rate::new(1, Duration::from_secs(1));
+    Kind::ALL
+        .into_iter()
+        .flat_map(|kind| {
+            let layouts = kind.layouts(sample).expect("valid parameters").len();
+            (0..layouts).map(move |layout| (kind, layout))
+        })
+        .collect()
 }
 
-const KINDS: [Kind; 7] = [
-    Kind::FixedWindow,
-    Kind::AlignedFixedWindow,
-    Kind::FixedWindowByName,
-    Kind::SlidingWindow,
-    Kind::TokenBucket,
-    Kind::Gcra,
-    Kind::SlidingWindowCounter,
-];
-
-fn random_algorithm(random: &mut Draws<'_>, kind: Kind) -> Algorithm {
+/// Random parameters for `kind`: a limit of 1 to 6 per window of 1 ms to
+/// 1 s; a token bucket of that capacity refilled at one of a few rates
+/// (slow, fractional, fast); GCRA's rate of 1 to 5 per window, bursts of
+/// the limit.
+fn random_rate(random: &mut Draws<'_>, kind: Kind) -> Rate {
     let limit = 1 + random.upto(5);
     let window = Duration::from_millis(random.pick(&[1, 2, 5, 10, 50, 1000]));
-    let made = match kind {
-        Kind::FixedWindow => FixedWindow::new(limit, window).map(Algorithm::FixedWindow),
-        Kind::AlignedFixedWindow => FixedWindow::aligned(limit, window).map(Algorithm::FixedWindow),
-        Kind::FixedWindowByName => FixedWindow::aligned(limit, window)
-            .map(|fixed| Algorithm::FixedWindow(fixed.aligned_by_name())),
-        Kind::SlidingWindow => SlidingWindow::new(limit, window).map(Algorithm::SlidingWindow),
+    match kind {
+        Kind::FixedWindow | Kind::SlidingWindow | Kind::SlidingWindowCounter => {
+            Rate::new(limit, window)
+        }
         Kind::TokenBucket => {
-            let rate = random.pick(&[0.5, 1.0, 1.0 / 3.0, 3.7, 100.0, 1000.0, 12_345.6]);
-            TokenBucket::new(limit, rate).map(Algorithm::TokenBucket)
+            // Refill rates of 0.5, 1, 1/3, 3.7, 100, 1000 and 12345.6 a
+            // second, each exactly the quotient of these.
+            let (units, per_ms) = random.pick(&[
+                (1, 2000),
+                (1, 1000),
+                (1, 3000),
+                (37, 10_000),
+                (100, 1000),
+                (1000, 1000),
+                (123_456, 10_000),
+            ]);
+            Rate {
+                limit: units,
+                per: Duration::from_millis(per_ms),
+                burst: Some(limit),
+            }
         }
-        Kind::Gcra => Gcra::new(1 + random.upto(4), window, limit).map(Algorithm::Gcra),
-        Kind::SlidingWindowCounter => {
-            SlidingWindowCounter::new(limit, window).map(Algorithm::SlidingWindowCounter)
-        }
-    };
-    made.expect("valid parameters")
+        Kind::Gcra => Rate {
+            limit: 1 + random.upto(4),
+            per: window,
+            burst: Some(limit),
+        },
+    }
+}
+
+fn random_algorithm(random: &mut Draws<'_>, (kind, layout): (Kind, usize)) -> Algorithm {
+    let rate = random_rate(random, kind);
+    kind.layouts(rate).expect("valid parameters")[layout]
 }
 
 /// A span that finds the edges: none, a few microseconds, around a
@@ -124,18 +138,6 @@ fn random_cost(random: &mut Draws<'_>, limit: u64) -> u64 {
         6 => limit,
         7 => limit + 1,
         _ => random.upto(limit + 1),
-    }
-}
-
-fn window_of(algorithm: &Algorithm) -> Micros {
-    match algorithm {
-        Algorithm::FixedWindow(p) => p.window().as_micros(),
-        Algorithm::SlidingWindow(p) => p.window().as_micros(),
-        Algorithm::SlidingWindowCounter(p) => p.window().as_micros(),
-        Algorithm::Gcra(p) => p.interval() * p.burst(),
-        Algorithm::TokenBucket(p) => {
-            Micros::from_micros((p.capacity() as f64 / p.refill_per_second() * 1e6) as u64)
-        }
     }
 }
 
@@ -297,10 +299,10 @@ impl Twins {
             Algorithm::FixedWindow(p) if p.mode() == FixedWindowMode::Aligned => {
                 let values = hash(&["w", "n"]).await;
                 values[0].as_ref()?;
-                Snapshot::FixedWindow {
+                Snapshot::FixedWindow(fixed_window::Snapshot {
                     window: Some(number(&values[0])),
                     used: number(&values[1]),
-                }
+                })
             }
             Algorithm::FixedWindow(_) => {
                 let used: Option<String> = redis::cmd("GET")
@@ -308,10 +310,10 @@ impl Twins {
                     .query_async(connection)
                     .await
                     .expect("GET");
-                Snapshot::FixedWindow {
+                Snapshot::FixedWindow(fixed_window::Snapshot {
                     window: None,
                     used: number(&Some(used?)),
-                }
+                })
             }
             Algorithm::SlidingWindow(p) => {
                 let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
@@ -336,15 +338,15 @@ impl Twins {
                 if entries.is_empty() {
                     return None;
                 }
-                Snapshot::SlidingWindow { entries }
+                Snapshot::SlidingWindow(sliding_window::Snapshot { entries })
             }
             Algorithm::TokenBucket(_) => {
                 let values = hash(&["t", "ts"]).await;
                 let tokens: f64 = values[0].as_deref()?.parse().expect("tokens");
-                Snapshot::TokenBucket {
+                Snapshot::TokenBucket(token_bucket::Snapshot {
                     tokens,
                     stamp: Micros::from_micros(number(&values[1])),
-                }
+                })
             }
             Algorithm::Gcra(_) => {
                 let tat: Option<String> = redis::cmd("GET")
@@ -352,18 +354,18 @@ impl Twins {
                     .query_async(connection)
                     .await
                     .expect("GET");
-                Snapshot::Gcra {
+                Snapshot::Gcra(gcra::Snapshot {
                     tat: Micros::from_micros(number(&Some(tat?))),
-                }
+                })
             }
             Algorithm::SlidingWindowCounter(_) => {
                 let values = hash(&["w", "c", "p"]).await;
                 values[0].as_ref()?;
-                Snapshot::SlidingWindowCounter {
+                Snapshot::SlidingWindowCounter(sliding_window_counter::Snapshot {
                     index: number(&values[0]),
                     current: number(&values[1]),
                     previous: number(&values[2]),
-                }
+                })
             }
         };
         let expiry_ms = expiry_ms.unwrap_or_else(|| panic!("{key} has no expiry"));
@@ -386,15 +388,16 @@ async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result
     redis.flush_all().await;
     let mut random = Draws::new(&tape.setup);
     let mut twins = Twins::new(redis).await;
+    let layouts = every_layout();
     let algorithms: Vec<Algorithm> = (0..limits)
         .map(|_| {
-            let kind = random.pick(&KINDS);
-            random_algorithm(&mut random, kind)
+            let layout = random.pick(&layouts);
+            random_algorithm(&mut random, layout)
         })
         .collect();
     let shortest = algorithms
         .iter()
-        .map(window_of)
+        .map(Algorithm::span)
         .min()
         .map_or(1000, Micros::as_micros);
     let mut history = Vec::new();

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 
 use crate::algorithm::{self, registry::Kind};
+use crate::algorithm::{Algorithm, LimitRequest};
 use crate::decider::{self, Limits, NamedLimit, Question};
 use crate::error::Error;
-use crate::limit::{self, Algorithm, CallerKey, FailurePolicy, InvalidArgument, LimitRequest};
+use crate::limit::{self, CallerKey, FailurePolicy, InvalidArgument};
 use crate::pb::algorithm::from_proto;
 use crate::pb::ratelimitd::v1 as pb;
 use crate::pb::ratelimitd::v1::check_limit_request::Algorithm as PbAlgorithm;

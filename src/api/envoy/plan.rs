@@ -9,7 +9,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::settings::{EnvoySettings, KeyLayout};
-use crate::limit::{self, Algorithm, CallerKey, Decision, InvalidArgument, LimitRequest, Micros};
+use crate::algorithm::{Algorithm, LimitRequest};
+use crate::limit::{self, CallerKey, Decision, InvalidArgument, Micros};
 use crate::limiter::Route;
 use crate::pb::convert;
 use crate::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -484,7 +485,7 @@ mod tests {
         };
         let by_name = |request: &LimitRequest| {
             matches!(request.algorithm, Algorithm::FixedWindow(w)
-                if w.mode() == crate::limit::FixedWindowMode::AlignedByName)
+                if w.mode() == crate::algorithm::FixedWindowMode::AlignedByName)
         };
         let mut request = request(&[("a", "1"), ("b", "2")]);
         let both = plan(&request, &upstream).unwrap();

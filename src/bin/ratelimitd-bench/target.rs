@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use ratelimitd::algorithm::Algorithm;
 use ratelimitd::algorithm::registry::WindowStart;
-use ratelimitd::limit::{Algorithm, CallerKey};
+use ratelimitd::limit::CallerKey;
 use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
 use ratelimitd::limiter::storage_key;
 use ratelimitd::pb::envoy::extensions::common::ratelimit::v3::{

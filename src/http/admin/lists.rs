@@ -7,9 +7,9 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::algorithm::Algorithm;
 use crate::algorithm::registry::{Parameters, with_parameters};
 use crate::config::effective::EffectiveFlag;
-use crate::limit::Algorithm;
 use crate::policy::{Policy, Scope};
 use crate::rules::quota::{QuotaLimit, QuotaPolicy, render_pattern};
 use crate::rules::{Limit, Rule, Rules};

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use ratelimitd::algorithm::registry::Kind;
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use ratelimitd::pb::ratelimitd::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::Channel;
@@ -88,8 +89,9 @@ pub(crate) async fn check(
 /// request in 1000 s; the sliding window counter's window is the longest
 /// allowed (366 days), because its windows are aligned to the epoch and a
 /// test that straddled two of them would see the previous one's count
-/// weighed down.
-pub(crate) fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; 5] {
+/// weighed down. One per registered algorithm, so a new one does not
+/// build until it is here too.
+pub(crate) fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm; Kind::COUNT] {
     [
         fixed_window(limit, Duration::from_secs(60)),
         sliding_window(limit, Duration::from_secs(60)),
@@ -101,7 +103,7 @@ pub(crate) fn every_algorithm(limit: u64) -> [pb::check_limit_request::Algorithm
 
 /// [`every_algorithm`] as the library's validated model, for tests that
 /// drive the limiter directly.
-pub(crate) fn every_model_algorithm(limit: u64) -> [ratelimitd::limit::Algorithm; 5] {
+pub(crate) fn every_model_algorithm(limit: u64) -> [ratelimitd::algorithm::Algorithm; Kind::COUNT] {
     every_algorithm(limit).map(|algorithm| {
         ratelimitd::api::check::limit_request(request("k", algorithm, None))
             .expect("valid parameters")
