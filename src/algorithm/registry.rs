@@ -106,9 +106,7 @@ impl Kind {
     /// Every name, comma-separated, `last` before the last one:
     /// `names(" or ")` is "fixed_window, …, gcra or sliding_window_counter".
     pub fn names(last: &str) -> String {
-        let names = Self::ALL.map(Self::name);
-        let (final_name, others) = names.split_last().unwrap_or((&"", &[]));
-        format!("{}{last}{final_name}", others.join(", "))
+        listed(&Self::ALL.map(Self::name), last)
     }
 
     /// Whether a burst apart from the limit means anything to it.
@@ -152,9 +150,18 @@ pub fn burst_refused(name: &str) -> InvalidArgument {
         "burst",
         format!(
             "applies to {} only (this limit is {name})",
-            bursting.join(" and ")
+            listed(&bursting, " and ")
         ),
     )
+}
+
+/// `names` comma-separated, `last` before the last one.
+fn listed(names: &[&str], last: &str) -> String {
+    match names.split_last() {
+        Some((final_name, [])) => (*final_name).to_owned(),
+        Some((final_name, others)) => format!("{}{last}{final_name}", others.join(", ")),
+        None => String::new(),
+    }
 }
 
 /// What every algorithm's parameters say, whichever algorithm it is.
@@ -210,6 +217,14 @@ mod tests {
     use super::*;
 
     const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn lists_read_as_a_sentence_at_any_length() {
+        assert_eq!(listed(&[], " and "), "");
+        assert_eq!(listed(&["gcra"], " and "), "gcra");
+        assert_eq!(listed(&["a", "b"], " and "), "a and b");
+        assert_eq!(listed(&["a", "b", "c"], " or "), "a, b or c");
+    }
 
     #[test]
     fn names_round_trip_and_list_in_order() {

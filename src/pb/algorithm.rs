@@ -50,52 +50,32 @@ fn seconds(duration: Option<&prost_types::Duration>) -> Option<u64> {
     Some(whole + u64::from(duration.nanos > 0))
 }
 
-impl Message for pb::FixedWindow {
-    const KIND: Kind = Kind::FixedWindow;
-    fn build(self) -> BuildResult {
-        windowed(Self::KIND, self.limit, self.window)
-    }
-    fn stated(rate: Rate) -> Self {
-        Self {
-            limit: rate.limit,
-            window: window_of(rate),
+/// The messages that state a limit per window and nothing else: alike but
+/// for the algorithm they name.
+macro_rules! windowed_message {
+    ($($message:ident => $kind:ident),* $(,)?) => {$(
+        impl Message for pb::$message {
+            const KIND: Kind = Kind::$kind;
+            fn build(self) -> BuildResult {
+                windowed(Self::KIND, self.limit, self.window)
+            }
+            fn stated(rate: Rate) -> Self {
+                Self {
+                    limit: rate.limit,
+                    window: window_of(rate),
+                }
+            }
+            fn window_seconds(&self) -> Option<u64> {
+                seconds(self.window.as_ref())
+            }
         }
-    }
-    fn window_seconds(&self) -> Option<u64> {
-        seconds(self.window.as_ref())
-    }
+    )*};
 }
 
-impl Message for pb::SlidingWindow {
-    const KIND: Kind = Kind::SlidingWindow;
-    fn build(self) -> BuildResult {
-        windowed(Self::KIND, self.limit, self.window)
-    }
-    fn stated(rate: Rate) -> Self {
-        Self {
-            limit: rate.limit,
-            window: window_of(rate),
-        }
-    }
-    fn window_seconds(&self) -> Option<u64> {
-        seconds(self.window.as_ref())
-    }
-}
-
-impl Message for pb::SlidingWindowCounter {
-    const KIND: Kind = Kind::SlidingWindowCounter;
-    fn build(self) -> BuildResult {
-        windowed(Self::KIND, self.limit, self.window)
-    }
-    fn stated(rate: Rate) -> Self {
-        Self {
-            limit: rate.limit,
-            window: window_of(rate),
-        }
-    }
-    fn window_seconds(&self) -> Option<u64> {
-        seconds(self.window.as_ref())
-    }
+windowed_message! {
+    FixedWindow => FixedWindow,
+    SlidingWindow => SlidingWindow,
+    SlidingWindowCounter => SlidingWindowCounter,
 }
 
 impl Message for pb::TokenBucket {
