@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Instant, SystemTime};
 
+use common::process::cargo_builds_here;
 use common::tools::{self, on_path};
 use serde_json::Value;
 
@@ -545,6 +546,7 @@ fn cargo_install_works_from_a_clean_clone() {
     let build_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("the target directory");
+    let _building = cargo_builds_here();
     let before = fingerprints(build_dir);
     let started = Instant::now();
     let install = output(

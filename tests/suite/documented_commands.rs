@@ -14,7 +14,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::markdown::{block_with, blocks, code, commands, markdown_files, section};
-use common::process::stdout_of_success;
+use common::process::{cargo_builds_here, stdout_of_success};
 use common::sandbox::{Background, Sandbox};
 use serde_json::Value;
 
@@ -75,8 +75,10 @@ fn the_readme_starts_the_service_and_answers_as_it_shows() {
     ));
     assert_eq!(start, ["cargo run"], "the README's first command");
     let sandbox = Sandbox::new();
+    let building = cargo_builds_here();
     let mut service = sandbox.start(&start[0]);
     sandbox.wait_for_port(50051, &mut service, BUILD_AND_START);
+    drop(building);
     sandbox.wait_for_port(8080, &mut service, PROMPT);
     let run = |command: &str| succeeded(command, &sandbox.run(command, PROMPT));
 
@@ -165,13 +167,15 @@ impl Session {
                 clients.push(command);
                 continue;
             };
+            let building = command.starts_with("cargo run").then(cargo_builds_here);
             let mut server = sandbox.start(&command);
-            let timeout = if command.starts_with("cargo run") {
+            let timeout = if building.is_some() {
                 BUILD_AND_START
             } else {
                 PROMPT
             };
             sandbox.wait_for_port(port, &mut server, timeout);
+            drop(building);
             servers.push(server);
         }
         Self {
@@ -268,12 +272,14 @@ fn two_instances_on_one_redis_share_one_counter_as_deployment_md_shows() {
     // A third without ports of its own stops, saying what to do, as the
     // section quotes it.
     let quoted = block_with(section, "text", "cannot listen");
+    let building = cargo_builds_here();
     let mut third = session
         .sandbox
         .start("cargo run -- --redis-url redis://127.0.0.1:6379 --listen 127.0.0.1:50053");
     let status = third
         .wait_for_exit(BUILD_AND_START)
         .expect("the third instance stops");
+    drop(building);
     assert!(!status.success(), "{status}: {}", third.log());
     assert!(
         third.log().contains(quoted.trim()),

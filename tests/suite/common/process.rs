@@ -5,6 +5,19 @@
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Held while a test has Cargo build in this checkout's target directory
+/// (a documented `cargo run`, until its service listens; `cargo install`
+/// from a clone, which shares the build directory and then forgets the
+/// units written during it): that forgetting would pull a concurrent
+/// build's units from under it. One test binary, so one lock serves.
+pub(crate) fn cargo_builds_here() -> MutexGuard<'static, ()> {
+    static CARGO_BUILDS: Mutex<()> = Mutex::new(());
+    // A test that failed while holding it left nothing half done that the
+    // next one could trip on: Cargo's own state is on disk.
+    CARGO_BUILDS.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A port on 127.0.0.1 that was free a moment ago.
 pub(crate) fn free_port() -> u16 {
