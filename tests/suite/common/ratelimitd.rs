@@ -104,9 +104,12 @@ impl Drop for TestServer {
     }
 }
 
-/// Does a test's command line name the HTTP listener?
-fn names_http_listener(flags: &[&str]) -> bool {
-    flags.iter().any(|flag| flag.starts_with("--http-listen"))
+/// Does a test's command line name the HTTP listener? Unless it does, the
+/// harness turns it off: its default port would be shared by every test.
+pub(crate) fn names_http_listener<Flag: AsRef<str>>(flags: &[Flag]) -> bool {
+    flags
+        .iter()
+        .any(|flag| flag.as_ref().starts_with("--http-listen"))
 }
 
 /// A server on `redis` that notices quickly when Redis fails (a 300 ms

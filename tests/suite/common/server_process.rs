@@ -14,6 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use super::grpc::{channel, health_status};
 use super::process::{ChildProcess, free_port, send_signal};
+use super::ratelimitd::names_http_listener;
 use super::wait::PATIENCE;
 
 /// How many times a start on ports chosen by [`free_port`] is tried.
@@ -249,11 +250,7 @@ impl ServerBuilder {
             command.args(["--http-listen", &http.to_string()]);
             return Some(http);
         }
-        if !self
-            .flags
-            .iter()
-            .any(|flag| flag.starts_with("--http-listen"))
-        {
+        if !names_http_listener(&self.flags) {
             command.arg("--http-listen=");
         }
         None
