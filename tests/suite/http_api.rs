@@ -278,7 +278,9 @@ async fn a_body_slower_than_the_read_deadline_gets_408_and_slow_headers_a_closed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_sends_a_whole_oversized_body_before_reading_gets_its_413() {
     let metrics = format!("127.0.0.1:{}", free_port());
-    let (server, _dir) = start(&["--metrics-listen", &metrics]).await;
+    // The linger's time bound is the read timeout: generous here, so a
+    // loaded machine's slow client is not cut off before it closes.
+    let (server, _dir) = start(&["--metrics-listen", &metrics, "--http-read-timeout", "60s"]).await;
     let port = server.http_port();
     let metrics_port: u16 = metrics
         .rsplit(':')
@@ -326,21 +328,34 @@ async fn a_client_that_sends_a_whole_oversized_body_before_reading_gets_its_413(
     );
 
     // Both lingering closes counted, with (nearly) all they threw away.
-    common::eventually("the lingering closes counted", || async {
+    common::wait::settle("the lingering closes counted", || async {
         let (_, series) = common::prometheus::scrape(metrics_port).await;
-        let closes: f64 = common::prometheus::matching(
-            &series,
-            "ratelimitd_http_lingering_closes_total",
-            &[("end", "closed")],
-        )
-        .sum();
+        let ends: Vec<(String, f64)> = ["closed", "byte_limit", "time_limit", "error"]
+            .into_iter()
+            .map(|end| {
+                let count = common::prometheus::matching(
+                    &series,
+                    "ratelimitd_http_lingering_closes_total",
+                    &[("end", end)],
+                )
+                .sum();
+                (end.to_owned(), count)
+            })
+            .collect();
         let discarded: f64 = common::prometheus::matching(
             &series,
             "ratelimitd_http_lingering_discarded_bytes_total",
             &[],
         )
         .sum();
-        closes == 2.0 && discarded > 2.0 * 7.0 * 1024.0 * 1024.0
+        let closed = ends.first().map_or(0.0, |(_, count)| *count);
+        if closed == 2.0 && discarded > 2.0 * 7.0 * 1024.0 * 1024.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "lingering closes by end {ends:?}, {discarded} bytes discarded"
+            ))
+        }
     })
     .await;
     server.terminate().await;
