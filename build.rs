@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_protos(
             &[
                 PathBuf::from("proto/ratelimitd/v1/ratelimit.proto"),
+                PathBuf::from("proto/ratelimitd/v1/lease.proto"),
                 PathBuf::from("proto/envoy/service/ratelimit/v3/rls.proto"),
                 PathBuf::from("proto/envoy/service/rate_limit_quota/v3/rlqs.proto"),
                 // The xDS configuration source is a client of these.
