@@ -79,11 +79,13 @@ import sys, tarfile, zipfile
 sdist = [n.split("/", 1)[1] for n in tarfile.open(sys.argv[1]).getnames() if "/" in n]
 wheel = zipfile.ZipFile(sys.argv[2]).namelist()
 problems = []
-for needed in ("proto/ratelimitd/v1/ratelimit.proto", "proto/google/rpc/status.proto", "generate_stubs.py"):
+for needed in ("proto/ratelimitd/v1/ratelimit.proto", "proto/ratelimitd/v1/lease.proto",
+               "proto/google/rpc/status.proto", "generate_stubs.py"):
     if needed not in sdist:
         problems.append(f"the sdist lacks {needed}")
 for needed in ("ratelimitd_client/asgi.py", "ratelimitd_client/_pb/ratelimit_pb2.py",
-               "ratelimitd_client/_pb/ratelimit_pb2_grpc.py", "ratelimitd_client/_pb/status_pb2.py",
+               "ratelimitd_client/_pb/ratelimit_pb2_grpc.py", "ratelimitd_client/_pb/lease_pb2.py",
+               "ratelimitd_client/_pb/lease_pb2_grpc.py", "ratelimitd_client/_pb/status_pb2.py",
                "ratelimitd_client/py.typed"):
     if needed not in wheel:
         problems.append(f"the wheel lacks {needed}")

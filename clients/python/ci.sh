@@ -38,7 +38,7 @@ echo "ci.sh: installing ratelimitd-client[test] (the build generates the stubs)"
 "${pip[@]}" install --constraint constraints.txt ".[test]"
 # The stubs are there, google.rpc.Status's packaged copy included (found,
 # not imported: googleapis-common-protos' copy, if installed, is loaded instead).
-"$venv/bin/python" -c 'import importlib.util, ratelimitd_client._pb.ratelimit_pb2_grpc
+"$venv/bin/python" -c 'import importlib.util, ratelimitd_client._pb.ratelimit_pb2_grpc, ratelimitd_client._pb.lease_pb2_grpc
 assert importlib.util.find_spec("ratelimitd_client._pb.status_pb2"), "status_pb2 is not packaged"'
 
 echo "ci.sh: running pytest"

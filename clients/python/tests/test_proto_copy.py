@@ -1,5 +1,6 @@
-"""The package's copy of the protos (clients/python/proto/, what the build
-generates the stubs from) is the repository's: run inside the checkout, this
+"""The package's copy of the protos (clients/python/proto/: CheckLimit's,
+the Leases stream's and google.rpc.Status, what the build generates the
+stubs from) is the repository's: run inside the checkout, this
 fails as soon as proto/ changes without the copy (`python generate_stubs.py
 --sync` refreshes it). Outside a checkout (an unpacked sdist) there is
 nothing to compare with. The algorithm table is the proto's too: its
@@ -12,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1]
 REPOSITORY_PROTO = PACKAGE.parents[1] / "proto"
-COPIED = ("ratelimitd/v1/ratelimit.proto", "google/rpc/status.proto")
+COPIED = ("ratelimitd/v1/ratelimit.proto", "ratelimitd/v1/lease.proto", "google/rpc/status.proto")
 
 
 @pytest.mark.parametrize("proto", COPIED)

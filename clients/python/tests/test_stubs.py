@@ -1,8 +1,9 @@
-"""The generated stubs as installed: google.rpc.Status (a CheckLimits item's
-error) is packaged, and gives way to googleapis-common-protos' copy (which
-grpcio-status and the Google Cloud libraries bring) when that is installed,
-in whichever order the two are imported: protobuf refuses to load two
-`google/rpc/status.proto`."""
+"""The generated stubs as installed: they are those of the package's copy of
+the protos (CheckLimit's and the Leases stream's), and google.rpc.Status (a
+CheckLimits item's error, a lease grant's) is packaged, and gives way to
+googleapis-common-protos' copy (which grpcio-status and the Google Cloud
+libraries bring) when that is installed, in whichever order the two are
+imported: protobuf refuses to load two `google/rpc/status.proto`."""
 
 import subprocess
 import sys
@@ -30,12 +31,17 @@ message Status {
 }
 """
 
-# Prints the module ratelimit_pb2 took google.rpc.Status from, after using it.
+# Prints the module ratelimit_pb2 and lease_pb2 took google.rpc.Status from,
+# after using it.
 USE_THE_STUBS = """
-from ratelimitd_client._pb import ratelimit_pb2
+from ratelimitd_client._pb import lease_pb2, ratelimit_pb2
 result = ratelimit_pb2.CheckLimitResult(error={"code": 5, "message": "policy: 'x' ..."})
 assert ratelimit_pb2.CheckLimitResult.FromString(result.SerializeToString()).error.code == 5
-print(ratelimit_pb2.google_dot_rpc_dot_status__pb2.__name__)
+grant = lease_pb2.LeaseGrant(id=1, error={"code": 3, "message": "policy: 'x' ..."}, limits=[{"limit": 5}])
+assert lease_pb2.LeaseGrant.FromString(grant.SerializeToString()).error.code == 3
+modules = {m.google_dot_rpc_dot_status__pb2.__name__ for m in (ratelimit_pb2, lease_pb2)}
+assert len(modules) == 1, modules
+print(modules.pop())
 """
 
 
@@ -79,3 +85,41 @@ def test_googleapis_status_is_shared_in_either_order(googleapis, first):
         imports.reverse()
     # Loading the two copies would fail on import with "duplicate file name".
     assert run("\n".join(imports) + USE_THE_STUBS, googleapis) == "google.rpc.status_pb2"
+
+
+@pytest.mark.parametrize(
+    ("module", "proto"),
+    [("ratelimit_pb2", "ratelimitd/v1/ratelimit.proto"), ("lease_pb2", "ratelimitd/v1/lease.proto")],
+)
+def test_the_stubs_are_those_of_the_packaged_protos(tmp_path, module, proto):
+    from google.protobuf import descriptor_pb2
+
+    import ratelimitd_client._pb as stubs
+
+    package = Path(__file__).resolve().parents[1]
+    well_known = Path(grpc_tools.__file__).resolve().parent / "_proto"
+    out = tmp_path / "descriptors.pb"
+    status = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"-I{package / 'proto'}",
+            f"-I{well_known}",
+            f"--descriptor_set_out={out}",
+            proto,
+        ]
+    )
+    assert status == 0
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+    installed = descriptor_pb2.FileDescriptorProto.FromString(getattr(stubs, module).DESCRIPTOR.serialized_pb)
+    # protoc's descriptor sets spell out each field's JSON name, which the
+    # generated code leaves to be derived.
+    messages = list(compiled.message_type)
+    while messages:
+        message = messages.pop()
+        messages.extend(message.nested_type)
+        for one in message.field:
+            one.ClearField("json_name")
+    assert installed == compiled, (
+        f"the installed {module} is not generated from the package's proto/{proto}: reinstall the "
+        "package (or run `python generate_stubs.py`)"
+    )

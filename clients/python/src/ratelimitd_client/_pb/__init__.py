@@ -1,13 +1,14 @@
-"""Generated gRPC stubs of proto/ratelimitd/v1/ratelimit.proto.
+"""Generated gRPC stubs of proto/ratelimitd/v1/ratelimit.proto (CheckLimit)
+and proto/ratelimitd/v1/lease.proto (the Leases stream).
 
 Not committed: `pip install` (through setup.py) or `python generate_stubs.py`
-writes ratelimit_pb2.py, ratelimit_pb2.pyi and ratelimit_pb2_grpc.py here, and
-status_pb2.py / .pyi (google.rpc.Status, a CheckLimits item's error; used only
+writes ratelimit_pb2.py, ratelimit_pb2.pyi and ratelimit_pb2_grpc.py here,
+lease_pb2.py, lease_pb2.pyi and lease_pb2_grpc.py, and status_pb2.py / .pyi (google.rpc.Status, a CheckLimits item's error; used only
 when googleapis-common-protos does not provide it: see generate_stubs.py).
 """
 
 try:
-    from . import ratelimit_pb2, ratelimit_pb2_grpc
+    from . import lease_pb2, lease_pb2_grpc, ratelimit_pb2, ratelimit_pb2_grpc
 except ImportError as err:
     if err.name != __name__:  # a stub is there but failed, e.g. on versions
         raise
@@ -16,4 +17,4 @@ except ImportError as err:
         "(its build generates them), or run `python generate_stubs.py` in clients/python"
     ) from err
 
-__all__ = ["ratelimit_pb2", "ratelimit_pb2_grpc"]
+__all__ = ["lease_pb2", "lease_pb2_grpc", "ratelimit_pb2", "ratelimit_pb2_grpc"]
