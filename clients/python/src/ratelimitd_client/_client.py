@@ -1,6 +1,8 @@
 """The two clients, `Client` (blocking) and `AsyncClient` (asyncio): one
 gRPC channel each, `check()` that asks ratelimitd's CheckLimit (one limit,
 several, or a named policy) and `check_many()` its CheckLimits (a batch).
+A policy checked often on one key is decided in-process from a lease
+(`_lease.py`), unless `leases=False`.
 
 Both check their arguments before any I/O (`ValueError`), give over-limit as
 a `Decision` with `allowed=False`, and turn every failed call into a
@@ -12,12 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from ._lease import (
+    DEFAULT_LEASE_THRESHOLD,
+    AsyncLeases,
+    LeaseBook,
+    LeaseStats,
+    ThreadedLeases,
+    check_threshold,
+    leases_enabled,
+)
 from ._pb import ratelimit_pb2_grpc
 from ._request import (
     Decision,
@@ -114,6 +126,12 @@ class Client:
     RATELIMITD_TLS_CERT and RATELIMITD_TLS_KEY say (`credentials_from_env`),
     else plaintext. `options`: gRPC channel arguments, over
     DEFAULT_CHANNEL_OPTIONS.
+
+    `leases` (default: on, unless RATELIMITD_LEASES=off): a policy checked
+    `lease_threshold` times a second or more on one key (default 20) is
+    decided in-process, from units the server has spent for this client
+    ahead of time, renewed by a background thread over one stream;
+    `lease_stats()` counts how. `leases=False`: every check is a CheckLimit.
     """
 
     def __init__(
@@ -123,9 +141,14 @@ class Client:
         *,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        leases: bool | None = None,
+        lease_threshold: float = DEFAULT_LEASE_THRESHOLD,
     ) -> None:
         self.address = address = resolve_address(address)
         self.deadline = check_deadline(deadline)
+        threshold = check_threshold(lease_threshold)
+        #: Whether policies checked often are decided from leases.
+        self.leases = leases_enabled(leases)
         if credentials is None:
             credentials = credentials_from_env()
         options = _channel_options(options)
@@ -136,6 +159,8 @@ class Client:
         stub = ratelimit_pb2_grpc.RateLimiterStub(self._channel)
         self._check_limit = stub.CheckLimit
         self._check_limits = stub.CheckLimits
+        self._book = LeaseBook(threshold) if self.leases else None
+        self._leases = ThreadedLeases(self._book, self._channel) if self._book else None
 
     def check(
         self,
@@ -175,6 +200,8 @@ class Client:
         nothing; or `policy`, the name of a policy in the server's policies
         file (one it does not know: RatelimitdError NOT_FOUND). The Decision
         then answers for them all, and its `limits` holds each one's part.
+        A policy checked often on one key is decided from the client's
+        lease on it when it has one (see the class), with no call.
         """
         request = build_request(
             key,
@@ -189,6 +216,13 @@ class Client:
             limits=limits,
             policy=policy,
         )
+        if policy is not None and self._book is not None:
+            with self._book.lock:
+                local, wake = self._book.decide(policy, request.key, request.cost, time.monotonic())
+            if wake:
+                self._leases.wake()  # type: ignore[union-attr]
+            if local is not None:
+                return local
         timeout = self.deadline if deadline is None else check_deadline(deadline)
         try:
             response = self._check_limit(request, timeout=timeout)
@@ -216,7 +250,23 @@ class Client:
             raise RatelimitdError.from_rpc_error(err) from None
         return batch_results(response, len(request.requests))
 
+    def lease_stats(self) -> dict[str, int]:
+        """How checks by policy were decided, since the client was made:
+        `local_allowed` and `local_denied` (from leases, with no call),
+        `fallbacks` (a leased policy and key sent to CheckLimit: no units
+        yet, spent, expired, the stream down), and the stream's `asks`
+        (first asks and renewals), `grants` (that carried units),
+        `releases` and `streams` (opened). All 0 with leases off."""
+        if self._book is None:
+            return LeaseStats().as_dict()
+        with self._book.lock:
+            return self._book.stats.as_dict()
+
     def close(self) -> None:
+        """Gives back the units the client holds, ends the lease stream and
+        its thread, and closes the channel."""
+        if self._leases is not None:
+            self._leases.close()
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -233,7 +283,8 @@ class AsyncClient:
     import time, in a middleware's constructor): the channel is opened on the
     first check(), in the loop that runs it. gRPC's asyncio channels belong
     to one loop, so a check() from another loop (a second test, a second
-    TestClient) opens a new channel there.
+    TestClient) opens a new channel there. Leases as `Client`'s, renewed by
+    a task on the channel's loop.
     """
 
     def __init__(
@@ -243,9 +294,16 @@ class AsyncClient:
         *,
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
+        leases: bool | None = None,
+        lease_threshold: float = DEFAULT_LEASE_THRESHOLD,
     ) -> None:
         self.address = resolve_address(address)
         self.deadline = check_deadline(deadline)
+        threshold = check_threshold(lease_threshold)
+        #: Whether policies checked often are decided from leases.
+        self.leases = leases_enabled(leases)
+        self._book = LeaseBook(threshold) if self.leases else None
+        self._leases = AsyncLeases(self._book) if self._book else None
         self._credentials = credentials if credentials is not None else credentials_from_env()
         self._options = _channel_options(options)
         self._channel: grpc.aio.Channel | None = None
@@ -261,6 +319,8 @@ class AsyncClient:
                 self._channel = grpc.aio.secure_channel(self.address, self._credentials, self._options)
             self._loop = loop
             self._stub = ratelimit_pb2_grpc.RateLimiterStub(self._channel)
+            if self._leases is not None:
+                self._leases.forget_loop()
         return self._stub
 
     async def check(
@@ -279,7 +339,8 @@ class AsyncClient:
         limits: Sequence[Limit | Mapping[str, Any]] | None = None,
         policy: str | None = None,
     ) -> Decision:
-        """May `key` spend `cost` units now? As `Client.check`."""
+        """May `key` spend `cost` units now? As `Client.check` (a leased
+        policy included)."""
         request = build_request(
             key,
             type=type,
@@ -293,9 +354,17 @@ class AsyncClient:
             limits=limits,
             policy=policy,
         )
+        stub = self._stub_for_loop()
+        if policy is not None and self._book is not None:
+            with self._book.lock:
+                local, wake = self._book.decide(policy, request.key, request.cost, time.monotonic())
+            if wake:
+                self._leases.wake(self._channel)  # type: ignore[union-attr, arg-type]
+            if local is not None:
+                return local
         timeout = self.deadline if deadline is None else check_deadline(deadline)
         try:
-            response = await self._stub_for_loop().CheckLimit(request, timeout=timeout)
+            response = await stub.CheckLimit(request, timeout=timeout)
         except grpc.RpcError as err:
             raise RatelimitdError.from_rpc_error(err) from None
         return decision(response)
@@ -312,8 +381,19 @@ class AsyncClient:
             raise RatelimitdError.from_rpc_error(err) from None
         return batch_results(response, len(request.requests))
 
+    def lease_stats(self) -> dict[str, int]:
+        """How checks by policy were decided: as `Client.lease_stats`."""
+        if self._book is None:
+            return LeaseStats().as_dict()
+        with self._book.lock:
+            return self._book.stats.as_dict()
+
     async def close(self) -> None:
-        """Closes the channel opened in the running loop (if any)."""
+        """Gives back the units the client holds, ends the lease stream and
+        its task, and closes the channel opened in the running loop (if
+        any). The client may be used again: a check() opens a new channel."""
+        if self._leases is not None:
+            await self._leases.close()
         channel, self._channel, self._loop, self._stub = self._channel, None, None, None
         if channel is not None:
             await channel.close()

@@ -1,0 +1,672 @@
+"""Leases: a hot policy decided in-process, from units ratelimitd has already
+spent for this client (the Leases stream of proto/ratelimitd/v1/lease.proto).
+
+How a client uses them, per (policy, key) of `check(key, policy=...)`:
+
+1. It counts the calls over a sliding second. At `lease_threshold` a second
+   the pair is hot: the client opens its one Leases stream (lazily) and asks
+   for units. Until a grant comes, calls go to CheckLimit as always.
+2. A grant's units are a tranche, valid until `valid_for` after the client
+   SENT the ask. A call whose cost the unexpired units cover spends them (the
+   earliest-expiring first) and is allowed with no call at all; its
+   `remaining` is the lowest `remaining` of the grant's limit statuses plus
+   the units still held. A grant with `retry_after` (the policy has nothing
+   left for this client) denies calls locally until then. Anything else
+   (units spent, expired, none yet, the stream down) goes to CheckLimit.
+3. In the background, never in a call's way, it renews: when `renew_after`
+   has passed, when under a quarter of the last grant is left, or when a
+   call found too few units; each ask reports what it holds, the demand, and
+   what it admitted, denied and sent to CheckLimit since the previous one.
+4. A pair not checked for IDLE_RELEASE seconds gives back what it holds
+   (`release`); `close()` gives back everything and ends the stream.
+
+A grant refusing the policy (INVALID_ARGUMENT: its limits are not all
+`lease: true`; NOT_FOUND: no such policy) makes the client decide that
+policy by CheckLimit from then on; RESOURCE_EXHAUSTED or UNAVAILABLE wait
+ERROR_BACKOFF before asking again. A broken stream is reopened, with a
+growing wait, while a pair is hot; the tranches held meanwhile stay good
+until they expire.
+
+`LeaseBook` holds that state and decides, with no I/O; `ThreadedLeases`
+(for `Client`: a daemon thread) and `AsyncLeases` (for `AsyncClient`: a task
+on its loop) run the stream. Every `LeaseBook` method is called with
+`book.lock` held, and is given `now`, `time.monotonic()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from ._pb import lease_pb2
+from ._request import Decision, LimitStatus
+
+#: Calls per second of one policy and key at which the client leases.
+DEFAULT_LEASE_THRESHOLD = 20.0
+#: RATELIMITD_LEASES=off (or 0, false) turns leases off where the
+#: `leases` argument is not given.
+LEASES_ENV = "RATELIMITD_LEASES"
+#: The sliding window hotness (and an ask's `demand`) is measured over, s.
+HOT_WINDOW = 1.0
+#: A leased policy and key not checked for this long gives back its units, s.
+IDLE_RELEASE = 5.0
+#: After a grant's RESOURCE_EXHAUSTED or UNAVAILABLE, wait this long before
+#: asking again on that policy and key, s.
+ERROR_BACKOFF = 1.0
+#: Waits before reopening a broken stream: doubled on each failure in a
+#: row, from the first to the last, s.
+STREAM_BACKOFF_FIRST = 0.2
+STREAM_BACKOFF_LAST = 10.0
+#: The longest close() waits for the server to take the releases, s.
+CLOSE_WAIT = 1.0
+#: The longest the stream's sender sleeps without looking at its timers, s.
+LONGEST_TICK = 1.0
+
+_REFUSING = {grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]}
+
+
+def leases_enabled(leases: Any) -> bool:
+    """`leases` if given (True or False), else RATELIMITD_LEASES: on (1,
+    true; the default when unset) or off (0, false)."""
+    if leases is not None:
+        if not isinstance(leases, bool):
+            raise ValueError(f"leases must be True, False or None (got {leases!r})")
+        return leases
+    flag = os.environ.get(LEASES_ENV, "").strip().lower()
+    if flag in ("", "on", "1", "true"):
+        return True
+    if flag in ("off", "0", "false"):
+        return False
+    raise ValueError(f"{LEASES_ENV} must be on, off, 1, 0, true or false (got {os.environ[LEASES_ENV]!r})")
+
+
+def check_threshold(threshold: Any) -> float:
+    """A lease threshold in calls per second: finite and positive."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+        raise ValueError(f"lease_threshold must be a number of calls per second (got {threshold!r})")
+    if not math.isfinite(threshold) or threshold <= 0:
+        raise ValueError(f"lease_threshold must be finite and positive (got {threshold!r})")
+    return float(threshold)
+
+
+def _seconds(duration: Any) -> float:
+    return duration.seconds + duration.nanos / 1e9
+
+
+def _ceil_ms(seconds: float) -> int:
+    return max(0, math.ceil(seconds * 1000 - 1e-6))
+
+
+@dataclass
+class _Tranche:
+    units: int
+    expires_at: float
+    #: The stream that granted it: only what is spent from the current
+    #: stream's grants is reported as `admitted` on it.
+    stream: int
+
+
+@dataclass(frozen=True)
+class _Status:
+    """One limit of a grant, as it stood after the lease's spend."""
+
+    name: str
+    limit: int
+    remaining: int
+    reset_at: float
+    shadow: bool
+
+
+@dataclass
+class _Lease:
+    """One policy and key: its hotness, and once hot, its lease."""
+
+    hits: deque[float] = field(default_factory=deque)
+    last_check: float = 0.0
+    #: Hot: a lease is wanted (asked, held, or being renewed).
+    leasing: bool = False
+    #: Sorted by expiry.
+    tranches: list[_Tranche] = field(default_factory=list)
+    statuses: tuple[_Status, ...] = ()
+    #: The units of the last grant that had any.
+    last_units: int = 0
+    renew_at: float = 0.0
+    deny_until: float = -math.inf
+    backoff_until: float = -math.inf
+    #: The id of the ask awaiting its grant.
+    in_flight: int | None = None
+    #: The stream the last ask went on (0: none yet), and when it was sent.
+    stream: int = 0
+    asked_at: float = -math.inf
+    #: A call found too few units: renew.
+    short: bool = False
+    # Since the last ask.
+    admitted: int = 0
+    denied: int = 0
+    fallbacks: int = 0
+
+    def held(self, now: float) -> int:
+        """Drops the expired tranches; the units of the others."""
+        while self.tranches and self.tranches[0].expires_at <= now:
+            self.tranches.pop(0)
+        return sum(t.units for t in self.tranches)
+
+    def demand(self, now: float) -> float:
+        while self.hits and self.hits[0] <= now - HOT_WINDOW:
+            self.hits.popleft()
+        return len(self.hits) / HOT_WINDOW
+
+
+@dataclass(frozen=True)
+class _Sent:
+    sent_at: float
+    policy: str
+    key: str
+    release: bool
+    stream: int
+
+
+@dataclass
+class LeaseStats:
+    local_allowed: int = 0
+    local_denied: int = 0
+    fallbacks: int = 0
+    asks: int = 0
+    grants: int = 0
+    releases: int = 0
+    streams: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class LeaseBook:
+    """Every policy and key a client checks by policy, their leases, and the
+    asks awaiting grants. No I/O: the stream runners feed it grants and send
+    the asks it makes. Call its methods with `lock` held."""
+
+    def __init__(self, threshold: float) -> None:
+        self.lock = threading.Lock()
+        self.threshold = threshold
+        self.stats = LeaseStats()
+        #: The stream now open (a number never reused), 0 when none is.
+        self.stream = 0
+        #: close() was called: release everything, open nothing more.
+        self.closing = False
+        self._leases: dict[tuple[str, str], _Lease] = {}
+        #: Policies the server refused to lease: decided by CheckLimit.
+        self._refused: set[str] = set()
+        self._sent: dict[int, _Sent] = {}
+        self._ids = itertools.count(1)
+        self._streams = itertools.count(1)
+        self._swept = 0.0
+
+    # -- deciding --
+
+    def decide(self, policy: str, key: str, cost: int, now: float) -> tuple[Decision | None, bool]:
+        """The local decision of `check(key, policy=policy, cost=cost)`, or
+        None for CheckLimit to decide; and whether an ask may be due (for
+        the stream runner to look, or to start)."""
+        if self.closing or policy in self._refused:
+            return None, False
+        lease = self._leases.get((policy, key))
+        if lease is None:
+            lease = self._leases[(policy, key)] = _Lease()
+        lease.last_check = now
+        lease.hits.append(now)
+        demand = lease.demand(now)  # and drops the hits older than HOT_WINDOW
+        if not lease.leasing:
+            if demand < self.threshold:
+                self._sweep(now)
+                return None, False
+            lease.leasing = True
+            return None, True
+        held = lease.held(now)
+        if held > 0 and held >= cost and lease.statuses:
+            self._spend(lease, cost)
+            self.stats.local_allowed += 1
+            return self._allowed(lease, held - cost, now), self._due(lease, held - cost, now)
+        if now < lease.deny_until:
+            lease.denied += 1
+            self.stats.local_denied += 1
+            return self._denied(lease, held, cost, now), False
+        lease.short = lease.in_flight is None  # else the grant on its way answers it
+        lease.fallbacks += 1
+        self.stats.fallbacks += 1
+        return None, self._due(lease, held, now)
+
+    def _spend(self, lease: _Lease, cost: int) -> None:
+        left = cost
+        for tranche in lease.tranches:
+            taken = min(left, tranche.units)
+            tranche.units -= taken
+            if tranche.stream == self.stream:
+                lease.admitted += taken
+            left -= taken
+            if not left:
+                break
+        lease.tranches = [t for t in lease.tranches if t.units]
+
+    def _most_restrictive(self, statuses: tuple[_Status, ...]) -> int:
+        enforced = [i for i, s in enumerate(statuses) if not s.shadow] or list(range(len(statuses)))
+        return min(enforced, key=lambda i: statuses[i].remaining)
+
+    def _allowed(self, lease: _Lease, held: int, now: float) -> Decision:
+        statuses = lease.statuses
+        limits = tuple(
+            LimitStatus(
+                name=s.name,
+                allowed=True,
+                limit=s.limit,
+                remaining=s.remaining + held,
+                reset_after_ms=_ceil_ms(s.reset_at - now),
+                retry_after_ms=0,
+                cost_exceeds_limit=False,
+                shadow=s.shadow,
+            )
+            for s in statuses
+        )
+        i = self._most_restrictive(statuses)
+        return Decision(
+            allowed=True,
+            limit=limits[i].limit,
+            remaining=limits[i].remaining,
+            reset_after_ms=limits[i].reset_after_ms,
+            retry_after_ms=0,
+            cost_exceeds_limit=False,
+            degraded=False,
+            limits=limits,
+            most_restrictive=i,
+        )
+
+    def _denied(self, lease: _Lease, held: int, cost: int, now: float) -> Decision:
+        statuses = lease.statuses
+        retry_ms = max(1, _ceil_ms(lease.deny_until - now))
+        i = self._most_restrictive(statuses) if statuses else 0
+        limits = tuple(
+            LimitStatus(
+                name=s.name,
+                allowed=j != i,
+                limit=s.limit,
+                remaining=0 if j == i else s.remaining + held,
+                reset_after_ms=_ceil_ms(s.reset_at - now),
+                retry_after_ms=retry_ms if j == i else 0,
+                cost_exceeds_limit=False,
+                shadow=s.shadow,
+            )
+            for j, s in enumerate(statuses)
+        )
+        return Decision(
+            allowed=False,
+            limit=limits[i].limit if limits else 0,
+            remaining=0,
+            reset_after_ms=limits[i].reset_after_ms if limits else retry_ms,
+            retry_after_ms=retry_ms,
+            cost_exceeds_limit=False,
+            degraded=False,
+            limits=limits,
+            most_restrictive=i,
+        )
+
+    def _sweep(self, now: float) -> None:
+        """Forgets, once a second, the pairs that are neither hot nor leased."""
+        if now - self._swept < HOT_WINDOW:
+            return
+        self._swept = now
+        cold = [k for k, lease in self._leases.items() if not lease.leasing and lease.last_check <= now - HOT_WINDOW]
+        for k in cold:
+            del self._leases[k]
+
+    # -- asking --
+
+    def _due(self, lease: _Lease, held: int, now: float) -> bool:
+        """Whether an ask on `lease` should go now."""
+        if not lease.leasing or lease.in_flight is not None:
+            return False
+        if now < lease.backoff_until or now < lease.deny_until:
+            return False
+        if lease.stream == 0 or lease.stream != self.stream:
+            return True
+        # Renewing a pair not checked since its last ask would only hold
+        # units for nothing: it is released once idle.
+        return lease.last_check > lease.asked_at and (
+            now >= lease.renew_at or lease.short or held * 4 < lease.last_units
+        )
+
+    def wants_stream(self) -> bool:
+        """Whether a stream should be open: a pair is hot (or leased)."""
+        return not self.closing and any(lease.leasing for lease in self._leases.values())
+
+    def asks(self, now: float) -> list[lease_pb2.LeaseAsk]:
+        """The asks to send now on the open stream (recorded as sent now):
+        first asks and renewals, and releases of pairs idle for
+        IDLE_RELEASE; on closing, the releases of everything."""
+        asks = []
+        for (policy, key), lease in list(self._leases.items()):
+            held = lease.held(now)
+            idle = now - lease.last_check >= IDLE_RELEASE
+            if self.closing or (idle and lease.in_flight is None):
+                if lease.leasing and lease.stream == self.stream:
+                    asks.append(self._ask(policy, key, lease, held, now, release=True))
+                del self._leases[(policy, key)]
+            elif not lease.leasing:
+                if now - lease.last_check > HOT_WINDOW:
+                    del self._leases[(policy, key)]
+            elif self._due(lease, held, now):
+                asks.append(self._ask(policy, key, lease, held, now, release=False))
+        return asks
+
+    def _ask(self, policy: str, key: str, lease: _Lease, held: int, now: float, release: bool) -> Any:
+        ask_id = next(self._ids)
+        ask = lease_pb2.LeaseAsk(
+            id=ask_id,
+            policy=policy,
+            key=key,
+            demand=lease.demand(now),
+            held=held,
+            admitted=lease.admitted,
+            denied=lease.denied,
+            fallbacks=lease.fallbacks,
+            release=release,
+        )
+        lease.admitted = lease.denied = lease.fallbacks = 0
+        lease.short = False
+        lease.stream = self.stream
+        lease.asked_at = now
+        self._sent[ask_id] = _Sent(now, policy, key, release, self.stream)
+        if release:
+            self.stats.releases += 1
+        else:
+            lease.in_flight = ask_id
+            self.stats.asks += 1
+        return ask
+
+    def next_look(self, now: float) -> float:
+        """Seconds until a timer of a pair may make an ask due (at most
+        LONGEST_TICK): renewal, the end of a denial or a backoff, an idle
+        release, an expiry."""
+        soonest = now + LONGEST_TICK
+        for lease in self._leases.values():
+            times = [lease.last_check + IDLE_RELEASE]
+            if lease.leasing and lease.in_flight is None:
+                times += [lease.renew_at, lease.deny_until, lease.backoff_until]
+                times += [t.expires_at for t in lease.tranches[:1]]
+            soonest = min([soonest, *(t for t in times if t > now)])
+        return max(0.005, soonest - now)
+
+    def holds_nothing(self) -> bool:
+        """No pair is left to lease, nor an ask awaiting its grant: the
+        stream may end."""
+        return not self._sent and not any(lease.leasing for lease in self._leases.values())
+
+    # -- grants --
+
+    def grant(self, grant: lease_pb2.LeaseGrant, now: float) -> None:
+        """Takes in a grant (and forgets one it does not expect)."""
+        sent = self._sent.pop(grant.id, None)
+        if sent is None or sent.release:
+            return
+        lease = self._leases.get((sent.policy, sent.key))
+        if lease is None or lease.in_flight != grant.id:
+            return
+        lease.in_flight = None
+        if grant.HasField("error") and grant.error.code != 0:
+            if grant.error.code in _REFUSING:
+                self._refused.add(sent.policy)
+                for k in [k for k in self._leases if k[0] == sent.policy]:
+                    del self._leases[k]
+            else:
+                lease.backoff_until = now + ERROR_BACKOFF
+            return
+        valid_for = _seconds(grant.valid_for)
+        if grant.units > 0:
+            tranche = _Tranche(grant.units, sent.sent_at + valid_for, sent.stream)
+            bisect.insort(lease.tranches, tranche, key=lambda t: t.expires_at)
+            lease.last_units = grant.units
+            self.stats.grants += 1
+        if grant.limits:
+            lease.statuses = tuple(
+                _Status(s.name, s.limit, s.remaining, now + _seconds(s.reset_after), s.shadow)
+                for s in grant.limits
+            )
+        if grant.HasField("renew_after"):
+            lease.renew_at = sent.sent_at + _seconds(grant.renew_after)
+        else:
+            lease.renew_at = sent.sent_at + (valid_for / 2 if grant.units else ERROR_BACKOFF)
+        if grant.HasField("retry_after"):
+            lease.deny_until = sent.sent_at + _seconds(grant.retry_after)
+        elif grant.units == 0:
+            lease.backoff_until = now + ERROR_BACKOFF
+
+    # -- the stream --
+
+    def reopen(self) -> None:
+        """After a close: nothing held, nothing asked, leasing again."""
+        self.closing = False
+        self.stream = 0
+        self._leases.clear()
+        self._sent.clear()
+
+    def stream_opened(self) -> int:
+        self.stream = next(self._streams)
+        self.stats.streams += 1
+        return self.stream
+
+    def stream_closed(self, stream: int) -> None:
+        """The stream `stream` ended: its asks will not be answered."""
+        if self.stream != stream:
+            return
+        self.stream = 0
+        self._sent.clear()
+        for lease in self._leases.values():
+            lease.in_flight = None
+
+
+class ThreadedLeases:
+    """Runs a `LeaseBook`'s stream for the blocking `Client`: a daemon
+    thread reads the grants; the asks go through a request iterator fed by
+    a queue (gRPC's own thread consumes it). Started by the first hot pair;
+    it ends when no pair is left."""
+
+    def __init__(self, book: LeaseBook, channel: grpc.Channel) -> None:
+        self.book = book
+        self._lease = channel.stream_stream(
+            "/ratelimitd.v1.Leases/Lease",
+            request_serializer=lease_pb2.LeaseRequest.SerializeToString,
+            response_deserializer=lease_pb2.LeaseResponse.FromString,
+        )
+        self._thread: threading.Thread | None = None
+        self._wakeup: queue.SimpleQueue[bool] | None = None
+        self._stopping = threading.Event()
+
+    def wake(self) -> None:
+        """An ask may be due: starts the thread, or wakes the sender."""
+        with self.book.lock:
+            if self.book.closing:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ratelimitd-leases", daemon=True)
+                self._thread.start()
+            elif self._wakeup is not None:
+                self._wakeup.put(True)
+
+    def close(self) -> None:
+        """Releases everything and ends the stream and the thread."""
+        with self.book.lock:
+            self.book.closing = True
+            thread, wakeup = self._thread, self._wakeup
+        self._stopping.set()
+        if wakeup is not None:
+            wakeup.put(True)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_WAIT)
+
+    def _run(self) -> None:
+        try:
+            self._streams()
+        except BaseException:
+            with self.book.lock:
+                self._thread = None
+            raise
+
+    def _streams(self) -> None:
+        book = self.book
+        backoff = STREAM_BACKOFF_FIRST
+        while True:
+            with book.lock:
+                if not book.wants_stream():
+                    self._thread = None  # under the lock: wake() starts another
+                    return
+                stream = book.stream_opened()
+                wakeup: queue.SimpleQueue[bool] = queue.SimpleQueue()
+                self._wakeup = wakeup
+            granted = False
+            try:
+                for response in self._lease(self._requests(stream, wakeup)):
+                    with book.lock:
+                        now = time.monotonic()
+                        for grant in response.grants:
+                            book.grant(grant, now)
+                    granted = True
+            except grpc.RpcError:
+                pass  # the stream broke: reopened below while a pair is hot
+            finally:
+                with book.lock:
+                    book.stream_closed(stream)
+                    self._wakeup = None
+                wakeup.put(False)  # ends the request iterator if gRPC still reads it
+            backoff = STREAM_BACKOFF_FIRST if granted else min(backoff * 2, STREAM_BACKOFF_LAST)
+            self._stopping.wait(backoff)
+
+    def _requests(self, stream: int, wakeup: queue.SimpleQueue[bool]) -> Iterator[lease_pb2.LeaseRequest]:
+        book = self.book
+        while True:
+            with book.lock:
+                if book.stream != stream:
+                    return
+                now = time.monotonic()
+                asks = book.asks(now)
+                done = book.closing or book.holds_nothing()
+                wait = book.next_look(now)
+            if asks:
+                yield lease_pb2.LeaseRequest(asks=asks)
+            if done:
+                return
+            with contextlib.suppress(queue.Empty):
+                if not wakeup.get(timeout=wait):
+                    return
+
+
+class AsyncLeases:
+    """Runs a `LeaseBook`'s stream for `AsyncClient`: a task on the loop of
+    its channel reads the grants; the asks go through an async request
+    iterator woken by an asyncio.Event. Started by the first hot pair; it
+    ends when no pair is left."""
+
+    def __init__(self, book: LeaseBook) -> None:
+        self.book = book
+        self._task: asyncio.Task[None] | None = None
+        self._event: asyncio.Event | None = None
+
+    def wake(self, channel: grpc.aio.Channel) -> None:
+        """An ask may be due: starts the task on the running loop, or wakes
+        the sender. Called in the channel's loop."""
+        if self.book.closing:
+            return
+        if self._task is None or self._task.done():
+            lease = channel.stream_stream(
+                "/ratelimitd.v1.Leases/Lease",
+                request_serializer=lease_pb2.LeaseRequest.SerializeToString,
+                response_deserializer=lease_pb2.LeaseResponse.FromString,
+            )
+            self._event = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(lease, self._event))
+        elif self._event is not None:
+            self._event.set()
+
+    def forget_loop(self) -> None:
+        """The client moved to another event loop: the task of the old one
+        (over, or never to run again) is left behind, and its stream with it."""
+        with self.book.lock:
+            self.book.stream_closed(self.book.stream)
+        self._task = self._event = None
+
+    async def close(self) -> None:
+        """Releases everything and ends the stream and the task; then the
+        book starts afresh (AsyncClient may be used again after close())."""
+        with self.book.lock:
+            self.book.closing = True
+        task, event = self._task, self._event
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            if event is not None:
+                event.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), CLOSE_WAIT)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._event = None
+        with self.book.lock:
+            self.book.reopen()
+
+    async def _run(self, lease: Callable[..., Any], event: asyncio.Event) -> None:
+        book = self.book
+        backoff = STREAM_BACKOFF_FIRST
+        try:
+            while True:
+                with book.lock:
+                    if not book.wants_stream():
+                        return
+                    stream = book.stream_opened()
+                granted = False
+                try:
+                    async for response in lease(self._requests(stream, event)):
+                        with book.lock:
+                            now = time.monotonic()
+                            for grant in response.grants:
+                                book.grant(grant, now)
+                        granted = True
+                except grpc.RpcError:
+                    pass  # the stream broke: reopened below while a pair is hot
+                finally:
+                    with book.lock:
+                        book.stream_closed(stream)
+                backoff = STREAM_BACKOFF_FIRST if granted else min(backoff * 2, STREAM_BACKOFF_LAST)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), backoff)
+                event.clear()
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    async def _requests(self, stream: int, event: asyncio.Event) -> AsyncIterator[lease_pb2.LeaseRequest]:
+        book = self.book
+        while True:
+            with book.lock:
+                if book.stream != stream:
+                    return
+                now = time.monotonic()
+                asks = book.asks(now)
+                done = book.closing or book.holds_nothing()
+                wait = book.next_look(now)
+            if asks:
+                yield lease_pb2.LeaseRequest(asks=asks)
+            if done:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), wait)
+            event.clear()
