@@ -253,14 +253,16 @@ class Client:
     def lease_stats(self) -> dict[str, int]:
         """How checks by policy were decided, since the client was made:
         `local_allowed` and `local_denied` (from leases, with no call),
-        `fallbacks` (a leased policy and key sent to CheckLimit: no units
-        yet, spent, expired, the stream down), and the stream's `asks`
-        (first asks and renewals), `grants` (that carried units),
-        `releases` and `streams` (opened). All 0 with leases off."""
+        `fallbacks` (a hot policy and key sent to CheckLimit: no units yet,
+        spent, expired, the stream down), and the stream's `asks` (first
+        asks and renewals), `grants` (that carried units), `errors`
+        (grants refusing a policy, or the server busy), `releases` and
+        `streams` (opened); `held`: the units held now. All 0 with leases
+        off."""
         if self._book is None:
             return LeaseStats().as_dict()
         with self._book.lock:
-            return self._book.stats.as_dict()
+            return self._book.stats_now(time.monotonic())
 
     def close(self) -> None:
         """Gives back the units the client holds, ends the lease stream and
@@ -386,7 +388,7 @@ class AsyncClient:
         if self._book is None:
             return LeaseStats().as_dict()
         with self._book.lock:
-            return self._book.stats.as_dict()
+            return self._book.stats_now(time.monotonic())
 
     async def close(self) -> None:
         """Gives back the units the client holds, ends the lease stream and

@@ -181,13 +181,29 @@ class _Sent:
 
 @dataclass
 class LeaseStats:
+    """What `Client.lease_stats()` returns (as a dict), counted since the
+    client was made; `held` is a gauge."""
+
+    #: Checks allowed from a lease, with no call.
     local_allowed: int = 0
+    #: Checks denied in-process while a grant said the policy had nothing
+    #: left (its retry_after), with no call.
     local_denied: int = 0
+    #: Checks of a hot policy and key sent to CheckLimit because no lease
+    #: could decide them (none yet, its units spent or expired, the stream down).
     fallbacks: int = 0
+    #: Asks sent for units (first asks and renewals).
     asks: int = 0
+    #: Grants received that carried units.
     grants: int = 0
+    #: Grants received with an error (a policy refused, or the server busy).
+    errors: int = 0
+    #: Leases given back (idle, or on close()).
     releases: int = 0
+    #: Lease streams opened (more than one: the stream broke and was reopened).
     streams: int = 0
+    #: Units held now, unspent and unexpired, over every policy and key.
+    held: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -346,6 +362,11 @@ class LeaseBook:
             now >= lease.renew_at or lease.short or held * 4 < lease.last_units
         )
 
+    def stats_now(self, now: float) -> dict[str, int]:
+        """The counters, and the units held now."""
+        self.stats.held = sum(lease.held(now) for lease in self._leases.values())
+        return self.stats.as_dict()
+
     def wants_stream(self) -> bool:
         """Whether a stream should be open: a pair is hot (or leased)."""
         return not self.closing and any(lease.leasing for lease in self._leases.values())
@@ -353,15 +374,18 @@ class LeaseBook:
     def asks(self, now: float) -> list[lease_pb2.LeaseAsk]:
         """The asks to send now on the open stream (recorded as sent now):
         first asks and renewals, and releases of pairs idle for
-        IDLE_RELEASE; on closing, the releases of everything."""
+        IDLE_RELEASE; on closing, the releases of everything (each once the
+        grant it awaits, if any, is in, so that its units go back too)."""
         asks = []
         for (policy, key), lease in list(self._leases.items()):
             held = lease.held(now)
-            idle = now - lease.last_check >= IDLE_RELEASE
-            if self.closing or (idle and lease.in_flight is None):
+            idle = self.closing or now - lease.last_check >= IDLE_RELEASE
+            if idle and lease.in_flight is None:
                 if lease.leasing and lease.stream == self.stream:
                     asks.append(self._ask(policy, key, lease, held, now, release=True))
                 del self._leases[(policy, key)]
+            elif idle:
+                continue  # released once its grant is in
             elif not lease.leasing:
                 if now - lease.last_check > HOT_WINDOW:
                     del self._leases[(policy, key)]
@@ -424,6 +448,7 @@ class LeaseBook:
             return
         lease.in_flight = None
         if grant.HasField("error") and grant.error.code != 0:
+            self.stats.errors += 1
             if grant.error.code in _REFUSING:
                 self._refused.add(sent.policy)
                 for k in [k for k in self._leases if k[0] == sent.policy]:
@@ -540,7 +565,10 @@ class ThreadedLeases:
                         now = time.monotonic()
                         for grant in response.grants:
                             book.grant(grant, now)
+                        closing = book.closing
                     granted = True
+                    if closing:  # a grant the releases waited for
+                        wakeup.put(True)
             except grpc.RpcError:
                 pass  # the stream broke: reopened below while a pair is hot
             finally:
@@ -640,6 +668,8 @@ class AsyncLeases:
                             for grant in response.grants:
                                 book.grant(grant, now)
                         granted = True
+                        if book.closing:  # a grant the releases waited for
+                            event.set()
                 except grpc.RpcError:
                     pass  # the stream broke: reopened below while a pair is hot
                 finally:

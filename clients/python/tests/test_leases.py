@@ -1,0 +1,418 @@
+"""Leases against a real ratelimitd whose policies file marks policies
+`lease: true`: a hot policy and key is decided in-process from units the
+server spent for the client, never admitting more than the limit; the
+remaining count stays right for the RateLimit headers; `leases=False`
+(or RATELIMITD_LEASES=off) sends every check to CheckLimit; a policy that
+is not leasable keeps working per request; a broken stream is survived and
+reopened; units are given back when idle and on close()."""
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from ratelimitd_client import AsyncClient, Client, RatelimitdError
+from ratelimitd_client.asgi import Limiter, RateLimitMiddleware
+
+from conftest import start_ratelimitd
+
+# Windows long enough that none ends during a test: each test has its own
+# key, so its own counters (a fixed window starts at its key's first spend).
+LEASE_POLICIES = """\
+policies:
+  hot:
+    - {per: 60s, limit: 500, lease: true}
+  # Units given back come back to a token bucket (1000 an hour: refilling
+  # about one every 4 s, so what a test sees is what was spent).
+  bucket:
+    - {per: 1h, limit: 1000, algorithm: token_bucket, lease: true}
+  two:
+    - {per: 1h, limit: 5000, algorithm: token_bucket, lease: true, name: burst}
+    - {per: 60s, limit: 500, lease: true, name: minute}
+  # Not leasable: decided by CheckLimit, per request.
+  cold:
+    - {per: 60s, limit: 500}
+"""
+
+DEADLINE = 2.0
+# The longest a test waits for something the client does in the background.
+WAIT = 15.0
+
+
+@pytest.fixture(scope="module")
+def lease_server(tmp_path_factory):
+    server = start_ratelimitd(tmp_path_factory.mktemp("ratelimitd-leases"), policies=LEASE_POLICIES)
+    yield server
+    code = server.stop()
+    assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, f"not within {timeout} s: {what}"
+        time.sleep(0.002)
+
+
+async def await_for(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    give_up = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < give_up, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.002)
+
+
+def look(address: str, key: str, policy: str) -> int:
+    """What the server says is left (a check that spends nothing, no lease)."""
+    with Client(address, deadline=DEADLINE, leases=False) as client:
+        return client.check(key, policy=policy, cost=0).remaining
+
+
+def lease_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ratelimitd-leases"]
+
+
+class Checks:
+    """Checks in order, each with whether it was decided locally."""
+
+    def __init__(self) -> None:
+        self.decisions = []
+        self.local = []
+
+    def add(self, decision, local_before: int, local_after: int) -> None:
+        self.decisions.append(decision)
+        self.local.append(local_after > local_before)
+
+
+def assert_hot_policy_decided_within_its_limit(checks: Checks, stats: dict, server_left: int) -> None:
+    """2000 checks of `hot` (500 per 60 s) on a fresh key."""
+    decisions = checks.decisions
+    allowed = sum(d.allowed for d in decisions)
+    assert 450 <= allowed <= 500, f"{allowed} allowed"
+    # What the server has left, with what this client admitted, is within
+    # the limit: no unit was admitted twice.
+    assert allowed + server_left <= 500, (allowed, server_left)
+    # Most were decided in-process, with no call.
+    local = stats["local_allowed"] + stats["local_denied"]
+    assert local >= 1500, stats
+    assert local == sum(checks.local)
+    assert stats["asks"] >= 1 and stats["grants"] >= 1 and stats["errors"] == 0, stats
+    assert local + stats["fallbacks"] <= 2000
+    # Every local decision is one CheckLimit could have given.
+    for decision, local in zip(decisions, checks.local, strict=True):
+        assert decision.limit == 500 and not decision.degraded and not decision.cost_exceeds_limit
+        assert [s.name for s in decision.limits] == ["60s"] and decision.most_restrictive == 0
+        assert decision.limits[0].remaining == decision.remaining
+        assert 0 < decision.reset_after_ms <= 60_000
+        if decision.allowed:
+            assert decision.retry_after_ms == 0 and decision.remaining >= 0
+        else:
+            assert decision.remaining == 0 and 0 < decision.retry_after_ms <= 60_000, decision
+    assert_remaining_never_increases(checks)
+
+
+def assert_remaining_never_increases(checks: Checks) -> None:
+    """Allowed decisions' `remaining` goes down as units are spent. One
+    exception: a CheckLimit answered while a grant was on its way counts the
+    units the server has already spent for that grant as gone, and the next
+    decision, from the grant, counts them as the client's."""
+    allowed = [(d.remaining, local) for d, local in zip(checks.decisions, checks.local) if d.allowed]
+    for i, ((before, _), (after, local)) in enumerate(zip(allowed, allowed[1:])):
+        if after > before:
+            assert local and not allowed[i][1], f"remaining rose from {before} to {after} at check {i + 1}"
+    spent_locally = [r for r, local in allowed if local]
+    assert spent_locally == sorted(spent_locally, reverse=True)
+    assert len(set(spent_locally)) == len(spent_locally), "two local decisions left the same remaining"
+
+
+def test_a_hot_policy_is_decided_locally_never_over_its_limit(lease_server, key):
+    checks = Checks()
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        assert client.leases
+        for _ in range(2000):
+            before = client.lease_stats()["local_allowed"] + client.lease_stats()["local_denied"]
+            decision = client.check(key, policy="hot")
+            stats = client.lease_stats()
+            checks.add(decision, before, stats["local_allowed"] + stats["local_denied"])
+        stats = client.lease_stats()
+    assert_hot_policy_decided_within_its_limit(checks, stats, look(lease_server.address, key, "hot"))
+
+
+async def test_a_hot_policy_is_decided_locally_never_over_its_limit_async(lease_server, key):
+    checks = Checks()
+    async with AsyncClient(lease_server.address, deadline=DEADLINE) as client:
+        assert client.leases
+        for _ in range(2000):
+            before = client.lease_stats()["local_allowed"] + client.lease_stats()["local_denied"]
+            decision = await client.check(key, policy="hot")
+            stats = client.lease_stats()
+            checks.add(decision, before, stats["local_allowed"] + stats["local_denied"])
+        stats = client.lease_stats()
+    assert_hot_policy_decided_within_its_limit(checks, stats, look(lease_server.address, key, "hot"))
+
+
+def test_threads_sharing_a_client_never_exceed_the_limit(lease_server, key):
+    results: list[bool] = []
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+
+        def hammer() -> None:
+            mine = [client.check(key, policy="hot").allowed for _ in range(400)]
+            results.extend(mine)
+
+        threads = [threading.Thread(target=hammer) for _ in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        stats = client.lease_stats()
+    allowed = sum(results)
+    assert len(results) == 2000 and 450 <= allowed <= 500, allowed
+    assert allowed + look(lease_server.address, key, "hot") <= 500
+    assert stats["local_allowed"] + stats["local_denied"] >= 1000, stats
+
+
+def test_a_policy_of_several_limits_reports_the_most_restrictive(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        decisions = [client.check(key, policy="two") for _ in range(50)]
+        wait_for(lambda: client.lease_stats()["grants"] >= 1, "a grant")
+        before = client.lease_stats()["local_allowed"]
+        local = [client.check(key, policy="two") for _ in range(50)]
+        assert client.lease_stats()["local_allowed"] > before
+    for decision in decisions + local:
+        assert decision.allowed
+        assert [s.name for s in decision.limits] == ["burst", "minute"]
+        # The minute's 500 run out before the hour's bucket of 5000.
+        assert decision.most_restrictive == 1
+        assert (decision.limit, decision.remaining) == (500, decision.limits[1].remaining)
+        assert decision.limits[0].remaining > decision.limits[1].remaining
+    minute = [d.limits[1].remaining for d in local]
+    assert minute == sorted(minute, reverse=True) and minute[-1] >= 500 - 100
+
+
+def test_leases_off_every_check_is_a_check_limit(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE, leases=False) as client:
+        assert not client.leases
+        decisions = [client.check(key, policy="hot") for _ in range(100)]
+        assert all(v == 0 for v in client.lease_stats().values()), client.lease_stats()
+    # Each check spent one unit at the server, and nothing more was spent.
+    assert [d.remaining for d in decisions] == list(range(499, 399, -1))
+    assert look(lease_server.address, key, "hot") == 400
+    assert not lease_threads()
+
+
+def test_leases_on_spend_ahead_at_the_server(lease_server, key):
+    # The contrast with the test above: a lease's units are spent at the
+    # server when granted, before the client admits them.
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        for _ in range(100):
+            client.check(key, policy="hot")
+        wait_for(lambda: client.lease_stats()["grants"] >= 1, "a grant")
+        held = client.lease_stats()["held"]
+        assert held > 0
+        assert look(lease_server.address, key, "hot") < 400
+
+
+@pytest.mark.parametrize("value", ["off", "0", "false", "OFF"])
+async def test_leases_off_from_the_environment(lease_server, key, monkeypatch, value):
+    monkeypatch.setenv("RATELIMITD_LEASES", value)
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        assert not client.leases
+        assert [client.check(key, policy="hot").remaining for _ in range(30)] == list(range(499, 469, -1))
+    async with AsyncClient(lease_server.address, deadline=DEADLINE) as aclient:
+        assert not aclient.leases
+        assert [(await aclient.check(key, policy="hot")).remaining for _ in range(30)] == list(
+            range(469, 439, -1)
+        )
+        assert aclient.lease_stats()["asks"] == 0
+    # An argument wins over the environment.
+    with Client(lease_server.address, leases=True) as client:
+        assert client.leases
+    monkeypatch.setenv("RATELIMITD_LEASES", "on")
+    with Client(lease_server.address) as client:
+        assert client.leases
+    assert AsyncClient(lease_server.address).leases  # no channel before a check
+
+
+@pytest.mark.parametrize(
+    ("arguments", "env", "message"),
+    [
+        ({"leases": "no"}, None, "leases must be True, False or None"),
+        ({}, "maybe", "RATELIMITD_LEASES must be on, off, 1, 0, true or false"),
+        ({"lease_threshold": 0}, None, "lease_threshold must be finite and positive"),
+        ({"lease_threshold": float("inf")}, None, "lease_threshold must be finite and positive"),
+        ({"lease_threshold": "20"}, None, "lease_threshold must be a number"),
+    ],
+)
+def test_bad_lease_options_are_errors(monkeypatch, arguments, env, message):
+    if env is not None:
+        monkeypatch.setenv("RATELIMITD_LEASES", env)
+    with pytest.raises(ValueError, match=message):
+        Client("127.0.0.1:1", **arguments)
+    with pytest.raises(ValueError, match=message):
+        AsyncClient("127.0.0.1:1", **arguments)
+
+
+def test_a_pair_leases_from_its_threshold(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE, lease_threshold=50) as client:
+        started = time.monotonic()
+        for _ in range(49):
+            client.check(key, policy="hot")
+        assert client.lease_stats()["asks"] == 0 and not lease_threads()
+        client.check(key, policy="hot")  # the 50th
+        took = time.monotonic() - started
+        assert took < 1.0, f"50 checks took {took:.2f} s: the test needs them within a second"
+        wait_for(lambda: client.lease_stats()["asks"] == 1, "the first ask")
+        # Another policy on the key, another pair: cold until hot.
+        client.check(key, policy="bucket")
+        assert client.lease_stats()["asks"] == 1
+
+
+def test_a_policy_that_is_not_leasable_keeps_working_per_request(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        first = [client.check(key, policy="cold") for _ in range(100)]
+        # The one ask was refused: the policy is never asked for again.
+        wait_for(lambda: client.lease_stats()["errors"] == 1, "the refusal")
+        rest = [client.check(key, policy="cold") for _ in range(100)]
+        stats = client.lease_stats()
+    assert [d.remaining for d in first + rest] == list(range(499, 299, -1))
+    assert stats["asks"] == 1 and stats["grants"] == 0
+    assert stats["local_allowed"] == stats["local_denied"] == 0
+    assert look(lease_server.address, key, "cold") == 300
+
+
+def test_close_gives_back_the_units_held(lease_server, key):
+    client = Client(lease_server.address, deadline=DEADLINE)
+    for _ in range(100):
+        client.check(key, policy="bucket")
+    wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+    wait_for(lambda: client.lease_stats()["asks"] == client.lease_stats()["grants"], "no ask in flight")
+    held = client.lease_stats()["held"]
+    while_held = look(lease_server.address, key, "bucket")
+    assert while_held <= 1000 - 100 - held + 2  # 2: what refills during the test
+    client.close()
+    assert client.lease_stats()["releases"] == 1
+    assert not lease_threads()
+    # A token bucket takes given-back units back.
+    after = look(lease_server.address, key, "bucket")
+    assert 1000 - 100 - 1 <= after <= 1000 - 100 + 2, (while_held, held, after)
+
+
+def test_an_idle_pair_gives_its_units_back(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        for _ in range(100):
+            client.check(key, policy="bucket")
+        wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+        assert lease_threads()
+        # Not checked for 5 s: released, and with nothing left to lease the
+        # stream and its thread end.
+        wait_for(lambda: client.lease_stats()["releases"] == 1, "the release", timeout=10)
+        wait_for(lambda: not lease_threads(), "the lease thread to end")
+        assert client.lease_stats()["held"] == 0
+    after = look(lease_server.address, key, "bucket")
+    assert 1000 - 100 - 1 <= after <= 1000 - 100 + 3, after
+
+
+def test_a_broken_stream_is_survived_and_reopened(tmp_path, key):
+    server = start_ratelimitd(tmp_path, policies=LEASE_POLICIES)
+    port = int(server.address.rsplit(":", 1)[1])
+    try:
+        with Client(server.address, deadline=DEADLINE) as client:
+            for _ in range(100):
+                client.check(key, policy="bucket")
+            wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+            server.process.kill()  # no goodbye: the stream breaks
+            server.process.wait()
+            # The units held are still spent locally; then CheckLimit fails.
+            local = client.lease_stats()["local_allowed"]
+            assert client.check(key, policy="bucket").allowed
+            assert client.lease_stats()["local_allowed"] == local + 1
+            with pytest.raises(RatelimitdError) as failed:
+                for _ in range(2000):
+                    client.check(key, policy="bucket")
+            assert failed.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            assert client.lease_stats()["held"] == 0
+
+            server = start_ratelimitd(tmp_path, port=port, policies=LEASE_POLICIES)
+            # Checks go through CheckLimit again, the stream is reopened,
+            # and the pair is decided locally again.
+            local = client.lease_stats()["local_allowed"]
+
+            def leased_again() -> bool:
+                try:
+                    client.check(key, policy="bucket")
+                except RatelimitdError:  # the channel has not reconnected yet
+                    return False
+                return client.lease_stats()["local_allowed"] > local
+
+            wait_for(leased_again, "a lease on the new stream")
+            assert client.lease_stats()["streams"] >= 2
+    finally:
+        assert server.stop() in (0, -9)
+
+
+def test_one_async_client_leases_in_successive_event_loops(lease_server, key):
+    client = AsyncClient(lease_server.address, deadline=DEADLINE)
+
+    async def burst(key: str) -> dict:
+        for _ in range(300):
+            await client.check(key, policy="hot")
+        return client.lease_stats()
+
+    # As under pytest, or a TestClient per test: each asyncio.run is a new
+    # loop, whose end cancels the stream's task.
+    first = asyncio.run(burst(f"{key}:1"))
+    second = asyncio.run(burst(f"{key}:2"))
+    assert first["local_allowed"] > 100
+    assert second["local_allowed"] - first["local_allowed"] > 100
+    assert second["streams"] >= 2
+    asyncio.run(client.close())
+
+
+async def test_the_middleware_headers_on_a_leased_policy(lease_server, key):
+    client = AsyncClient(lease_server.address, deadline=DEADLINE)
+    limiter = Limiter(lambda request: key, client=client)
+
+    @limiter.limit(policy="hot")
+    async def hello(request):
+        return PlainTextResponse("hello")
+
+    app = Starlette(routes=[Route("/", hello)])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter)
+    transport = httpx.ASGITransport(app=app)
+    responses, local = [], []
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        for _ in range(600):
+            before = client.lease_stats()["local_allowed"] + client.lease_stats()["local_denied"]
+            responses.append(await http.get("/"))
+            stats = client.lease_stats()
+            local.append(stats["local_allowed"] + stats["local_denied"] > before)
+    await client.close()
+
+    codes = [r.status_code for r in responses]
+    assert 450 <= codes.count(200) <= 500 and codes.count(200) + codes.count(429) == 600
+    assert codes == sorted(codes), "a 429, then a 200 again"
+    assert sum(local) >= 400, stats
+    assert limiter.stats.as_dict() == {"decided": 600, "denied": codes.count(429), "fail_open": 0, "fail_closed": 0}
+    remaining = []
+    for response, was_local in zip(responses, local, strict=True):
+        # A policy's header has no `w` (the windows are in the server's
+        # file); the id is the limit's name, its `per`.
+        assert response.headers["RateLimit-Policy"] == '"60s";q=500'
+        item, r, t = response.headers["RateLimit"].split(";")
+        assert item == '"60s"' and 1 <= int(t.removeprefix("t=")) <= 60
+        remaining.append((int(r.removeprefix("r=")), was_local))
+        assert "RateLimit-Degraded" not in response.headers
+        if response.status_code == 429:
+            assert r == "r=0" and 1 <= int(response.headers["Retry-After"]) <= 60
+        else:
+            assert "Retry-After" not in response.headers
+    # As for the client: no rise, but from a CheckLimit answered while a
+    # grant was on its way to the decision made from that grant.
+    for i, ((before, _), (after, was_local)) in enumerate(zip(remaining, remaining[1:])):
+        assert after <= before or (was_local and not remaining[i][1]), (i, before, after)
