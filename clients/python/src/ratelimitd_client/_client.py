@@ -218,7 +218,7 @@ class Client:
         )
         if policy is not None and self._book is not None:
             with self._book.lock:
-                local, wake = self._book.decide(policy, request.key, request.cost, time.monotonic())
+                local, wake, _ = self._book.decide(policy, request.key, request.cost, time.monotonic())
             if wake:
                 self._leases.wake()  # type: ignore[union-attr]
             if local is not None:
@@ -359,9 +359,14 @@ class AsyncClient:
         stub = self._stub_for_loop()
         if policy is not None and self._book is not None:
             with self._book.lock:
-                local, wake = self._book.decide(policy, request.key, request.cost, time.monotonic())
+                local, wake, awaited = self._book.decide(policy, request.key, request.cost, time.monotonic())
             if wake:
                 self._leases.wake(self._channel)  # type: ignore[union-attr, arg-type]
+            if local is not None and (wake or awaited):
+                # A local decision awaits nothing: let the stream's task send
+                # the ask, or read its grant, now, even when the caller
+                # decides many in a row without awaiting anything else.
+                await asyncio.sleep(0)
             if local is not None:
                 return local
         timeout = self.deadline if deadline is None else check_deadline(deadline)

@@ -14,8 +14,8 @@ How a client uses them, per (policy, key) of `check(key, policy=...)`:
    left for this client) denies calls locally until then. Anything else
    (units spent, expired, none yet, the stream down) goes to CheckLimit.
 3. In the background, never in a call's way, it renews: when `renew_after`
-   has passed, when under a quarter of the last grant is left, or when a
-   call found too few units; each ask reports what it holds, the demand, and
+   has passed, when under a quarter of the lease is left (of what was held
+   once the last grant was in), or when a call found too few units; each ask reports what it holds, the demand, and
    what it admitted, denied and sent to CheckLimit since the previous one.
 4. A pair not checked for IDLE_RELEASE seconds gives back what it holds
    (`release`); `close()` gives back everything and ends the stream.
@@ -141,7 +141,8 @@ class _Lease:
     #: Sorted by expiry.
     tranches: list[_Tranche] = field(default_factory=list)
     statuses: tuple[_Status, ...] = ()
-    #: The units of the last grant that had any.
+    #: The units held just after the last grant that had any (what it
+    #: brought, and what it topped up): under a quarter of it, renew.
     last_units: int = 0
     renew_at: float = 0.0
     deny_until: float = -math.inf
@@ -232,12 +233,14 @@ class LeaseBook:
 
     # -- deciding --
 
-    def decide(self, policy: str, key: str, cost: int, now: float) -> tuple[Decision | None, bool]:
+    def decide(self, policy: str, key: str, cost: int, now: float) -> tuple[Decision | None, bool, bool]:
         """The local decision of `check(key, policy=policy, cost=cost)`, or
-        None for CheckLimit to decide; and whether an ask may be due (for
-        the stream runner to look, or to start)."""
+        None for CheckLimit to decide; whether an ask may be due (for the
+        stream runner to look, or to start); and whether a grant is awaited
+        on this pair (for an asyncio caller to let the stream's task read
+        it)."""
         if self.closing or policy in self._refused:
-            return None, False
+            return None, False, False
         lease = self._leases.get((policy, key))
         if lease is None:
             lease = self._leases[(policy, key)] = _Lease()
@@ -247,22 +250,23 @@ class LeaseBook:
         if not lease.leasing:
             if demand < self.threshold:
                 self._sweep(now)
-                return None, False
+                return None, False, False
             lease.leasing = True
-            return None, True
+            return None, True, False
         held = lease.held(now)
+        awaited = lease.in_flight is not None
         if held > 0 and held >= cost and lease.statuses:
             self._spend(lease, cost)
             self.stats.local_allowed += 1
-            return self._allowed(lease, held - cost, now), self._due(lease, held - cost, now)
+            return self._allowed(lease, held - cost, now), self._due(lease, held - cost, now), awaited
         if now < lease.deny_until:
             lease.denied += 1
             self.stats.local_denied += 1
-            return self._denied(lease, held, cost, now), False
-        lease.short = lease.in_flight is None  # else the grant on its way answers it
+            return self._denied(lease, held, cost, now), False, awaited
+        lease.short = not awaited  # else the grant on its way answers it
         lease.fallbacks += 1
         self.stats.fallbacks += 1
-        return None, self._due(lease, held, now)
+        return None, self._due(lease, held, now), awaited
 
     def _spend(self, lease: _Lease, cost: int) -> None:
         left = cost
@@ -460,7 +464,7 @@ class LeaseBook:
         if grant.units > 0:
             tranche = _Tranche(grant.units, sent.sent_at + valid_for, sent.stream)
             bisect.insort(lease.tranches, tranche, key=lambda t: t.expires_at)
-            lease.last_units = grant.units
+            lease.last_units = lease.held(now)
             self.stats.grants += 1
         if grant.limits:
             lease.statuses = tuple(
