@@ -16,8 +16,13 @@ Without an address, the clients connect to $RATELIMITD_ADDRESS, else
 RATELIMITD_TLS_KEY). Rate-limiting a Starlette or FastAPI app:
 `ratelimitd_client.asgi` (`pip install 'ratelimitd-client[asgi]'`).
 
+A policy checked often on one key is decided in-process from a lease of
+units the server spent ahead for the client (`leases=False`, or
+RATELIMITD_LEASES=off, turns that off; `lease_stats()` counts it).
+
 Map: `_request.py` checks arguments and holds the algorithm table and the
 protobuf conversions; `_client.py` the two clients, their address and TLS;
+`_lease.py` leases (the book deciding from them, the stream's thread and task);
 `_namespace.py` the middleware's key namespaces; `_ip.py` its default key
 (`ip_key`: the client's address, one key per client); `asgi.py` the
 middleware and the per-route Limiter; `_pb/` the stubs, generated at build
@@ -33,6 +38,7 @@ from ._client import (
     resolve_address,
 )
 from ._ip import ip_key
+from ._lease import DEFAULT_LEASE_THRESHOLD
 from ._request import (
     ALGORITHM_ALIASES,
     ALGORITHMS,
@@ -50,6 +56,7 @@ __all__ = [
     "ALGORITHMS",
     "DEFAULT_ADDRESS",
     "DEFAULT_DEADLINE",
+    "DEFAULT_LEASE_THRESHOLD",
     "FAILURE_POLICIES",
     "AsyncClient",
     "Client",
