@@ -15,8 +15,9 @@ How a client uses them, per (policy, key) of `check(key, policy=...)`:
    (units spent, expired, none yet, the stream down) goes to CheckLimit.
 3. In the background, never in a call's way, it renews: when `renew_after`
    has passed, when under a quarter of the lease is left (of what was held
-   once the last grant was in), or when a call found too few units; each ask reports what it holds, the demand, and
-   what it admitted, denied and sent to CheckLimit since the previous one.
+   once the last grant was in), or when a call found too few units; each
+   ask reports what it holds, the demand, and what it admitted, denied and
+   sent to CheckLimit since the previous one.
 4. A pair not checked for IDLE_RELEASE seconds gives back what it holds
    (`release`); `close()` gives back everything and ends the stream.
 
@@ -39,6 +40,7 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import logging
 import math
 import os
 import queue
@@ -74,6 +76,8 @@ STREAM_BACKOFF_LAST = 10.0
 CLOSE_WAIT = 1.0
 #: The longest the stream's sender sleeps without looking at its timers, s.
 LONGEST_TICK = 1.0
+
+logger = logging.getLogger("ratelimitd_client.leases")
 
 _REFUSING = {grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]}
 
@@ -263,7 +267,9 @@ class LeaseBook:
             lease.denied += 1
             self.stats.local_denied += 1
             return self._denied(lease, held, cost, now), False, awaited
-        lease.short = not awaited  # else the grant on its way answers it
+        # Renew for it, unless a grant is on its way (it answers) or the
+        # cost is more than a lease holds (only CheckLimit can decide it).
+        lease.short = not awaited and (cost <= lease.last_units or not lease.last_units)
         lease.fallbacks += 1
         self.stats.fallbacks += 1
         return None, self._due(lease, held, now), awaited
@@ -346,7 +352,11 @@ class LeaseBook:
         if now - self._swept < HOT_WINDOW:
             return
         self._swept = now
-        cold = [k for k, lease in self._leases.items() if not lease.leasing and lease.last_check <= now - HOT_WINDOW]
+        cold = [
+            k
+            for k, lease in self._leases.items()
+            if not lease.leasing and lease.last_check <= now - HOT_WINDOW
+        ]
         for k in cold:
             del self._leases[k]
 
@@ -575,6 +585,8 @@ class ThreadedLeases:
                         wakeup.put(True)
             except grpc.RpcError:
                 pass  # the stream broke: reopened below while a pair is hot
+            except Exception:  # a bug: checks go on by CheckLimit meanwhile
+                logger.exception("the lease stream failed")
             finally:
                 with book.lock:
                     book.stream_closed(stream)
@@ -676,6 +688,8 @@ class AsyncLeases:
                             event.set()
                 except grpc.RpcError:
                     pass  # the stream broke: reopened below while a pair is hot
+                except Exception:  # a bug: checks go on by CheckLimit meanwhile
+                    logger.exception("the lease stream failed")
                 finally:
                     with book.lock:
                         book.stream_closed(stream)

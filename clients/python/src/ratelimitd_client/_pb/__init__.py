@@ -3,8 +3,10 @@ and proto/ratelimitd/v1/lease.proto (the Leases stream).
 
 Not committed: `pip install` (through setup.py) or `python generate_stubs.py`
 writes ratelimit_pb2.py, ratelimit_pb2.pyi and ratelimit_pb2_grpc.py here,
-lease_pb2.py, lease_pb2.pyi and lease_pb2_grpc.py, and status_pb2.py / .pyi (google.rpc.Status, a CheckLimits item's error; used only
-when googleapis-common-protos does not provide it: see generate_stubs.py).
+lease_pb2.py, lease_pb2.pyi and lease_pb2_grpc.py, and status_pb2.py / .pyi
+(google.rpc.Status, a CheckLimits item's error and a lease grant's; used
+only when googleapis-common-protos does not provide it: see
+generate_stubs.py).
 """
 
 try:
