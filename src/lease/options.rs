@@ -28,7 +28,7 @@ pub struct LeaseOptions {
     /// How often a lease's fair share of its policy is settled again among
     /// every client leasing it, at most (one store call per lease each
     /// time); renewals in between are sized from the share last settled.
-    #[arg(long, env = "RATELIMITD_LEASE_SETTLE_INTERVAL", default_value = "1s",
+    #[arg(long, env = "RATELIMITD_LEASE_SETTLE_INTERVAL", default_value = "2s",
           value_parser = positive_duration)]
     pub lease_settle_interval: Duration,
 
