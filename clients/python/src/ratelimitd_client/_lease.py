@@ -512,6 +512,9 @@ class LeaseBook:
         self._sent.clear()
         for lease in self._leases.values():
             lease.in_flight = None
+            # What was admitted from its grants is not the next stream's to
+            # hear: that stream's server granted none of it.
+            lease.admitted = 0
 
 
 class ThreadedLeases:
