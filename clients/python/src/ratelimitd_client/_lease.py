@@ -76,6 +76,15 @@ STREAM_BACKOFF_LAST = 10.0
 CLOSE_WAIT = 1.0
 #: The longest the stream's sender sleeps without looking at its timers, s.
 LONGEST_TICK = 1.0
+#: Asks per message: a key is up to 1 KiB, and the server takes messages of
+#: up to its --max-request-bytes (1 MiB by default; more ends the stream).
+ASKS_PER_MESSAGE = 256
+
+
+def _messages(asks: list[Any]) -> Iterator[lease_pb2.LeaseRequest]:
+    for start in range(0, len(asks), ASKS_PER_MESSAGE):
+        yield lease_pb2.LeaseRequest(asks=asks[start : start + ASKS_PER_MESSAGE])
+
 
 logger = logging.getLogger("ratelimitd_client.leases")
 
@@ -608,8 +617,7 @@ class ThreadedLeases:
                 asks = book.asks(now)
                 done = book.closing or book.holds_nothing()
                 wait = book.next_look(now)
-            if asks:
-                yield lease_pb2.LeaseRequest(asks=asks)
+            yield from _messages(asks)
             if done:
                 return
             with contextlib.suppress(queue.Empty):
@@ -714,8 +722,8 @@ class AsyncLeases:
                 asks = book.asks(now)
                 done = book.closing or book.holds_nothing()
                 wait = book.next_look(now)
-            if asks:
-                yield lease_pb2.LeaseRequest(asks=asks)
+            for message in _messages(asks):
+                yield message
             if done:
                 return
             with contextlib.suppress(TimeoutError):
