@@ -482,3 +482,21 @@ async def test_the_middleware_headers_on_a_leased_policy(lease_server, key):
     # grant was on its way to the decision made from that grant.
     for i, ((before, _), (after, was_local)) in enumerate(zip(remaining, remaining[1:], strict=False)):
         assert after <= before or (was_local and not remaining[i][1]), (i, before, after)
+
+
+def test_the_middleware_takes_the_lease_options(lease_server, monkeypatch):
+    monkeypatch.delenv("RATELIMITD_LEASES", raising=False)
+    assert Limiter(address=lease_server.address).client.leases
+    assert not Limiter(address=lease_server.address, leases=False).client.leases
+    limiter = Limiter(address=lease_server.address, lease_threshold=5)
+    assert limiter.client.leases and limiter.client._book.threshold == 5
+    middleware = RateLimitMiddleware(ok, policy="hot", address=lease_server.address, leases=False)
+    assert not middleware.limiter.client.leases
+    with pytest.raises(ValueError, match="give them to the AsyncClient"):
+        Limiter(client=AsyncClient(lease_server.address), leases=False)
+    monkeypatch.setenv("RATELIMITD_LEASES", "off")
+    assert not Limiter(address=lease_server.address).client.leases
+
+
+async def ok(request):
+    return PlainTextResponse("ok")

@@ -65,6 +65,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from ._client import DEFAULT_DEADLINE, AsyncClient
 from ._ip import DEFAULT_IPV6_SUBNET, check_ipv6_subnet, ip_key
+from ._lease import DEFAULT_LEASE_THRESHOLD
 from ._namespace import namespace
 from ._request import (
     ALGORITHMS,
@@ -311,7 +312,9 @@ class Limiter:
     - `prefix`: put before every key, before the namespace;
     - `client`: an `AsyncClient` to share; else one is made from `address`
       (default $RATELIMITD_ADDRESS, else 127.0.0.1:50051; TLS from
-      RATELIMITD_TLS*) and `deadline` (seconds, default 0.3).
+      RATELIMITD_TLS*), `deadline` (seconds, default 0.3), `leases` and
+      `lease_threshold` (a hot `policy` decided in-process from a lease:
+      on by default unless RATELIMITD_LEASES=off; see `AsyncClient`).
 
     `stats` counts the outcomes (`Stats`). Apply it with
     `app.add_middleware(RateLimitMiddleware, limiter=limiter)`.
@@ -324,6 +327,8 @@ class Limiter:
         address: str | None = None,
         deadline: float = DEFAULT_DEADLINE,
         client: AsyncClient | None = None,
+        leases: bool | None = None,
+        lease_threshold: float = DEFAULT_LEASE_THRESHOLD,
         default_limits: str | Mapping[str, Any] | None = None,
         exempt_paths: Iterable[str] = (),
         on_service_error: str = "allow",
@@ -345,7 +350,9 @@ class Limiter:
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a str (got {prefix!r})")
         self.key_func = key_func
-        self.client = client or AsyncClient(address, deadline)
+        if client is not None and (leases is not None or lease_threshold != DEFAULT_LEASE_THRESHOLD):
+            raise ValueError("leases and lease_threshold are the client's: give them to the AsyncClient")
+        self.client = client or AsyncClient(address, deadline, leases=leases, lease_threshold=lease_threshold)
         self.on_service_error = on_service_error
         self.on_degraded = on_degraded
         self.headers = headers
@@ -573,8 +580,9 @@ class RateLimitMiddleware:
     one limit for every route: `Limiter.limit`'s options (`limit=5,
     window_ms=10_000`, `policy="free-tier"`, `limits=[...]`, `cost`,
     `name`, ...) and `Limiter`'s (`key_func`, `ipv6_subnet`, `address`,
-    `deadline`, `client`, `exempt_paths`, `on_service_error`, `on_degraded`,
-    `headers`, `prefix`). Its limiter (and `stats`) is `.limiter`."""
+    `deadline`, `client`, `leases`, `lease_threshold`, `exempt_paths`,
+    `on_service_error`, `on_degraded`, `headers`, `prefix`). Its limiter
+    (and `stats`) is `.limiter`."""
 
     _LIMITER_OPTIONS = (
         "key_func",
@@ -582,6 +590,8 @@ class RateLimitMiddleware:
         "address",
         "deadline",
         "client",
+        "leases",
+        "lease_threshold",
         "exempt_paths",
         "on_service_error",
         "on_degraded",
