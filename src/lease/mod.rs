@@ -71,6 +71,9 @@ pub(crate) struct Grant {
     pub renew_after: Duration,
 }
 
+/// When a client renews, as a fraction of its lease's time.
+const RENEW_AT: f64 = 0.7;
+
 /// The service's own settings.
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {
@@ -281,7 +284,10 @@ impl Leaser {
     ) -> Result<Grant, Error> {
         let size = lease_size(leasable, holding.share_rate);
         holding.allowance.accrue(holding.share_rate, size, now);
-        let renew_after = leasable.max_duration / 2;
+        // Late enough that a renewal tops up most of a lease (few store
+        // calls), early enough that the answer comes back before the
+        // units run out.
+        let renew_after = leasable.max_duration.mul_f64(RENEW_AT);
         // Alone on the policy, a client may have units as fast as the limits
         // allow, as by CheckLimit; beside others that want more, it is held
         // to its share.
@@ -315,7 +321,7 @@ impl Leaser {
             valid_for,
             limits,
             retry_after: None,
-            renew_after: renew_after.min(valid_for / 2),
+            renew_after: valid_for.mul_f64(RENEW_AT),
         })
     }
 

@@ -33,8 +33,10 @@ pub struct LeaseOptions {
     pub lease_settle_interval: Duration,
 
     /// What each client's share allows beyond its measured demand, in
-    /// percent of it, so it can grow before its next renewal.
-    #[arg(long, env = "RATELIMITD_LEASE_HEADROOM", default_value_t = 20,
+    /// percent of it, so it can grow before its share is settled again.
+    /// Under contention a client below the fair level leaves its headroom
+    /// unused, so this is kept small.
+    #[arg(long, env = "RATELIMITD_LEASE_HEADROOM", default_value_t = 5,
           value_parser = clap::value_parser!(u16).range(0..=100))]
     pub lease_headroom: u16,
 }
