@@ -225,6 +225,27 @@ def test_threads_sharing_a_client_never_exceed_the_limit(lease_server, key):
     assert stats["local_allowed"] + stats["local_denied"] >= 1000, stats
 
 
+def test_clients_sharing_a_key_never_exceed_the_limit_together(lease_server, key):
+    # Two processes' clients, one stream each: the server shares the
+    # policy's rate between them, and spends every unit it grants.
+    allowed = [0, 0]
+    stats = [{}, {}]
+
+    def run(i: int) -> None:
+        with Client(lease_server.address, deadline=DEADLINE) as client:
+            allowed[i] = sum(client.check(key, policy="hot").allowed for _ in range(1500))
+            stats[i] = client.lease_stats()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(allowed) + look(lease_server.address, key, "hot") <= 500, (allowed, stats)
+    assert sum(allowed) >= 250, (allowed, stats)
+    assert all(s["local_allowed"] > 0 and s["errors"] == 0 for s in stats), stats
+
+
 def test_a_policy_of_several_limits_reports_the_most_restrictive(lease_server, key):
     checks = Checks()
     with Client(lease_server.address, deadline=DEADLINE) as client:
