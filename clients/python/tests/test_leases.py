@@ -205,6 +205,18 @@ async def test_a_hot_policy_is_decided_locally_never_over_its_limit_async(lease_
     assert_hot_policy_decided_within_its_limit(checks, stats, look(lease_server.address, key, "hot"))
 
 
+async def test_concurrent_async_checks_never_exceed_the_limit(lease_server, key):
+    async with AsyncClient(lease_server.address, deadline=DEADLINE) as client:
+        decisions = []
+        for _ in range(4):
+            decisions += await asyncio.gather(*(client.check(key, policy="hot") for _ in range(500)))
+        stats = client.lease_stats()
+    allowed = sum(d.allowed for d in decisions)
+    assert 450 <= allowed <= 500, (allowed, stats)
+    assert allowed + look(lease_server.address, key, "hot") <= 500
+    assert stats["local_allowed"] + stats["local_denied"] >= 1000, stats
+
+
 def test_threads_sharing_a_client_never_exceed_the_limit(lease_server, key):
     results: list[bool] = []
     with Client(lease_server.address, deadline=DEADLINE) as client:
