@@ -454,6 +454,14 @@ class LeaseBook:
             soonest = min([soonest, *(t for t in times if t > now)])
         return max(0.005, soonest - now)
 
+    def forget_idle(self, now: float) -> None:
+        """With no stream to release them on: forgets the pairs idle for
+        IDLE_RELEASE (their units lapse with their time), and the cold ones."""
+        for k, lease in list(self._leases.items()):
+            idle = now - lease.last_check
+            if idle >= IDLE_RELEASE or (not lease.leasing and idle > HOT_WINDOW):
+                del self._leases[k]
+
     def holds_nothing(self) -> bool:
         """No pair is left to lease, nor an ask awaiting its grant: the
         stream may end."""
@@ -578,6 +586,7 @@ class ThreadedLeases:
         backoff = STREAM_BACKOFF_FIRST
         while True:
             with book.lock:
+                book.forget_idle(time.monotonic())
                 if not book.wants_stream():
                     self._thread = None  # under the lock: wake() starts another
                     return
@@ -684,6 +693,7 @@ class AsyncLeases:
         try:
             while True:
                 with book.lock:
+                    book.forget_idle(time.monotonic())
                     if not book.wants_stream():
                         return
                     stream = book.stream_opened()
