@@ -63,6 +63,8 @@ DEFAULT_LEASE_THRESHOLD = 20.0
 LEASES_ENV = "RATELIMITD_LEASES"
 #: The sliding window hotness (and an ask's `demand`) is measured over, s.
 HOT_WINDOW = 1.0
+#: The shortest span an ask's `demand` is measured over, s.
+SHORTEST_SPAN = 0.1
 #: A leased policy and key not checked for this long gives back its units, s.
 IDLE_RELEASE = 5.0
 #: After a grant's RESOURCE_EXHAUSTED or UNAVAILABLE, wait this long before
@@ -148,6 +150,7 @@ class _Lease:
     """One policy and key: its hotness, and once hot, its lease."""
 
     hits: deque[float] = field(default_factory=deque)
+    first_check: float = 0.0
     last_check: float = 0.0
     #: Hot: a lease is wanted (asked, held, or being renewed).
     leasing: bool = False
@@ -178,10 +181,18 @@ class _Lease:
             self.tranches.pop(0)
         return sum(t.units for t in self.tranches)
 
-    def demand(self, now: float) -> float:
+    def count(self, now: float) -> int:
+        """The checks of the last HOT_WINDOW (dropping the older ones)."""
         while self.hits and self.hits[0] <= now - HOT_WINDOW:
             self.hits.popleft()
-        return len(self.hits) / HOT_WINDOW
+        return len(self.hits)
+
+    def demand(self, now: float) -> float:
+        """Checks per second: over the last HOT_WINDOW, or since the first
+        check if that is more recent (a pair that just turned hot is asked
+        for at the rate it turned hot at, not at its count so far)."""
+        span = min(HOT_WINDOW, max(now - self.first_check, SHORTEST_SPAN))
+        return self.count(now) / span
 
 
 @dataclass(frozen=True)
@@ -256,12 +267,12 @@ class LeaseBook:
             return None, False, False
         lease = self._leases.get((policy, key))
         if lease is None:
-            lease = self._leases[(policy, key)] = _Lease()
+            lease = self._leases[(policy, key)] = _Lease(first_check=now)
         lease.last_check = now
         lease.hits.append(now)
-        demand = lease.demand(now)  # and drops the hits older than HOT_WINDOW
+        count = lease.count(now)  # and drops the hits older than HOT_WINDOW
         if not lease.leasing:
-            if demand < self.threshold:
+            if count < self.threshold * HOT_WINDOW:
                 self._sweep(now)
                 return None, False, False
             lease.leasing = True
