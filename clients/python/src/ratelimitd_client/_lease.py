@@ -24,7 +24,8 @@ How a client uses them, per (policy, key) of `check(key, policy=...)`:
 A grant refusing the policy (INVALID_ARGUMENT: its limits are not all
 `lease: true`; NOT_FOUND: no such policy) makes the client decide that
 policy by CheckLimit from then on; RESOURCE_EXHAUSTED or UNAVAILABLE wait
-ERROR_BACKOFF before asking again. A broken stream is reopened, with a
+ERROR_BACKOFF before asking again (twice as long after each in a row, up
+to ERROR_BACKOFF_LAST). A broken stream is reopened, with a
 growing wait, while a pair is hot; the tranches held meanwhile stay good
 until they expire.
 
@@ -68,8 +69,10 @@ SHORTEST_SPAN = 0.1
 #: A leased policy and key not checked for this long gives back its units, s.
 IDLE_RELEASE = 5.0
 #: After a grant's RESOURCE_EXHAUSTED or UNAVAILABLE, wait this long before
-#: asking again on that policy and key, s.
+#: asking again on that policy and key, s; doubled for each such grant in
+#: a row, up to the last.
 ERROR_BACKOFF = 1.0
+ERROR_BACKOFF_LAST = 30.0
 #: Waits before reopening a broken stream: doubled on each failure in a
 #: row, from the first to the last, s.
 STREAM_BACKOFF_FIRST = 0.2
@@ -170,6 +173,8 @@ class _Lease:
     asked_at: float = -math.inf
     #: A call found too few units: renew.
     short: bool = False
+    #: Grants with an error in a row.
+    errors: int = 0
     # Since the last ask.
     admitted: int = 0
     denied: int = 0
@@ -496,8 +501,10 @@ class LeaseBook:
                 for k in [k for k in self._leases if k[0] == sent.policy]:
                     del self._leases[k]
             else:
-                lease.backoff_until = now + ERROR_BACKOFF
+                lease.errors += 1
+                lease.backoff_until = now + min(ERROR_BACKOFF * 2 ** (lease.errors - 1), ERROR_BACKOFF_LAST)
             return
+        lease.errors = 0
         valid_for = _seconds(grant.valid_for)
         if grant.units > 0:
             tranche = _Tranche(grant.units, sent.sent_at + valid_for, sent.stream)
