@@ -58,16 +58,13 @@ def lease_server(tmp_path_factory):
     assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"
 
 
-@pytest.fixture(scope="module")
-def redis_lease_server(tmp_path_factory):
-    """A ratelimitd on a Redis of its own (a redis-server on a free loopback
-    port, nothing saved): units given back return to a token bucket there
-    (the embedded store lets them come back with the refill instead)."""
+def start_redis(work, port: int | None = None) -> tuple[int, subprocess.Popen]:
+    """A redis-server on a free loopback port (or `port`), nothing saved,
+    answering PING."""
     if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is needed for the tests of units given back: install Redis", pytrace=False)
-    work = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    with (work / "redis.log").open("wb") as log:
+        pytest.fail("redis-server is needed for the lease tests on Redis: install Redis", pytrace=False)
+    port = port or free_port()
+    with (work / f"redis-{port}.log").open("ab") as log:
         redis = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
             cwd=work,
@@ -75,8 +72,22 @@ def redis_lease_server(tmp_path_factory):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+    wait_for(lambda: _redis_answers(port, redis), f"redis-server on port {port}")
+    return port, redis
+
+
+def stop_redis(redis: subprocess.Popen) -> None:
+    redis.terminate()
+    redis.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def redis_lease_server(tmp_path_factory):
+    """A ratelimitd on a Redis of its own: units given back return to a
+    token bucket there (the embedded store lets them come back with the
+    refill instead)."""
+    port, redis = start_redis(tmp_path_factory.mktemp("redis"))
     try:
-        wait_for(lambda: _redis_answers(port, redis), f"redis-server on port {port}")
         server = start_ratelimitd(
             tmp_path_factory.mktemp("ratelimitd-leases-redis"),
             policies=LEASE_POLICIES,
@@ -86,8 +97,7 @@ def redis_lease_server(tmp_path_factory):
         code = server.stop()
         assert code == 0, f"ratelimitd exited {code} on SIGTERM; its log:\n{server.log.read_text()}"
     finally:
-        redis.terminate()
-        redis.wait(timeout=10)
+        stop_redis(redis)
 
 
 def _redis_answers(port: int, redis: subprocess.Popen) -> bool:
@@ -441,6 +451,46 @@ def test_a_broken_stream_is_survived_and_reopened(tmp_path, key):
             assert client.lease_stats()["errors"] == 0
     finally:
         assert server.stop() in (0, -9)
+
+
+def test_a_store_outage_leaves_the_checks_to_the_failure_policy(tmp_path, key):
+    port, redis = start_redis(tmp_path)
+    server = start_ratelimitd(
+        tmp_path,
+        policies=LEASE_POLICIES,
+        args=["--redis-url", f"redis://127.0.0.1:{port}/0", "--failure-policy", "fail-open"],
+    )
+    try:
+        with Client(server.address, deadline=DEADLINE) as client:
+            for _ in range(100):
+                client.check(key, policy="bucket")
+            wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+            stop_redis(redis)
+            # The units held are spent; then the asks are refused for now
+            # (UNAVAILABLE: the policy stays leasable) and CheckLimit answers
+            # by the server's failure policy.
+            degraded = []
+
+            def refused_for_now() -> bool:
+                degraded.append(client.check(key, policy="bucket").degraded)
+                return client.lease_stats()["errors"] >= 1 and client.lease_stats()["held"] == 0
+
+            wait_for(refused_for_now, "an ask refused while Redis is down")
+            assert degraded[0] is False  # from the units held
+            assert client.check(key, policy="bucket").degraded  # by CheckLimit's failure policy
+
+            _, redis = start_redis(tmp_path, port)
+            local = client.lease_stats()["local_allowed"]
+
+            def leased_again() -> bool:
+                client.check(key, policy="bucket")
+                return client.lease_stats()["local_allowed"] > local
+
+            wait_for(leased_again, "a lease once Redis is back")
+            assert client.lease_stats()["streams"] == 1
+    finally:
+        assert server.stop() == 0
+        stop_redis(redis)
 
 
 def test_one_async_client_leases_in_successive_event_loops(lease_server, key):
