@@ -397,6 +397,24 @@ def test_close_gives_back_the_units_held(redis_lease_server, key):
     assert 1000 - 100 - 1 <= after <= 1000 - 100 + 2, (while_held, held, after)
 
 
+async def test_closing_an_async_client_gives_back_the_units_held(redis_lease_server, key):
+    address = redis_lease_server.address
+    client = AsyncClient(address, deadline=DEADLINE)
+    for _ in range(100):
+        await client.check(key, policy="bucket")
+    await await_for(lambda: client.lease_stats()["held"] > 0, "units held")
+    await client.close()
+    stats = client.lease_stats()
+    assert stats["releases"] == 1 and stats["held"] == 0, stats
+    assert 1000 - 100 - 1 <= look(address, key, "bucket") <= 1000 - 100 + 2
+    # The client may be used again, and leases again.
+    give_up = time.monotonic() + WAIT
+    while client.lease_stats()["local_allowed"] == stats["local_allowed"]:
+        assert time.monotonic() < give_up, f"no new lease within {WAIT} s"
+        await client.check(key, policy="bucket")
+    await client.close()
+
+
 def test_an_idle_pair_gives_its_units_back(redis_lease_server, key):
     lease_server = redis_lease_server
     with Client(lease_server.address, deadline=DEADLINE) as client:
