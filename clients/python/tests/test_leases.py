@@ -3,8 +3,10 @@
 server spent for the client, never admitting more than the limit; the
 remaining count stays right for the RateLimit headers; `leases=False`
 (or RATELIMITD_LEASES=off) sends every check to CheckLimit; a policy that
-is not leasable keeps working per request; a broken stream is survived and
-reopened; units are given back when idle and on close()."""
+is not leasable keeps working per request; clients and threads sharing a
+key stay within the limit together; a broken stream is survived and
+reopened; units are given back when idle and on close(), and a store
+outage is survived (on a Redis of the tests' own)."""
 
 import asyncio
 import shutil
