@@ -297,7 +297,12 @@ impl Leaser {
         let wanted = match sizing::top_up(size, held, share) {
             TopUp::Spend(units) => units,
             TopUp::Enough => return Ok(waiting(None, renew_after)),
-            TopUp::Wait(wait) => return Ok(waiting(Some(wait), wait)),
+            TopUp::Wait(wait) => {
+                // A share of nothing yet (the others' grants still hold
+                // it all) grows at the next settlement, not with time.
+                let wait = wait.min(self.settings.settle_every);
+                return Ok(waiting(Some(wait), wait));
+            }
         };
         let (units, decisions) = self.spend_up_to(policy, key, wanted).await?;
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
