@@ -381,6 +381,35 @@ def test_a_policy_that_is_not_leasable_keeps_working_per_request(lease_server, k
     assert look(lease_server.address, key, "cold") == 300
 
 
+def test_a_lease_refused_for_now_is_asked_again_later(tmp_path, key):
+    # One lease per stream: a second hot key is refused RESOURCE_EXHAUSTED,
+    # decided by CheckLimit meanwhile, and leased once the first is let go.
+    server = start_ratelimitd(tmp_path, policies=LEASE_POLICIES, args=["--lease-max-per-stream", "1"])
+    try:
+        with Client(server.address, deadline=DEADLINE) as client:
+            first = [client.check(f"{key}:1", policy="hot") for _ in range(50)]
+            wait_for(lambda: client.lease_stats()["grants"] >= 1, "the first key's lease")
+            second = [client.check(f"{key}:2", policy="hot") for _ in range(50)]
+            wait_for(lambda: client.lease_stats()["errors"] >= 1, "the second key refused")
+            local = client.lease_stats()["local_allowed"]
+            more = [client.check(f"{key}:2", policy="hot") for _ in range(50)]
+            # Per request: each spent one unit at the server.
+            assert client.lease_stats()["local_allowed"] == local
+            assert all(d.allowed for d in first + second + more)
+            assert look(server.address, f"{key}:2", "hot") == 400
+            # Once the first key is idle and given back, the second is
+            # leased: the refusal was for now, not for the policy.
+            wait_for(lambda: client.lease_stats()["releases"] >= 1, "the first key released", timeout=10)
+
+            def leased() -> bool:
+                client.check(f"{key}:2", policy="hot")
+                return client.lease_stats()["local_allowed"] > local
+
+            wait_for(leased, "the second key's lease")
+    finally:
+        assert server.stop() == 0
+
+
 def test_close_gives_back_the_units_held(redis_lease_server, key):
     lease_server = redis_lease_server
     client = Client(lease_server.address, deadline=DEADLINE)
