@@ -54,7 +54,7 @@ from typing import Any
 
 import grpc
 
-from ._pb import lease_pb2
+from ._pb import lease_pb2, lease_pb2_grpc
 from ._request import Decision, LimitStatus
 
 #: Calls per second of one policy and key at which the client leases.
@@ -560,11 +560,7 @@ class ThreadedLeases:
 
     def __init__(self, book: LeaseBook, channel: grpc.Channel) -> None:
         self.book = book
-        self._lease = channel.stream_stream(
-            "/ratelimitd.v1.Leases/Lease",
-            request_serializer=lease_pb2.LeaseRequest.SerializeToString,
-            response_deserializer=lease_pb2.LeaseResponse.FromString,
-        )
+        self._lease = lease_pb2_grpc.LeasesStub(channel).Lease
         self._thread: threading.Thread | None = None
         self._wakeup: queue.SimpleQueue[bool] | None = None
         self._stopping = threading.Event()
@@ -669,11 +665,7 @@ class AsyncLeases:
         if self.book.closing:
             return
         if self._task is None or self._task.done():
-            lease = channel.stream_stream(
-                "/ratelimitd.v1.Leases/Lease",
-                request_serializer=lease_pb2.LeaseRequest.SerializeToString,
-                response_deserializer=lease_pb2.LeaseResponse.FromString,
-            )
+            lease = lease_pb2_grpc.LeasesStub(channel).Lease
             self._event = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(lease, self._event))
         elif self._event is not None:
