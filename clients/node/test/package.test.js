@@ -45,6 +45,7 @@ test('npm pack ships lib, index.js, index.d.ts, proto, README and package.json o
     'lib/algorithms.js',
     'lib/client.js',
     'lib/ip-key.js',
+    'lib/leases.js',
     'lib/middleware.js',
     'package.json',
     'proto/google/rpc/status.proto',
