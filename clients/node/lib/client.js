@@ -168,15 +168,21 @@ class RateLimitClient {
     } catch (err) {
       return Promise.reject(err);
     }
-    if (this._leases !== null && request.policy !== undefined) {
+    const leases = request.policy === undefined ? null : this._leases;
+    if (leases !== null) {
       // A hot policy is decided here, from the units leased for it.
-      const local = this._leases.decide(request.policy, key, request.cost ?? 1);
+      const local = leases.decide(request.policy, key, request.cost ?? 1);
       if (local !== null) return Promise.resolve(local);
     }
     return new Promise((resolvePromise, reject) => {
       this._stub.CheckLimit(request, { deadline: Date.now() + deadlineMs }, (err, response) => {
-        if (err) reject(new RateLimitError(err));
-        else resolvePromise(decision(response, multi));
+        if (err) {
+          reject(new RateLimitError(err));
+          return;
+        }
+        const result = decision(response, multi);
+        leases?.observe(request.policy, key, result);
+        resolvePromise(result);
       });
     });
   }

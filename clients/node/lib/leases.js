@@ -32,8 +32,8 @@ const DEFAULT_RENEW_MS = 1000;
 // Reconnecting a broken stream: from 100 ms, doubling, up to 5 s.
 const RECONNECT_MIN_MS = 100;
 const RECONNECT_MAX_MS = 5000;
-// How often leased pairs are looked at without a check (expiry, idleness,
-// renewal by time), and cold pairs forgotten.
+// How often pairs are looked at without a check: idle ones released, cold
+// ones forgotten.
 const SWEEP_MS = 250;
 // One LeaseRequest carries asks up to about this many bytes: far under
 // ratelimitd's --max-request-bytes (1 MiB by default).
@@ -96,9 +96,13 @@ class Entry {
     this.leased = false;
     // Units granted, { units, expiresAt }, the earliest-expiring first.
     this.tranches = [];
-    // The last grant's limit statuses, and when they arrived.
+    // What ratelimitd has left on each limit, beside the units held here
+    // (the last grant's statuses, or a later CheckLimit's), and when it said so.
     this.statuses = null;
     this.statusesAt = 0;
+    // The statuses of CheckLimit answers that arrived while an ask was
+    // awaited: they may be newer than its grant's.
+    this.observed = null;
     this.renewAt = 0;
     this.denyUntil = 0;
     this.backoffUntil = 0;
@@ -184,6 +188,16 @@ function mostRestrictive(limits) {
   let best = candidates[0];
   for (const l of candidates) if (l.remaining < best.remaining) best = l;
   return limits.indexOf(best);
+}
+
+/**
+ * `next`, with each limit's `remaining` no higher than in `known` (the same
+ * limits, else ignored): `next` itself when it is nowhere higher.
+ */
+function lower(known, next) {
+  if (!known || known.length !== next.length) return next;
+  if (next.every((s, i) => s.remaining <= known[i].remaining)) return next;
+  return next.map((s, i) => (known[i].remaining < s.remaining ? { ...s, remaining: known[i].remaining } : s));
 }
 
 /** A google.protobuf.Duration in (fractional) milliseconds; 0 when unset. */
@@ -322,6 +336,27 @@ class Leases {
     };
   }
 
+  /**
+   * A CheckLimit decision on a leased policy and key: ratelimitd may have
+   * less left than the last grant said. A call and a grant cross on the
+   * way, so the lower count is the newer: counts only go down between
+   * grants (a grant says when a limit has refilled or a window has passed).
+   */
+  observe(policy, key, decision) {
+    const entry = this._entries.get(`${policy}:${key}`);
+    if (!entry || !entry.leased || !decision.limits || decision.limits.length === 0 || decision.degraded) return;
+    const statuses = decision.limits.map((l) => ({
+      name: l.name,
+      limit: l.limit,
+      remaining: l.remaining,
+      resetAfterMs: l.resetAfterMs,
+      shadow: l.shadow,
+    }));
+    entry.statuses = lower(entry.statuses, statuses);
+    if (entry.statuses === statuses) entry.statusesAt = performance.now();
+    if (entry.inFlight !== null) entry.observed = lower(entry.observed, statuses);
+  }
+
   _leasable(entry) {
     return !this._closed && !this._unavailable && !this._refused.has(entry.policy);
   }
@@ -440,15 +475,19 @@ class Leases {
     if (units > 0 && validFor > 0) entry.addTranche(units, sentAt + validFor);
     entry.lastGrantUnits = units;
     if (grant.limits && grant.limits.length > 0) {
-      entry.statuses = grant.limits.map((s) => ({
+      const statuses = grant.limits.map((s) => ({
         name: s.name,
         limit: Number(s.limit),
         remaining: Number(s.remaining),
         resetAfterMs: durationMs(s.reset_after),
         shadow: s.shadow,
       }));
+      // A CheckLimit answered while the ask was on its way may have been
+      // decided after the grant: the lower count is the newer.
+      entry.statuses = lower(entry.observed, statuses);
       entry.statusesAt = now;
     }
+    entry.observed = null;
     entry.renewAt = sentAt + (grant.renew_after ? durationMs(grant.renew_after) : units > 0 ? validFor / 2 : DEFAULT_RENEW_MS);
     entry.denyUntil = grant.retry_after ? sentAt + durationMs(grant.retry_after) : 0;
   }
@@ -510,7 +549,7 @@ class Leases {
     this._sweepTimer.unref();
   }
 
-  /** Forgets cold pairs, releases idle ones, renews by time. */
+  /** Forgets cold pairs, releases idle ones and drops those no longer leasable. Renewals come with checks. */
   _sweep() {
     const now = performance.now();
     for (const entry of this._entries.values()) {
@@ -526,9 +565,7 @@ class Leases {
       if (now - entry.lastCheck >= IDLE_MS && entry.inFlight === null) {
         this._drop(entry);
         if (this._call) this._queue(entry, true);
-        continue;
       }
-      this._maybeAsk(entry, now);
     }
     if (this._entries.size === 0) {
       clearInterval(this._sweepTimer);
