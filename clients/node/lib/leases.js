@@ -40,6 +40,9 @@ const SWEEP_MS = 250;
 const MAX_REQUEST_BYTES = 64 * 1024;
 // After close(), how long the stream may take to end before it is cancelled.
 const CLOSE_GRACE_MS = 1000;
+// An ask not answered for this long: the stream is taken for broken, and
+// made again.
+const ASK_TIMEOUT_MS = 10000;
 
 /** Requests counted over the last second, in slots of 100 ms. */
 class Rate {
@@ -273,7 +276,8 @@ class Leases {
     const held = entry.held(now);
     if (held > 0 && held >= cost && !entry.exceeds(cost)) {
       entry.take(cost);
-      entry.admitted += 1;
+      // A look (cost 0) spends nothing: not a request admitted from units.
+      if (cost > 0) entry.admitted += 1;
       this.stats.localAllowed += 1;
       return this._allowed(entry, held - cost, now);
     }
@@ -567,7 +571,10 @@ class Leases {
         if (this._call) this._queue(entry, true);
       }
     }
-    if (this._entries.size === 0) {
+    // Grants come in the order of the asks: the oldest ask awaited is first.
+    const oldest = this._pending.values().next().value;
+    if (oldest && this._call === oldest.call && now - oldest.sentAt > ASK_TIMEOUT_MS) this._call.cancel();
+    if (this._entries.size === 0 && this._pending.size === 0) {
       clearInterval(this._sweepTimer);
       this._sweepTimer = null;
     }
