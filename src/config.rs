@@ -22,6 +22,7 @@ use crate::api::envoy::options::{EnvoyOptions, RulesSource};
 use crate::api::rlqs::QuotaOptions;
 use crate::config_error::ConfigError;
 use crate::http::HttpOptions;
+use crate::lease::LeaseOptions;
 use crate::limiter::LimiterOptions;
 use crate::server::bounds::BoundsOptions;
 use crate::server::options::{ListenerOptions, RuntimeOptions};
@@ -64,6 +65,10 @@ pub struct Config {
     /// The Envoy quota service (RLQS).
     #[command(flatten)]
     pub quota: QuotaOptions,
+
+    /// Leases for application servers.
+    #[command(flatten)]
+    pub lease: LeaseOptions,
 
     /// Bounds per peer, connection and request.
     #[command(flatten)]

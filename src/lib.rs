@@ -130,6 +130,7 @@ pub mod error;
 pub mod health;
 pub mod http;
 pub mod incoming;
+pub mod lease;
 pub mod limit;
 pub mod limiter;
 pub(crate) mod live;

@@ -361,6 +361,58 @@ pub(crate) fn quota_streams(delta: f64) {
     gauge!("ratelimitd_quota_streams").increment(delta);
 }
 
+/// The lease streams open, up or down.
+pub(crate) fn lease_streams(delta: f64) {
+    gauge!("ratelimitd_lease_streams").increment(delta);
+}
+
+/// A policy's leases held on this instance (one stream's policy and key
+/// each), up or down.
+pub(crate) fn leases_held(policy: &str, delta: f64) {
+    gauge!("ratelimitd_leases_held", "policy" => policy.to_owned()).increment(delta);
+}
+
+/// Units of a policy's leases: `leased` (spent for a client), `returned`
+/// (given back to the limits), `lapsed` (neither reported spent nor given
+/// back when the lease ended).
+pub(crate) fn lease_units(policy: &str, outcome: &'static str, units: u64) {
+    counter!(
+        "ratelimitd_lease_units_total",
+        "policy" => policy.to_owned(),
+        "outcome" => outcome
+    )
+    .increment(units);
+}
+
+/// A lease asked again (a renewal).
+pub(crate) fn lease_renewal(policy: &str) {
+    counter!("ratelimitd_lease_renewals_total", "policy" => policy.to_owned()).increment(1);
+}
+
+/// What clients reported deciding on a policy: admitted and denied from
+/// their leases, and sent to `CheckLimit` instead (fallbacks).
+pub(crate) fn lease_local_decisions(policy: &str, admitted: u64, denied: u64, fallbacks: u64) {
+    for (outcome, count) in [
+        ("allowed", admitted),
+        ("denied", denied),
+        ("fallback", fallbacks),
+    ] {
+        if count > 0 {
+            counter!(
+                "ratelimitd_lease_client_decisions_total",
+                "policy" => policy.to_owned(),
+                "outcome" => outcome
+            )
+            .increment(count);
+        }
+    }
+}
+
+/// An ask refused (`reason`: the gRPC code's name).
+pub(crate) fn lease_refused(reason: &'static str) {
+    counter!("ratelimitd_lease_refusals_total", "reason" => reason).increment(1);
+}
+
 /// A quota policy's subscribers on this instance (one Envoy stream's
 /// bucket each), up or down.
 pub(crate) fn quota_subscribers(domain: &str, policy: &str, delta: f64) {

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 
 use tonic::{Request, Response, Status};
 
-pub(crate) use self::answer::answer;
+pub(crate) use self::answer::{answer, status};
 pub use self::question::limit_request;
 pub(crate) use self::question::question;
 use crate::api::status::item_status;

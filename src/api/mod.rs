@@ -5,5 +5,6 @@
 
 pub mod check;
 pub(crate) mod envoy;
+pub(crate) mod lease;
 pub(crate) mod rlqs;
 pub(crate) mod status;

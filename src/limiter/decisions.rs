@@ -271,7 +271,7 @@ impl Limiter {
     }
 
     /// What every storage key starts with.
-    pub(super) fn key_prefix(&self) -> &str {
+    pub(crate) fn key_prefix(&self) -> &str {
         &self.key_prefix
     }
 

@@ -13,6 +13,7 @@
 mod decisions;
 mod denial_cache;
 mod failure;
+mod give_back;
 mod in_memory;
 mod keys;
 mod on_redis;

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::model::{self, Policy, PolicyLimit, Scope};
+use super::model::{self, LeaseBounds, Policy, PolicyLimit, Scope};
+use crate::algorithm::Algorithm;
 use crate::config_error::ConfigError;
 use crate::limit;
 use crate::limiter::script::MAX_LIMITS_PER_SCRIPT;
@@ -35,6 +36,13 @@ pub(crate) struct PolicyLimitSpec {
     scope: Option<Text>,
     #[serde(default)]
     shadow_mode: bool,
+    /// Clients may lease its units (see docs/leases.md).
+    #[serde(default)]
+    lease: bool,
+    /// The most units one lease holds.
+    lease_max_units: Option<u64>,
+    /// The longest a lease holds: `2s`, `500ms`.
+    lease_max_duration: Option<Text>,
 }
 
 /// The policies of `file`'s section, each with the line it starts at. A
@@ -113,12 +121,59 @@ fn policy_limit(spec: &PolicyLimitSpec) -> Result<PolicyLimit, String> {
         Some("policy") => Scope::Policy,
         Some(other) => return Err(format!("scope: unknown '{other}': use key or policy")),
     };
+    let lease = lease_bounds(spec, &algorithm, count, per)?;
     Ok(PolicyLimit {
         name,
         algorithm,
         scope,
         shadow: spec.shadow_mode,
+        lease,
     })
+}
+
+/// A limit's lease bounds: `None` without `lease: true`; the error names
+/// the field and the rule.
+fn lease_bounds(
+    spec: &PolicyLimitSpec,
+    algorithm: &Algorithm,
+    count: u64,
+    per: std::time::Duration,
+) -> Result<Option<LeaseBounds>, String> {
+    if !spec.lease {
+        return match (spec.lease_max_units, &spec.lease_max_duration) {
+            (None, None) => Ok(None),
+            (Some(_), _) => Err("lease_max_units: applies only with `lease: true`".into()),
+            (None, Some(_)) => Err("lease_max_duration: applies only with `lease: true`".into()),
+        };
+    }
+    if !matches!(
+        algorithm,
+        Algorithm::FixedWindow(_) | Algorithm::TokenBucket(_) | Algorithm::Gcra(_)
+    ) {
+        return Err(format!(
+            "lease: applies to fixed_window, token_bucket and gcra only (this limit is {}: a \
+             leased unit is spent before it is used, and a sliding window would count it at \
+             the wrong moment)",
+            algorithm.name()
+        ));
+    }
+    let mut bounds = LeaseBounds::default_for(count, per);
+    if let Some(units) = spec.lease_max_units {
+        if units == 0 {
+            return Err("lease_max_units: must be at least 1".into());
+        }
+        bounds.max_units = units;
+    }
+    if let Some(Text(text)) = &spec.lease_max_duration {
+        let duration = humantime::parse_duration(text.trim()).map_err(|err| {
+            format!("lease_max_duration: '{text}' is not a duration like 2s or 500ms ({err})")
+        })?;
+        if duration.is_zero() || duration > std::time::Duration::from_secs(3600) {
+            return Err("lease_max_duration: must be positive and at most 1h".into());
+        }
+        bounds.max_duration = duration;
+    }
+    Ok(Some(bounds))
 }
 
 #[cfg(test)]
@@ -159,6 +214,30 @@ mod tests {
         assert!(
             matches!(fast.algorithm, Algorithm::Gcra(g) if g.burst() == 1 && g.interval() == limit::Micros::from_millis(250))
         );
+    }
+
+    #[test]
+    fn a_leasable_limit_has_bounds_of_its_own_or_the_defaults() {
+        let policies = compile_text(
+            "hot:\n  - {per: 1s, limit: 1000, algorithm: token_bucket, lease: true}\n  - {per: 1m, limit: 20000, lease: true, lease_max_units: 50, lease_max_duration: 2s}\n  - {per: 1h, limit: 9}\n",
+        )
+        .unwrap();
+        let limits = &policies[0].0.limits;
+        assert_eq!(
+            limits[0].lease,
+            Some(LeaseBounds {
+                max_units: 250,
+                max_duration: std::time::Duration::from_millis(500)
+            })
+        );
+        assert_eq!(
+            limits[1].lease,
+            Some(LeaseBounds {
+                max_units: 50,
+                max_duration: std::time::Duration::from_secs(2)
+            })
+        );
+        assert_eq!(limits[2].lease, None);
     }
 
     #[test]
@@ -205,6 +284,26 @@ mod tests {
                 "duplicate limit name '1s' (first at line 2)",
             ),
             ("free: []\n", 1, "policy 'free' has no limits"),
+            (
+                "free:\n  - {per: 1s, limit: 1, algorithm: sliding_window, lease: true}\n",
+                2,
+                "lease: applies to fixed_window, token_bucket and gcra only (this limit is sliding_window",
+            ),
+            (
+                "free:\n  - {per: 1s, limit: 1, lease_max_units: 3}\n",
+                2,
+                "lease_max_units: applies only with `lease: true`",
+            ),
+            (
+                "free:\n  - {per: 1s, limit: 1, lease: true, lease_max_units: 0}\n",
+                2,
+                "lease_max_units: must be at least 1",
+            ),
+            (
+                "free:\n  - {per: 1s, limit: 1, lease: true, lease_max_duration: soon}\n",
+                2,
+                "lease_max_duration: 'soon' is not a duration",
+            ),
             (&too_many, 2, "policy 'big' has more than 64 limits"),
         ];
         crate::spec::assert_refused("policies.yaml", &cases, compile_text);

@@ -7,4 +7,4 @@ pub(crate) mod file;
 pub(crate) mod model;
 
 pub(crate) use model::Policies;
-pub use model::{Policy, PolicyLimit, Scope};
+pub use model::{LeaseBounds, Policy, PolicyLimit, Scope};

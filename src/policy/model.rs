@@ -36,6 +36,40 @@ pub struct PolicyLimit {
     pub scope: Scope,
     /// Decided and reported, but never denies.
     pub shadow: bool,
+    /// Whether clients may lease its units (`lease: true`), and within
+    /// what bounds; `None`: every request asks the store.
+    pub lease: Option<LeaseBounds>,
+}
+
+/// The bounds of a leasable limit's leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseBounds {
+    /// The most units one lease holds (`lease_max_units`; default a
+    /// quarter of the limit).
+    pub max_units: u64,
+    /// The longest a lease's units stay valid (`lease_max_duration`;
+    /// default half the limit's `per`, at most 5 s).
+    pub max_duration: Duration,
+}
+
+impl LeaseBounds {
+    /// The longest default lease: long enough that a client renews a few
+    /// times a second at most, short enough that a client's share follows
+    /// its demand within seconds.
+    pub const LONGEST_DEFAULT: Duration = Duration::from_secs(5);
+
+    /// The default bounds of a limit of `limit` units per `per`: a quarter
+    /// of the limit, for half the `per` (at most [`Self::LONGEST_DEFAULT`]).
+    /// With half the `per`, the units every client holds at once stay
+    /// under half the limit (see docs/leases.md).
+    pub fn default_for(limit: u64, per: Duration) -> Self {
+        Self {
+            max_units: (limit / 4).max(1),
+            max_duration: (per / 2)
+                .min(Self::LONGEST_DEFAULT)
+                .max(Duration::from_millis(1)),
+        }
+    }
 }
 
 /// Whose counter a policy limit spends.
@@ -163,12 +197,14 @@ mod tests {
                     algorithm: algorithm(None, 1, SECOND, None).unwrap(),
                     scope: Scope::Key,
                     shadow: false,
+                    lease: None,
                 },
                 PolicyLimit {
                     name: "plan".into(),
                     algorithm: algorithm(None, 1, SECOND, None).unwrap(),
                     scope: Scope::Policy,
                     shadow: true,
+                    lease: None,
                 },
             ],
             source: "policies.yaml:2".into(),

@@ -10,7 +10,8 @@
 //! Both keys carry one hash tag, so each call is one script on one node
 //! (Redis Cluster included), on Redis's clock.
 
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::Script;
@@ -28,6 +29,58 @@ static NUDGE: LazyLock<Script> =
 
 /// How long a nudge is kept for the others to read, at least: many beats.
 const KEEP_NUDGES: Duration = Duration::from_secs(10);
+
+/// Who this instance is among those on one store, and which of the others
+/// the last beat found dead: shared by everything that settles shares (the
+/// quota service's streams and the lease streams), so that each names its
+/// subscribers `<instance>:<stream>` and leaves the dead ones' demand out.
+#[derive(Debug)]
+pub(crate) struct Roster {
+    instance: String,
+    dead: RwLock<Arc<[String]>>,
+    /// Something on this instance settles shares: it must beat, or the
+    /// others would take its subscribers for a dead instance's.
+    in_use: AtomicBool,
+}
+
+impl Roster {
+    /// A new instance, with a random id, knowing of no dead ones.
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            instance: format!("{:016x}", rand::random::<u64>()),
+            dead: RwLock::new(Arc::from([])),
+            in_use: AtomicBool::new(false),
+        })
+    }
+
+    /// This instance's id.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The instances found dead at the last beat.
+    pub(crate) fn dead(&self) -> Arc<[String]> {
+        self.dead
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// What the last beat found.
+    pub(crate) fn set_dead(&self, dead: Vec<String>) {
+        *self.dead.write().unwrap_or_else(PoisonError::into_inner) = dead.into();
+    }
+
+    /// Marks this instance as settling shares from now on.
+    pub(crate) fn use_it(&self) {
+        self.in_use.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether anything on this instance has settled shares.
+    pub(crate) fn in_use(&self) -> bool {
+        self.in_use.load(Ordering::Relaxed)
+    }
+}
 
 /// This instance's presence on the shared store.
 #[derive(Clone)]

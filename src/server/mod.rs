@@ -16,6 +16,7 @@ pub mod banner;
 pub mod bounds;
 pub mod listeners;
 pub mod options;
+mod reflection;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +33,7 @@ pub use self::listeners::{BindError, Listeners};
 use crate::api::check::CheckService;
 use crate::api::envoy::options::RulesSource;
 use crate::api::envoy::{EnvoyService, xds};
+use crate::api::lease::LeaseService;
 use crate::api::rlqs::QuotaService;
 use crate::config::Config;
 use crate::config_error::ConfigError;
@@ -41,6 +43,7 @@ use crate::error::StoreError;
 use crate::health::{self, Health};
 use crate::http::{self, Served};
 use crate::incoming;
+use crate::lease::Leaser;
 use crate::limit::FailurePolicy;
 use crate::limiter::Limiter;
 use crate::load_shed::DecisionSlots;
@@ -382,7 +385,7 @@ fn grpc_router(
         impl tonic_health::pb::health_server::Health,
     >,
 ) -> Result<GrpcRouter, ServeError> {
-    let (reflection_v1, reflection_v1alpha) = reflection(config.listener.reflection)?;
+    let (reflection_v1, reflection_v1alpha) = reflection::services(config.listener.reflection)?;
     let max_request = config.bounds.max_request_bytes as usize;
     Ok(Server::builder()
         .timeout(config.bounds.request_timeout)
@@ -408,7 +411,8 @@ fn grpc_router(
             apis.quota
                 .into_server()
                 .max_decoding_message_size(max_request),
-        ))
+        )
+        .add_service(apis.lease.into_server()))
 }
 
 /// The tonic router, its layers named.
@@ -425,6 +429,7 @@ struct Apis {
     decider: Decider,
     envoy: EnvoyService,
     quota: QuotaService,
+    lease: LeaseService,
 }
 
 impl Apis {
@@ -448,6 +453,19 @@ impl Apis {
                 config.limiter.failure_policy,
                 &config.limiter.key_prefix,
             ),
+            quota_shutdown.clone(),
+        );
+        let (roster, ledger) = quota.share_settling();
+        let leaser = Arc::new(Leaser::new(
+            limiter.clone(),
+            rules.clone(),
+            ledger,
+            roster,
+            config.lease.settings(),
+        ));
+        let lease = LeaseService::new(
+            leaser,
+            config.bounds.max_request_bytes as usize,
             quota_shutdown,
         );
         let decider = Decider::new(limiter.clone())
@@ -464,6 +482,7 @@ impl Apis {
             decider,
             envoy,
             quota,
+            lease,
         }
     }
 }
@@ -548,53 +567,4 @@ fn follow_rules(
         }
         RulesSource::None => (RulesHandle::default(), None),
     })
-}
-
-/// Both versions of reflection, unless it is off: v1 for current tools,
-/// v1alpha for those still widely installed (grpcurl 1.8, Python's
-/// grpcio-reflection). The services are named: the descriptors also hold
-/// the xDS service the configuration source is a client of, which is not
-/// served.
-#[allow(clippy::type_complexity)]
-fn reflection(
-    on: bool,
-) -> Result<
-    (
-        Option<
-            tonic_reflection::server::v1::ServerReflectionServer<
-                impl tonic_reflection::server::v1::ServerReflection,
-            >,
-        >,
-        Option<
-            tonic_reflection::server::v1alpha::ServerReflectionServer<
-                impl tonic_reflection::server::v1alpha::ServerReflection,
-            >,
-        >,
-    ),
-    ServeError,
-> {
-    if !on {
-        info!("reflection off (--reflection=false)");
-        return Ok((None, None));
-    }
-    let builder = |itself: &'static str| {
-        [
-            "ratelimitd.v1.RateLimiter",
-            "envoy.service.ratelimit.v3.RateLimitService",
-            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
-            "grpc.health.v1.Health",
-            itself,
-        ]
-        .into_iter()
-        .fold(
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
-            |builder, service| builder.with_service_name(service),
-        )
-    };
-    Ok((
-        Some(builder("grpc.reflection.v1.ServerReflection").build_v1()?),
-        Some(builder("grpc.reflection.v1alpha.ServerReflection").build_v1alpha()?),
-    ))
 }

@@ -160,6 +160,6 @@ fn check_block(name: &str, expected: &str) {
     assert!(
         found == expected,
         "docs/configuration.md's {name} is out of date: run \
-         `RATELIMITD_BLESS=1 cargo test --test configuration_reference` and commit the result"
+         `RATELIMITD_BLESS=1 cargo test --all-features --test suite configuration_reference::` and commit the result"
     );
 }

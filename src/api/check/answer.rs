@@ -75,7 +75,7 @@ fn several_response(several: &Several) -> pb::CheckLimitResponse {
 
 /// One limit's status among several: its decision, as [`response`]
 /// states it, with its label.
-fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
+pub(crate) fn status(label: &Label, decision: &Decision) -> pb::LimitStatus {
     let one = response(decision);
     pb::LimitStatus {
         name: label.name.clone(),

@@ -3,8 +3,8 @@
 //! settlement then leaves out, and whose shares every stream settles again
 //! at once), and passes the others' nudges on to its own streams.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -38,7 +38,9 @@ pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
                 return;
             },
         }
-        subscribed_once = subscribed_once || shared.subscriptions.load(Ordering::Relaxed) > 0;
+        subscribed_once = subscribed_once
+            || shared.subscriptions.load(Ordering::Relaxed) > 0
+            || shared.roster.in_use();
         if !subscribed_once {
             continue;
         }
@@ -76,13 +78,13 @@ fn take_in(shared: &Shared, beat: Beat) {
         );
     }
     let any_newly_dead = !newly_dead.is_empty();
-    *shared.dead.write().unwrap_or_else(PoisonError::into_inner) = dead.into();
+    shared.roster.set_dead(dead);
     if any_newly_dead {
         shared.nudges.nudge_all();
     }
     for (instance, key) in nudged {
         // This instance's own streams were nudged when it wrote them.
-        if instance != shared.instance {
+        if instance != shared.roster.instance() {
             shared.nudges.nudge(&key, 0);
         }
     }

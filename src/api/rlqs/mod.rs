@@ -23,8 +23,8 @@ mod stream;
 mod subscription;
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::Stream;
@@ -38,8 +38,8 @@ use self::shared::Shared;
 use self::stream::QuotaStream;
 use crate::metrics;
 use crate::pb::envoy::service::rate_limit_quota::v3 as rlqs;
-use crate::quota::QuotaLedgers;
-use crate::quota::presence::Presence;
+use crate::quota::presence::{Presence, Roster};
+use crate::quota::{QuotaLedger, QuotaLedgers};
 use crate::rules::RulesHandle;
 use crate::telemetry::WarnThrottle;
 
@@ -67,12 +67,12 @@ impl QuotaService {
         settings: QuotaSettings,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
-        let instance = format!("{:016x}", rand::random::<u64>());
+        let roster = Roster::new();
         let presence = ledgers.shared.redis().map(|store| {
             Presence::new(
                 store.clone(),
                 &settings.key_prefix,
-                &instance,
+                roster.instance(),
                 settings.instance_timeout,
                 settings.beat_interval(),
                 // By then every entry it wrote has run out by itself.
@@ -84,12 +84,11 @@ impl QuotaService {
             local: ledgers.own,
             rules,
             settings,
-            instance,
+            roster,
             next_stream: AtomicU64::new(1),
             subscriptions: AtomicUsize::new(0),
             nudges: Nudges::default(),
             presence: presence.clone(),
-            dead: RwLock::new(Arc::from([])),
             shutdown,
             too_large: WarnThrottle::new(WARN_EVERY),
         });
@@ -103,9 +102,16 @@ impl QuotaService {
     /// many bucket subscriptions its streams hold now: for the admin API.
     pub(crate) fn subscriptions(&self) -> (&str, usize) {
         (
-            &self.shared.instance,
+            self.shared.roster.instance(),
             self.shared.subscriptions.load(Ordering::Relaxed),
         )
+    }
+
+    /// This instance's roster, and the ledger shares are settled on: for
+    /// the lease streams, which settle their shares beside the quota
+    /// service's.
+    pub(crate) fn share_settling(&self) -> (Arc<Roster>, QuotaLedger) {
+        (self.shared.roster.clone(), self.shared.ledger.clone())
     }
 
     /// The tonic service.

@@ -2,8 +2,8 @@
 //! the settings, this instance's subscriptions and nudges, and what it
 //! knows of the other instances.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -12,7 +12,7 @@ use tracing::debug;
 use super::nudges::Nudges;
 use super::options::QuotaSettings;
 use crate::quota::QuotaLedger;
-use crate::quota::presence::Presence;
+use crate::quota::presence::{Presence, Roster};
 use crate::rules::RulesHandle;
 use crate::telemetry::WarnThrottle;
 
@@ -23,8 +23,9 @@ pub(super) struct Shared {
     pub(super) local: Option<QuotaLedger>,
     pub(super) rules: RulesHandle,
     pub(super) settings: QuotaSettings,
-    /// Names this instance's subscribers apart from other instances'.
-    pub(super) instance: String,
+    /// Names this instance's subscribers apart from other instances', and
+    /// knows the dead ones (shared with the lease streams).
+    pub(super) roster: Arc<Roster>,
     pub(super) next_stream: AtomicU64,
     /// Subscriptions held by all streams, at most `max_buckets`.
     pub(super) subscriptions: AtomicUsize,
@@ -32,10 +33,6 @@ pub(super) struct Shared {
     /// This instance's beat and nudges on a shared Redis (none on the
     /// embedded store: one process, one instance).
     pub(super) presence: Option<Presence>,
-    /// The instances found dead at the last beat, whose subscribers'
-    /// demand no longer counts in any settlement (their grants do, until
-    /// released).
-    pub(super) dead: RwLock<Arc<[String]>>,
     /// Turns true when the server shuts down.
     pub(super) shutdown: watch::Receiver<bool>,
     /// Throttles the warning of a report over `max_report_bytes`.
@@ -63,10 +60,7 @@ impl Shared {
 
     /// The instances found dead at the last beat.
     pub(super) fn dead_instances(&self) -> Arc<[String]> {
-        self.dead
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.roster.dead()
     }
 
     /// Asks every other stream subscribed to `key`, on this instance at

@@ -45,7 +45,7 @@ pub(super) struct QuotaStream {
 
 impl QuotaStream {
     pub(super) fn new(shared: Arc<Shared>, number: u64, nudges: mpsc::Sender<String>) -> Self {
-        let subscriber = format!("{}:{number}", shared.instance);
+        let subscriber = format!("{}:{number}", shared.roster.instance());
         Self {
             shared,
             number,

@@ -1,0 +1,94 @@
+//! One lease stream's book: for each policy and key its client leases,
+//! what the server granted it, what it reported spending, and its share.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::sizing::Allowance;
+use crate::policy::Policy;
+
+/// A client's lease on one policy and key, as its stream's server knows it.
+#[derive(Debug)]
+pub(crate) struct Holding {
+    /// Where its share is settled.
+    pub ledger_key: String,
+    /// The policy as last leased (the rules may reload in between).
+    pub policy: Arc<Policy>,
+    /// Units granted, in all.
+    pub granted: u64,
+    /// Units the client reported admitting, in all: never above `granted`.
+    pub admitted: u64,
+    /// Units given back, in all.
+    pub returned: u64,
+    /// The grants whose units are still valid: (units, valid until).
+    pub tranches: VecDeque<(u64, Instant)>,
+    /// What may be granted now, held to the share.
+    pub allowance: Allowance,
+    /// Its share of the policy's rate, units per second.
+    pub share_rate: f64,
+    /// Whether other clients lease the same policy (and key) too: then it
+    /// is held to its share.
+    pub contended: bool,
+    /// When its share was last settled.
+    pub settled_at: Option<Instant>,
+    /// Its last reported demand, requests per second.
+    pub demand: f64,
+}
+
+impl Holding {
+    /// Units granted that are still valid at `now` and were not reported
+    /// spent: the most a client can give back.
+    pub(crate) fn outstanding(&mut self, now: Instant) -> u64 {
+        while self
+            .tranches
+            .front()
+            .is_some_and(|&(_, until)| until <= now)
+        {
+            self.tranches.pop_front();
+        }
+        let valid: u64 = self.tranches.iter().map(|&(units, _)| units).sum();
+        valid.min(self.lapsed())
+    }
+
+    /// Units granted that were neither reported spent nor given back:
+    /// lapsed unspent, once the lease is gone.
+    pub(crate) fn lapsed(&self) -> u64 {
+        self.granted.saturating_sub(self.admitted + self.returned)
+    }
+}
+
+/// Every lease one stream holds, by (policy, key).
+#[derive(Debug, Default)]
+pub(crate) struct Book {
+    holdings: HashMap<(String, String), Holding>,
+}
+
+impl Book {
+    /// The lease on `policy` and `key`, if held.
+    pub(crate) fn get_mut(&mut self, policy: &str, key: &str) -> Option<&mut Holding> {
+        self.holdings.get_mut(&(policy.to_owned(), key.to_owned()))
+    }
+
+    /// Holds a new lease.
+    pub(crate) fn insert(&mut self, policy: &str, key: &str, holding: Holding) -> &mut Holding {
+        self.holdings
+            .entry((policy.to_owned(), key.to_owned()))
+            .or_insert(holding)
+    }
+
+    /// Lets the lease on `policy` and `key` go.
+    pub(crate) fn remove(&mut self, policy: &str, key: &str) -> Option<Holding> {
+        self.holdings.remove(&(policy.to_owned(), key.to_owned()))
+    }
+
+    /// How many leases the stream holds.
+    pub(crate) fn len(&self) -> usize {
+        self.holdings.len()
+    }
+
+    /// Lets every lease go.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = ((String, String), Holding)> + '_ {
+        self.holdings.drain()
+    }
+}

@@ -1,0 +1,518 @@
+//! Leases: a client process decides a hot policy by itself, from units the
+//! server has already spent for it. Each lease is prepaid: the units are
+//! spent on every limit of the policy with the same atomic decision as
+//! `CheckLimit`, before the client hears of them, so no limit ever admits
+//! more than it allows, whoever holds them and whatever fails
+//! (docs/semantics.md has the proof). A lease's size is the client's
+//! share of the policy's rate, settled among every client leasing it on
+//! every instance by the quota service's fair-share ledger and presence,
+//! for the lease's time, topped up at each renewal; units a client gives
+//! back go back to the limits that can take them.
+//!
+//! `sizing` says what may be leased and how much; `book` is one stream's
+//! leases. The gRPC face is `api::lease`.
+
+pub(crate) mod book;
+mod options;
+pub(crate) mod sizing;
+
+pub use self::options::LeaseOptions;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use self::book::{Book, Holding};
+use self::sizing::{Allowance, Leasable};
+use crate::decider::{self, Label};
+use crate::error::Error;
+use crate::limit::{CallerKey, Decision, FailurePolicy, InvalidArgument, RetryAfter};
+use crate::limiter::Limiter;
+use crate::metrics;
+use crate::policy::{Policy, Scope};
+use crate::quota::presence::Roster;
+use crate::quota::{QuotaLedger, ShareOp, ShareParams};
+use crate::rules::RulesHandle;
+
+/// What a client asks of one policy and key.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Ask {
+    /// The policy.
+    pub policy: String,
+    /// Whose counters its per-key limits spend.
+    pub key: String,
+    /// Requests per second the client sees on them.
+    pub demand: f64,
+    /// Units of earlier grants it still holds.
+    pub held: u64,
+    /// Admitted from leases since its last ask.
+    pub admitted: u64,
+    /// Denied locally since its last ask.
+    pub denied: u64,
+    /// Sent to `CheckLimit` since its last ask.
+    pub fallbacks: u64,
+    /// It stops leasing them, giving `held` back.
+    pub release: bool,
+}
+
+/// What an ask got.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Grant {
+    /// Units spent for the client.
+    pub units: u64,
+    /// How long they are valid, from when the client sent its ask.
+    pub valid_for: Duration,
+    /// Each limit after the spend, in the policy's order.
+    pub limits: Vec<(Label, Decision)>,
+    /// Set when `units` is zero for want of units: deny locally this long.
+    pub retry_after: Option<Duration>,
+    /// When to ask again.
+    pub renew_after: Duration,
+}
+
+/// The service's own settings.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// Most leases one stream may hold.
+    pub max_per_stream: usize,
+    /// Most leases all streams of this instance may hold together.
+    pub max_total: usize,
+    /// How often a lease's share is settled again, at most.
+    pub settle_every: Duration,
+    /// What a client's share allows beyond its demand, per mille.
+    pub headroom_permille: u64,
+}
+
+/// The lease service's core: grants, renews and releases leases on a
+/// limiter, with shares settled on a ledger.
+pub(crate) struct Leaser {
+    limiter: Limiter,
+    rules: RulesHandle,
+    ledger: QuotaLedger,
+    roster: Arc<Roster>,
+    settings: LeaseSettings,
+    /// Leases held by every stream of this instance.
+    held: AtomicUsize,
+}
+
+impl Leaser {
+    /// Leases on `limiter`, for the policies of `rules`, with shares
+    /// settled on `ledger` among the instances `roster` knows.
+    pub(crate) fn new(
+        limiter: Limiter,
+        rules: RulesHandle,
+        ledger: QuotaLedger,
+        roster: Arc<Roster>,
+        settings: LeaseSettings,
+    ) -> Self {
+        Self {
+            limiter,
+            rules,
+            ledger,
+            roster,
+            settings,
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// This instance's id among those on its store.
+    pub(crate) fn instance(&self) -> &str {
+        self.roster.instance()
+    }
+
+    /// Answers `ask` from the stream `subscriber`, whose leases are `book`.
+    pub(crate) async fn ask(
+        &self,
+        subscriber: &str,
+        book: &mut Book,
+        ask: &Ask,
+    ) -> Result<Grant, Error> {
+        let policy = decider::policy(&self.rules.current(), &ask.policy)?;
+        let key = CallerKey::new(ask.key.clone()).map_err(|err| err.within("key"))?;
+        let leasable = sizing::leasable(&policy)?;
+        if !ask.demand.is_finite() || ask.demand < 0.0 {
+            return Err(InvalidArgument::new(
+                "demand",
+                "must be a number of requests per second, 0 or more",
+            )
+            .into());
+        }
+        let now = Instant::now();
+        if ask.release {
+            return self.release(subscriber, book, ask, &key, now).await;
+        }
+        let holding = match book.get_mut(&ask.policy, &ask.key) {
+            Some(holding) => {
+                metrics::lease_renewal(&ask.policy);
+                holding
+            }
+            None => {
+                self.take_slot(book)?;
+                metrics::leases_held(&ask.policy, 1.0);
+                book.insert(&ask.policy, &ask.key, self.new_holding(&policy, &key, now))
+            }
+        };
+        report(holding, ask)?;
+        holding.policy = policy.clone();
+        holding.demand = ask.demand;
+        self.settle_share(subscriber, holding, &leasable, now)
+            .await?;
+        self.spend(&policy, &key, holding, &leasable, ask.held, now)
+            .await
+    }
+
+    /// A new lease's holding, with a whole allowance.
+    fn new_holding(&self, policy: &Policy, key: &CallerKey, now: Instant) -> Holding {
+        Holding {
+            ledger_key: self.ledger_key(policy, key),
+            policy: Arc::new(policy.clone()),
+            granted: 0,
+            admitted: 0,
+            returned: 0,
+            tranches: VecDeque::new(),
+            allowance: Allowance::full(0.0, now),
+            share_rate: 0.0,
+            contended: false,
+            settled_at: None,
+            demand: 0.0,
+        }
+    }
+
+    /// Takes one of the instance's lease slots, if the stream and the
+    /// instance have one left.
+    fn take_slot(&self, book: &Book) -> Result<(), Error> {
+        if book.len() >= self.settings.max_per_stream {
+            return Err(Error::Overloaded(format!(
+                "this stream holds {} leases, the server's --lease-max-per-stream",
+                self.settings.max_per_stream
+            )));
+        }
+        self.held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held < self.settings.max_total).then_some(held + 1)
+            })
+            .map(drop)
+            .map_err(|_| {
+                Error::Overloaded(format!(
+                    "this server holds {} leases, its --lease-max",
+                    self.settings.max_total
+                ))
+            })
+    }
+
+    /// Where the share of `policy` on `key` is settled: one ledger for the
+    /// policy when every limit counts policy-wide, else one per key.
+    fn ledger_key(&self, policy: &Policy, key: &CallerKey) -> String {
+        let per_key = policy.limits.iter().any(|limit| limit.scope == Scope::Key);
+        let scoped = CallerKey::policy(&policy.name, "lease", per_key.then_some(key));
+        format!("{}{{rll:{}}}", self.limiter_prefix(), scoped.as_str())
+    }
+
+    fn limiter_prefix(&self) -> &str {
+        self.limiter.key_prefix()
+    }
+
+    /// Settles the holding's share of the policy's rate, unless it was
+    /// settled within the last `settle_every`.
+    async fn settle_share(
+        &self,
+        subscriber: &str,
+        holding: &mut Holding,
+        leasable: &Leasable,
+        now: Instant,
+    ) -> Result<(), Error> {
+        let due = holding
+            .settled_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= self.settings.settle_every);
+        if !due {
+            return Ok(());
+        }
+        self.roster.use_it();
+        let capacity = micro(leasable.rate);
+        let params = ShareParams {
+            capacity,
+            headroom_permille: self.settings.headroom_permille,
+            min_want: (capacity / 100).max(1),
+            // Units granted under a share stay held up to a lease's time
+            // after the last grant, which comes up to `settle_every` after
+            // the settlement.
+            lease_ms: millis(
+                leasable.max_duration + self.settings.settle_every + Duration::from_secs(1),
+            ),
+            stale_ms: millis(self.settings.settle_every * 5),
+            hysteresis_permille: 50,
+        };
+        let demand =
+            (holding.settled_at.is_some() || holding.demand > 0.0).then(|| micro(holding.demand));
+        let dead = self.roster.dead();
+        let share = self
+            .ledger
+            .settle(
+                &holding.ledger_key,
+                subscriber,
+                ShareOp::Report(demand),
+                &params,
+                &dead,
+            )
+            .await?;
+        let first = holding.settled_at.is_none();
+        holding.share_rate = share.grant as f64 / 1e6;
+        holding.contended = share.subscribers > 1;
+        holding.settled_at = Some(now);
+        let size = lease_size(leasable, holding.share_rate);
+        if first {
+            holding.allowance = Allowance::full(size, now);
+        }
+        Ok(())
+    }
+
+    /// Spends the units that top the lease up, and answers with them.
+    async fn spend(
+        &self,
+        policy: &Policy,
+        key: &CallerKey,
+        holding: &mut Holding,
+        leasable: &Leasable,
+        held: u64,
+        now: Instant,
+    ) -> Result<Grant, Error> {
+        let size = lease_size(leasable, holding.share_rate);
+        holding.allowance.accrue(holding.share_rate, size, now);
+        let renew_after = leasable.max_duration / 2;
+        // Alone on the policy, a client may have units as fast as the limits
+        // allow, as by CheckLimit; beside others that want more, it is held
+        // to its share.
+        let allowance = if holding.contended {
+            holding.allowance.units
+        } else {
+            f64::INFINITY
+        };
+        let wanted = sizing::top_up(size, held, allowance);
+        if wanted == 0 {
+            // Enough held, or its share is spent for now: it denies until
+            // its share has accrued a quarter of a lease.
+            let retry_after = (held == 0 && holding.contended)
+                .then(|| sizing::time_to_accrue((size / 4.0).max(1.0), holding.share_rate))
+                .map(|wait| wait.unwrap_or(leasable.max_duration));
+            return Ok(Grant {
+                units: 0,
+                valid_for: Duration::ZERO,
+                limits: Vec::new(),
+                retry_after,
+                renew_after: retry_after.unwrap_or(renew_after),
+            });
+        }
+        let (units, decisions) = self.spend_up_to(policy, key, wanted).await?;
+        let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
+        if units == 0 {
+            let retry_after = longest_wait(&limits).unwrap_or(leasable.max_duration);
+            return Ok(Grant {
+                units: 0,
+                valid_for: Duration::ZERO,
+                limits,
+                retry_after: Some(retry_after),
+                renew_after: retry_after,
+            });
+        }
+        let valid_for = valid_for(policy, &limits, leasable.max_duration);
+        holding.granted += units;
+        holding.allowance.units -= units as f64;
+        holding.tranches.push_back((units, now + valid_for));
+        metrics::lease_units(&policy.name, "leased", units);
+        Ok(Grant {
+            units,
+            valid_for,
+            limits,
+            retry_after: None,
+            renew_after: renew_after.min(valid_for / 2),
+        })
+    }
+
+    /// Spends `wanted` units of every limit of `policy` for `key`, all or
+    /// nothing; if a limit has fewer left, as many as the least of them
+    /// has. Answers the units spent (0: none) and each limit's decision.
+    async fn spend_up_to(
+        &self,
+        policy: &Policy,
+        key: &CallerKey,
+        wanted: u64,
+    ) -> Result<(u64, Vec<Decision>), Error> {
+        let mut cost = wanted;
+        for _ in 0..2 {
+            let decisions = self
+                .limiter
+                .check_all(&policy.requests(key, cost), Some(FailurePolicy::FailClosed))
+                .await?;
+            let denying = |decision: &&Decision| !decision.is_allowed();
+            let enforcing = policy
+                .limits
+                .iter()
+                .zip(&decisions)
+                .filter(|(limit, _)| !limit.shadow);
+            let denied: Vec<&Decision> = enforcing
+                .map(|(_, decision)| decision)
+                .filter(denying)
+                .collect();
+            if denied.is_empty() {
+                return Ok((cost, decisions));
+            }
+            let least = denied
+                .iter()
+                .map(|decision| decision.remaining())
+                .min()
+                .unwrap_or(0);
+            if least == 0 || least >= cost {
+                return Ok((0, decisions));
+            }
+            cost = least;
+        }
+        Ok((0, Vec::new()))
+    }
+
+    /// Ends the lease on `ask`'s policy and key: gives back what the client
+    /// says it holds (at most what was granted, still valid and not
+    /// reported spent) and leaves its share.
+    async fn release(
+        &self,
+        subscriber: &str,
+        book: &mut Book,
+        ask: &Ask,
+        key: &CallerKey,
+        now: Instant,
+    ) -> Result<Grant, Error> {
+        let Some(mut holding) = book.remove(&ask.policy, &ask.key) else {
+            return Ok(nothing());
+        };
+        let reported = report(&mut holding, ask);
+        let returned = ask.held.min(holding.outstanding(now));
+        let mut given_back = Ok(false);
+        if reported.is_ok() && returned > 0 {
+            let requests = holding.policy.requests(key, returned);
+            given_back = self.limiter.give_back(&requests).await;
+            if let Ok(true) = given_back {
+                holding.returned += returned;
+                metrics::lease_units(&ask.policy, "returned", returned);
+            }
+        }
+        self.let_go(subscriber, holding).await;
+        reported?;
+        given_back?;
+        Ok(nothing())
+    }
+
+    /// Lets every lease of a stream that ended go: their units lapse with
+    /// their time (the client can no longer say what it spent).
+    pub(crate) async fn end_stream(&self, subscriber: &str, book: &mut Book) {
+        let holdings: Vec<Holding> = book.drain().map(|(_, holding)| holding).collect();
+        for holding in holdings {
+            self.let_go(subscriber, holding).await;
+        }
+    }
+
+    /// Leaves the holding's share and counts what lapsed.
+    async fn let_go(&self, subscriber: &str, holding: Holding) {
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        metrics::leases_held(&holding.policy.name, -1.0);
+        metrics::lease_units(&holding.policy.name, "lapsed", holding.lapsed());
+        if holding.settled_at.is_some() {
+            let dead = self.roster.dead();
+            if let Err(err) = self
+                .ledger
+                .settle(
+                    &holding.ledger_key,
+                    subscriber,
+                    ShareOp::Leave,
+                    &ShareParams::default(),
+                    &dead,
+                )
+                .await
+            {
+                // Its share runs out by itself.
+                tracing::debug!(%err, "could not leave a lease's share");
+            }
+        }
+    }
+}
+
+/// Takes in what the client reports having decided; refused when it
+/// admitted more than it was granted.
+fn report(holding: &mut Holding, ask: &Ask) -> Result<(), Error> {
+    let unreported = holding.granted - holding.admitted;
+    if ask.admitted > unreported {
+        return Err(InvalidArgument::new(
+            "admitted",
+            format!(
+                "is {}, more than the {unreported} units granted and not yet reported on this \
+                 policy and key",
+                ask.admitted
+            ),
+        )
+        .into());
+    }
+    holding.admitted += ask.admitted;
+    metrics::lease_local_decisions(&ask.policy, ask.admitted, ask.denied, ask.fallbacks);
+    Ok(())
+}
+
+/// The answer to an ask that gets nothing and need not wait.
+fn nothing() -> Grant {
+    Grant {
+        units: 0,
+        valid_for: Duration::ZERO,
+        limits: Vec::new(),
+        retry_after: None,
+        renew_after: Duration::ZERO,
+    }
+}
+
+/// A lease's size: the share's rate for the lease's time, within the
+/// policy's largest lease, and at least one unit.
+fn lease_size(leasable: &Leasable, share_rate: f64) -> f64 {
+    (share_rate * leasable.max_duration.as_secs_f64())
+        .min(leasable.max_units as f64)
+        .max(1.0)
+}
+
+/// How long granted units are valid: the policy's longest lease, and for a
+/// window no longer than the window the units were spent in.
+fn valid_for(policy: &Policy, limits: &[(Label, Decision)], longest: Duration) -> Duration {
+    policy
+        .limits
+        .iter()
+        .zip(limits)
+        .filter(|(limit, _)| matches!(limit.algorithm, crate::algorithm::Algorithm::FixedWindow(_)))
+        .map(|(_, (_, decision))| decision.reset_after().as_duration())
+        .fold(longest, Duration::min)
+}
+
+/// The longest wait among the denying limits.
+fn longest_wait(limits: &[(Label, Decision)]) -> Option<Duration> {
+    limits
+        .iter()
+        .filter_map(|(_, decision)| match decision.retry_after() {
+            RetryAfter::After(wait) if !decision.is_allowed() => Some(wait.as_duration()),
+            _ => None,
+        })
+        .max()
+}
+
+/// The labels of a policy's limits, in order.
+fn labels(policy: &Policy) -> Vec<Label> {
+    policy
+        .limits
+        .iter()
+        .map(|limit| Label {
+            name: limit.name.clone(),
+            shadow: limit.shadow,
+        })
+        .collect()
+}
+
+fn micro(rate: f64) -> u64 {
+    (rate * 1e6).clamp(0.0, u64::MAX as f64) as u64
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

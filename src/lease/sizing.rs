@@ -1,0 +1,198 @@
+//! What a policy allows to be leased, and how big a lease is: from the
+//! policy's leasable limits, a client's share of their rate, and what the
+//! client already holds. Pure.
+
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::limit::InvalidArgument;
+use crate::policy::Policy;
+
+/// What leasing a policy may hand out, from its limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Leasable {
+    /// Units per second the policy sustains: the lowest of its limits'.
+    pub rate: f64,
+    /// The most units one lease holds: the lowest of its limits' bounds.
+    pub max_units: u64,
+    /// The longest a lease holds: the shortest of its limits' bounds.
+    pub max_duration: Duration,
+    /// Whether a limit is a window, whose units end with it.
+    pub has_window: bool,
+}
+
+/// What `policy` allows to be leased; refused, naming the policy and the
+/// limit, unless every limit says `lease: true`.
+pub(crate) fn leasable(policy: &Policy) -> Result<Leasable, InvalidArgument> {
+    let mut leasable = Leasable {
+        rate: f64::INFINITY,
+        max_units: u64::MAX,
+        max_duration: Duration::MAX,
+        has_window: false,
+    };
+    for limit in &policy.limits {
+        let Some(bounds) = limit.lease else {
+            return Err(InvalidArgument::new(
+                "policy",
+                format!(
+                    "'{}' has limit '{}' without `lease: true`: only a policy whose limits \
+                     the operator marked leasable can be leased (decide it with CheckLimit)",
+                    policy.name, limit.name
+                ),
+            ));
+        };
+        leasable.rate = leasable.rate.min(sustained_rate(&limit.algorithm));
+        leasable.max_units = leasable.max_units.min(bounds.max_units);
+        leasable.max_duration = leasable.max_duration.min(bounds.max_duration);
+        leasable.has_window |= matches!(limit.algorithm, Algorithm::FixedWindow(_));
+    }
+    Ok(leasable)
+}
+
+/// Units per second `algorithm` admits in the long run.
+fn sustained_rate(algorithm: &Algorithm) -> f64 {
+    match algorithm {
+        Algorithm::FixedWindow(window) => {
+            window.limit() as f64 / window.window().as_micros().as_duration().as_secs_f64()
+        }
+        Algorithm::TokenBucket(bucket) => bucket.refill_per_second(),
+        Algorithm::Gcra(gcra) => 1.0 / gcra.interval().as_duration().as_secs_f64(),
+        // Never leasable: the policies file refuses `lease` on them. They
+        // would not bound the rate.
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingWindowCounter(_) => f64::INFINITY,
+    }
+}
+
+/// A client's allowance: units accrue at its share's rate, up to the size
+/// of its lease, and each grant draws on them; so a client that spends
+/// faster than its share is held to it, however often it asks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Allowance {
+    /// Units that may be granted now.
+    pub units: f64,
+    /// When `units` was last brought up to date.
+    pub at: std::time::Instant,
+}
+
+impl Allowance {
+    /// A new client's allowance: a whole lease, at once.
+    pub(crate) fn full(size: f64, now: std::time::Instant) -> Self {
+        Self {
+            units: size,
+            at: now,
+        }
+    }
+
+    /// Accrues what `rate` (units per second) brought since it was last
+    /// brought up to date, up to `size`.
+    pub(crate) fn accrue(&mut self, rate: f64, size: f64, now: std::time::Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.units = (self.units + rate * elapsed).min(size);
+        self.at = now;
+    }
+}
+
+/// How many units to spend for a client whose lease is `size` units, that
+/// holds `held`, with `allowance` units that may be granted: what tops it
+/// up, within the allowance, in whole units.
+pub(crate) fn top_up(size: f64, held: u64, allowance: f64) -> u64 {
+    let wanted = (size - held as f64).min(allowance).floor();
+    if wanted >= 1.0 { wanted as u64 } else { 0 }
+}
+
+/// How long until `rate` accrues `units`: the wait before a client held to
+/// its share has that many to be granted. `None` when the rate is zero.
+pub(crate) fn time_to_accrue(units: f64, rate: f64) -> Option<Duration> {
+    (rate > 0.0).then(|| Duration::from_secs_f64((units / rate).clamp(0.0, 3600.0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{LeaseBounds, PolicyLimit, Scope};
+    use std::time::Instant;
+
+    fn limit(name: &str, algorithm: Algorithm, lease: Option<LeaseBounds>) -> PolicyLimit {
+        PolicyLimit {
+            name: name.into(),
+            algorithm,
+            scope: Scope::Policy,
+            shadow: false,
+            lease,
+        }
+    }
+
+    fn policy(limits: Vec<PolicyLimit>) -> Policy {
+        Policy {
+            name: "hot".into(),
+            limits,
+            source: "policies.yaml:1".into(),
+        }
+    }
+
+    #[test]
+    fn a_policy_leases_at_its_lowest_rate_within_its_tightest_bounds() {
+        let bucket = crate::policy::model::algorithm(
+            Some("token_bucket"),
+            1000,
+            Duration::from_secs(1),
+            None,
+        )
+        .unwrap();
+        let window =
+            crate::policy::model::algorithm(None, 20_000, Duration::from_secs(60), None).unwrap();
+        let leasable = leasable(&policy(vec![
+            limit(
+                "1s",
+                bucket,
+                Some(LeaseBounds::default_for(1000, Duration::from_secs(1))),
+            ),
+            limit(
+                "1m",
+                window,
+                Some(LeaseBounds::default_for(20_000, Duration::from_secs(60))),
+            ),
+        ]))
+        .unwrap();
+        assert!((leasable.rate - 20_000.0 / 60.0).abs() < 1e-9);
+        assert_eq!(leasable.max_units, 250);
+        assert_eq!(leasable.max_duration, Duration::from_millis(500));
+        assert!(leasable.has_window);
+    }
+
+    #[test]
+    fn a_limit_not_marked_leasable_is_named_in_the_refusal() {
+        let window =
+            crate::policy::model::algorithm(None, 10, Duration::from_secs(1), None).unwrap();
+        let err = leasable(&policy(vec![limit("1s", window, None)])).unwrap_err();
+        assert_eq!(err.field, "policy");
+        assert!(
+            err.rule
+                .contains("'hot' has limit '1s' without `lease: true`"),
+            "{}",
+            err.rule
+        );
+    }
+
+    #[test]
+    fn a_top_up_is_what_the_lease_lacks_within_the_allowance() {
+        assert_eq!(top_up(100.0, 0, 1000.0), 100);
+        assert_eq!(top_up(100.0, 30, 1000.0), 70);
+        assert_eq!(top_up(100.0, 30, 12.5), 12);
+        assert_eq!(top_up(100.0, 120, 1000.0), 0);
+        assert_eq!(top_up(100.0, 0, 0.5), 0);
+    }
+
+    #[test]
+    fn an_allowance_accrues_at_the_share_up_to_the_lease() {
+        let start = Instant::now();
+        let mut allowance = Allowance::full(100.0, start);
+        allowance.units -= 100.0;
+        allowance.accrue(50.0, 100.0, start + Duration::from_millis(500));
+        assert!((allowance.units - 25.0).abs() < 1e-6);
+        allowance.accrue(50.0, 100.0, start + Duration::from_secs(60));
+        assert_eq!(allowance.units, 100.0);
+        assert_eq!(time_to_accrue(25.0, 50.0), Some(Duration::from_millis(500)));
+        assert_eq!(time_to_accrue(25.0, 0.0), None);
+    }
+}

@@ -1,0 +1,509 @@
+//! Leases over `ratelimitd.v1.Leases/Lease`, asked by a plain gRPC client:
+//! only policies whose limits all say `lease: true` are leased; a lease's
+//! units are spent in the store before they are handed out, so however
+//! many streams on however many instances lease a limit, it never grants
+//! more than the limit allows; a bucket takes back what a release returns;
+//! shares follow demand across instances; and bad asks, oversize messages,
+//! floods of leases and a store that is gone are refused or bounded.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{RedisServer, TestServer};
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use ratelimitd::pb::ratelimitd::v1 as pb;
+use ratelimitd::pb::ratelimitd::v1::leases_client::LeasesClient;
+use tonic::Code;
+
+const POLICIES: &str = "\
+policies:
+  window:
+    - {per: 1m, limit: 500, lease: true}
+  bucket:
+    - {per: 1m, limit: 100, algorithm: token_bucket, lease: true, lease_max_duration: 10s}
+  shared:
+    - {per: 1s, limit: 1000, algorithm: gcra, scope: policy, lease: true}
+  mixed:
+    - {per: 1m, limit: 100, lease: true}
+    - {name: hourly, per: 1h, limit: 1000}
+  plain:
+    - {per: 1m, limit: 100}
+";
+
+fn config_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("config directory");
+    std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write");
+    let path = dir.path().to_string_lossy().into_owned();
+    (dir, path)
+}
+
+/// One client's lease stream.
+struct LeaseStream {
+    asks: mpsc::UnboundedSender<pb::LeaseRequest>,
+    grants: tonic::Streaming<pb::LeaseResponse>,
+    next_id: u64,
+}
+
+impl LeaseStream {
+    async fn open(server: &TestServer) -> Self {
+        let mut client = LeasesClient::new(common::grpc::channel(server.address).await);
+        let (asks, requests) = mpsc::unbounded();
+        let grants = client
+            .lease(requests)
+            .await
+            .expect("the stream opens")
+            .into_inner();
+        Self {
+            asks,
+            grants,
+            next_id: 1,
+        }
+    }
+
+    /// Sends `asks` in one message and reads their grants.
+    async fn exchange(
+        &mut self,
+        asks: Vec<pb::LeaseAsk>,
+    ) -> Result<Vec<pb::LeaseGrant>, tonic::Status> {
+        let asks: Vec<pb::LeaseAsk> = asks
+            .into_iter()
+            .map(|ask| {
+                self.next_id += 1;
+                pb::LeaseAsk {
+                    id: self.next_id,
+                    ..ask
+                }
+            })
+            .collect();
+        let ids: Vec<u64> = asks.iter().map(|ask| ask.id).collect();
+        self.asks
+            .send(pb::LeaseRequest { asks })
+            .await
+            .expect("the stream takes asks");
+        let response = tokio::time::timeout(common::PATIENCE, self.grants.next())
+            .await
+            .expect("an answer in time")
+            .expect("the stream still open")?;
+        let answered: Vec<u64> = response.grants.iter().map(|grant| grant.id).collect();
+        assert_eq!(answered, ids, "one grant per ask, in order");
+        Ok(response.grants)
+    }
+
+    /// One ask, one grant.
+    async fn ask(&mut self, ask: pb::LeaseAsk) -> pb::LeaseGrant {
+        let mut grants = self.exchange(vec![ask]).await.expect("a grant");
+        grants.remove(0)
+    }
+}
+
+fn ask(policy: &str, key: &str) -> pb::LeaseAsk {
+    pb::LeaseAsk {
+        policy: policy.into(),
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
+fn seconds(duration: Option<prost_types::Duration>) -> f64 {
+    let duration = duration.expect("a duration");
+    duration.seconds as f64 + f64::from(duration.nanos) / 1e9
+}
+
+fn refusal(grant: &pb::LeaseGrant) -> (Code, &str) {
+    let error = grant
+        .error
+        .as_ref()
+        .unwrap_or_else(|| panic!("refused: {grant:?}"));
+    (Code::from_i32(error.code), error.message.as_str())
+}
+
+async fn check(server: &TestServer, policy: &str, key: &str) -> pb::CheckLimitResponse {
+    server
+        .client()
+        .await
+        .check_limit(pb::CheckLimitRequest {
+            key: key.into(),
+            policy: policy.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CheckLimit answers")
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_policy_whose_limits_are_all_leasable_is_leased() {
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path]).await;
+    let mut stream = LeaseStream::open(&server).await;
+    let grants = stream
+        .exchange(vec![
+            ask("mixed", "k"),
+            ask("plain", "k"),
+            ask("nowhere", "k"),
+            ask("window", ""),
+            pb::LeaseAsk {
+                demand: f64::NAN,
+                ..ask("window", "k")
+            },
+            ask("window", "k"),
+        ])
+        .await
+        .expect("grants");
+    let (code, message) = refusal(&grants[0]);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(
+        message.contains("policy")
+            && message.contains("'mixed' has limit 'hourly' without `lease: true`"),
+        "{message}"
+    );
+    let (code, message) = refusal(&grants[1]);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("'plain' has limit '1m'"), "{message}");
+    let (code, message) = refusal(&grants[2]);
+    assert_eq!(code, Code::NotFound);
+    assert!(message.contains("'nowhere'"), "{message}");
+    let (code, message) = refusal(&grants[3]);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.starts_with("key"), "{message}");
+    let (code, message) = refusal(&grants[4]);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.starts_with("demand"), "{message}");
+    // The bad asks beside it did not stop the good one.
+    let good = &grants[5];
+    assert!(good.error.is_none(), "{good:?}");
+    assert!(good.units > 0, "{good:?}");
+    server.stop().await;
+}
+
+/// One client alone on a window of 500 a minute drains it in leases, as
+/// CheckLimit would, and is then told to deny until the window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_alone_leases_the_whole_window_and_no_more() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
+    let mut stream = LeaseStream::open(&server).await;
+    let started = Instant::now();
+    let (mut granted, mut last) = (0, 0);
+    let empty = loop {
+        let grant = stream
+            .ask(pb::LeaseAsk {
+                demand: 1000.0,
+                admitted: last,
+                ..ask("window", "tenant")
+            })
+            .await;
+        assert!(grant.error.is_none(), "{grant:?}");
+        if grant.units == 0 {
+            break grant;
+        }
+        assert!(seconds(grant.valid_for) <= 5.0, "{grant:?}");
+        assert_eq!(
+            grant.limits[0].remaining,
+            500 - granted - grant.units,
+            "{grant:?}"
+        );
+        granted += grant.units;
+        last = grant.units;
+    };
+    assert_eq!(granted, 500, "every unit leased, none twice");
+    let retry_after = seconds(empty.retry_after);
+    assert!(
+        retry_after > 0.0 && retry_after <= 60.0 - started.elapsed().as_secs_f64() + 1.0,
+        "deny until the window ends: {empty:?}"
+    );
+    let after = check(&server, "window", "tenant").await;
+    assert!(!after.allowed && after.remaining == 0, "{after:?}");
+    server.stop().await;
+}
+
+/// Eight streams on two instances sharing one Redis lease a window of 500
+/// a minute while CheckLimit spends it too: every unit is spent once, by
+/// a lease or a call, and what Redis has left is exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_calls_on_two_instances_spend_each_unit_once() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let url = redis.url();
+    let flags = ["--config", path.as_str(), "--redis-url", url.as_str()];
+    let servers = [
+        TestServer::start(&flags).await,
+        TestServer::start(&flags).await,
+    ];
+    let mut streams = Vec::new();
+    for i in 0..8 {
+        streams.push(LeaseStream::open(&servers[i % 2]).await);
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    let leasing = streams.into_iter().map(|mut stream| async move {
+        let (mut granted, mut last) = (0, 0);
+        while Instant::now() < until {
+            let grant = stream
+                .ask(pb::LeaseAsk {
+                    demand: 200.0,
+                    admitted: last,
+                    ..ask("window", "tenant")
+                })
+                .await;
+            assert!(grant.error.is_none(), "{grant:?}");
+            granted += grant.units;
+            last = grant.units;
+            if grant.units == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        granted
+    });
+    let mut caller = servers[1].client().await;
+    let calling = async move {
+        let mut allowed = 0;
+        while Instant::now() < until {
+            let answer = caller
+                .check_limit(pb::CheckLimitRequest {
+                    key: "tenant".into(),
+                    policy: "window".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("CheckLimit answers")
+                .into_inner();
+            allowed += u64::from(answer.allowed);
+        }
+        allowed
+    };
+    let (leased, called) = tokio::join!(futures::future::join_all(leasing), calling);
+    let leased: u64 = leased.iter().sum();
+    let last = check(&servers[0], "window", "tenant").await;
+    let spent = leased + called + u64::from(last.allowed);
+    assert!(
+        leased > 0 && called > 0,
+        "both spent: {leased} leased, {called} called"
+    );
+    assert_eq!(
+        spent,
+        500 - last.remaining,
+        "{leased} leased and {called} called: each unit spent once"
+    );
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// A token bucket takes back what a release returns (at most what was
+/// granted and not reported spent), and the release leaves nothing leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_takes_back_what_a_release_returns() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
+    let mut stream = LeaseStream::open(&server).await;
+    let grant = stream.ask(ask("bucket", "k")).await;
+    let units = grant.units;
+    assert!(units >= 10, "{grant:?}");
+    let after_lease = check(&server, "bucket", "k").await;
+    assert!(
+        after_lease.remaining <= 100 - units - 1 + 1,
+        "{after_lease:?}"
+    );
+    // It spent 10, gives the rest back, and claims far more: only what it
+    // was granted and did not spend comes back.
+    let released = stream
+        .ask(pb::LeaseAsk {
+            release: true,
+            admitted: 10,
+            held: 10_000,
+            ..ask("bucket", "k")
+        })
+        .await;
+    assert!(
+        released.error.is_none() && released.units == 0,
+        "{released:?}"
+    );
+    let after_release = check(&server, "bucket", "k").await;
+    let expected = 100 - 10 - 1 - 1;
+    assert!(
+        after_release.remaining >= expected && after_release.remaining <= expected + 2,
+        "{units} leased, 10 spent, the rest returned: {after_release:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reports_more_than_it_was_granted_is_refused() {
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path]).await;
+    let mut stream = LeaseStream::open(&server).await;
+    let grant = stream.ask(ask("window", "k")).await;
+    let refused = stream
+        .ask(pb::LeaseAsk {
+            admitted: grant.units + 1,
+            ..ask("window", "k")
+        })
+        .await;
+    let (code, message) = refusal(&refused);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.starts_with("admitted"), "{message}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_are_bounded_and_oversize_messages_end_the_stream() {
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&[
+        "--config",
+        &path,
+        "--lease-max",
+        "3",
+        "--lease-max-per-stream",
+        "2",
+        "--max-request-bytes",
+        "4096",
+    ])
+    .await;
+    let mut first = LeaseStream::open(&server).await;
+    let grants = first
+        .exchange(vec![
+            ask("window", "a"),
+            ask("window", "b"),
+            ask("window", "c"),
+        ])
+        .await
+        .expect("grants");
+    assert!(
+        grants[0].error.is_none() && grants[1].error.is_none(),
+        "{grants:?}"
+    );
+    let (code, message) = refusal(&grants[2]);
+    assert_eq!(code, Code::ResourceExhausted);
+    assert!(message.contains("--lease-max-per-stream"), "{message}");
+    let mut second = LeaseStream::open(&server).await;
+    let grants = second
+        .exchange(vec![ask("window", "d"), ask("window", "e")])
+        .await
+        .expect("grants");
+    assert!(grants[0].error.is_none(), "{grants:?}");
+    let (code, message) = refusal(&grants[1]);
+    assert_eq!(code, Code::ResourceExhausted);
+    assert!(message.contains("--lease-max"), "{message}");
+    // A stream that ends gives its leases back to the server's bound.
+    drop(first);
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        let grant = second.ask(ask("window", "f")).await;
+        if grant.error.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ended stream's leases let go: {grant:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let huge = vec![ask(&"w".repeat(8192), "k")];
+    let status = second.exchange(huge).await.expect_err("over the bound");
+    assert_eq!(status.code(), Code::OutOfRange, "{status}");
+    assert!(status.message().contains("--max-request-bytes"), "{status}");
+    server.stop().await;
+}
+
+/// Two clients lease one policy-wide limit of 1000 a second from two
+/// instances, each spending what it holds at its own demand: the one that
+/// wants 100 a second gets about that, the one that wants 3000 gets the
+/// rest, and together they never get more than the limit allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_follow_demand_across_instances() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let url = redis.url();
+    let flags = [
+        "--config",
+        path.as_str(),
+        "--redis-url",
+        url.as_str(),
+        "--lease-settle-interval",
+        "100ms",
+    ];
+    let servers = [
+        TestServer::start(&flags).await,
+        TestServer::start(&flags).await,
+    ];
+    let clients =
+        [(3000.0, &servers[0]), (100.0, &servers[1])].map(|(demand, server)| async move {
+            let mut stream = LeaseStream::open(server).await;
+            let started = Instant::now();
+            let (mut held, mut spent, mut measured) = (0u64, 0u64, 0u64);
+            let (mut last, mut wanted) = (started, 0.0);
+            while started.elapsed() < Duration::from_secs(3) {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                let now = Instant::now();
+                // What its demand asked since, with what it could not
+                // admit last time (a few ticks' worth at most).
+                wanted = (wanted + demand * (now - last).as_secs_f64()).min(demand * 0.1);
+                last = now;
+                let admitted = (wanted as u64).min(held);
+                wanted -= admitted as f64;
+                held -= admitted;
+                spent += admitted;
+                if started.elapsed() > Duration::from_secs(1) {
+                    measured += admitted;
+                }
+                let grant = stream
+                    .ask(pb::LeaseAsk {
+                        demand,
+                        held,
+                        admitted,
+                        ..ask("shared", "any")
+                    })
+                    .await;
+                assert!(grant.error.is_none(), "{grant:?}");
+                held += grant.units;
+            }
+            (spent + held, measured as f64 / 2.0)
+        });
+    let results = futures::future::join_all(clients).await;
+    let [(busy_granted, busy_rate), (quiet_granted, quiet_rate)] = results[..] else {
+        panic!("two clients: {results:?}")
+    };
+    assert!(
+        (75.0..=130.0).contains(&quiet_rate),
+        "the quiet client spends about its demand: {quiet_rate}/s"
+    );
+    assert!(
+        busy_rate >= 600.0,
+        "the busy client gets most of the rest: {busy_rate}/s"
+    );
+    // GCRA's burst (1000) and its rate over the run, and a little for
+    // the time the streams took to open.
+    let granted = busy_granted + quiet_granted;
+    assert!(granted <= 1000 + 3100, "{granted} granted in 3 s");
+    for server in servers {
+        server.stop().await;
+    }
+}
+
+/// With Redis gone, an ask is answered UNAVAILABLE within the Redis
+/// timeout (100 ms by default), and nothing is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_gone_an_ask_is_unavailable() {
+    let mut redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
+    let mut stream = LeaseStream::open(&server).await;
+    let grant = stream.ask(ask("window", "k")).await;
+    assert!(grant.units > 0, "{grant:?}");
+    redis.kill();
+    let asked = Instant::now();
+    let grant = stream.ask(ask("window", "other")).await;
+    let (code, _) = refusal(&grant);
+    assert_eq!(code, Code::Unavailable, "{grant:?}");
+    assert_eq!(grant.units, 0);
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    server.stop().await;
+}
