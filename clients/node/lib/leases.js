@@ -97,7 +97,8 @@ class Entry {
     this.lastCheck = now;
     // Hot: the pair is decided from leases (asks, renewals, fallbacks).
     this.leased = false;
-    // Units granted, { units, expiresAt }, the earliest-expiring first.
+    // Units granted, { units, expiresAt, call }, the earliest-expiring
+    // first; `call` is the stream that granted them.
     this.tranches = [];
     // What ratelimitd has left on each limit, beside the units held here
     // (the last grant's statuses, or a later CheckLimit's), and when it said so.
@@ -130,23 +131,29 @@ class Entry {
     return units;
   }
 
-  addTranche(units, expiresAt) {
+  addTranche(units, expiresAt, call) {
     let i = this.tranches.length;
     while (i > 0 && this.tranches[i - 1].expiresAt > expiresAt) i--;
-    this.tranches.splice(i, 0, { units, expiresAt });
+    this.tranches.splice(i, 0, { units, expiresAt, call });
   }
 
-  /** Spends `cost` units, from the tranches that expire first. */
-  take(cost) {
+  /**
+   * Spends `cost` units, from the tranches that expire first. Returns
+   * whether any came from a grant of `call`.
+   */
+  take(cost, call) {
     let left = cost;
+    let fromCall = false;
     while (left > 0) {
       const first = this.tranches[0];
       const spent = Math.min(first.units, left);
       first.units -= spent;
       left -= spent;
+      if (first.call === call) fromCall = true;
       if (first.units === 0) this.tranches.shift();
     }
     while (this.tranches.length && this.tranches[0].units === 0) this.tranches.shift();
+    return fromCall;
   }
 
   /** Whether `cost` is above a limit of the policy: only CheckLimit answers that (costExceedsLimit). */
@@ -275,9 +282,10 @@ class Leases {
   _decideLeased(entry, cost, now) {
     const held = entry.held(now);
     if (held > 0 && held >= cost && !entry.exceeds(cost)) {
-      entry.take(cost);
-      // A look (cost 0) spends nothing: not a request admitted from units.
-      if (cost > 0) entry.admitted += 1;
+      // Reported in the next ask: a request admitted from units of this
+      // stream's grants (ratelimitd counts them per stream; units of a
+      // stream that broke are nobody's to report), not a look (cost 0).
+      if (entry.take(cost, this._call) && this._call !== null) entry.admitted += 1;
       this.stats.localAllowed += 1;
       return this._allowed(entry, held - cost, now);
     }
@@ -476,7 +484,7 @@ class Leases {
     }
     const validFor = durationMs(grant.valid_for);
     const units = Number(grant.units);
-    if (units > 0 && validFor > 0) entry.addTranche(units, sentAt + validFor);
+    if (units > 0 && validFor > 0) entry.addTranche(units, sentAt + validFor, this._call);
     entry.lastGrantUnits = units;
     if (grant.limits && grant.limits.length > 0) {
       const statuses = grant.limits.map((s) => ({
@@ -505,6 +513,9 @@ class Leases {
       this._pending.delete(id);
       if (asked.entry && asked.entry.inFlight === id) asked.entry.inFlight = null;
     }
+    // What was admitted from its grants is that stream's to report, and it
+    // is gone: ratelimitd counts a new stream's grants afresh.
+    for (const entry of this._entries.values()) entry.admitted = 0;
     if (status.code === grpc.status.UNIMPLEMENTED) {
       // A ratelimitd without leases: every check goes to CheckLimit, as before.
       this._unavailable = true;

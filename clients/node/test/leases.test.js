@@ -360,6 +360,46 @@ test('the stream breaks: units held still decide, then CheckLimit per request; b
   }
 });
 
+test('ratelimitd back while units of the old stream are still held: the client spends them and leases again', async () => {
+  const own = await startRatelimitd({ config: { 'policies.yaml': POLICIES } });
+  let again;
+  const c = new RateLimitClient({ address: own.address, deadlineMs: 500 });
+  const ownLooker = new RateLimitClient({ address: own.address, deadlineMs: 500, leases: false });
+  try {
+    const key = uniqueKey('back');
+    // Until the client holds at least 20 units.
+    let last = await leaseSome(c, key, 'bucket');
+    let held = 0;
+    await waitFor(
+      async () => {
+        const { decision, how } = await checkAndSee(c, key, { policy: 'bucket' });
+        if (how === 'local') last = decision;
+        held = last.remaining - (await ownLooker.check(key, { policy: 'bucket', cost: 0 })).remaining;
+        return how === 'local' && held >= 20;
+      },
+      { intervalMs: 1, what: 'the client to hold 20 units' },
+    );
+    await own.kill();
+    // Some of them spent while ratelimitd is away: they are the old stream's.
+    for (let i = 0; i < 5; i++) assert.equal((await checkAndSee(c, key, { policy: 'bucket' })).how, 'local');
+    again = await startRatelimitd({ port: own.port, config: { 'policies.yaml': POLICIES } });
+    // More allowed in the client than it held: the new stream granted units.
+    const allowed = c.leaseStats().localAllowed;
+    await waitFor(
+      async () => {
+        await c.check(key, { policy: 'bucket' }).catch(() => null);
+        return c.leaseStats().localAllowed - allowed > held;
+      },
+      { timeoutMs: 15000, intervalMs: 5, what: `more than the ${held} units held to be allowed in the client after the restart` },
+    );
+  } finally {
+    c.close();
+    ownLooker.close();
+    await own.stop();
+    await again?.stop();
+  }
+});
+
 test('the middleware decides a hot policy from leases: headers, 429s, and never over the limit', async () => {
   const c = client();
   const key = uniqueKey('web');
