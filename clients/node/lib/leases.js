@@ -38,6 +38,8 @@ const SWEEP_MS = 250;
 // One LeaseRequest carries asks up to about this many bytes: far under
 // ratelimitd's --max-request-bytes (1 MiB by default).
 const MAX_REQUEST_BYTES = 64 * 1024;
+// ratelimitd's longest key.
+const MAX_KEY_BYTES = 1024;
 // After close(), how long the stream may take to end before it is cancelled.
 const CLOSE_GRACE_MS = 1000;
 // An ask not answered for this long: the stream is taken for broken, and
@@ -262,6 +264,9 @@ class Leases {
     let entry = this._entries.get(id);
     if (!entry) {
       if (this._closed || this._unavailable || this._refused.has(policy)) return null;
+      // A key ratelimitd refuses (CheckLimit says why): never asked for,
+      // which would have the whole policy refused.
+      if (key.length > MAX_KEY_BYTES / 3 && Buffer.byteLength(key) > MAX_KEY_BYTES) return null;
       entry = new Entry(policy, key, now);
       this._entries.set(id, entry);
       this._startSweep();

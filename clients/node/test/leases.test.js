@@ -258,6 +258,15 @@ test("a policy ratelimitd does not know: NOT_FOUND, per request, as without leas
   assert.ok(c.leaseStats().asks <= 1);
 });
 
+test('a key ratelimitd refuses is refused per request, and the policy is still leased for other keys', async () => {
+  const c = client();
+  for (let i = 0; i < 40; i++) {
+    await assert.rejects(c.check('k'.repeat(1025), { policy: 'hot' }), { code: 'INVALID_ARGUMENT' });
+  }
+  assert.equal(c.leaseStats().asks, 0);
+  await leaseSome(c, uniqueKey('good-key'), 'hot');
+});
+
 /** Hot checks on `key` until one is decided in the client; returns the last local decision. */
 async function leaseSome(c, key, policy) {
   let local;
