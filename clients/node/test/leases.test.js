@@ -267,6 +267,29 @@ test('a key ratelimitd refuses is refused per request, and the policy is still l
   await leaseSome(c, uniqueKey('good-key'), 'hot');
 });
 
+test('RESOURCE_EXHAUSTED (too many leases on the stream): per request, asked again a second later', async () => {
+  const own = await startRatelimitd({ config: { 'policies.yaml': POLICIES }, args: ['--lease-max-per-stream', '1'] });
+  const c = new RateLimitClient({ address: own.address, deadlineMs: 500 });
+  try {
+    await leaseSome(c, uniqueKey('first'), 'bucket');
+    const second = uniqueKey('second');
+    const asks = c.leaseStats().asks;
+    const local = c.leaseStats().localAllowed;
+    const started = Date.now();
+    let checks = 0;
+    while (Date.now() - started < 1500) {
+      assert.equal((await c.check(second, { policy: 'bucket' })).allowed, true);
+      checks++;
+    }
+    assert.equal(c.leaseStats().localAllowed, local, 'the second key was never decided in the client');
+    const asked = c.leaseStats().asks - asks;
+    assert.ok(asked >= 2 && asked <= 3, `${asked} asks in 1.5 s of ${checks} checks: one, then one a second later`);
+  } finally {
+    c.close();
+    await own.stop();
+  }
+});
+
 /** Hot checks on `key` until one is decided in the client; returns the last local decision. */
 async function leaseSome(c, key, policy) {
   let local;
