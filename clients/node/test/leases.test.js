@@ -314,8 +314,9 @@ test('close() gives back the units held: on Redis, a token bucket has them again
   const c = client({ address: onRedis.address });
   const key = uniqueKey('close');
   const look = async () => (await redisLooker.check(key, { policy: 'refill', cost: 0 })).remaining;
-  // Checks until the client holds at least 150 units (3 s of refill): the
-  // remaining it answers is ratelimitd's plus what it holds.
+  // Checks until the client holds at least 150 units (3 s of refill, more
+  // than the wait below): the remaining it answers is ratelimitd's plus
+  // what it holds.
   let last = await leaseSome(c, key, 'refill');
   await waitFor(
     async () => {
@@ -328,10 +329,10 @@ test('close() gives back the units held: on Redis, a token bucket has them again
   c.close();
   const started = Date.now();
   await waitFor(async () => (await look()) >= last.remaining, {
-    timeoutMs: 1000,
+    timeoutMs: 2500,
     what: `ratelimitd's count of ${key} to come back to the client's last remaining, ${last.remaining}, sooner than the refill would`,
   });
-  assert.ok(Date.now() - started < 1000);
+  assert.ok(Date.now() - started < 2500);
 });
 
 test('a policy and key without checks for 5 s is released', async () => {
@@ -496,8 +497,8 @@ const HOT_SCRIPT = (close) => `
 test('a process that closes its client exits at once; one that does not, once its leases are released', async () => {
   const closed = await runScript(HOT_SCRIPT(true), server.address);
   assert.equal(closed.code, 0, closed.output);
-  assert.ok(closed.ms < 3000, `the process took ${closed.ms} ms to exit after close()`);
+  assert.ok(closed.ms < 4000, `the process took ${closed.ms} ms to exit after close()`);
   const open = await runScript(HOT_SCRIPT(false), server.address);
   assert.equal(open.code, 0, open.output);
-  assert.ok(open.ms < 10000, `the process took ${open.ms} ms to exit without close()`);
+  assert.ok(open.ms < 12000, `the process took ${open.ms} ms to exit without close()`);
 });
