@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use self::book::{Book, Holding};
-use self::sizing::{Allowance, Leasable};
+use self::sizing::{Allowance, Leasable, TopUp};
 use crate::decider::{self, Label};
 use crate::error::Error;
 use crate::limit::{CallerKey, Decision, FailurePolicy, InvalidArgument, RetryAfter};
@@ -70,6 +70,9 @@ pub(crate) struct Grant {
     /// When to ask again.
     pub renew_after: Duration,
 }
+
+/// When a client renews, as a fraction of its lease's time.
+const RENEW_AT: f64 = 0.7;
 
 /// The service's own settings.
 #[derive(Debug, Clone)]
@@ -240,7 +243,9 @@ impl Leaser {
             lease_ms: millis(
                 leasable.max_duration + self.settings.settle_every + Duration::from_secs(1),
             ),
-            stale_ms: millis(self.settings.settle_every * 5),
+            // A client that stopped asking (killed) stops counting two
+            // settlements later.
+            stale_ms: millis(self.settings.settle_every * 2 + Duration::from_secs(1)),
             hysteresis_permille: 50,
         };
         let demand =
@@ -279,30 +284,21 @@ impl Leaser {
     ) -> Result<Grant, Error> {
         let size = lease_size(leasable, holding.share_rate);
         holding.allowance.accrue(holding.share_rate, size, now);
-        let renew_after = leasable.max_duration / 2;
+        // Late enough that a renewal tops up most of a lease (few store
+        // calls), early enough that the answer comes back before the
+        // units run out.
+        let renew_after = leasable.max_duration.mul_f64(RENEW_AT);
         // Alone on the policy, a client may have units as fast as the limits
         // allow, as by CheckLimit; beside others that want more, it is held
         // to its share.
-        let allowance = if holding.contended {
-            holding.allowance.units
-        } else {
-            f64::INFINITY
+        let share = holding
+            .contended
+            .then_some((holding.allowance.units, holding.share_rate));
+        let wanted = match sizing::top_up(size, held, share) {
+            TopUp::Spend(units) => units,
+            TopUp::Enough => return Ok(waiting(None, renew_after)),
+            TopUp::Wait(wait) => return Ok(waiting(Some(wait), wait)),
         };
-        let wanted = sizing::top_up(size, held, allowance);
-        if wanted == 0 {
-            // Enough held, or its share is spent for now: it denies until
-            // its share has accrued a quarter of a lease.
-            let retry_after = (held == 0 && holding.contended)
-                .then(|| sizing::time_to_accrue((size / 4.0).max(1.0), holding.share_rate))
-                .map(|wait| wait.unwrap_or(leasable.max_duration));
-            return Ok(Grant {
-                units: 0,
-                valid_for: Duration::ZERO,
-                limits: Vec::new(),
-                retry_after,
-                renew_after: retry_after.unwrap_or(renew_after),
-            });
-        }
         let (units, decisions) = self.spend_up_to(policy, key, wanted).await?;
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
         if units == 0 {
@@ -325,7 +321,7 @@ impl Leaser {
             valid_for,
             limits,
             retry_after: None,
-            renew_after: renew_after.min(valid_for / 2),
+            renew_after: valid_for.mul_f64(RENEW_AT),
         })
     }
 
@@ -453,6 +449,18 @@ fn report(holding: &mut Holding, ask: &Ask) -> Result<(), Error> {
     holding.admitted += ask.admitted;
     metrics::lease_local_decisions(&ask.policy, ask.admitted, ask.denied, ask.fallbacks);
     Ok(())
+}
+
+/// The answer to an ask that gets no units now: `retry_after` set when the
+/// client is to deny once its holding is spent.
+fn waiting(retry_after: Option<Duration>, renew_after: Duration) -> Grant {
+    Grant {
+        units: 0,
+        valid_for: Duration::ZERO,
+        limits: Vec::new(),
+        retry_after,
+        renew_after,
+    }
 }
 
 /// The answer to an ask that gets nothing and need not wait.

@@ -28,13 +28,15 @@ pub struct LeaseOptions {
     /// How often a lease's fair share of its policy is settled again among
     /// every client leasing it, at most (one store call per lease each
     /// time); renewals in between are sized from the share last settled.
-    #[arg(long, env = "RATELIMITD_LEASE_SETTLE_INTERVAL", default_value = "1s",
+    #[arg(long, env = "RATELIMITD_LEASE_SETTLE_INTERVAL", default_value = "2s",
           value_parser = positive_duration)]
     pub lease_settle_interval: Duration,
 
     /// What each client's share allows beyond its measured demand, in
-    /// percent of it, so it can grow before its next renewal.
-    #[arg(long, env = "RATELIMITD_LEASE_HEADROOM", default_value_t = 20,
+    /// percent of it, so it can grow before its share is settled again.
+    /// Under contention a client below the fair level leaves its headroom
+    /// unused, so this is kept small.
+    #[arg(long, env = "RATELIMITD_LEASE_HEADROOM", default_value_t = 5,
           value_parser = clap::value_parser!(u16).range(0..=100))]
     pub lease_headroom: u16,
 }

@@ -92,18 +92,47 @@ impl Allowance {
     }
 }
 
-/// How many units to spend for a client whose lease is `size` units, that
-/// holds `held`, with `allowance` units that may be granted: what tops it
-/// up, within the allowance, in whole units.
-pub(crate) fn top_up(size: f64, held: u64, allowance: f64) -> u64 {
-    let wanted = (size - held as f64).min(allowance).floor();
-    if wanted >= 1.0 { wanted as u64 } else { 0 }
+/// What a renewal does for a client whose lease is `size` units and that
+/// holds `held`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum TopUp {
+    /// Spend this many units for it.
+    Spend(u64),
+    /// Nothing now: it holds enough.
+    Enough,
+    /// Nothing now: held to its share, it has had it; it may have more
+    /// after this long (denying meanwhile, once its holding is spent).
+    Wait(Duration),
 }
 
-/// How long until `rate` accrues `units`: the wait before a client held to
-/// its share has that many to be granted. `None` when the rate is zero.
-pub(crate) fn time_to_accrue(units: f64, rate: f64) -> Option<Duration> {
-    (rate > 0.0).then(|| Duration::from_secs_f64((units / rate).clamp(0.0, 3600.0)))
+/// The most of a lease a contended client waits to accrue before it is
+/// topped up: three quarters, so that it renews a few times per lease
+/// rather than for every unit its share accrues.
+const CONTENDED_CHUNK: f64 = 0.75;
+
+/// What tops up a lease of `size` units for a client holding `held`. Alone
+/// (`share` is `None`), it gets what it lacks. Beside others, held to its
+/// share (`Some((allowance, rate))`: what may be granted now, and how fast
+/// that grows), it gets what it lacks once its allowance covers that or
+/// three quarters of a lease, whichever is less; until then it waits.
+pub(crate) fn top_up(size: f64, held: u64, share: Option<(f64, f64)>) -> TopUp {
+    let lacking = (size - held as f64).floor();
+    if lacking < 1.0 {
+        return TopUp::Enough;
+    }
+    let Some((allowance, rate)) = share else {
+        return TopUp::Spend(lacking as u64);
+    };
+    let needed = lacking.min((size * CONTENDED_CHUNK).floor()).max(1.0);
+    if allowance >= needed {
+        return TopUp::Spend(lacking.min(allowance.floor()) as u64);
+    }
+    let wait = if rate > 0.0 {
+        ((needed - allowance) / rate).clamp(0.001, 3600.0)
+    } else {
+        3600.0
+    };
+    TopUp::Wait(Duration::from_secs_f64(wait))
 }
 
 #[cfg(test)]
@@ -176,11 +205,19 @@ mod tests {
 
     #[test]
     fn a_top_up_is_what_the_lease_lacks_within_the_allowance() {
-        assert_eq!(top_up(100.0, 0, 1000.0), 100);
-        assert_eq!(top_up(100.0, 30, 1000.0), 70);
-        assert_eq!(top_up(100.0, 30, 12.5), 12);
-        assert_eq!(top_up(100.0, 120, 1000.0), 0);
-        assert_eq!(top_up(100.0, 0, 0.5), 0);
+        assert_eq!(top_up(100.0, 0, None), TopUp::Spend(100));
+        assert_eq!(top_up(100.0, 30, None), TopUp::Spend(70));
+        assert_eq!(top_up(100.0, 120, None), TopUp::Enough);
+        assert_eq!(top_up(100.0, 30, Some((1000.0, 50.0))), TopUp::Spend(70));
+        assert_eq!(top_up(100.0, 0, Some((80.5, 50.0))), TopUp::Spend(80));
+        // Less than three quarters accrued: it waits for the rest.
+        assert_eq!(
+            top_up(100.0, 0, Some((50.0, 50.0))),
+            TopUp::Wait(Duration::from_millis(500))
+        );
+        // Lacking little, it has it once that much accrued.
+        assert_eq!(top_up(100.0, 90, Some((10.0, 50.0))), TopUp::Spend(10));
+        assert!(matches!(top_up(100.0, 0, Some((0.0, 0.0))), TopUp::Wait(_)));
     }
 
     #[test]
@@ -192,7 +229,5 @@ mod tests {
         assert!((allowance.units - 25.0).abs() < 1e-6);
         allowance.accrue(50.0, 100.0, start + Duration::from_secs(60));
         assert_eq!(allowance.units, 100.0);
-        assert_eq!(time_to_accrue(25.0, 50.0), Some(Duration::from_millis(500)));
-        assert_eq!(time_to_accrue(25.0, 0.0), None);
     }
 }

