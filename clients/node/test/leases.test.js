@@ -482,19 +482,23 @@ async function runScript(source, address) {
   return { ms: Date.now() - started, code, signal, output };
 }
 
-const HOT_SCRIPT = (close) => `
+const HOT_SCRIPT = (close, checks = 200) => `
   const { RateLimitClient } = require('.');
   (async () => {
     const c = new RateLimitClient();
-    for (let i = 0; i < 200; i++) await c.check('script-${close}-${process.pid}', { policy: 'bucket' });
+    for (let i = 0; i < ${checks}; i++) await c.check('script-${close}-${checks}-${process.pid}', { policy: 'bucket' });
     const stats = c.leaseStats();
-    if (stats.localAllowed === 0) throw new Error('nothing leased: ' + JSON.stringify(stats));
+    if ((stats.localAllowed === 0) === (${checks} >= 20)) throw new Error('leased or not: ' + JSON.stringify(stats));
     console.log(JSON.stringify(stats));
     ${close ? 'c.close();' : ''}
   })().catch((err) => { console.error(err); process.exit(1); });
 `;
 
 test('a process that closes its client exits at once; one that does not, once its leases are released', async () => {
+  // Checks too few to lease: nothing but the client's (unreferenced) timers.
+  const cold = await runScript(HOT_SCRIPT(false, 5), server.address);
+  assert.equal(cold.code, 0, cold.output);
+  assert.ok(cold.ms < 4000, `the process took ${cold.ms} ms to exit after checks too few to lease`);
   const closed = await runScript(HOT_SCRIPT(true), server.address);
   assert.equal(closed.code, 0, closed.output);
   assert.ok(closed.ms < 4000, `the process took ${closed.ms} ms to exit after close()`);
