@@ -134,6 +134,23 @@ for (const store of ['embedded store', 'Redis']) {
   });
 }
 
+test('two leasing clients and one without leases on one key, at once: never more than the limit together', async () => {
+  const key = uniqueKey('shared');
+  const a = client({ address: onRedis.address });
+  const b = client({ address: onRedis.address });
+  const plain = client({ address: onRedis.address, leases: false });
+  const run = async (c, checks) => {
+    let allowed = 0;
+    for (let i = 0; i < checks; i++) if ((await c.check(key, { policy: 'hot' })).allowed) allowed++;
+    return allowed;
+  };
+  const allowed = await Promise.all([run(a, 1500), run(b, 1500), run(plain, 300)]);
+  const total = allowed.reduce((x, y) => x + y, 0);
+  assert.ok(total <= 500, `${total} allowed (${allowed.join(' + ')}) by a limit of 500 per minute`);
+  assert.ok(a.leaseStats().localAllowed > 0 && b.leaseStats().localAllowed > 0, 'both clients decided some checks themselves');
+  assert.equal((await redisLooker.check(key, { policy: 'hot', cost: 0 })).remaining, 0, 'the limit is spent');
+});
+
 test('a decision made in the client has exactly the fields of a CheckLimit decision', async () => {
   const c = client();
   const key = uniqueKey('shape');
