@@ -174,6 +174,35 @@
         cell(q.assignedRequestsPerSecond.toFixed(2), 'n'),
       ]),
     );
+    renderLeases(view.leases);
+  }
+
+  // Each leased policy: a heading row, then a row per holder (a client's
+  // lease stream on one key) with its part of the policy's share.
+  const percent = (part, whole) => (whole > 0 ? `${((100 * part) / whole).toFixed(1)}%` : '–');
+  function renderLeases(leases) {
+    $('leases-empty').hidden = leases.length > 0;
+    $('leases-table').hidden = leases.length === 0;
+    const rows = [];
+    for (const policy of leases) {
+      const heading = document.createElement('th');
+      heading.colSpan = 7;
+      const holders = policy.holders.length === 1 ? '1 holder' : `${policy.holders.length} holders`;
+      heading.textContent = `${policy.policy}: ${holders}, ${policy.shareUnitsPerSecond.toFixed(2)} units/s in all`;
+      rows.push([heading]);
+      for (const holder of policy.holders) {
+        rows.push([
+          cell(holder.holder, 'key'),
+          cell(holder.key, 'key'),
+          cell(holder.shareUnitsPerSecond.toFixed(2), 'n'),
+          cell(percent(holder.shareUnitsPerSecond, policy.shareUnitsPerSecond), 'n'),
+          cell(holder.demandRequestsPerSecond.toFixed(2), 'n'),
+          cell(holder.granted, 'n'),
+          cell(holder.admitted, 'n'),
+        ]);
+      }
+    }
+    fillTable('leases-table', rows);
   }
 
   async function pollLive() {

@@ -29,6 +29,7 @@ use crate::decider::{self, Label};
 use crate::error::Error;
 use crate::limit::{CallerKey, Decision, FailurePolicy, InvalidArgument, RetryAfter};
 use crate::limiter::Limiter;
+use crate::live;
 use crate::metrics;
 use crate::policy::{Policy, Scope};
 use crate::quota::presence::Roster;
@@ -161,8 +162,11 @@ impl Leaser {
         holding.demand = ask.demand;
         self.settle_share(subscriber, holding, &leasable, now)
             .await?;
-        self.spend(&policy, &key, holding, &leasable, ask.held, now)
-            .await
+        let grant = self
+            .spend(&policy, &key, holding, &leasable, ask.held, now)
+            .await?;
+        live::lease_holder(&ask.policy, subscriber, &ask.key, shown(holding));
+        Ok(grant)
     }
 
     /// A new lease's holding, with a whole allowance.
@@ -297,7 +301,12 @@ impl Leaser {
         let wanted = match sizing::top_up(size, held, share) {
             TopUp::Spend(units) => units,
             TopUp::Enough => return Ok(waiting(None, renew_after)),
-            TopUp::Wait(wait) => return Ok(waiting(Some(wait), wait)),
+            TopUp::Wait(wait) => {
+                // A share of nothing yet (the others' grants still hold
+                // it all) grows at the next settlement, not with time.
+                let wait = wait.min(self.settings.settle_every);
+                return Ok(waiting(Some(wait), wait));
+            }
         };
         let (units, decisions) = self.spend_up_to(policy, key, wanted).await?;
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
@@ -391,7 +400,8 @@ impl Leaser {
                 metrics::lease_units(&ask.policy, "returned", returned);
             }
         }
-        self.let_go(subscriber, holding).await;
+        self.let_go(subscriber, (&ask.policy, &ask.key), holding)
+            .await;
         reported?;
         given_back?;
         Ok(nothing())
@@ -400,15 +410,17 @@ impl Leaser {
     /// Lets every lease of a stream that ended go: their units lapse with
     /// their time (the client can no longer say what it spent).
     pub(crate) async fn end_stream(&self, subscriber: &str, book: &mut Book) {
-        let holdings: Vec<Holding> = book.drain().map(|(_, holding)| holding).collect();
-        for holding in holdings {
-            self.let_go(subscriber, holding).await;
+        let holdings: Vec<((String, String), Holding)> = book.drain().collect();
+        for ((policy, key), holding) in holdings {
+            self.let_go(subscriber, (&policy, &key), holding).await;
         }
     }
 
     /// Leaves the holding's share and counts what lapsed.
-    async fn let_go(&self, subscriber: &str, holding: Holding) {
+    /// `policy` and `key` are the book's, as the live view was told them.
+    async fn let_go(&self, subscriber: &str, (policy, key): (&str, &str), holding: Holding) {
         self.held.fetch_sub(1, Ordering::Relaxed);
+        live::lease_gone(policy, subscriber, key);
         metrics::leases_held(&holding.policy.name, -1.0);
         metrics::lease_units(&holding.policy.name, "lapsed", holding.lapsed());
         if holding.settled_at.is_some() {
@@ -449,6 +461,16 @@ fn report(holding: &mut Holding, ask: &Ask) -> Result<(), Error> {
     holding.admitted += ask.admitted;
     metrics::lease_local_decisions(&ask.policy, ask.admitted, ask.denied, ask.fallbacks);
     Ok(())
+}
+
+/// What the console's live view shows of a holding.
+fn shown(holding: &Holding) -> live::HolderStats {
+    live::HolderStats {
+        share_per_second: holding.share_rate,
+        demand_per_second: holding.demand,
+        granted: holding.granted,
+        admitted: holding.admitted,
+    }
 }
 
 /// The answer to an ask that gets no units now: `retry_after` set when the

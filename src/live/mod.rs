@@ -3,18 +3,21 @@
 //! degraded, per face, rule or policy, and algorithm (fed beside the
 //! Prometheus counters, from the same decisions); the store's calls and
 //! their latency per second; the quota service's subscribers and assigned
-//! rates per policy; and the most denied keys, in a space-saving sketch
+//! rates per policy; the lease holders of each leased policy with their
+//! shares ([`leases`]); and the most denied keys, in a space-saving sketch
 //! ([`sketch`]) of [`TOP_KEYS`] entries.
 //!
 //! Everything is bounded: series are labelled only by what the operator
 //! configured (rules, policies, quota policies) or by fixed names (faces,
 //! algorithms, stores), at most [`MAX_SERIES`] of them (the rest are
 //! counted together as `(other)`); a caller's key only ever enters the
-//! sketch, never a label.
+//! sketch or a lease holder's row (at most
+//! [`leases::MAX_LEASE_HOLDERS`]), never a label.
 //!
 //! Off until [`install`] (the server does when its HTTP listener is on):
 //! until then, recording is a check of a `OnceLock` and nothing else.
 
+pub(crate) mod leases;
 pub(crate) mod sketch;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,6 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use self::leases::Holders;
+pub(crate) use self::leases::{HolderStats, LeaseHolder, LeasedPolicy};
 use self::sketch::SpaceSaving;
 use crate::algorithm::LimitRequest;
 use crate::limit::{Decision, FailurePolicy};
@@ -111,6 +116,21 @@ pub(crate) fn quota_assigned_rate(domain: &str, policy: &str, delta: f64) {
     }
 }
 
+/// A lease stream's (`holder`) lease on `policy` and `key` after an ask
+/// that kept it: what the console shows of it.
+pub(crate) fn lease_holder(policy: &str, holder: &str, key: &str, stats: HolderStats) {
+    if let Some(live) = get() {
+        live.state().leases.update(policy, holder, key, stats);
+    }
+}
+
+/// A lease stream's lease on `policy` and `key` is gone.
+pub(crate) fn lease_gone(policy: &str, holder: &str, key: &str) {
+    if let Some(live) = get() {
+        live.state().leases.remove(policy, holder, key);
+    }
+}
+
 /// What a series of decisions is labelled by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct SeriesKey {
@@ -153,6 +173,7 @@ struct State {
     numbers: HashMap<SeriesKey, usize>,
     denied_keys: SpaceSaving,
     quota: BTreeMap<(String, String), Quota>,
+    leases: Holders,
 }
 
 /// The recorder.
@@ -174,6 +195,7 @@ impl Live {
                 numbers: HashMap::new(),
                 denied_keys: SpaceSaving::new(TOP_KEYS),
                 quota: BTreeMap::new(),
+                leases: Holders::default(),
             }),
         }
     }
@@ -276,6 +298,7 @@ impl Live {
                     assigned_requests_per_second: quota.assigned_rate.max(0.0),
                 })
                 .collect(),
+            leases: state.leases.view(),
             top_denied_keys: state
                 .denied_keys
                 .top()
@@ -423,6 +446,9 @@ pub(crate) struct LiveView {
     pub failure_policy: String,
     /// The quota service's policies on this instance.
     pub quota: Vec<QuotaShare>,
+    /// The policies leased on this instance, in order of their names, with
+    /// their holders: at most 200 holders in all.
+    pub leases: Vec<LeasedPolicy>,
     /// The most denied keys since start, most first: at most 50, from a
     /// space-saving sketch (a count may be over by up to its `overestimate`).
     pub top_denied_keys: Vec<DeniedKey>,

@@ -7,8 +7,12 @@ admin token given, and the browser's console log.
 Usage: drive.py <settings JSON>, with url, chromium, chromedriver,
 patience (seconds), live_allowed and live_denied (the counts the live chart
 must reach), form (field name -> value; true/false for a checkbox),
-charts (how many simulator charts to wait for), and admin (token and
-request: peeked at, then reset, through the page's key section).
+charts (how many simulator charts to wait for), admin (token and
+request: peeked at, then reset, through the page's key section), and
+leases (policy and key of a lease the test holds: once the Leases section
+lists it, the driver prints one line saying so and reads a line back, the
+test's word that the lease is gone, then waits for the section to say no
+policy is leased).
 """
 
 import json
@@ -24,6 +28,15 @@ const chart = window.ratelimitdConsole && window.ratelimitdConsole.charts.live;
 if (!chart) return null;
 const sum = (values) => values.reduce((a, b) => a + (b || 0), 0);
 return {allowed: sum(chart.data[1]), denied: sum(chart.data[2]), seconds: chart.data[0].length};
+"""
+
+LEASES = """
+const rows = [...document.querySelectorAll('#leases-table tbody tr')];
+return {
+  empty_shown: !document.getElementById('leases-empty').hidden,
+  table_shown: !document.getElementById('leases-table').hidden,
+  rows: rows.map((tr) => [...tr.children].map((cell) => cell.textContent)),
+};
 """
 
 
@@ -46,6 +59,9 @@ def main():
             return None
 
         live = wait.until(live_reached, "the live chart to show the traffic sent")
+        leases = None
+        if "leases" in settings:
+            leases = watch_the_leases(driver, wait, settings["leases"])
 
         for name, value in settings["form"].items():
             field = driver.find_element(By.NAME, name)
@@ -76,7 +92,32 @@ def main():
         log = driver.get_log("browser")
     finally:
         driver.quit()
-    print(json.dumps({"live": live, "simulated": simulated, "sim_state": sim_state, "admin": admin, "log": log}))
+    print(json.dumps({"live": live, "leases": leases, "simulated": simulated, "sim_state": sim_state,
+                      "admin": admin, "log": log}))
+
+
+def watch_the_leases(driver, wait, leases):
+    """Waits for the Leases section to list the policy `leases["policy"]`
+    with a holder of `leases["key"]`; says so on stdout (one line) and
+    waits for the test's line on stdin (the lease is gone); then waits for
+    the section's empty state. Returns what the section showed each time."""
+
+    def listed(driver):
+        seen = driver.execute_script(LEASES)
+        policy = any(row[0].startswith(leases["policy"] + ":") for row in seen["rows"])
+        holder = any(len(row) > 1 and row[1] == leases["key"] for row in seen["rows"])
+        return seen if seen["table_shown"] and not seen["empty_shown"] and policy and holder else None
+
+    shown = wait.until(listed, "the Leases section to list the leased policy")
+    print(json.dumps({"leases_shown": True}), flush=True)
+    sys.stdin.readline()
+
+    def empty(driver):
+        seen = driver.execute_script(LEASES)
+        return seen if seen["empty_shown"] and not seen["table_shown"] and not seen["rows"] else None
+
+    gone = wait.until(empty, "the Leases section to say no policy is leased")
+    return {"shown": shown, "gone": gone}
 
 
 def use_the_key_section(driver, wait, admin):

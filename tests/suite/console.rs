@@ -3,18 +3,23 @@
 //! suite: `common/tools.rs`) in `tests/console/drive.py`: the page loads with
 //! nothing on the browser's console at error level, the live chart plots
 //! the traffic this test sent, the simulator, its form filled in, plots
-//! exactly the numbers `/v1/simulate` answers for the same request, and,
-//! the admin token given in the page, its key section peeks at a denied
-//! key (spending nothing) and resets it.
+//! exactly the numbers `/v1/simulate` answers for the same request, the
+//! Leases section lists a lease this test holds (its policy, holder, key,
+//! share and demand) and says no policy is leased once the lease's stream
+//! ends, and, the admin token given in the page, its key section peeks at
+//! a denied key (spending nothing) and resets it.
 
 use crate::common;
 
+use std::io::{BufRead, BufReader, Read, Seek, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use common::http::request;
+use common::leases::{LeaseStream, ask as lease_ask};
 use common::tools::{self, on_path};
 use common::{PATIENCE, ServerProcess};
+use ratelimitd::pb::ratelimitd::v1 as pb;
 use serde_json::{Value, json};
 
 /// `name` on the PATH, or the environment variable `variable` naming it.
@@ -41,8 +46,15 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
     let chromedriver = program("chromedriver", "RATELIMITD_CHROMEDRIVER");
     let python = tools::python();
 
+    let dir = tempfile::tempdir().expect("a config directory");
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "policies:\n  hot:\n    - {per: 1s, limit: 1000, algorithm: token_bucket, lease: true}\n",
+    )
+    .expect("write the policies");
+    let config = dir.path().to_string_lossy().into_owned();
     let server = ServerProcess::builder()
-        .flags(&["--admin-token", ADMIN_TOKEN])
+        .flags(&["--admin-token", ADMIN_TOKEN, "--config", &config])
         .http()
         .logged()
         .start()
@@ -63,6 +75,23 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
         .expect("an answer");
         assert_eq!(answer.status, 200, "{answer:?}");
     }
+
+    // A lease held by a client process, for the Leases section.
+    let mut lease = LeaseStream::open(server.address).await;
+    let leased = lease
+        .ask(pb::LeaseAsk {
+            demand: 25.0,
+            ..lease_ask("hot", LEASE_KEY)
+        })
+        .await;
+    assert!(leased.error.is_none() && leased.units > 0, "{leased:?}");
+    let live = request(port, "GET", "/v1/console/live", &[], "")
+        .await
+        .expect("an answer");
+    let holder = body_json(&live.body)["leases"][0]["holders"][0]["holder"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the lease in the live view: {}", live.body))
+        .to_owned();
 
     // The form as a user fills it in (the token bucket left out), and the
     // request it describes, written here independently of the page.
@@ -95,20 +124,51 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
         "form": form,
         "charts": 4,
         "admin": {"token": ADMIN_TOKEN, "request": asked},
+        "leases": {"policy": "hot", "key": LEASE_KEY},
     });
     let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/drive.py");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(driver)
-            .arg(settings.to_string())
-            .output()
-            .expect("run tests/console/drive.py")
+    let mut errors = tempfile::tempfile().expect("a file for the driver's stderr");
+    let mut child = Command::new(python)
+        .arg(driver)
+        .arg(settings.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(errors.try_clone().expect("the stderr file, again"))
+        .spawn()
+        .expect("run tests/console/drive.py");
+    let mut told = child.stdin.take().expect("the driver's stdin");
+    let mut said = BufReader::new(child.stdout.take().expect("the driver's stdout"));
+    // The driver says when the page lists the lease (or ends, failing).
+    let (first, mut said) = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        said.read_line(&mut line).expect("read the driver");
+        (line, said)
     })
     .await
     .expect("the driver's thread");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "drive.py failed: {stderr}");
-    let seen = body_json(&String::from_utf8_lossy(&output.stdout));
+    // Then the client goes away, and the driver waits for the page to
+    // say no policy is leased.
+    drop(lease);
+    if !first.is_empty() {
+        // A driver that ended already says why in its stderr, below.
+        let _ = writeln!(told, "the lease is gone");
+    }
+    drop(told);
+    let (rest, status) = tokio::task::spawn_blocking(move || {
+        let mut rest = String::new();
+        said.read_to_string(&mut rest).expect("read the driver");
+        (rest, child.wait().expect("the driver ends"))
+    })
+    .await
+    .expect("the driver's thread");
+    let mut stderr = String::new();
+    errors.rewind().expect("the stderr file");
+    errors
+        .read_to_string(&mut stderr)
+        .expect("read the driver's stderr");
+    assert!(status.success(), "drive.py failed: {stderr}");
+    assert_eq!(body_json(&first)["leases_shown"], true, "{first}");
+    let seen = body_json(&rest);
 
     // Nothing at error level on the browser's console (a failed load, a
     // script error, a refused Content-Security-Policy).
@@ -124,6 +184,28 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
     assert_eq!(seen["live"]["allowed"], 3, "{}", seen["live"]);
     assert_eq!(seen["live"]["denied"], 2, "{}", seen["live"]);
     assert_eq!(seen["live"]["seconds"], 300);
+
+    // The Leases section: the policy with its one holder, the whole of its
+    // share; then, the stream gone, the empty state.
+    let rows = &seen["leases"]["shown"]["rows"];
+    assert_eq!(
+        rows,
+        &json!([
+            ["hot: 1 holder, 1000.00 units/s in all"],
+            [
+                holder,
+                LEASE_KEY,
+                "1000.00",
+                "100.0%",
+                "25.00",
+                leased.units.to_string(),
+                "0"
+            ],
+        ]),
+        "{}",
+        seen["leases"]
+    );
+    assert_eq!(seen["leases"]["gone"]["empty_shown"], true);
 
     // The simulator plots /v1/simulate's numbers for the same request.
     let answer = request(
@@ -212,3 +294,6 @@ async fn the_console_shows_live_traffic_and_plots_the_servers_simulation() {
 
 /// The admin token the console is given (the server's `--admin-token`).
 const ADMIN_TOKEN: &str = "console-test-admin-token";
+
+/// The key of the lease the console shows.
+const LEASE_KEY: &str = "browser-lease";

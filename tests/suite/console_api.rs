@@ -2,13 +2,19 @@
 //! answers the simulation the library computes for the same request, and
 //! refuses every kind of bad body naming the field and the rule (not
 //! JSON, a wrong type, an unknown field, another content type, a body over
-//! `--max-request-bytes`, a run over its bounds).
+//! `--max-request-bytes`, a run over its bounds); `GET /v1/console/live`
+//! counts decisions as Prometheus does, names the most denied keys, and
+//! lists each leased policy's holders with their shares until they go, in
+//! the fields the OpenAPI document describes.
 
 use crate::common;
+
+use std::collections::BTreeSet;
 
 use common::ServerProcess;
 use common::free_port;
 use common::http::{assert_body_bounded_at_2048, assert_refused, body_json, post_json, request};
+use common::leases::{LeaseStream, ask as lease_ask};
 use prost::Message;
 use ratelimitd::pb::json::ratelimitd::v1 as json;
 use ratelimitd::pb::ratelimitd::v1 as pb;
@@ -292,5 +298,162 @@ async fn the_page_is_self_contained_and_runs_only_its_own_scripts() {
         .await
         .expect("an answer");
     assert_eq!(wrong.status, 405, "{wrong:?}");
+    server.terminate().await;
+}
+
+/// The live view's leased policies, as `GET /v1/console/live` answers.
+async fn live_leases(port: u16) -> Vec<Value> {
+    let answer = request(port, "GET", "/v1/console/live", &[], "")
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    body_json(&answer)["leases"]
+        .as_array()
+        .expect("leases, a list")
+        .clone()
+}
+
+/// The names of the properties the OpenAPI document gives schema `name`.
+fn schema_properties(document: &Value, name: &str) -> BTreeSet<String> {
+    document["components"]["schemas"][name]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("the document has no schema {name}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+fn keys_of(object: &Value) -> BTreeSet<String> {
+    object
+        .as_object()
+        .expect("an object")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// The holder of `key`'s lease among a leased policy's holders.
+fn holder_of<'a>(policy: &'a Value, key: &str) -> &'a Value {
+    policy["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .find(|holder| holder["key"] == key)
+        .unwrap_or_else(|| panic!("no holder of {key}: {policy}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_view_lists_each_leased_policys_holders_with_their_shares_until_they_go() {
+    let dir = tempfile::tempdir().expect("a config directory");
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "policies:\n  hot:\n    - {per: 1s, limit: 1000, algorithm: token_bucket, lease: true}\n",
+    )
+    .expect("write the policies");
+    let config = dir.path().to_string_lossy().into_owned();
+    let (server, port) = start(&["--config", &config]).await;
+    assert_eq!(
+        live_leases(port).await,
+        Vec::<Value>::new(),
+        "nothing leased"
+    );
+
+    // Two client processes, each alone on its key: each one's share is
+    // the whole rate of its key's bucket.
+    let mut first = LeaseStream::open(server.address).await;
+    let mut second = LeaseStream::open(server.address).await;
+    let alpha = first
+        .ask(pb::LeaseAsk {
+            demand: 300.0,
+            ..lease_ask("hot", "alpha")
+        })
+        .await;
+    let beta = second
+        .ask(pb::LeaseAsk {
+            demand: 50.0,
+            ..lease_ask("hot", "beta")
+        })
+        .await;
+    assert!(alpha.error.is_none() && alpha.units > 0, "{alpha:?}");
+    assert!(beta.error.is_none() && beta.units > 0, "{beta:?}");
+    // The first admits 40 of its units and renews, wanting more.
+    let renewed = first
+        .ask(pb::LeaseAsk {
+            demand: 320.0,
+            admitted: 40,
+            held: alpha.units - 40,
+            ..lease_ask("hot", "alpha")
+        })
+        .await;
+    assert!(renewed.error.is_none(), "{renewed:?}");
+
+    // The view is written before the grant is sent: no wait.
+    let leases = live_leases(port).await;
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    let hot = &leases[0];
+    assert_eq!(hot["policy"], "hot");
+    assert_eq!(hot["holders"].as_array().map(Vec::len), Some(2), "{hot}");
+    assert_eq!(hot["shareUnitsPerSecond"], 2000.0, "{hot}");
+    let (a, b) = (holder_of(hot, "alpha"), holder_of(hot, "beta"));
+    assert_eq!(a["shareUnitsPerSecond"], 1000.0, "{a}");
+    assert_eq!(a["demandRequestsPerSecond"], 320.0, "{a}");
+    assert_eq!(a["granted"], alpha.units + renewed.units, "{a}");
+    assert_eq!(a["admitted"], 40, "{a}");
+    assert_eq!(b["shareUnitsPerSecond"], 1000.0, "{b}");
+    assert_eq!(b["demandRequestsPerSecond"], 50.0, "{b}");
+    assert_eq!(b["granted"], beta.units, "{b}");
+    assert_eq!(b["admitted"], 0, "{b}");
+    // Holders are lease streams, `<instance>:l<n>`: two of one instance.
+    let stream_of = |holder: &Value| -> (String, String) {
+        let id = holder["holder"].as_str().expect("a holder id");
+        let (instance, stream) = id.rsplit_once(':').expect("<instance>:l<n>");
+        (instance.to_owned(), stream.to_owned())
+    };
+    let (instance_a, stream_a) = stream_of(a);
+    let (instance_b, stream_b) = stream_of(b);
+    assert_eq!(instance_a, instance_b);
+    assert_ne!(stream_a, stream_b);
+    for stream in [&stream_a, &stream_b] {
+        assert!(
+            stream
+                .strip_prefix('l')
+                .is_some_and(|n| n.parse::<u64>().is_ok()),
+            "{stream}"
+        );
+    }
+
+    // The document describes exactly the fields served.
+    let document = body_json(
+        &request(port, "GET", "/openapi.json", &[], "")
+            .await
+            .expect("an answer"),
+    );
+    assert!(schema_properties(&document, "LiveView").contains("leases"));
+    assert_eq!(schema_properties(&document, "LeasedPolicy"), keys_of(hot));
+    assert_eq!(schema_properties(&document, "LeaseHolder"), keys_of(a));
+
+    // A client that goes away: its holder leaves once the server sees the
+    // stream end.
+    drop(second);
+    common::eventually("the ended stream's holder to leave the view", || async {
+        let leases = live_leases(port).await;
+        leases.len() == 1 && leases[0]["holders"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    let leases = live_leases(port).await;
+    assert_eq!(holder_of(&leases[0], "alpha")["holder"], a["holder"]);
+    assert_eq!(leases[0]["shareUnitsPerSecond"], 1000.0, "{}", leases[0]);
+
+    // A release lets the last go: no policy is leased.
+    let released = first
+        .ask(pb::LeaseAsk {
+            release: true,
+            admitted: 0,
+            held: alpha.units + renewed.units - 40,
+            ..lease_ask("hot", "alpha")
+        })
+        .await;
+    assert!(released.error.is_none(), "{released:?}");
+    assert_eq!(live_leases(port).await, Vec::<Value>::new());
     server.terminate().await;
 }

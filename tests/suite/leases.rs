@@ -10,11 +10,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::leases::{LeaseStream, ask};
 use common::{RedisServer, TestServer};
-use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
 use ratelimitd::pb::ratelimitd::v1 as pb;
-use ratelimitd::pb::ratelimitd::v1::leases_client::LeasesClient;
 use tonic::Code;
 
 const POLICIES: &str = "\
@@ -37,73 +35,6 @@ fn config_dir() -> (tempfile::TempDir, String) {
     std::fs::write(dir.path().join("policies.yaml"), POLICIES).expect("write");
     let path = dir.path().to_string_lossy().into_owned();
     (dir, path)
-}
-
-/// One client's lease stream.
-struct LeaseStream {
-    asks: mpsc::UnboundedSender<pb::LeaseRequest>,
-    grants: tonic::Streaming<pb::LeaseResponse>,
-    next_id: u64,
-}
-
-impl LeaseStream {
-    async fn open(server: &TestServer) -> Self {
-        let mut client = LeasesClient::new(common::grpc::channel(server.address).await);
-        let (asks, requests) = mpsc::unbounded();
-        let grants = client
-            .lease(requests)
-            .await
-            .expect("the stream opens")
-            .into_inner();
-        Self {
-            asks,
-            grants,
-            next_id: 1,
-        }
-    }
-
-    /// Sends `asks` in one message and reads their grants.
-    async fn exchange(
-        &mut self,
-        asks: Vec<pb::LeaseAsk>,
-    ) -> Result<Vec<pb::LeaseGrant>, tonic::Status> {
-        let asks: Vec<pb::LeaseAsk> = asks
-            .into_iter()
-            .map(|ask| {
-                self.next_id += 1;
-                pb::LeaseAsk {
-                    id: self.next_id,
-                    ..ask
-                }
-            })
-            .collect();
-        let ids: Vec<u64> = asks.iter().map(|ask| ask.id).collect();
-        self.asks
-            .send(pb::LeaseRequest { asks })
-            .await
-            .expect("the stream takes asks");
-        let response = tokio::time::timeout(common::PATIENCE, self.grants.next())
-            .await
-            .expect("an answer in time")
-            .expect("the stream still open")?;
-        let answered: Vec<u64> = response.grants.iter().map(|grant| grant.id).collect();
-        assert_eq!(answered, ids, "one grant per ask, in order");
-        Ok(response.grants)
-    }
-
-    /// One ask, one grant.
-    async fn ask(&mut self, ask: pb::LeaseAsk) -> pb::LeaseGrant {
-        let mut grants = self.exchange(vec![ask]).await.expect("a grant");
-        grants.remove(0)
-    }
-}
-
-fn ask(policy: &str, key: &str) -> pb::LeaseAsk {
-    pb::LeaseAsk {
-        policy: policy.into(),
-        key: key.into(),
-        ..Default::default()
-    }
 }
 
 fn seconds(duration: Option<prost_types::Duration>) -> f64 {
@@ -137,7 +68,7 @@ async fn check(server: &TestServer, policy: &str, key: &str) -> pb::CheckLimitRe
 async fn only_a_policy_whose_limits_are_all_leasable_is_leased() {
     let (_dir, path) = config_dir();
     let server = TestServer::start(&["--config", &path]).await;
-    let mut stream = LeaseStream::open(&server).await;
+    let mut stream = LeaseStream::open(server.address).await;
     let grants = stream
         .exchange(vec![
             ask("mixed", "k"),
@@ -185,7 +116,7 @@ async fn a_client_alone_leases_the_whole_window_and_no_more() {
     let redis = RedisServer::start().await;
     let (_dir, path) = config_dir();
     let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
-    let mut stream = LeaseStream::open(&server).await;
+    let mut stream = LeaseStream::open(server.address).await;
     let started = Instant::now();
     let (mut granted, mut last) = (0, 0);
     let empty = loop {
@@ -235,7 +166,7 @@ async fn leases_and_calls_on_two_instances_spend_each_unit_once() {
     ];
     let mut streams = Vec::new();
     for i in 0..8 {
-        streams.push(LeaseStream::open(&servers[i % 2]).await);
+        streams.push(LeaseStream::open(servers[i % 2].address).await);
     }
     let until = Instant::now() + Duration::from_secs(2);
     let leasing = streams.into_iter().map(|mut stream| async move {
@@ -299,7 +230,7 @@ async fn a_bucket_takes_back_what_a_release_returns() {
     let redis = RedisServer::start().await;
     let (_dir, path) = config_dir();
     let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
-    let mut stream = LeaseStream::open(&server).await;
+    let mut stream = LeaseStream::open(server.address).await;
     let grant = stream.ask(ask("bucket", "k")).await;
     let units = grant.units;
     assert!(units >= 10, "{grant:?}");
@@ -335,7 +266,7 @@ async fn a_bucket_takes_back_what_a_release_returns() {
 async fn a_client_that_reports_more_than_it_was_granted_is_refused() {
     let (_dir, path) = config_dir();
     let server = TestServer::start(&["--config", &path]).await;
-    let mut stream = LeaseStream::open(&server).await;
+    let mut stream = LeaseStream::open(server.address).await;
     let grant = stream.ask(ask("window", "k")).await;
     let refused = stream
         .ask(pb::LeaseAsk {
@@ -363,7 +294,7 @@ async fn floods_are_bounded_and_oversize_messages_end_the_stream() {
         "4096",
     ])
     .await;
-    let mut first = LeaseStream::open(&server).await;
+    let mut first = LeaseStream::open(server.address).await;
     let grants = first
         .exchange(vec![
             ask("window", "a"),
@@ -379,7 +310,7 @@ async fn floods_are_bounded_and_oversize_messages_end_the_stream() {
     let (code, message) = refusal(&grants[2]);
     assert_eq!(code, Code::ResourceExhausted);
     assert!(message.contains("--lease-max-per-stream"), "{message}");
-    let mut second = LeaseStream::open(&server).await;
+    let mut second = LeaseStream::open(server.address).await;
     let grants = second
         .exchange(vec![ask("window", "d"), ask("window", "e")])
         .await
@@ -432,7 +363,7 @@ async fn shares_follow_demand_across_instances() {
     ];
     let clients =
         [(3000.0, &servers[0]), (100.0, &servers[1])].map(|(demand, server)| async move {
-            let mut stream = LeaseStream::open(server).await;
+            let mut stream = LeaseStream::open(server.address).await;
             let started = Instant::now();
             let (mut held, mut spent, mut measured) = (0u64, 0u64, 0u64);
             let (mut last, mut wanted) = (started, 0.0);
@@ -491,7 +422,7 @@ async fn with_redis_gone_an_ask_is_unavailable() {
     let mut redis = RedisServer::start().await;
     let (_dir, path) = config_dir();
     let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
-    let mut stream = LeaseStream::open(&server).await;
+    let mut stream = LeaseStream::open(server.address).await;
     let grant = stream.ask(ask("window", "k")).await;
     assert!(grant.units > 0, "{grant:?}");
     redis.kill();

@@ -18,7 +18,9 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Beats every `shared.settings.beat_interval()` until the server shuts
 /// down, from the first Envoy's subscription on: an instance that never
-/// had one has no shares to hand on and stays off Redis. (It goes on
+/// had one has no shares to hand on and stays off Redis (one whose lease
+/// streams settle shares beats a quarter as often as the instance
+/// timeout, reading no nudges). (It goes on
 /// beating when its subscribers have gone: one that stopped and started
 /// again would be taken for dead by the others, who would drop its new
 /// subscribers' entries, until its next beat.)
@@ -31,6 +33,10 @@ pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
     // (say, for a bucket subscribed here a moment ago) is not missed.
     let mut since = 0;
     let mut subscribed_once = false;
+    // Only lease streams settle shares here: they read no nudges, and need
+    // beats only often enough to stay alive to the others.
+    let lease_beat = shared.settings.instance_timeout / 4;
+    let mut last_beat: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = beats.tick() => {}
@@ -38,12 +44,15 @@ pub(super) async fn follow(shared: Arc<Shared>, presence: Presence) {
                 return;
             },
         }
-        subscribed_once = subscribed_once
-            || shared.subscriptions.load(Ordering::Relaxed) > 0
-            || shared.roster.in_use();
-        if !subscribed_once {
+        subscribed_once = subscribed_once || shared.subscriptions.load(Ordering::Relaxed) > 0;
+        let leases_only = !subscribed_once && shared.roster.in_use();
+        if !subscribed_once && !leases_only {
             continue;
         }
+        if leases_only && last_beat.is_some_and(|at| at.elapsed() < lease_beat) {
+            continue;
+        }
+        last_beat = Some(tokio::time::Instant::now());
         match presence.beat(since).await {
             Ok(beat) => {
                 since = beat.now_ms;

@@ -8,7 +8,9 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::{Endpoint, HttpMethod, JSON, RefOr, Schema};
 use crate::http::console::simulate_example;
-use crate::live::{DeniedKey, LiveSeries, LiveView, QuotaShare, StoreLatency, StoreView};
+use crate::live::{
+    DeniedKey, LeaseHolder, LeasedPolicy, LiveSeries, LiveView, QuotaShare, StoreLatency, StoreView,
+};
 
 /// A console endpoint's method and operation.
 pub(super) fn operation(endpoint: Endpoint) -> (HttpMethod, Operation) {
@@ -86,6 +88,8 @@ pub(super) fn schemas() -> Vec<(String, RefOr<Schema>)> {
         (StoreView::name().into_owned(), StoreView::schema()),
         (StoreLatency::name().into_owned(), StoreLatency::schema()),
         (QuotaShare::name().into_owned(), QuotaShare::schema()),
+        (LeasedPolicy::name().into_owned(), LeasedPolicy::schema()),
+        (LeaseHolder::name().into_owned(), LeaseHolder::schema()),
         (DeniedKey::name().into_owned(), DeniedKey::schema()),
     ]
 }
@@ -96,16 +100,18 @@ fn live_operation() -> Operation {
         .operation_id(Some("consoleLive"))
         .tag("console")
         .summary(Some(
-            "The console's live view: decisions per second, store, quota, denied keys",
+            "The console's live view: decisions per second, store, quota, leases, denied keys",
         ))
         .description(Some(
             "Decisions per second over the last 300 seconds, allowed, denied and degraded, per \
              face (`check_limit`, `envoy`), origin (a configured rule, a named policy, or \
              parameters the request sent) and algorithm, counted beside the Prometheus counters; \
              the store's health and its calls and latency per second; the failure policy in \
-             force; the quota service's subscribers and assigned rates; and the 50 most denied \
-             keys, from a space-saving sketch. Labels are bounded by the configuration: a \
-             caller's key is never a series.",
+             force; the quota service's subscribers and assigned rates; each policy leased on \
+             this instance with its holders (lease streams), each one's key, share of the \
+             policy's rate, demand, and units granted and admitted, at most 200 holders in all; \
+             and the 50 most denied keys, from a space-saving sketch. Labels are bounded by the \
+             configuration: a caller's key is never a series.",
         ))
         .response(
             "200",

@@ -15,6 +15,7 @@ pub(crate) mod draws;
 pub(crate) mod envoy;
 pub(crate) mod grpc;
 pub(crate) mod http;
+pub(crate) mod leases;
 pub(crate) mod markdown;
 pub(crate) mod openapi;
 pub(crate) mod process;
