@@ -289,6 +289,7 @@ test('RESOURCE_EXHAUSTED (too many leases on the stream): per request, asked aga
   const c = new RateLimitClient({ address: own.address, deadlineMs: 500 });
   try {
     await leaseSome(c, uniqueKey('first'), 'bucket');
+    await settled(c);
     const second = uniqueKey('second');
     const asks = c.leaseStats().asks;
     const local = c.leaseStats().localAllowed;
@@ -306,6 +307,15 @@ test('RESOURCE_EXHAUSTED (too many leases on the stream): per request, asked aga
     await own.stop();
   }
 });
+
+/**
+ * Resolves once the asks the last checks made are sent (on the next turn of
+ * the event loop) and answered.
+ */
+async function settled(c) {
+  await new Promise((resolve) => setImmediate(resolve));
+  await waitFor(() => c.leaseStats().grants === c.leaseStats().asks, { what: 'every ask answered' });
+}
 
 /** Hot checks on `key` until one is decided in the client; returns the last local decision. */
 async function leaseSome(c, key, policy) {
@@ -356,8 +366,9 @@ test('a policy and key without checks for 5 s is released', async () => {
   const c = client();
   const key = uniqueKey('idle');
   await leaseSome(c, key, 'slow-bucket');
-  const asks = c.leaseStats().asks;
   const started = Date.now();
+  await settled(c);
+  const asks = c.leaseStats().asks;
   await waitFor(() => c.leaseStats().asks > asks, { timeoutMs: 10000, intervalMs: 50, what: `the release of ${key}` });
   const elapsed = Date.now() - started;
   assert.ok(elapsed >= 4000, `an ask ${elapsed} ms after the last check, before 5 s without checks`);
