@@ -111,6 +111,8 @@ class Entry {
     this.observed = null;
     this.renewAt = 0;
     this.denyUntil = 0;
+    // The last grant held it to its share: no units, and a retry_after.
+    this.heldBack = false;
     this.backoffUntil = 0;
     // The id of the ask awaiting its grant, or null.
     this.inFlight = null;
@@ -279,6 +281,9 @@ class Leases {
       entry.leased = true;
       this._leased += 1;
     }
+    // An ask due now (a wait just ended) goes out before deciding, so
+    // that this check waits for its answer rather than going to CheckLimit.
+    this._maybeAsk(entry, now);
     const answer = this._decideLeased(entry, cost, now);
     this._maybeAsk(entry, now);
     return answer;
@@ -295,7 +300,11 @@ class Leases {
       return this._allowed(entry, held - cost, now);
     }
     if (held < cost) entry.starved = true;
-    if (now < entry.denyUntil && entry.statuses !== null && !entry.exceeds(cost)) {
+    // Held to its share (the last grant said wait): it keeps denying while
+    // the renewal it sent when the wait ended is on its way, rather than
+    // sending every check in that moment to CheckLimit.
+    const waiting = now < entry.denyUntil || (entry.heldBack && entry.inFlight !== null);
+    if (waiting && entry.statuses !== null && !entry.exceeds(cost)) {
       entry.denied += 1;
       this.stats.localDenied += 1;
       return this._denied(entry, held, cost, now);
@@ -384,7 +393,7 @@ class Leases {
     if (now < entry.backoffUntil || now < entry.denyUntil) return;
     const held = entry.held(now);
     const due =
-      now >= entry.renewAt || (entry.lastGrantUnits > 0 && (held < entry.lastGrantUnits / 4 || entry.starved));
+      now >= entry.renewAt || entry.starved || (entry.lastGrantUnits > 0 && held < entry.lastGrantUnits / 4);
     if (!due || !this._stream()) return;
     entry.inFlight = 0; // the ask's id once sent
     this._queue(entry, false);
@@ -490,7 +499,9 @@ class Leases {
     const validFor = durationMs(grant.valid_for);
     const units = Number(grant.units);
     if (units > 0 && validFor > 0) entry.addTranche(units, sentAt + validFor, this._call);
-    entry.lastGrantUnits = units;
+    // A grant of nothing (enough held, or a wait) leaves the last lease's
+    // size as what a renewal is measured against.
+    if (units > 0) entry.lastGrantUnits = units;
     if (grant.limits && grant.limits.length > 0) {
       const statuses = grant.limits.map((s) => ({
         name: s.name,
@@ -507,6 +518,7 @@ class Leases {
     entry.observed = null;
     entry.renewAt = sentAt + (grant.renew_after ? durationMs(grant.renew_after) : units > 0 ? validFor / 2 : DEFAULT_RENEW_MS);
     entry.denyUntil = grant.retry_after ? sentAt + durationMs(grant.retry_after) : 0;
+    entry.heldBack = Boolean(grant.retry_after) && units === 0;
   }
 
   /** The stream ended: units held stay valid until their time; asks awaiting grants are asked again on a new stream. */
