@@ -73,7 +73,8 @@ tarball="$(ls "$work/pack"/ratelimitd-client-*.tgz 2>/dev/null | head -n 1)"
 say "packed ${tarball##*/}"
 listing="$(tar -tzf "$tarball")"
 for f in package/index.js package/index.d.ts package/README.md package/lib/client.js package/lib/middleware.js \
-  package/proto/ratelimitd/v1/ratelimit.proto package/proto/google/rpc/status.proto; do
+  package/lib/leases.js package/proto/ratelimitd/v1/ratelimit.proto package/proto/ratelimitd/v1/lease.proto \
+  package/proto/google/rpc/status.proto; do
   grep -qx "$f" <<<"$listing" || fail "the tarball lacks $f"
 done
 if grep -E '^package/(test|test-support|node_modules)/|ci-install\.sh' <<<"$listing"; then

@@ -242,15 +242,44 @@ export interface RateLimitClientOptions {
   credentials?: ChannelCredentials;
   /** grpc-js channel options, over this package's reconnect backoff (100 ms to 2 s). */
   channelOptions?: ChannelOptions;
+  /**
+   * Decide hot policies in this process, from units ratelimitd leases to
+   * the client (a policy whose limits all say `lease: true` in its policies
+   * file). Default true, unless the environment says RATELIMITD_LEASES=off
+   * (or 0, false); a value given here wins over the environment.
+   */
+  leases?: boolean;
+  /**
+   * Checks per second of one policy on one key (`check(key, { policy })`,
+   * over the last second) from which the client leases it; default 20.
+   */
+  leaseThreshold?: number;
+}
+
+/** The counters of a client's leases, since it was made (all 0 with `leases: false`). */
+export interface LeaseStats {
+  /** Checks allowed in the client, from leased units, without a call. */
+  localAllowed: number;
+  /** Checks denied in the client: the policy had nothing left to lease, until its retry time. */
+  localDenied: number;
+  /** Checks of a leased policy and key that went to ratelimitd (CheckLimit) because no lease could decide them: none granted yet, its units spent or expired, the lease stream down. */
+  fallbacks: number;
+  /** Asks sent on the lease stream: for a first lease, a renewal or a release. */
+  asks: number;
+  /** Grants received, one per ask answered. */
+  grants: number;
 }
 
 export declare class RateLimitClient {
   constructor(options?: RateLimitClientOptions);
   readonly address: string;
   readonly deadlineMs: number;
+  /** Whether hot policies are decided from leases. */
+  readonly leases: boolean;
   /**
    * Asks whether `key` (1 to 1024 bytes) may spend `cost` units now: under
-   * one limit, several (`limits`) or a policy (`policy`).
+   * one limit, several (`limits`) or a policy (`policy`). A hot policy is
+   * decided in the client while it holds units leased for it (see `leases`).
    * Rejects with a RateLimitError when ratelimitd fails or misses the
    * deadline (NOT_FOUND for an unknown policy), and with a TypeError or
    * RangeError for invalid options.
@@ -266,7 +295,9 @@ export declare class RateLimitClient {
    * `requests` is not a non-empty array.
    */
   checkMany(requests: CheckManyRequest[], options?: { deadlineMs?: number }): Promise<CheckManyResult[]>;
-  /** Closes the channel. */
+  /** The counters of the leases: checks decided in the client, fallbacks to ratelimitd, asks and grants. */
+  leaseStats(): LeaseStats;
+  /** Closes the channel, gives back the units leased and not spent, and ends the lease stream. */
   close(): void;
 }
 

@@ -5,14 +5,16 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { ALGORITHMS, ALGORITHM_OPTIONS, MAX_COUNT, normalize, resolve, show } = require('./algorithms');
+const { Leases, DEFAULT_LEASE_THRESHOLD } = require('./leases');
 
-// The package's own copy of the two .proto files it needs (the repository's
-// proto/ratelimitd/v1/ratelimit.proto and proto/google/rpc/status.proto;
-// test/proto.test.js fails when they differ), so that a packed tarball
-// works on its own. google/protobuf/duration.proto and any.proto come from
-// protobufjs's bundled common types.
+// The package's own copy of the .proto files it needs (the repository's
+// proto/ratelimitd/v1/ratelimit.proto, proto/ratelimitd/v1/lease.proto and
+// proto/google/rpc/status.proto; test/package.test.js fails when they
+// differ), so that a packed tarball works on its own.
+// google/protobuf/duration.proto and any.proto come from protobufjs's
+// bundled common types.
 const PROTO_ROOT = path.join(__dirname, '..', 'proto');
-const PROTO_FILE = 'ratelimitd/v1/ratelimit.proto';
+const PROTO_FILES = ['ratelimitd/v1/ratelimit.proto', 'ratelimitd/v1/lease.proto'];
 
 const DEFAULT_ADDRESS = '127.0.0.1:50051';
 // 3x ratelimitd's default --redis-command-timeout (100 ms): when Redis is
@@ -48,16 +50,17 @@ const CHECK_OPTIONS = new Set([
 // One entry of `limits`: an algorithm as `type` spells it, and its own name,
 // key and cost.
 const LIMIT_OPTIONS = new Set(['name', 'key', 'type', ...ALGORITHM_OPTIONS, 'cost']);
-const CLIENT_OPTIONS = new Set(['address', 'deadlineMs', 'credentials', 'channelOptions']);
+const CLIENT_OPTIONS = new Set(['address', 'deadlineMs', 'credentials', 'channelOptions', 'leases', 'leaseThreshold']);
 // The three forms of a request; exactly one per request.
 const FORMS = ['type', 'limits', 'policy'];
 // A limit's or a policy's name, as ratelimitd accepts it.
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 
-let serviceConstructor;
-function loadService() {
-  if (!serviceConstructor) {
-    const definition = protoLoader.loadSync(PROTO_FILE, {
+let services;
+/** The RateLimiter and Leases services' stub constructors. */
+function loadServices() {
+  if (!services) {
+    const definition = protoLoader.loadSync(PROTO_FILES, {
       includeDirs: [PROTO_ROOT],
       keepCase: true,
       longs: Number, // every count is at most 1e15, exact in a double
@@ -65,9 +68,10 @@ function loadService() {
       defaults: true,
       oneofs: true,
     });
-    serviceConstructor = grpc.loadPackageDefinition(definition).ratelimitd.v1.RateLimiter;
+    const v1 = grpc.loadPackageDefinition(definition).ratelimitd.v1;
+    services = { RateLimiter: v1.RateLimiter, Leases: v1.Leases };
   }
-  return serviceConstructor;
+  return services;
 }
 
 /**
@@ -94,6 +98,8 @@ class RateLimitClient {
    * @param {number} [options.deadlineMs] default deadline of each call, default 300
    * @param {grpc.ChannelCredentials} [options.credentials] default from RATELIMITD_TLS* (see credentialsFromEnv), else plaintext
    * @param {object} [options.channelOptions] grpc-js channel options
+   * @param {boolean} [options.leases] decide hot policies from leases (see leases.js); default true, unless $RATELIMITD_LEASES is off
+   * @param {number} [options.leaseThreshold] checks per second on one policy and key from which it is leased, default 20
    */
   constructor(options = {}) {
     const where = 'new RateLimitClient';
@@ -112,17 +118,37 @@ class RateLimitClient {
       deadlineMs = DEFAULT_DEADLINE_MS,
       credentials = credentialsFromEnv(where),
       channelOptions = {},
+      leases = leasesFromEnv(where),
+      leaseThreshold = DEFAULT_LEASE_THRESHOLD,
     } = options;
     if (typeof address !== 'string' || address === '') {
       throw new TypeError(`${where}: \`address\` must be a "host:port" string, got ${show(address)}`);
     }
     checkDeadline(deadlineMs, where);
+    if (typeof leases !== 'boolean') {
+      throw new TypeError(`${where}: \`leases\` must be true or false, got ${show(leases)}`);
+    }
+    if (typeof leaseThreshold !== 'number' || !Number.isFinite(leaseThreshold) || leaseThreshold <= 0) {
+      throw new TypeError(`${where}: \`leaseThreshold\` must be a number of checks per second above 0, got ${show(leaseThreshold)}`);
+    }
     this.address = address;
     this.deadlineMs = deadlineMs;
-    const Service = loadService();
-    this._stub = new Service(address, credentials, { ...DEFAULT_CHANNEL_OPTIONS, ...channelOptions });
+    this.leases = leases;
+    const { RateLimiter, Leases: LeaseService } = loadServices();
+    const allChannelOptions = { ...DEFAULT_CHANNEL_OPTIONS, ...channelOptions };
+    this._stub = new RateLimiter(address, credentials, allChannelOptions);
     // Connect now, so that the first check does not pay for the handshake.
     this._stub.getChannel().getConnectivityState(true);
+    // The lease stream goes where the calls go: the same target, credentials
+    // and channel options (grpc-js shares the connections of equal
+    // channels); its own channel, so that close() ends the calls at once and
+    // the stream once its leases are given back.
+    this._leases = leases
+      ? new Leases({
+          makeStub: () => new LeaseService(address, credentials, allChannelOptions),
+          threshold: leaseThreshold,
+        })
+      : null;
   }
 
   /**
@@ -142,10 +168,21 @@ class RateLimitClient {
     } catch (err) {
       return Promise.reject(err);
     }
+    const leases = request.policy === undefined ? null : this._leases;
+    if (leases !== null) {
+      // A hot policy is decided here, from the units leased for it.
+      const local = leases.decide(request.policy, key, request.cost ?? 1);
+      if (local !== null) return Promise.resolve(local);
+    }
     return new Promise((resolvePromise, reject) => {
       this._stub.CheckLimit(request, { deadline: Date.now() + deadlineMs }, (err, response) => {
-        if (err) reject(new RateLimitError(err));
-        else resolvePromise(decision(response, multi));
+        if (err) {
+          reject(new RateLimitError(err));
+          return;
+        }
+        const result = decision(response, multi);
+        leases?.observe(request.policy, key, result);
+        resolvePromise(result);
       });
     });
   }
@@ -231,10 +268,35 @@ class RateLimitClient {
     });
   }
 
-  /** Closes the channel; calls made afterwards fail. */
+  /**
+   * Counters of the leases, since the client was made: checks allowed and
+   * denied here from leases (`localAllowed`, `localDenied`), checks of a
+   * leased policy and key that went to CheckLimit because no lease could
+   * decide them (`fallbacks`), asks sent on the lease stream and grants
+   * received (`asks`, `grants`). All 0 with `leases: false`.
+   */
+  leaseStats() {
+    return this._leases === null
+      ? { localAllowed: 0, localDenied: 0, fallbacks: 0, asks: 0, grants: 0 }
+      : { ...this._leases.stats };
+  }
+
+  /**
+   * Closes the channel; calls made afterwards fail. Gives back the units
+   * leased and not spent, and ends the lease stream.
+   */
   close() {
+    this._leases?.close();
     this._stub.close();
   }
+}
+
+/** Whether leases are on: RATELIMITD_LEASES `off` (or 0, false) turns them off; `on`, 1, true or unset, on. */
+function leasesFromEnv(where, env = process.env) {
+  const value = (env.RATELIMITD_LEASES ?? '').trim().toLowerCase();
+  if (['', 'on', '1', 'true'].includes(value)) return true;
+  if (['off', '0', 'false'].includes(value)) return false;
+  throw new TypeError(`${where}: RATELIMITD_LEASES must be on, off, 1, 0, true or false, got ${show(env.RATELIMITD_LEASES)}`);
 }
 
 /** RATELIMITD_ADDRESS, else ratelimitd's own default --listen. */
@@ -472,6 +534,7 @@ module.exports = {
   DEFAULT_DEADLINE_MS,
   addressFromEnv,
   credentialsFromEnv,
+  leasesFromEnv,
   FAILURE_POLICIES,
   checkCost,
   checkDeadline,

@@ -16,10 +16,10 @@ const { RateLimitClient } = require('..');
 
 const DEFAULT_BIN = path.resolve(__dirname, '..', '..', '..', 'target', 'debug', 'ratelimitd');
 
-// The clients read ratelimitd's address and TLS from the environment when
-// not given them: the caller's must not reach the tests (those that test
-// the environment set it themselves).
-for (const name of ['RATELIMITD_ADDRESS', 'RATELIMITD_TLS', 'RATELIMITD_TLS_CA', 'RATELIMITD_TLS_CERT', 'RATELIMITD_TLS_KEY']) {
+// The clients read ratelimitd's address, TLS and leases from the environment
+// when not given them: the caller's must not reach the tests (those that
+// test the environment set it themselves).
+for (const name of ['RATELIMITD_ADDRESS', 'RATELIMITD_TLS', 'RATELIMITD_TLS_CA', 'RATELIMITD_TLS_CERT', 'RATELIMITD_TLS_KEY', 'RATELIMITD_LEASES']) {
   delete process.env[name];
 }
 

@@ -12,7 +12,7 @@ const { execFileSync } = require('node:child_process');
 
 const PACKAGE = path.join(__dirname, '..');
 const REPOSITORY_PROTO = path.join(PACKAGE, '..', '..', 'proto');
-const COPIES = ['ratelimitd/v1/ratelimit.proto', 'google/rpc/status.proto'];
+const COPIES = ['ratelimitd/v1/ratelimit.proto', 'ratelimitd/v1/lease.proto', 'google/rpc/status.proto'];
 
 test("the package's proto/ is a copy of the repository's proto/ (inside the checkout)", (t) => {
   if (!fs.existsSync(path.join(REPOSITORY_PROTO, COPIES[0]))) {
@@ -45,9 +45,11 @@ test('npm pack ships lib, index.js, index.d.ts, proto, README and package.json o
     'lib/algorithms.js',
     'lib/client.js',
     'lib/ip-key.js',
+    'lib/leases.js',
     'lib/middleware.js',
     'package.json',
     'proto/google/rpc/status.proto',
+    'proto/ratelimitd/v1/lease.proto',
     'proto/ratelimitd/v1/ratelimit.proto',
   ]);
 });
