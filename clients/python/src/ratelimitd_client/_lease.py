@@ -93,6 +93,9 @@ def _messages(asks: list[Any]) -> Iterator[lease_pb2.LeaseRequest]:
 
 logger = logging.getLogger("ratelimitd_client.leases")
 
+#: `_Lease.in_flight` of an ask due that the stream's sender has yet to send.
+_PENDING = -1
+
 _REFUSING = {grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]}
 
 
@@ -166,8 +169,11 @@ class _Lease:
     renew_at: float = 0.0
     deny_until: float = -math.inf
     backoff_until: float = -math.inf
-    #: The id of the ask awaiting its grant.
+    #: The id of the ask awaiting its grant (_PENDING: about to be sent).
     in_flight: int | None = None
+    #: The last grant held it to its share or to an empty limit: no units,
+    #: and a retry_after.
+    held_back: bool = False
     #: The stream the last ask went on (0: none yet), and when it was sent.
     stream: int = 0
     asked_at: float = -math.inf
@@ -283,21 +289,31 @@ class LeaseBook:
             lease.leasing = True
             return None, True, False
         held = lease.held(now)
+        if held < cost and self.stream and self._due(lease, held, now):
+            # A wait just ended, or the units ran out: the ask goes out
+            # before this check is decided, so that a pair held back keeps
+            # denying until its answer rather than going to CheckLimit.
+            lease.in_flight = _PENDING
+            asking = True
+        else:
+            asking = False
         awaited = lease.in_flight is not None
         if held > 0 and held >= cost and lease.statuses:
             self._spend(lease, cost)
             self.stats.local_allowed += 1
             return self._allowed(lease, held - cost, now), self._due(lease, held - cost, now), awaited
-        if now < lease.deny_until:
+        # Held back (the last grant said wait): it denies until then, and
+        # while the renewal sent when the wait ended is on its way.
+        if lease.statuses and (now < lease.deny_until or (lease.held_back and awaited)):
             lease.denied += 1
             self.stats.local_denied += 1
-            return self._denied(lease, held, cost, now), False, awaited
+            return self._denied(lease, held, cost, now), asking, awaited
         # Renew for it, unless a grant is on its way (it answers) or the
         # cost is more than a lease holds (only CheckLimit can decide it).
         lease.short = not awaited and (cost <= lease.last_units or not lease.last_units)
         lease.fallbacks += 1
         self.stats.fallbacks += 1
-        return None, self._due(lease, held, now), awaited
+        return None, asking or self._due(lease, held, now), awaited
 
     def _spend(self, lease: _Lease, cost: int) -> None:
         left = cost
@@ -418,6 +434,11 @@ class LeaseBook:
         asks = []
         for (policy, key), lease in list(self._leases.items()):
             held = lease.held(now)
+            if lease.in_flight == _PENDING:
+                lease.in_flight = None
+                if not self.closing:
+                    asks.append(self._ask(policy, key, lease, held, now, release=False))
+                    continue
             idle = self.closing or now - lease.last_check >= IDLE_RELEASE
             if idle and lease.in_flight is None:
                 if lease.leasing and lease.stream == self.stream:
@@ -520,6 +541,7 @@ class LeaseBook:
             lease.renew_at = sent.sent_at + _seconds(grant.renew_after)
         else:
             lease.renew_at = sent.sent_at + (valid_for / 2 if grant.units else ERROR_BACKOFF)
+        lease.held_back = grant.HasField("retry_after") and grant.units == 0
         if grant.HasField("retry_after"):
             lease.deny_until = sent.sent_at + _seconds(grant.retry_after)
         elif grant.units == 0:
@@ -638,7 +660,7 @@ class ThreadedLeases:
                     return
                 now = time.monotonic()
                 asks = book.asks(now)
-                done = book.closing or book.holds_nothing()
+                done = book.holds_nothing()  # closing: once the releases are answered
                 wait = book.next_look(now)
             yield from _messages(asks)
             if done:
@@ -740,7 +762,7 @@ class AsyncLeases:
                     return
                 now = time.monotonic()
                 asks = book.asks(now)
-                done = book.closing or book.holds_nothing()
+                done = book.holds_nothing()  # closing: once the releases are answered
                 wait = book.next_look(now)
             for message in _messages(asks):
                 yield message
