@@ -11,7 +11,8 @@ How a client uses them, per (policy, key) of `check(key, policy=...)`:
    earliest-expiring first) and is allowed with no call at all; its
    `remaining` is the lowest `remaining` of the grant's limit statuses plus
    the units still held. A grant with `retry_after` (the policy has nothing
-   left for this client) denies calls locally until then. Anything else
+   left for this client) denies calls locally until then, and while the
+   renewal sent at that time is on its way. Anything else
    (units spent, expired, none yet, the stream down) goes to CheckLimit.
 3. In the background, never in a call's way, it renews: when `renew_after`
    has passed, when under a quarter of the lease is left (of what was held
