@@ -34,14 +34,15 @@ fn run(dir: &str, program: &str, args: &[&str], install_hint: &str) {
 
 #[test]
 fn node_client_and_express_middleware() {
-    let hint = "install Node.js 20 or newer with npm";
+    // `npm ci` once per test process, shared with the tests that drive
+    // the client.
+    crate::common::client_installs::node_client();
     run(
         "clients/node",
         "npm",
-        &["ci", "--no-audit", "--no-fund"],
-        hint,
+        &["test"],
+        "install Node.js 20 or newer with npm",
     );
-    run("clients/node", "npm", &["test"], hint);
 }
 
 /// The Node package as its README installs it: packed by `npm pack`,

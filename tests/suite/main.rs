@@ -38,6 +38,7 @@ mod grpc_limits;
 mod grpcurl;
 mod http_api;
 mod http_endpoints;
+mod lease_clients;
 mod leases;
 mod local_cache;
 mod memory_cap;

@@ -11,6 +11,7 @@
 //! their module (`common::redis::RedisCluster`, `common::envoy::Envoy`).
 
 pub(crate) mod checks;
+pub(crate) mod client_installs;
 pub(crate) mod draws;
 pub(crate) mod envoy;
 pub(crate) mod grpc;

@@ -1,0 +1,52 @@
+"""One Python client deciding one hot policy, for benches/leases.sh: warms
+up (the policy turns hot and is leased), then makes `decisions` checks,
+closed loop (rate 0) or paced at `rate` a second, and prints one JSON
+object: the process's CPU time per decision (its lease thread's included),
+decisions per second, how many were allowed, and the client's lease
+counters.
+
+Usage: python benches/lease_client.py '{"address": "127.0.0.1:50051",
+  "policy": "hot", "decisions": 100000, "rate": 0, "leases": true}'
+"""
+
+import json
+import sys
+import time
+
+from ratelimitd_client import Client
+
+
+def main():
+    settings = json.loads(sys.argv[1])
+    client = Client(settings["address"], leases=settings["leases"])
+    for _ in range(500):
+        client.check("bench", policy=settings["policy"])
+    decisions, rate = settings["decisions"], settings["rate"]
+    cpu = time.process_time()
+    started = time.monotonic()
+    allowed = 0
+    for i in range(decisions):
+        if rate > 0:
+            wait = started + i / rate - time.monotonic()
+            if wait > 0.001:
+                time.sleep(wait)
+        if client.check("bench", policy=settings["policy"]).allowed:
+            allowed += 1
+    seconds = time.monotonic() - started
+    used = time.process_time() - cpu
+    stats = client.lease_stats()
+    client.close()
+    print(
+        json.dumps(
+            {
+                "cpu_us_per_decision": used * 1e6 / decisions,
+                "per_second": decisions / seconds,
+                "allowed": allowed,
+                "stats": stats,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
