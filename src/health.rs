@@ -22,9 +22,10 @@ use crate::limiter::Store;
 use crate::rules::Loads;
 
 /// The health service names we report: the whole server (`""`) and each API.
-pub const SERVICE_NAMES: [&str; 4] = [
+pub const SERVICE_NAMES: [&str; 5] = [
     "",
     "ratelimitd.v1.RateLimiter",
+    "ratelimitd.v1.Leases",
     "envoy.service.ratelimit.v3.RateLimitService",
     "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];

@@ -42,6 +42,7 @@ async fn reflection_lists_every_service() {
             "envoy.service.ratelimit.v3.RateLimitService",
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
+            "ratelimitd.v1.Leases",
             "ratelimitd.v1.RateLimiter",
         ]
     );
