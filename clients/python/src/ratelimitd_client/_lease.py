@@ -748,9 +748,15 @@ class AsyncLeases:
                     with book.lock:
                         book.stream_closed(stream)
                 backoff = STREAM_BACKOFF_FIRST if granted else min(backoff * 2, STREAM_BACKOFF_LAST)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), backoff)
-                event.clear()
+                # Checks wake the task as they come: only closing cuts the
+                # wait short, or a server that is gone would be asked again
+                # for every check.
+                loop = asyncio.get_running_loop()
+                until = loop.time() + backoff
+                while not book.closing and (left := until - loop.time()) > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), left)
+                    event.clear()
         finally:
             if self._task is asyncio.current_task():
                 self._task = None
