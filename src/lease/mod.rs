@@ -169,11 +169,11 @@ impl Leaser {
         Ok(grant)
     }
 
-    /// A new lease's holding, with a whole allowance.
-    fn new_holding(&self, policy: &Policy, key: &CallerKey, now: Instant) -> Holding {
+    /// A new lease's holding; its allowance is set at its first settlement.
+    fn new_holding(&self, policy: &Arc<Policy>, key: &CallerKey, now: Instant) -> Holding {
         Holding {
             ledger_key: self.ledger_key(policy, key),
-            policy: Arc::new(policy.clone()),
+            policy: policy.clone(),
             granted: 0,
             admitted: 0,
             returned: 0,
@@ -213,11 +213,7 @@ impl Leaser {
     fn ledger_key(&self, policy: &Policy, key: &CallerKey) -> String {
         let per_key = policy.limits.iter().any(|limit| limit.scope == Scope::Key);
         let scoped = CallerKey::policy(&policy.name, "lease", per_key.then_some(key));
-        format!("{}{{rll:{}}}", self.limiter_prefix(), scoped.as_str())
-    }
-
-    fn limiter_prefix(&self) -> &str {
-        self.limiter.key_prefix()
+        format!("{}{{rll:{}}}", self.limiter.key_prefix(), scoped.as_str())
     }
 
     /// Settles the holding's share of the policy's rate, unless it was
@@ -487,13 +483,7 @@ fn waiting(retry_after: Option<Duration>, renew_after: Duration) -> Grant {
 
 /// The answer to an ask that gets nothing and need not wait.
 fn nothing() -> Grant {
-    Grant {
-        units: 0,
-        valid_for: Duration::ZERO,
-        limits: Vec::new(),
-        retry_after: None,
-        renew_after: Duration::ZERO,
-    }
+    waiting(None, Duration::ZERO)
 }
 
 /// A lease's size: the share's rate for the lease's time, within the
