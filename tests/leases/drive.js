@@ -1,9 +1,10 @@
 // Drives the Node client for tests/suite/lease_clients.rs: checks each
 // policy at the rates a schedule gives, as an application would, and
 // prints what it saw as JSON lines, so that a driver killed midway has
-// told what it saw up to then: every tenth of a second, for each policy,
-// when each check allowed since was answered (ms since the Unix epoch) and
-// how many were denied or failed; at the end, the client's lease counters.
+// told what it saw up to then: every tenth of a second (stamped with the
+// time, ms since the Unix epoch), for each policy, how many checks were
+// issued since, when each check allowed since was answered, and how many
+// were denied or failed; at the end, the client's lease counters.
 //
 // Usage: node drive.js <settings JSON>, with address, key, schedule (a list
 // of {seconds, rates: {policy: checks per second}}), deadlineMs (each
@@ -19,7 +20,7 @@ const REPORT_MS = 100;
 
 function emptySeen(policies) {
   return Object.fromEntries(
-    policies.map((policy) => [policy, { allowed: [], denied: 0, failed: 0, errors: [] }]),
+    policies.map((policy) => [policy, { issued: 0, allowed: [], denied: 0, failed: 0, errors: [] }]),
   );
 }
 
@@ -33,7 +34,7 @@ async function main() {
   const policies = [...new Set(settings.schedule.flatMap((phase) => Object.keys(phase.rates)))];
   let seen = emptySeen(policies);
   const report = () => {
-    process.stdout.write(`${JSON.stringify({ seen })}\n`);
+    process.stdout.write(`${JSON.stringify({ at: Date.now(), seen, counters: client.leaseStats() })}\n`);
     seen = emptySeen(policies);
   };
   let lastReport = Date.now();
@@ -48,6 +49,7 @@ async function main() {
         const due = Math.floor(rate * elapsed) - issued[policy];
         for (let i = 0; i < due; i += 1) {
           issued[policy] += 1;
+          seen[policy].issued += 1;
           checks.push(
             client.check(settings.key, { policy }).then(
               (answer) => {

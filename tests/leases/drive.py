@@ -1,9 +1,10 @@
 """Drives the Python client for tests/suite/lease_clients.rs: checks each
 policy at the rates a schedule gives, as an application would, and prints
 what it saw as JSON lines, so that a driver killed midway has told what it
-saw up to then: every tenth of a second, for each policy, when each check
-allowed since was answered (ms since the Unix epoch) and how many were
-denied or failed; at the end, the client's lease counters.
+saw up to then: every tenth of a second (stamped with the time, ms since
+the Unix epoch), for each policy, how many checks were issued since, when
+each check allowed since was answered, and how many were denied or failed;
+at the end, the client's lease counters.
 
 Usage: drive.py <settings JSON>, with address, key, schedule (a list of
 {seconds, rates: {policy: checks per second}}), deadlineMs (each call's),
@@ -27,11 +28,12 @@ class Seen:
     def __init__(self, policies):
         self.policies = policies
         self.last_report = time.monotonic()
+        self.client = None
         self.reset()
 
     def reset(self):
         self.seen = {
-            policy: {"allowed": [], "denied": 0, "failed": 0, "errors": []}
+            policy: {"issued": 0, "allowed": [], "denied": 0, "failed": 0, "errors": []}
             for policy in self.policies
         }
 
@@ -49,7 +51,10 @@ class Seen:
 
     def report(self, force=False):
         if force or time.monotonic() - self.last_report >= REPORT:
-            print(json.dumps({"seen": self.seen}), flush=True)
+            line = {"at": int(time.time() * 1000), "seen": self.seen}
+            if self.client is not None:
+                line["counters"] = self.client.lease_stats()
+            print(json.dumps(line), flush=True)
             self.reset()
             self.last_report = time.monotonic()
 
@@ -64,6 +69,14 @@ def due_checks(phase, phase_start, issued):
             yield policy
 
 
+def issue(seen, phase, phase_start, issued):
+    """The checks due now, counted as issued."""
+    due = list(due_checks(phase, phase_start, issued))
+    for policy in due:
+        seen.seen[policy]["issued"] += 1
+    return due
+
+
 def client_options(settings):
     # A loaded test machine may answer a call slowly: a check that fails for
     # its deadline would count as failed, which is not what is measured.
@@ -74,13 +87,13 @@ def client_options(settings):
 
 
 def drive(settings, seen):
-    client = Client(settings["address"], **client_options(settings))
+    client = seen.client = Client(settings["address"], **client_options(settings))
     phase_start = time.monotonic()
     for phase in settings["schedule"]:
         issued = {policy: 0 for policy in phase["rates"]}
         phase_end = phase_start + phase["seconds"]
         while time.monotonic() < phase_end:
-            for policy in list(due_checks(phase, phase_start, issued)):
+            for policy in issue(seen, phase, phase_start, issued):
                 try:
                     seen.answer(policy, client.check(settings["key"], policy=policy))
                 except Exception as err:  # noqa: BLE001 - every failure is counted
@@ -95,13 +108,13 @@ def drive(settings, seen):
 
 
 async def drive_async(settings, seen):
-    client = AsyncClient(settings["address"], **client_options(settings))
+    client = seen.client = AsyncClient(settings["address"], **client_options(settings))
     phase_start = time.monotonic()
     for phase in settings["schedule"]:
         issued = {policy: 0 for policy in phase["rates"]}
         phase_end = phase_start + phase["seconds"]
         while time.monotonic() < phase_end:
-            for policy in list(due_checks(phase, phase_start, issued)):
+            for policy in issue(seen, phase, phase_start, issued):
                 try:
                     seen.answer(policy, await client.check(settings["key"], policy=policy))
                 except Exception as err:  # noqa: BLE001 - every failure is counted
