@@ -8,6 +8,9 @@ use std::time::Instant;
 use super::sizing::Allowance;
 use crate::policy::Policy;
 
+/// Below this part of its fair share, a client is underserved.
+const UNDERSERVED: f64 = 0.9;
+
 /// A client's lease on one policy and key, as its stream's server knows it.
 #[derive(Debug)]
 pub(crate) struct Holding {
@@ -27,9 +30,9 @@ pub(crate) struct Holding {
     pub allowance: Allowance,
     /// Its share of the policy's rate, units per second.
     pub share_rate: f64,
-    /// Whether other clients lease the same policy (and key) too: then it
-    /// is held to its share.
-    pub contended: bool,
+    /// How many clients lease the same policy (and key), itself included,
+    /// at its last settlement: beside others it is held to its share.
+    pub subscribers: u64,
     /// When its share was last settled.
     pub settled_at: Option<Instant>,
     /// Its last reported demand, requests per second.
@@ -49,6 +52,19 @@ impl Holding {
         }
         let valid: u64 = self.tranches.iter().map(|&(units, _)| units).sum();
         valid.min(self.lapsed())
+    }
+
+    /// Whether other clients lease the same policy (and key) too.
+    pub(crate) fn contended(&self) -> bool {
+        self.subscribers > 1
+    }
+
+    /// Whether its share is well below what a max-min fair split of `rate`
+    /// gives its last reported demand (that demand, or an equal part of
+    /// the rate if less): its demand rose since the share was settled.
+    pub(crate) fn underserved(&self, rate: f64) -> bool {
+        let fair = self.demand.min(rate / self.subscribers.max(1) as f64);
+        self.share_rate < UNDERSERVED * fair
     }
 
     /// Units granted that were neither reported spent nor given back:

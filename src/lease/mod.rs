@@ -180,7 +180,7 @@ impl Leaser {
             tranches: VecDeque::new(),
             allowance: Allowance::full(0.0, now),
             share_rate: 0.0,
-            contended: false,
+            subscribers: 0,
             settled_at: None,
             demand: 0.0,
         }
@@ -217,7 +217,10 @@ impl Leaser {
     }
 
     /// Settles the holding's share of the policy's rate, unless it was
-    /// settled within the last `settle_every`.
+    /// settled within the last `settle_every`; or within the last eighth of
+    /// it if the client is underserved (its demand came back after a
+    /// pause, say), so that its share follows within a fraction of a
+    /// second rather than seconds.
     async fn settle_share(
         &self,
         subscriber: &str,
@@ -225,9 +228,14 @@ impl Leaser {
         leasable: &Leasable,
         now: Instant,
     ) -> Result<(), Error> {
+        let every = if holding.underserved(leasable.rate) {
+            self.settings.settle_every / 8
+        } else {
+            self.settings.settle_every
+        };
         let due = holding
             .settled_at
-            .is_none_or(|at| now.saturating_duration_since(at) >= self.settings.settle_every);
+            .is_none_or(|at| now.saturating_duration_since(at) >= every);
         if !due {
             return Ok(());
         }
@@ -263,7 +271,7 @@ impl Leaser {
             .await?;
         let first = holding.settled_at.is_none();
         holding.share_rate = share.grant as f64 / 1e6;
-        holding.contended = share.subscribers > 1;
+        holding.subscribers = share.subscribers;
         holding.settled_at = Some(now);
         let size = lease_size(leasable, holding.share_rate);
         if first {
@@ -292,7 +300,7 @@ impl Leaser {
         // allow, as by CheckLimit; beside others that want more, it is held
         // to its share.
         let share = holding
-            .contended
+            .contended()
             .then_some((holding.allowance.units, holding.share_rate));
         let wanted = match sizing::top_up(size, held, share) {
             TopUp::Spend(units) => units,

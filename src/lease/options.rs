@@ -28,6 +28,8 @@ pub struct LeaseOptions {
     /// How often a lease's fair share of its policy is settled again among
     /// every client leasing it, at most (one store call per lease each
     /// time); renewals in between are sized from the share last settled.
+    /// A client whose share is under 90% of its fair share at its demand
+    /// (its demand rose) settles again after an eighth of this.
     #[arg(long, env = "RATELIMITD_LEASE_SETTLE_INTERVAL", default_value = "2s",
           value_parser = positive_duration)]
     pub lease_settle_interval: Duration,
