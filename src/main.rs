@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use ratelimitd::config::Config;
 use ratelimitd::config::upstream::Report;
+use ratelimitd::server::threads::WorkerThreads;
 use ratelimitd::server::{self, Listeners};
 use ratelimitd::telemetry;
 use tracing::{error, info, warn};
@@ -19,13 +20,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let threads =
+        match server::threads::worker_threads(config.runtime.worker_threads, &config.store) {
+            Ok(threads) => threads,
+            Err(err) => {
+                eprintln!("ratelimitd: {err}");
+                return ExitCode::from(2);
+            }
+        };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all();
-    if let Some(threads) = config.runtime.worker_threads {
-        runtime.worker_threads(threads.get());
-    }
+    runtime.enable_all().worker_threads(threads.count.get());
     match runtime.build() {
-        Ok(runtime) => runtime.block_on(serve(config, upstream)),
+        Ok(runtime) => runtime.block_on(serve(config, upstream, threads)),
         Err(err) => {
             eprintln!("ratelimitd: cannot start the runtime: {err}");
             ExitCode::FAILURE
@@ -34,11 +40,11 @@ fn main() -> ExitCode {
 }
 
 /// Starts logging, binds the listeners and serves until a shutdown signal.
-async fn serve(config: Config, upstream: Report) -> ExitCode {
+async fn serve(config: Config, upstream: Report, threads: WorkerThreads) -> ExitCode {
     telemetry::init(config.telemetry.log_format, config.telemetry.log_level);
-    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
     info!(
-        worker_threads,
+        worker_threads = threads.count.get(),
+        worker_threads_because = threads.reason,
         "ratelimitd {} starting",
         env!("CARGO_PKG_VERSION")
     );

@@ -17,6 +17,7 @@ pub mod bounds;
 pub mod listeners;
 pub mod options;
 mod reflection;
+pub mod threads;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
