@@ -11,6 +11,7 @@ close(), and a store outage is survived (on a Redis of the tests' own)."""
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import shutil
 import socket
@@ -26,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ratelimitd_client import AsyncClient, Client, RatelimitdError
+from ratelimitd_client import AsyncClient, Client, Decision, LimitStatus, RatelimitdError
 from ratelimitd_client.asgi import Limiter, RateLimitMiddleware
 
 from conftest import free_port, start_ratelimitd
@@ -294,6 +295,25 @@ def test_a_policy_of_several_limits_reports_the_most_restrictive(lease_server, k
         assert decision.limits[0].limit == 5000
     assert_remaining_never_increases(checks)
     assert checks.decisions[-1].remaining >= 500 - 300 - 50  # 50: units held, unspent
+
+
+def test_a_leased_decision_is_a_decision_like_any_other(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        for _ in range(100):
+            client.check(key, policy="two")
+        wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+        local = client.lease_stats()["local_allowed"]
+        leased = client.check(key, policy="two")
+        assert client.lease_stats()["local_allowed"] == local + 1
+    # Every field there, none more, frozen: as its constructor makes it.
+    for made in (leased, *leased.limits):
+        cls = type(made)
+        rebuilt = cls(**{f.name: getattr(made, f.name) for f in dataclasses.fields(cls)})
+        assert vars(made) == vars(rebuilt)
+        assert made == rebuilt and hash(made) == hash(rebuilt) and repr(made) == repr(rebuilt)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.remaining = 0
+    assert isinstance(leased, Decision) and all(isinstance(s, LimitStatus) for s in leased.limits)
 
 
 def test_leases_off_every_check_is_a_check_limit(lease_server, key):
