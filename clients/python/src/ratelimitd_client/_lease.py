@@ -164,11 +164,11 @@ class _Status:
     #: Its LimitStatus's fields in an allowed decision, but for `remaining`
     #: and `reset_after_ms`: a leased decision copies them rather than
     #: building each field again.
-    allowed: dict[str, Any] = field(compare=False)
+    allowed_fields: dict[str, Any] = field(compare=False)
 
 
 def _status(name: str, limit: int, remaining: int, reset_at: float, shadow: bool) -> _Status:
-    allowed = {
+    allowed_fields = {
         "name": name,
         "allowed": True,
         "limit": limit,
@@ -178,7 +178,7 @@ def _status(name: str, limit: int, remaining: int, reset_at: float, shadow: bool
         "cost_exceeds_limit": False,
         "shadow": shadow,
     }
-    return _Status(name, limit, remaining, reset_at, shadow, allowed)
+    return _Status(name, limit, remaining, reset_at, shadow, allowed_fields)
 
 
 def _most_restrictive(statuses: tuple[_Status, ...]) -> int:
@@ -206,7 +206,7 @@ class _Lease:
     #: Of the last grant's statuses: the most restrictive, and the fields of
     #: an allowed Decision but for `remaining`, `reset_after_ms` and `limits`.
     restrictive: int = 0
-    allowed: dict[str, Any] = field(default_factory=dict)
+    allowed_fields: dict[str, Any] = field(default_factory=dict)
     #: The units held just after the last grant that had any (what it
     #: brought, and what it topped up): under a quarter of it, renew.
     last_units: int = 0
@@ -402,12 +402,12 @@ class LeaseBook:
     def _allowed(self, lease: _Lease, held: int, now: float) -> Decision:
         limits = []
         for s in lease.statuses:
-            status = s.allowed.copy()
+            status = s.allowed_fields.copy()
             status["remaining"] = s.remaining + held
             status["reset_after_ms"] = _ceil_ms(s.reset_at - now)
             limits.append(frozen_instance(LimitStatus, status))
         top = limits[lease.restrictive]
-        decision = lease.allowed.copy()
+        decision = lease.allowed_fields.copy()
         decision["remaining"] = top.remaining
         decision["reset_after_ms"] = top.reset_after_ms
         decision["limits"] = tuple(limits)
@@ -600,7 +600,7 @@ class LeaseBook:
             )
             i = _most_restrictive(statuses)
             lease.statuses, lease.restrictive = statuses, i
-            lease.allowed = {
+            lease.allowed_fields = {
                 "allowed": True,
                 "limit": statuses[i].limit,
                 "remaining": 0,
