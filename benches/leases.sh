@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Leases from the application's side: one Node and one Python client
-# deciding one hot policy, with leases (the default) and without (every
-# decision a CheckLimit call), against ratelimitd on a private
-# redis-server. For each: decisions per second and the client's CPU time
-# per decision, closed loop; then, paced at 1000 decisions a second for
-# PACED_SECONDS, the script calls Redis served per 1000 admitted.
+# Leases from the application's side: one Node and one Python client (its
+# Client, then its AsyncClient) deciding one hot policy, with leases (the
+# default) and without (every decision a CheckLimit call), against
+# ratelimitd on a private redis-server. For each: decisions per second and
+# the client's CPU time per decision, closed loop; then, paced at 1000
+# decisions a second for PACED_SECONDS, the script calls Redis served per
+# 1000 admitted.
 #
 #   benches/leases.sh
 #   RATELIMITD_BIN=target/debug/ratelimitd DECISIONS=20000 benches/leases.sh
@@ -52,17 +53,17 @@ echo "ratelimitd: $BIN; decisions: $DECISIONS with leases, $CALL_DECISIONS witho
 echo
 echo "| client | decided by | decisions/s | client CPU per decision | Redis script calls per 1000 admitted (1000/s) |"
 echo "|---|---|---:|---:|---:|"
-run() { # client (node|python), leases (true|false), decisions, rate, policy
+run() { # client (node|python|python-async), leases (true|false), decisions, rate, policy
     local settings
-    settings=$(printf '{"address": "127.0.0.1:%s", "policy": "%s", "decisions": %s, "rate": %s, "leases": %s}' \
-        "$PORT" "$5" "$3" "$4" "$2")
+    settings=$(printf '{"address": "127.0.0.1:%s", "policy": "%s", "decisions": %s, "rate": %s, "leases": %s, "asyncio": %s}' \
+        "$PORT" "$5" "$3" "$4" "$2" "$([ "$1" = python-async ] && echo true || echo false)")
     case $1 in
         node) node benches/lease_client.js "$settings" ;;
-        python) "$PYTHON" benches/lease_client.py "$settings" ;;
+        python | python-async) "$PYTHON" benches/lease_client.py "$settings" ;;
     esac
 }
 field() { python3 -c "import json, sys; print(round(json.load(sys.stdin)[\"$1\"], 1))"; }
-for client in node python; do
+for client in node python python-async; do
     for leases in true false; do
         decisions=$DECISIONS
         [ "$leases" = true ] || decisions=$CALL_DECISIONS

@@ -5,10 +5,14 @@ remaining count stays right for the RateLimit headers; `leases=False`
 (or RATELIMITD_LEASES=off) sends every check to CheckLimit; a policy that
 is not leasable keeps working per request; clients and threads sharing a
 key stay within the limit together; a broken stream is survived and
-reopened; units are given back when idle and on close(), and a store
-outage is survived (on a Redis of the tests' own)."""
+reopened; a server killed under load leaves every check answering (from
+the units held, then failing fast); units are given back when idle and on
+close(), and a store outage is survived (on a Redis of the tests' own)."""
 
 import asyncio
+import contextlib
+import dataclasses
+import math
 import shutil
 import socket
 import subprocess
@@ -23,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from ratelimitd_client import AsyncClient, Client, RatelimitdError
+from ratelimitd_client import AsyncClient, Client, Decision, LimitStatus, RatelimitdError
 from ratelimitd_client.asgi import Limiter, RateLimitMiddleware
 
 from conftest import free_port, start_ratelimitd
@@ -45,6 +49,9 @@ policies:
   # Not leasable: decided by CheckLimit, per request.
   cold:
     - {per: 60s, limit: 500}
+  # Leases of half a second: units held when the server dies lapse soon.
+  second:
+    - {per: 1s, limit: 1000, algorithm: token_bucket, lease: true}
 """
 
 DEADLINE = 2.0
@@ -290,6 +297,25 @@ def test_a_policy_of_several_limits_reports_the_most_restrictive(lease_server, k
     assert checks.decisions[-1].remaining >= 500 - 300 - 50  # 50: units held, unspent
 
 
+def test_a_leased_decision_is_a_decision_like_any_other(lease_server, key):
+    with Client(lease_server.address, deadline=DEADLINE) as client:
+        for _ in range(100):
+            client.check(key, policy="two")
+        wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+        local = client.lease_stats()["local_allowed"]
+        leased = client.check(key, policy="two")
+        assert client.lease_stats()["local_allowed"] == local + 1
+    # Every field there, none more, frozen: as its constructor makes it.
+    for made in (leased, *leased.limits):
+        cls = type(made)
+        rebuilt = cls(**{f.name: getattr(made, f.name) for f in dataclasses.fields(cls)})
+        assert vars(made) == vars(rebuilt)
+        assert made == rebuilt and hash(made) == hash(rebuilt) and repr(made) == repr(rebuilt)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.remaining = 0
+    assert isinstance(leased, Decision) and all(isinstance(s, LimitStatus) for s in leased.limits)
+
+
 def test_leases_off_every_check_is_a_check_limit(lease_server, key):
     with Client(lease_server.address, deadline=DEADLINE, leases=False) as client:
         assert not client.leases
@@ -499,6 +525,133 @@ def test_a_broken_stream_is_survived_and_reopened(tmp_path, key):
             # The new stream's server was not told of what the old one granted.
             assert client.lease_stats()["errors"] == 0
     finally:
+        assert server.stop() in (0, -9)
+
+
+# Checkers of a killed server's client, each checking this often a second.
+KILLED_CHECKERS = 3
+KILLED_RATE = 100.0
+# Longer than the test's bound on a check: a check that waited for its
+# deadline fails the test rather than passing as a failure.
+KILLED_DEADLINE = 5.0
+# The longest a check may take once the server is dead: refused
+# connections on loopback fail in well under a millisecond.
+ANSWER_WITHIN = 1.0
+# `second`'s leases last half a second from their ask, and a tenth for
+# scheduling on a loaded machine.
+LEASE_LAPSES = 0.6
+
+
+class Outcomes:
+    """Each check of a killed server's client: its checker, when it was
+    asked and answered, and how (allowed, denied, or the error's code)."""
+
+    def __init__(self) -> None:
+        self.checks: list[tuple[int, float, float, str]] = []
+        self.killed = math.inf
+
+    def record(self, checker: int, asked: float, outcome: str) -> None:
+        self.checks.append((checker, asked, time.monotonic(), outcome))
+
+    def failed_after_kill(self, checker: int) -> int:
+        return sum(
+            1
+            for c, asked, _, outcome in list(self.checks)
+            if c == checker and asked > self.killed and outcome not in ("allowed", "denied")
+        )
+
+    def every_checker_failed(self) -> bool:
+        """Each checker has seen its checks fail since the kill: none is stuck."""
+        return all(self.failed_after_kill(c) >= 20 for c in range(KILLED_CHECKERS))
+
+    def assert_answered_throughout(self) -> None:
+        after = [(asked, done, outcome) for _, asked, done, outcome in self.checks if asked > self.killed]
+        slowest = max(answered - asked for asked, answered, _ in after)
+        assert slowest < ANSWER_WITHIN, f"a check took {slowest:.2f} s once the server was dead"
+        outcomes = {outcome for _, _, outcome in after}
+        assert outcomes <= {"allowed", "UNAVAILABLE"}, outcomes
+        late = [
+            asked - self.killed
+            for asked, _, outcome in after
+            if outcome == "allowed" and asked > self.killed + LEASE_LAPSES
+        ]
+        assert not late, f"allowed {len(late)} checks after the units held had lapsed: {late[:5]}"
+
+
+def outcome_of(check: Callable[[], object]) -> str:
+    try:
+        return "allowed" if check().allowed else "denied"
+    except RatelimitdError as err:
+        return err.code.name
+
+
+def test_a_killed_server_leaves_every_check_answering(tmp_path, key):
+    server = start_ratelimitd(tmp_path, policies=LEASE_POLICIES)
+    outcomes = Outcomes()
+    stop = threading.Event()
+    try:
+        with Client(server.address, deadline=KILLED_DEADLINE) as client:
+
+            def checker(n: int) -> None:
+                while not stop.is_set():
+                    asked = time.monotonic()
+                    outcomes.record(n, asked, outcome_of(lambda: client.check(key, policy="second")))
+                    stop.wait(1 / KILLED_RATE)
+
+            threads = [threading.Thread(target=checker, args=(n,)) for n in range(KILLED_CHECKERS)]
+            for thread in threads:
+                thread.start()
+            try:
+                wait_for(lambda: client.lease_stats()["held"] > 0, "units held")
+                server.process.kill()  # no goodbye: the stream breaks mid-lease
+                server.process.wait()
+                outcomes.killed = time.monotonic()
+                wait_for(outcomes.every_checker_failed, "every checker's checks failing")
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(KILLED_DEADLINE * 2)
+            assert not any(thread.is_alive() for thread in threads), "a check never returned"
+            assert client.lease_stats()["local_allowed"] > 0
+        outcomes.assert_answered_throughout()
+    finally:
+        assert server.stop() in (0, -9)
+
+
+async def test_a_killed_server_leaves_every_async_check_answering(tmp_path, key):
+    server = start_ratelimitd(tmp_path, policies=LEASE_POLICIES)
+    outcomes = Outcomes()
+    client = AsyncClient(server.address, deadline=KILLED_DEADLINE)
+    stop = asyncio.Event()
+
+    async def checker(n: int) -> None:
+        while not stop.is_set():
+            asked = time.monotonic()
+            try:
+                decision = await client.check(key, policy="second")
+                outcome = "allowed" if decision.allowed else "denied"
+            except RatelimitdError as err:
+                outcome = err.code.name
+            outcomes.record(n, asked, outcome)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1 / KILLED_RATE)
+
+    tasks = [asyncio.create_task(checker(n)) for n in range(KILLED_CHECKERS)]
+    try:
+        await await_for(lambda: client.lease_stats()["held"] > 0, "units held")
+        server.process.kill()
+        server.process.wait()
+        outcomes.killed = time.monotonic()
+        await await_for(outcomes.every_checker_failed, "every checker's checks failing")
+        stop.set()
+        _, stuck = await asyncio.wait(tasks, timeout=KILLED_DEADLINE * 2)
+        assert not stuck, "a check never returned"
+        assert client.lease_stats()["local_allowed"] > 0
+        outcomes.assert_answered_throughout()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await client.close()
         assert server.stop() in (0, -9)
 
 

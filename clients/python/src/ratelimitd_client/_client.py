@@ -23,6 +23,7 @@ import grpc
 
 from ._lease import (
     DEFAULT_LEASE_THRESHOLD,
+    UNKNOWN,
     AsyncLeases,
     LeaseBook,
     LeaseStats,
@@ -32,6 +33,7 @@ from ._lease import (
 )
 from ._pb import ratelimit_pb2_grpc
 from ._request import (
+    MAX_QUANTITY,
     Decision,
     Limit,
     RatelimitdError,
@@ -65,6 +67,9 @@ DEFAULT_CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+
+
+_monotonic = time.monotonic
 
 
 def _channel_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -203,6 +208,31 @@ class Client:
         A policy checked often on one key is decided from the client's
         lease on it when it has one (see the class), with no call.
         """
+        book = self._book
+        local = UNKNOWN
+        if (
+            policy is not None
+            and book is not None
+            and cost.__class__ is int
+            and 0 <= cost <= MAX_QUANTITY
+            and type == "fixed_window"
+            and limit is None
+            and window_ms is None
+            and capacity is None
+            and refill_rate is None
+            and burst is None
+            and failure_policy is None
+            and limits is None
+        ):
+            # The book checked the key and policy of a pair it knows when it
+            # first saw them: a hot pair's check is decided before building
+            # (and checking) a request it will not send.
+            with book.lock:
+                local, wake, _ = book.decide(policy, key, cost, _monotonic(), known=True)
+            if wake:
+                self._leases.wake()  # type: ignore[union-attr]
+            if local is not None and local is not UNKNOWN:
+                return local
         request = build_request(
             key,
             type=type,
@@ -216,9 +246,9 @@ class Client:
             limits=limits,
             policy=policy,
         )
-        if policy is not None and self._book is not None:
-            with self._book.lock:
-                local, wake, _ = self._book.decide(policy, request.key, request.cost, time.monotonic())
+        if local is UNKNOWN and policy is not None and book is not None:
+            with book.lock:
+                local, wake, _ = book.decide(policy, request.key, request.cost, _monotonic())
             if wake:
                 self._leases.wake()  # type: ignore[union-attr]
             if local is not None:
@@ -343,6 +373,33 @@ class AsyncClient:
     ) -> Decision:
         """May `key` spend `cost` units now? As `Client.check` (a leased
         policy included)."""
+        book = self._book
+        local = UNKNOWN
+        if (
+            policy is not None
+            and book is not None
+            and cost.__class__ is int
+            and 0 <= cost <= MAX_QUANTITY
+            and type == "fixed_window"
+            and limit is None
+            and window_ms is None
+            and capacity is None
+            and refill_rate is None
+            and burst is None
+            and failure_policy is None
+            and limits is None
+        ):
+            # As in Client.check: a pair the book knows is decided first.
+            self._stub_for_loop()
+            with book.lock:
+                local, wake, awaited = book.decide(policy, key, cost, _monotonic(), known=True)
+            if local is not UNKNOWN:
+                if wake:
+                    self._leases.wake(self._channel)  # type: ignore[union-attr, arg-type]
+                if local is not None:
+                    if wake or awaited:
+                        await asyncio.sleep(0)  # as below
+                    return local
         request = build_request(
             key,
             type=type,
@@ -357,17 +414,18 @@ class AsyncClient:
             policy=policy,
         )
         stub = self._stub_for_loop()
-        if policy is not None and self._book is not None:
-            with self._book.lock:
-                local, wake, awaited = self._book.decide(policy, request.key, request.cost, time.monotonic())
+        if local is UNKNOWN and policy is not None and book is not None:
+            with book.lock:
+                local, wake, awaited = book.decide(policy, request.key, request.cost, _monotonic())
             if wake:
                 self._leases.wake(self._channel)  # type: ignore[union-attr, arg-type]
-            if local is not None and (wake or awaited):
-                # A local decision awaits nothing: let the stream's task send
-                # the ask, or read its grant, now, even when the caller
-                # decides many in a row without awaiting anything else.
-                await asyncio.sleep(0)
             if local is not None:
+                if wake or awaited:
+                    # A local decision awaits nothing: let the stream's task
+                    # send the ask, or read its grant, now, even when the
+                    # caller decides many in a row without awaiting
+                    # anything else.
+                    await asyncio.sleep(0)
                 return local
         timeout = self.deadline if deadline is None else check_deadline(deadline)
         try:

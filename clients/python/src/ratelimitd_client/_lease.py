@@ -34,6 +34,12 @@ until they expire.
 (for `Client`: a daemon thread) and `AsyncLeases` (for `AsyncClient`: a task
 on its loop) run the stream. Every `LeaseBook` method is called with
 `book.lock` held, and is given `now`, `time.monotonic()`.
+
+A leased decision is the client's whole cost of a check, so its path is
+kept short: a pair the book already knows is decided before `check()`
+builds a request (its key and policy were checked when it came in), the
+units held and their first expiry are kept as counts, and the Decision is
+made from fields prepared with the grant.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from typing import Any
 import grpc
 
 from ._pb import lease_pb2, lease_pb2_grpc
-from ._request import Decision, LimitStatus
+from ._request import Decision, LimitStatus, frozen_instance
 
 #: Calls per second of one policy and key at which the client leases.
 DEFAULT_LEASE_THRESHOLD = 20.0
@@ -132,7 +138,12 @@ def _ceil_ms(seconds: float) -> int:
     return max(0, math.ceil(seconds * 1000 - 1e-6))
 
 
-@dataclass
+#: What `LeaseBook.decide(..., known=True)` answers for a pair it has not
+#: seen: its arguments have not been checked yet.
+UNKNOWN: Any = object()
+
+
+@dataclass(slots=True)
 class _Tranche:
     units: int
     expires_at: float
@@ -141,7 +152,7 @@ class _Tranche:
     stream: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Status:
     """One limit of a grant, as it stood after the lease's spend."""
 
@@ -150,9 +161,33 @@ class _Status:
     remaining: int
     reset_at: float
     shadow: bool
+    #: Its LimitStatus's fields in an allowed decision, but for `remaining`
+    #: and `reset_after_ms`: a leased decision copies them rather than
+    #: building each field again.
+    allowed_fields: dict[str, Any] = field(compare=False)
 
 
-@dataclass
+def _status(name: str, limit: int, remaining: int, reset_at: float, shadow: bool) -> _Status:
+    allowed_fields = {
+        "name": name,
+        "allowed": True,
+        "limit": limit,
+        "remaining": remaining,
+        "reset_after_ms": 0,
+        "retry_after_ms": 0,
+        "cost_exceeds_limit": False,
+        "shadow": shadow,
+    }
+    return _Status(name, limit, remaining, reset_at, shadow, allowed_fields)
+
+
+def _most_restrictive(statuses: tuple[_Status, ...]) -> int:
+    """The limit with the fewest units left (shadow limits only if all are)."""
+    enforced = [i for i, s in enumerate(statuses) if not s.shadow] or list(range(len(statuses)))
+    return min(enforced, key=lambda i: statuses[i].remaining)
+
+
+@dataclass(slots=True)
 class _Lease:
     """One policy and key: its hotness, and once hot, its lease."""
 
@@ -163,7 +198,15 @@ class _Lease:
     leasing: bool = False
     #: Sorted by expiry.
     tranches: list[_Tranche] = field(default_factory=list)
+    #: The units of `tranches`, and when the first of them expires (inf:
+    #: none): a decision reads them without going over the tranches.
+    units: int = 0
+    lapse: float = math.inf
     statuses: tuple[_Status, ...] = ()
+    #: Of the last grant's statuses: the most restrictive, and the fields of
+    #: an allowed Decision but for `remaining`, `reset_after_ms` and `limits`.
+    restrictive: int = 0
+    allowed_fields: dict[str, Any] = field(default_factory=dict)
     #: The units held just after the last grant that had any (what it
     #: brought, and what it topped up): under a quarter of it, renew.
     last_units: int = 0
@@ -189,9 +232,17 @@ class _Lease:
 
     def held(self, now: float) -> int:
         """Drops the expired tranches; the units of the others."""
-        while self.tranches and self.tranches[0].expires_at <= now:
-            self.tranches.pop(0)
-        return sum(t.units for t in self.tranches)
+        if now >= self.lapse:
+            tranches = self.tranches
+            while tranches and tranches[0].expires_at <= now:
+                tranches.pop(0)
+            self.tally()
+        return self.units
+
+    def tally(self) -> None:
+        """Counts `units` and `lapse` again, after `tranches` changed."""
+        self.units = sum(t.units for t in self.tranches)
+        self.lapse = self.tranches[0].expires_at if self.tranches else math.inf
 
     def count(self, now: float) -> int:
         """The checks of the last HOT_WINDOW (dropping the older ones)."""
@@ -269,27 +320,41 @@ class LeaseBook:
 
     # -- deciding --
 
-    def decide(self, policy: str, key: str, cost: int, now: float) -> tuple[Decision | None, bool, bool]:
+    def decide(
+        self, policy: str, key: str, cost: int, now: float, known: bool = False
+    ) -> tuple[Decision | None, bool, bool]:
         """The local decision of `check(key, policy=policy, cost=cost)`, or
         None for CheckLimit to decide; whether an ask may be due (for the
         stream runner to look, or to start); and whether a grant is awaited
         on this pair (for an asyncio caller to let the stream's task read
-        it)."""
+        it). `known`: decide only a pair already seen (its arguments were
+        checked then), else answer UNKNOWN and count nothing."""
         if self.closing or policy in self._refused:
             return None, False, False
         lease = self._leases.get((policy, key))
         if lease is None:
+            if known:
+                return UNKNOWN, False, False
             lease = self._leases[(policy, key)] = _Lease(first_check=now)
         lease.last_check = now
-        lease.hits.append(now)
-        count = lease.count(now)  # and drops the hits older than HOT_WINDOW
+        hits = lease.hits
+        hits.append(now)
+        oldest = now - HOT_WINDOW
+        while hits[0] <= oldest:
+            hits.popleft()
         if not lease.leasing:
-            if count < self.threshold * HOT_WINDOW:
+            if len(hits) < self.threshold * HOT_WINDOW:
                 self._sweep(now)
                 return None, False, False
             lease.leasing = True
             return None, True, False
-        held = lease.held(now)
+        held = lease.units if now < lease.lapse else lease.held(now)
+        if held >= cost and held > 0 and lease.statuses:
+            awaited = lease.in_flight is not None
+            self._spend(lease, cost)
+            self.stats.local_allowed += 1
+            held -= cost
+            return self._allowed(lease, held, now), not awaited and self._due(lease, held, now), awaited
         if held < cost and self.stream and self._due(lease, held, now):
             # A wait just ended, or the units ran out: the ask goes out
             # before this check is decided, so that a pair held back keeps
@@ -299,16 +364,12 @@ class LeaseBook:
         else:
             asking = False
         awaited = lease.in_flight is not None
-        if held > 0 and held >= cost and lease.statuses:
-            self._spend(lease, cost)
-            self.stats.local_allowed += 1
-            return self._allowed(lease, held - cost, now), self._due(lease, held - cost, now), awaited
         # Held back (the last grant said wait): it denies until then, and
         # while the renewal sent when the wait ended is on its way.
         if lease.statuses and (now < lease.deny_until or (lease.held_back and awaited)):
             lease.denied += 1
             self.stats.local_denied += 1
-            return self._denied(lease, held, cost, now), asking, awaited
+            return self._denied(lease, held, now), asking, awaited
         # Renew for it, unless a grant is on its way (it answers) or the
         # cost is more than a lease holds (only CheckLimit can decide it).
         lease.short = not awaited and (cost <= lease.last_units or not lease.last_units)
@@ -317,6 +378,15 @@ class LeaseBook:
         return None, asking or self._due(lease, held, now), awaited
 
     def _spend(self, lease: _Lease, cost: int) -> None:
+        """Spends `cost` of the units held (at most what is held), the
+        earliest-expiring first."""
+        first = lease.tranches[0]
+        if first.units > cost:
+            first.units -= cost
+            lease.units -= cost
+            if first.stream == self.stream:
+                lease.admitted += cost
+            return
         left = cost
         for tranche in lease.tranches:
             taken = min(left, tranche.units)
@@ -327,66 +397,55 @@ class LeaseBook:
             if not left:
                 break
         lease.tranches = [t for t in lease.tranches if t.units]
-
-    def _most_restrictive(self, statuses: tuple[_Status, ...]) -> int:
-        enforced = [i for i, s in enumerate(statuses) if not s.shadow] or list(range(len(statuses)))
-        return min(enforced, key=lambda i: statuses[i].remaining)
+        lease.tally()
 
     def _allowed(self, lease: _Lease, held: int, now: float) -> Decision:
-        statuses = lease.statuses
-        limits = tuple(
-            LimitStatus(
-                name=s.name,
-                allowed=True,
-                limit=s.limit,
-                remaining=s.remaining + held,
-                reset_after_ms=_ceil_ms(s.reset_at - now),
-                retry_after_ms=0,
-                cost_exceeds_limit=False,
-                shadow=s.shadow,
-            )
-            for s in statuses
-        )
-        i = self._most_restrictive(statuses)
-        return Decision(
-            allowed=True,
-            limit=limits[i].limit,
-            remaining=limits[i].remaining,
-            reset_after_ms=limits[i].reset_after_ms,
-            retry_after_ms=0,
-            cost_exceeds_limit=False,
-            degraded=False,
-            limits=limits,
-            most_restrictive=i,
-        )
+        limits = []
+        for s in lease.statuses:
+            status = s.allowed_fields.copy()
+            status["remaining"] = s.remaining + held
+            status["reset_after_ms"] = _ceil_ms(s.reset_at - now)
+            limits.append(frozen_instance(LimitStatus, status))
+        top = limits[lease.restrictive]
+        decision = lease.allowed_fields.copy()
+        decision["remaining"] = top.remaining
+        decision["reset_after_ms"] = top.reset_after_ms
+        decision["limits"] = tuple(limits)
+        return frozen_instance(Decision, decision)
 
-    def _denied(self, lease: _Lease, held: int, cost: int, now: float) -> Decision:
+    def _denied(self, lease: _Lease, held: int, now: float) -> Decision:
         statuses = lease.statuses
         retry_ms = max(1, _ceil_ms(lease.deny_until - now))
-        i = self._most_restrictive(statuses) if statuses else 0
+        i = lease.restrictive
         limits = tuple(
-            LimitStatus(
-                name=s.name,
-                allowed=j != i,
-                limit=s.limit,
-                remaining=0 if j == i else s.remaining + held,
-                reset_after_ms=_ceil_ms(s.reset_at - now),
-                retry_after_ms=retry_ms if j == i else 0,
-                cost_exceeds_limit=False,
-                shadow=s.shadow,
+            frozen_instance(
+                LimitStatus,
+                {
+                    "name": s.name,
+                    "allowed": j != i,
+                    "limit": s.limit,
+                    "remaining": 0 if j == i else s.remaining + held,
+                    "reset_after_ms": _ceil_ms(s.reset_at - now),
+                    "retry_after_ms": retry_ms if j == i else 0,
+                    "cost_exceeds_limit": False,
+                    "shadow": s.shadow,
+                },
             )
             for j, s in enumerate(statuses)
         )
-        return Decision(
-            allowed=False,
-            limit=limits[i].limit if limits else 0,
-            remaining=0,
-            reset_after_ms=limits[i].reset_after_ms if limits else retry_ms,
-            retry_after_ms=retry_ms,
-            cost_exceeds_limit=False,
-            degraded=False,
-            limits=limits,
-            most_restrictive=i,
+        return frozen_instance(
+            Decision,
+            {
+                "allowed": False,
+                "limit": limits[i].limit,
+                "remaining": 0,
+                "reset_after_ms": limits[i].reset_after_ms,
+                "retry_after_ms": retry_ms,
+                "cost_exceeds_limit": False,
+                "degraded": False,
+                "limits": limits,
+                "most_restrictive": i,
+            },
         )
 
     def _sweep(self, now: float) -> None:
@@ -531,13 +590,27 @@ class LeaseBook:
         if grant.units > 0:
             tranche = _Tranche(grant.units, sent.sent_at + valid_for, sent.stream)
             bisect.insort(lease.tranches, tranche, key=lambda t: t.expires_at)
+            lease.tally()
             lease.last_units = lease.held(now)
             self.stats.grants += 1
         if grant.limits:
-            lease.statuses = tuple(
-                _Status(s.name, s.limit, s.remaining, now + _seconds(s.reset_after), s.shadow)
+            statuses = tuple(
+                _status(s.name, s.limit, s.remaining, now + _seconds(s.reset_after), s.shadow)
                 for s in grant.limits
             )
+            i = _most_restrictive(statuses)
+            lease.statuses, lease.restrictive = statuses, i
+            lease.allowed_fields = {
+                "allowed": True,
+                "limit": statuses[i].limit,
+                "remaining": 0,
+                "reset_after_ms": 0,
+                "retry_after_ms": 0,
+                "cost_exceeds_limit": False,
+                "degraded": False,
+                "limits": (),
+                "most_restrictive": i,
+            }
         if grant.HasField("renew_after"):
             lease.renew_at = sent.sent_at + _seconds(grant.renew_after)
         else:
