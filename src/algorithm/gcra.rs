@@ -120,6 +120,12 @@ pub fn decide(
     (decision, written_for(now, new_tat - now))
 }
 
+/// The in-memory twin of `gcra_refund`: the theoretical arrival time
+/// moved back by `cost` intervals (one before now is an idle key's).
+pub(super) fn give_back(params: &Gcra, state: &mut State, cost: u64) {
+    state.tat = state.tat.saturating_sub(params.interval() * cost);
+}
+
 /// What the lists made from the registry need of its parameters.
 impl Parameters for Gcra {
     type State = State;

@@ -104,6 +104,28 @@ pub fn decide_in_memory(
     algorithm.decide_on(state, now, cost, spend)
 }
 
+/// Gives `cost` units back to a key's live `state` under `algorithm`: the
+/// in-memory twin of the refund script for a token bucket (never above
+/// its capacity) and GCRA. A window's units come back with the window, so
+/// nothing is given back to one. Answers whether anything was.
+pub fn give_back_in_memory(
+    algorithm: &Algorithm,
+    state: &mut Option<State>,
+    cost: u64,
+) -> (bool, MemoryChange) {
+    match (algorithm, state) {
+        (Algorithm::TokenBucket(params), Some(State::TokenBucket(bucket))) => {
+            token_bucket::give_back(params, bucket, cost);
+            (true, MemoryChange::Updated)
+        }
+        (Algorithm::Gcra(params), Some(State::Gcra(gcra))) => {
+            gcra::give_back(params, gcra, cost);
+            (true, MemoryChange::Updated)
+        }
+        _ => (false, MemoryChange::None),
+    }
+}
+
 /// The twin of `decide.lua`'s driver in `decide` mode: decides
 /// `costs.len()` limits together, all or nothing. `decide(i, cost, spend)`
 /// decides limit `i`; `shadow[i]` says limit `i` may not deny the group.

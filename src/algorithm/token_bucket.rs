@@ -149,6 +149,13 @@ pub fn decide(
     (decision, written_for(now, reset_after))
 }
 
+/// The in-memory twin of `token_bucket_refund`: `cost` tokens back to a
+/// bucket, never above its capacity (its refill to now is left to the
+/// next decision, as the script leaves it).
+pub(super) fn give_back(params: &TokenBucket, state: &mut State, cost: u64) {
+    state.tokens = (state.tokens + cost as f64).min(params.capacity() as f64);
+}
+
 /// What the lists made from the registry need of its parameters.
 impl Parameters for TokenBucket {
     type State = State;

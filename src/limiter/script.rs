@@ -18,8 +18,10 @@ use crate::store::{Batchable, CLOCK_LUA, script_values};
 
 pub mod lua;
 
-pub use lua::{ALGORITHMS_LUA, DECIDE_BATCH_LUA, DECIDE_LUA, DECIDE_NODE_BATCH_LUA};
-use lua::{ALGORITHMS_WITH_REFUNDS_LUA, REFUND_PART_LUA};
+pub use lua::{
+    ALGORITHMS_LUA, ALGORITHMS_WITH_REFUNDS_LUA, DECIDE_BATCH_LUA, DECIDE_LUA,
+    DECIDE_NODE_BATCH_LUA, REFUND_PART_LUA,
+};
 
 /// The most limits one script call decides. Each costs the script a few
 /// Redis commands (tens of microseconds at most), so a call stays well
@@ -231,7 +233,15 @@ pub fn decide_call_on<'s>(
 /// A [`REFUND`] call giving back `spent` (limits on one node, each with the
 /// mark its decision replied).
 pub fn refund_call(spent: &[(ScriptLimit<'_>, SpendMark)]) -> ScriptInvocation<'static> {
-    let mut invocation = REFUND.prepare_invoke();
+    refund_call_on(&REFUND, spent)
+}
+
+/// A call of `script` (the refund part, as [`REFUND`]) giving back `spent`.
+pub fn refund_call_on<'s>(
+    script: &'s Script,
+    spent: &[(ScriptLimit<'_>, SpendMark)],
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
     let mut args = Cmd::new();
     for (limit, mark) in spent {
         invocation.key(limit.key);

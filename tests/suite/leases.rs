@@ -224,12 +224,18 @@ async fn leases_and_calls_on_two_instances_spend_each_unit_once() {
 }
 
 /// A token bucket takes back what a release returns (at most what was
-/// granted and not reported spent), and the release leaves nothing leased.
+/// granted and not reported spent), on Redis and on the embedded store,
+/// and the release leaves nothing leased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_takes_back_what_a_release_returns() {
     let redis = RedisServer::start().await;
     let (_dir, path) = config_dir();
-    let server = TestServer::start(&["--config", &path, "--redis-url", &redis.url()]).await;
+    let on_redis = ["--config", &path, "--redis-url", &redis.url()];
+    a_release_is_taken_back(TestServer::start(&on_redis).await).await;
+    a_release_is_taken_back(TestServer::start(&["--config", &path]).await).await;
+}
+
+async fn a_release_is_taken_back(server: TestServer) {
     let mut stream = LeaseStream::open(server.address).await;
     let grant = stream.ask(ask("bucket", "k")).await;
     let units = grant.units;

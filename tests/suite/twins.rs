@@ -4,7 +4,8 @@
 //! and expiry) after every step of random sequences of (time, cost,
 //! parameters), for every registered algorithm in each of its layouts
 //! (the fixed window anchored, aligned, and aligned by name), alone and
-//! several per call, in every script mode.
+//! several per call, in every script mode, and through a lease's give-back
+//! of a token bucket's or GCRA's units (the refund script and its twin).
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
@@ -33,7 +34,7 @@ use ratelimitd::algorithm::{
 };
 use ratelimitd::algorithm::{Algorithm, FixedWindowMode, LimitRequest};
 use ratelimitd::limit::{CallerKey, Decision, Micros};
-use ratelimitd::limiter::script::{self, Mode, ScriptLimit};
+use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{ManualClock, MemoryStore};
 use redis::Script;
@@ -48,6 +49,19 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
             include_str!("../fixtures/twins/fake_clock.lua"),
             script::ALGORITHMS_LUA,
             script::DECIDE_LUA,
+        ]
+        .concat(),
+    )
+});
+
+/// The refund script under the test's clock: a lease's give-back of a
+/// token bucket's or GCRA's units.
+static REFUND_AT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            include_str!("../fixtures/twins/fake_clock.lua"),
+            script::ALGORITHMS_WITH_REFUNDS_LUA,
+            script::REFUND_PART_LUA,
         ]
         .concat(),
     )
@@ -261,6 +275,48 @@ impl Twins {
         decided.map_err(|err| format!("embedded store: {err}"))
     }
 
+    /// Gives each of `requests` its cost back where a lease's release
+    /// would (a token bucket's or GCRA's live key) on both: whether each
+    /// was given back, after checking both stores hold the same.
+    async fn give_back(&mut self, requests: &[LimitRequest]) -> Result<(), String> {
+        let givable = requests.iter().filter(|r| {
+            matches!(r.algorithm, Algorithm::TokenBucket(_) | Algorithm::Gcra(_)) && r.cost > 0
+        });
+        for request in givable {
+            let key = storage_key(PREFIX, &request.algorithm, &request.key);
+            let limit = ScriptLimit {
+                key: &key,
+                algorithm: &request.algorithm,
+                cost: request.cost,
+                shadow: false,
+            };
+            let lua: i64 = script::refund_call_on(&REFUND_AT, &[(limit, SpendMark::Unmarked)])
+                .arg(self.now)
+                .invoke_async(&mut self.redis)
+                .await
+                .map_err(|err| format!("refund script: {err}"))?;
+            let rust = self.memory.with_keys(&[key.as_str()], |locked, _| {
+                locked.decide(0, |state| {
+                    algorithm::give_back_in_memory(&request.algorithm, state, request.cost)
+                })
+            });
+            if (lua == 1) != rust {
+                return Err(format!("given back to {key}: lua {lua}, rust {rust}"));
+            }
+            let lua = self.stored_in_redis(&request.algorithm, &key).await;
+            let rust = self
+                .memory
+                .peek(&key)
+                .map(|(state, expires_at)| (state.snapshot(), expires_at));
+            if lua != rust {
+                return Err(format!(
+                    "state of {key} after a give-back differs\n   lua: {lua:?}\n  rust: {rust:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// What Redis holds for `key`, read as each Lua file documents, with
     /// when the embedded store would drop it.
     async fn stored_in_redis(
@@ -422,11 +478,23 @@ async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result
             })
             .collect();
         let costs: Vec<u64> = requests.iter().map(|r| r.cost).collect();
+        // Now and then, a lease's release instead: the costs given back.
+        let give_back = random.chance(12);
         history.push(format!(
-            "step {step}: +{by} µs (now {}), {mode:?}, costs {costs:?}",
-            twins.now
+            "step {step}: +{by} µs (now {}), {}, costs {costs:?}",
+            twins.now,
+            if give_back {
+                "give back".to_owned()
+            } else {
+                format!("{mode:?}")
+            }
         ));
-        if let Err(difference) = twins.step(mode, &requests).await {
+        let stepped = if give_back {
+            twins.give_back(&requests).await
+        } else {
+            twins.step(mode, &requests).await.map(drop)
+        };
+        if let Err(difference) = stepped {
             let recent = history[history.len().saturating_sub(12)..].join("\n");
             return Err(format!("limits {algorithms:?}\n{recent}\n{difference}"));
         }
