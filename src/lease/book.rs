@@ -108,3 +108,54 @@ impl Book {
         self.holdings.drain()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn holding(share_rate: f64, demand: f64, subscribers: u64) -> Holding {
+        let now = Instant::now();
+        Holding {
+            ledger_key: "k".into(),
+            policy: Arc::new(Policy {
+                name: "p".into(),
+                limits: Vec::new(),
+                source: "test".into(),
+            }),
+            granted: 0,
+            admitted: 0,
+            returned: 0,
+            tranches: VecDeque::new(),
+            allowance: Allowance::full(0.0, now),
+            share_rate,
+            subscribers,
+            settled_at: Some(now),
+            demand,
+        }
+    }
+
+    #[test]
+    fn underserved_is_well_below_the_max_min_share_of_the_demand() {
+        // Four on 1000/s: an equal part is 250.
+        assert!(
+            holding(100.0, 300.0, 4).underserved(1000.0),
+            "wants 300, fair 250"
+        );
+        assert!(
+            !holding(240.0, 300.0, 4).underserved(1000.0),
+            "within 10% of 250"
+        );
+        assert!(
+            !holding(157.0, 150.0, 4).underserved(1000.0),
+            "has its demand"
+        );
+        assert!(
+            holding(50.0, 150.0, 4).underserved(1000.0),
+            "its demand came back"
+        );
+        // Alone, its fair share is its demand, up to the whole rate.
+        assert!(holding(100.0, 900.0, 1).underserved(1000.0));
+        assert!(!holding(1000.0, 5000.0, 1).underserved(1000.0));
+    }
+}
