@@ -32,10 +32,10 @@
 //! A call there whose key the node does not serve (the slot moved) is
 //! stopped before it writes anything and goes out again on its own.
 
+mod args;
 mod reply;
 
 use std::collections::VecDeque;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use redis::aio::ConnectionLike;
@@ -45,6 +45,7 @@ use redis::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
+pub use self::args::{Args, ScriptArgs};
 use self::reply::{not_served_here, reply_of_one, split_replies};
 use super::breaker::CircuitBreaker;
 use crate::error::StoreError;
@@ -77,12 +78,14 @@ pub struct BatchScripts {
 #[derive(Debug)]
 pub struct Batchable {
     scripts: BatchScripts,
-    /// The call's keys, then its values, in one buffer: a [`Cmd`] with no
-    /// command name, used as a list of arguments, so that building a call
-    /// and laying it into a batch takes no allocation per key or value.
-    arguments: Cmd,
+    /// The call's keys, then its values, in one buffer, so that building a
+    /// call and laying it into a batch takes no allocation per key or
+    /// value.
+    arguments: ScriptArgs,
     /// How many of `arguments` are keys.
     key_count: usize,
+    /// How many are values.
+    value_count: usize,
     /// How many values the call's reply has when the script decides it:
     /// its part of a batch's flat reply.
     reply_values: usize,
@@ -94,12 +97,13 @@ impl Batchable {
     /// decides it, has `reply_values` values.
     pub fn new(
         scripts: BatchScripts,
-        arguments: Cmd,
+        arguments: ScriptArgs,
         key_count: usize,
         reply_values: usize,
     ) -> Self {
         Self {
             scripts,
+            value_count: arguments.len().saturating_sub(key_count),
             arguments,
             key_count,
             reply_values,
@@ -108,12 +112,12 @@ impl Batchable {
 
     /// The call's keys.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        script_values(&self.arguments).take(self.key_count)
+        self.arguments.iter().take(self.key_count)
     }
 
     /// The call's values.
     pub fn values(&self) -> impl Iterator<Item = &[u8]> {
-        script_values(&self.arguments).skip(self.key_count)
+        self.arguments.iter().skip(self.key_count)
     }
 
     /// The call alone, as the single script.
@@ -159,12 +163,18 @@ impl Batchable {
         let values = forms
             .first_calls
             .iter()
-            .map(|call| call.value_count())
+            .map(|call| call.value_count)
             .sum::<usize>();
-        // Room for the command and its counts, every key and every value:
-        // each a short word or number, or a key.
-        let arguments = 6 + calls.len() + 2 * forms.first_calls.len() + keys + values;
-        let mut evalsha = Cmd::with_capacity(arguments, 24 * arguments);
+        // Room for the command and its counts (each a short word or
+        // number, the hash 40 bytes), then every key and every value.
+        let counts = 6 + calls.len() + 2 * forms.first_calls.len();
+        let bytes = 64
+            + 8 * counts
+            + calls
+                .iter()
+                .map(|call| call.arguments.byte_len())
+                .sum::<usize>();
+        let mut evalsha = Cmd::with_capacity(counts + keys + values, bytes);
         evalsha.arg("EVALSHA").arg(script.get_hash());
         if on_node {
             evalsha.arg(1).arg(first.keys().next()?);
@@ -182,7 +192,7 @@ impl Batchable {
             evalsha.arg(call.key_count);
         }
         for call in &forms.first_calls {
-            evalsha.arg(call.value_count());
+            evalsha.arg(call.value_count);
         }
         if on_node {
             calls.iter().flat_map(|call| call.keys()).for_each(|key| {
@@ -195,14 +205,6 @@ impl Batchable {
         Some(BatchCall { script, evalsha })
     }
 
-    /// How many values the call has.
-    fn value_count(&self) -> usize {
-        self.arguments
-            .args_iter()
-            .len()
-            .saturating_sub(self.key_count)
-    }
-
     /// The batch script's flat `reply` to `calls` (as laid out by
     /// [`Batchable::together`] or [`Batchable::together_on_node`]) as each
     /// call's own: its values as one list, or the text of the error it met;
@@ -211,21 +213,12 @@ impl Batchable {
         split_replies(calls.iter().map(|call| call.reply_values), reply).ok()
     }
 
-    /// The same form as `other`: as many keys, and the same values (as
-    /// [`script_values`] reads them, and the batch sends them).
+    /// The same form as `other`: as many keys, and the same values, as
+    /// the batch sends them (compared as the one run of bytes they are).
     fn same_form(&self, other: &Self) -> bool {
-        self.key_count == other.key_count && self.values().eq(other.values())
-    }
-
-    /// A hash of the call's form, to tell most different forms apart
-    /// without comparing their values.
-    fn form_hash(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
-        self.key_count.hash(&mut hasher);
-        for value in self.values() {
-            value.hash(&mut hasher);
-        }
-        hasher.finish()
+        self.key_count == other.key_count
+            && self.arguments.bytes_after(self.key_count)
+                == other.arguments.bytes_after(other.key_count)
     }
 }
 
@@ -241,17 +234,13 @@ struct Forms<'a> {
 impl<'a> Forms<'a> {
     fn of(calls: &[&'a Batchable]) -> Self {
         let mut first_calls: Vec<&Batchable> = Vec::new();
-        let mut hashes: Vec<u64> = Vec::new();
         let mut of_call = Vec::with_capacity(calls.len());
         for &call in calls {
-            let hash = call.form_hash();
-            let known = hashes
-                .iter()
-                .zip(&first_calls)
-                .position(|(&known, form)| known == hash && form.same_form(call));
+            // Most batches hold one form or a few: a comparison with each,
+            // a short run of bytes, costs less than hashing every call.
+            let known = first_calls.iter().position(|form| form.same_form(call));
             of_call.push(known.unwrap_or_else(|| {
                 first_calls.push(call);
-                hashes.push(hash);
                 first_calls.len() - 1
             }));
         }
@@ -477,7 +466,7 @@ mod tests {
 
     /// A call of [`SCRIPT`] on `keys` with `values`.
     fn call(keys: &[&str], values: &[&str]) -> Batchable {
-        let mut arguments = Cmd::new();
+        let mut arguments = ScriptArgs::default();
         for argument in keys.iter().chain(values) {
             arguments.arg(*argument);
         }
