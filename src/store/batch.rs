@@ -40,8 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use redis::aio::ConnectionLike;
 use redis::{
-    Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, ScriptInvocation, ServerErrorKind,
-    ToRedisArgs, Value,
+    Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
@@ -120,16 +119,20 @@ impl Batchable {
         self.arguments.iter().skip(self.key_count)
     }
 
-    /// The call alone, as the single script.
-    pub fn alone(&self) -> ScriptInvocation<'static> {
-        let mut invocation = self.scripts.single.prepare_invoke();
-        for key in self.keys() {
-            invocation.key(key);
+    /// The call alone, as the single script: its `EVALSHA` written
+    /// straight from the call's buffer.
+    pub fn alone(&self) -> BatchCall {
+        let script = self.scripts.single;
+        let mut evalsha =
+            Cmd::with_capacity(3 + self.arguments.len(), 64 + self.arguments.byte_len());
+        evalsha
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(self.key_count);
+        for arg in &self.arguments {
+            evalsha.arg(arg);
         }
-        for arg in self.values() {
-            invocation.arg(arg);
-        }
-        invocation
+        BatchCall { script, evalsha }
     }
 
     /// `calls` (all for the first one's batch script) as one call of the
@@ -261,8 +264,9 @@ pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// One call of a batch script, ready to send: its `EVALSHA` with every
-/// key and value in one buffer.
+/// One script call, ready to send: a batch script's, or one call's alone
+/// ([`Batchable::alone`]), its `EVALSHA` with every key and value in one
+/// buffer.
 pub struct BatchCall {
     script: &'static Script,
     evalsha: Cmd,

@@ -251,23 +251,38 @@ impl RedisStore {
             Ok(Ok(outcome)) => outcome,
         };
         match outcome {
-            Outcome::Reply(value) => {
-                T::from_redis_value(value).map_err(|err| StoreError::Refused { source: err.into() })
-            }
+            Outcome::Reply(value) => read_reply(value),
             Outcome::Failed(err) => Err(err),
             Outcome::OnItsOwn(call) => self.run_alone(key, call).await,
         }
     }
 
-    /// `call` on its own, as [`RedisStore::run_script`] runs it. (Boxed:
-    /// the compiler then proves it `Send` once, here, rather than inside
-    /// every caller's future, which would take it too deep.)
+    /// `call` on its own, as [`RedisStore::run_script`] runs a script.
+    /// (Boxed: the compiler then proves it `Send` once, here, rather than
+    /// inside every caller's future, which would take it too deep.)
     fn run_alone<'a, T: FromRedisValue + Send + 'a>(
         &'a self,
         key: &'a str,
         call: Batchable,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
-        Box::pin(async move { self.run_script(key, &call.alone()).await })
+        Box::pin(async move {
+            let node = self.nodes.for_key(key);
+            if !node.breaker.allows() {
+                metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
+                return Err(StoreError::CircuitOpen);
+            }
+            let started = std::time::Instant::now();
+            let call = call.alone();
+            let reply = self
+                .bounded(&node.breaker, async {
+                    on_shared_connection!(&self.pools, |connection| call
+                        .invoke_async(&mut connection))
+                    .map_err(classify)
+                })
+                .await;
+            metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
+            read_reply(reply?)
+        })
     }
 
     /// Sends the calls queued for `node`, batch after batch, while there
@@ -297,12 +312,11 @@ impl RedisStore {
     /// Runs a batch of one: the call alone, as the single script.
     async fn run_one(&self, breaker: &CircuitBreaker, pending: Pending) {
         let started = std::time::Instant::now();
-        let invocation = pending.call().alone();
+        let call = pending.call().alone();
         let reply = self
             .bounded(breaker, async {
-                on_shared_connection!(&self.pools, |connection| invocation
-                    .invoke_async::<Value>(&mut connection))
-                .map_err(classify)
+                on_shared_connection!(&self.pools, |connection| call.invoke_async(&mut connection))
+                    .map_err(classify)
             })
             .await;
         metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
@@ -473,6 +487,11 @@ impl RedisStore {
             .map_err(|_| StoreError::deadline(self.command_timeout))
             .and_then(|result| result)
     }
+}
+
+/// A script's reply read as `T`; a reply of another shape is refused.
+fn read_reply<T: FromRedisValue>(value: Value) -> Result<T, StoreError> {
+    T::from_redis_value(value).map_err(|err| StoreError::Refused { source: err.into() })
 }
 
 /// The configured TLS material, if any (else the system's roots serve).

@@ -128,7 +128,7 @@ fn broken_call(prefix: &str) -> Batchable {
 }
 
 async fn alone(redis: &mut MultiplexedConnection, call: &Batchable, now: u64) -> Value {
-    match call.alone().arg(now).invoke_async::<Value>(redis).await {
+    match call.alone().arg(now).invoke_async(redis).await {
         Ok(value) => value,
         Err(err) => Value::SimpleString(format!("error: {}", err.detail().unwrap_or(""))),
     }
