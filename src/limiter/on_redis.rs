@@ -10,7 +10,6 @@ use crate::error::StoreError;
 use crate::limit::Decision;
 use crate::store::RedisStore;
 use futures::future::join_all;
-use redis::Value;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
@@ -315,11 +314,11 @@ async fn in_one_script(
         &many
     };
     let slot_key = limits.first().map_or("", |limit| limit.key);
-    let reply: Value = redis
+    let reply = redis
         .run_batched(slot_key, script::decide_batchable(mode, limits))
         .await?;
     let mut decisions = Vec::with_capacity(limits.len());
-    script::decode_each(limits, &reply, |_, decided| {
+    script::decode_reply(limits, &reply, |_, decided| {
         decisions.push(decided.decision);
     })?;
     groups.expect_one_each(decisions)
@@ -359,11 +358,11 @@ async fn run_decide(
 ) -> Result<(), StoreError> {
     let limits = script_limits(groups, requests, members.iter().copied());
     let slot_key = limits.first().map_or("", |limit| limit.key);
-    let reply: Value = redis
+    let reply = redis
         .run_batched(slot_key, script::decide_batchable(mode, &limits))
         .await?;
-    // `decode_each` gives exactly one answer per member.
-    script::decode_each(&limits, &reply, |i, decided| {
+    // `decode_reply` gives exactly one answer per member.
+    script::decode_reply(&limits, &reply, |i, decided| {
         answers[members[i]] = Some(decided);
     })
 }

@@ -14,7 +14,7 @@ use crate::algorithm::registry::{Mark, Parameters, ScriptValue, with_parameters}
 use crate::error::StoreError;
 use crate::limit::{Decision, Micros, RetryAfter};
 pub use crate::store::BatchScripts;
-use crate::store::{Batchable, CLOCK_LUA, ScriptArgs, script_values};
+use crate::store::{Batchable, CLOCK_LUA, ScriptArgs, ScriptReply, script_values};
 
 pub mod lua;
 
@@ -285,11 +285,33 @@ pub fn decode(limits: &[ScriptLimit<'_>], reply: &Value) -> Result<Vec<Decided>,
 pub fn decode_each(
     limits: &[ScriptLimit<'_>],
     reply: &Value,
-    mut each: impl FnMut(usize, Decided),
+    each: impl FnMut(usize, Decided),
 ) -> Result<(), StoreError> {
     let Value::Array(values) = reply else {
         return Err(StoreError::Reply(format!("script replied {reply:?}")));
     };
+    decode_values(limits, values, each)
+}
+
+/// [`decode_each`] of a reply as the store hands it over (its values
+/// perhaps a part of a batch's reply).
+pub fn decode_reply(
+    limits: &[ScriptLimit<'_>],
+    reply: &ScriptReply,
+    each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
+    match reply.values() {
+        Ok(values) => decode_values(limits, values, each),
+        Err(reply) => Err(StoreError::Reply(format!("script replied {reply:?}"))),
+    }
+}
+
+/// [`decode_each`] of the reply's values.
+fn decode_values(
+    limits: &[ScriptLimit<'_>],
+    values: &[Value],
+    mut each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
     if values.len() != REPLY_PER_LIMIT * limits.len() {
         return Err(StoreError::Reply(format!(
             "script replied {} values for {} limits",

@@ -22,7 +22,7 @@ use redis::{
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 
-use super::batch::{self, Batchable, Outcome, Pending};
+use super::batch::{self, Batchable, Outcome, Pending, ScriptReply};
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
 use super::nodes::{ClusterNodes, Node, Nodes};
@@ -226,11 +226,7 @@ impl RedisStore {
     /// Runs `call` as [`RedisStore::run_script`] runs it alone, in a batch
     /// with the calls waiting for the same Redis node (see `batch`): the
     /// same reply, the same errors. `key` is one of its keys.
-    pub async fn run_batched<T: FromRedisValue + Send>(
-        &self,
-        key: &str,
-        call: Batchable,
-    ) -> Result<T, StoreError> {
+    pub async fn run_batched(&self, key: &str, call: Batchable) -> Result<ScriptReply, StoreError> {
         if !self.nodes.batch() {
             return self.run_alone(key, call).await;
         }
@@ -251,7 +247,7 @@ impl RedisStore {
             Ok(Ok(outcome)) => outcome,
         };
         match outcome {
-            Outcome::Reply(value) => read_reply(value),
+            Outcome::Reply(reply) => Ok(reply),
             Outcome::Failed(err) => Err(err),
             Outcome::OnItsOwn(call) => self.run_alone(key, call).await,
         }
@@ -260,11 +256,11 @@ impl RedisStore {
     /// `call` on its own, as [`RedisStore::run_script`] runs a script.
     /// (Boxed: the compiler then proves it `Send` once, here, rather than
     /// inside every caller's future, which would take it too deep.)
-    fn run_alone<'a, T: FromRedisValue + Send + 'a>(
+    fn run_alone<'a>(
         &'a self,
         key: &'a str,
         call: Batchable,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<ScriptReply, StoreError>> + Send + 'a>> {
         Box::pin(async move {
             let node = self.nodes.for_key(key);
             if !node.breaker.allows() {
@@ -281,7 +277,7 @@ impl RedisStore {
                 })
                 .await;
             metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
-            read_reply(reply?)
+            reply.map(ScriptReply::Whole)
         })
     }
 
@@ -321,7 +317,7 @@ impl RedisStore {
             .await;
         metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
         pending.answer(match reply {
-            Ok(value) => Outcome::Reply(value),
+            Ok(value) => Outcome::Reply(ScriptReply::Whole(value)),
             Err(err) => Outcome::Failed(err),
         });
     }
@@ -487,11 +483,6 @@ impl RedisStore {
             .map_err(|_| StoreError::deadline(self.command_timeout))
             .and_then(|result| result)
     }
-}
-
-/// A script's reply read as `T`; a reply of another shape is refused.
-fn read_reply<T: FromRedisValue>(value: Value) -> Result<T, StoreError> {
-    T::from_redis_value(value).map_err(|err| StoreError::Refused { source: err.into() })
 }
 
 /// The configured TLS material, if any (else the system's roots serve).
