@@ -228,7 +228,7 @@ impl Limiter {
             }
             Store::Memory(memory) => in_memory::decide(memory, &groups, requests, combination)?,
         };
-        Ok(groups.per_request(&decisions))
+        Ok(groups.per_request(decisions))
     }
 
     /// Decides on Redis, through the denial cache (all or nothing only),

@@ -195,7 +195,13 @@ impl Groups {
     }
 
     /// Each request's decision: its group's.
-    pub(super) fn per_request(&self, decisions: &GroupDecisions) -> Vec<Decision> {
+    pub(super) fn per_request(&self, decisions: GroupDecisions) -> Vec<Decision> {
+        if self.of_request.len() == self.unique.len() {
+            // Every request is a group of its own, and groups are made in
+            // the order of their first requests: the decisions are in
+            // order already (most calls carry one request).
+            return decisions.0;
+        }
         self.of_request.iter().map(|&g| decisions.0[g]).collect()
     }
 

@@ -3,14 +3,13 @@
 //! decision everywhere, then spending everywhere, with refunds when a node
 //! denies after another has spent.
 
-use super::keys::{Combination, GroupDecisions, Groups};
+use super::keys::{Combination, Group, GroupDecisions, Groups};
 use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
 use crate::algorithm::LimitRequest;
 use crate::error::StoreError;
 use crate::limit::Decision;
 use crate::store::RedisStore;
 use futures::future::join_all;
-use redis::Value;
 
 /// Decides the groups on Redis: one script call when every key lives on
 /// one node, all or nothing inside `decide.lua`. On a Redis Cluster, where
@@ -33,6 +32,16 @@ pub(super) async fn decide(
     requests: &[LimitRequest],
     combination: Combination,
 ) -> Result<GroupDecisions, StoreError> {
+    if !redis.is_cluster() && groups.unique.len() <= MAX_LIMITS_PER_SCRIPT {
+        // One script decides every group (what `script_partitions` gives
+        // on one node): its decisions are the call's, with nothing to
+        // join, collect per script or give back.
+        let mode = match combination {
+            Combination::Each => Mode::Each,
+            Combination::AllOrNothing => Mode::Decide,
+        };
+        return in_one_script(redis, groups, requests, mode).await;
+    }
     if combination == Combination::Each {
         let scripts = Scripts::new(redis, groups, requests);
         return scripts.run(Mode::Each).await?.decisions(groups);
@@ -287,24 +296,54 @@ async fn on_every_node(
     Ok(Answers(answers))
 }
 
+/// Every group of the call decided by one script call in `mode`.
+async fn in_one_script(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    mode: Mode,
+) -> Result<GroupDecisions, StoreError> {
+    // Most calls decide one key: its limit stays on the stack.
+    let one: [ScriptLimit<'_>; 1];
+    let many: Vec<ScriptLimit<'_>>;
+    let limits: &[ScriptLimit<'_>] = if let [group] = &*groups.unique {
+        one = [script_limit(group, requests)];
+        &one
+    } else {
+        many = script_limits(groups, requests, 0..groups.unique.len());
+        &many
+    };
+    let slot_key = limits.first().map_or("", |limit| limit.key);
+    let reply = redis
+        .run_batched(slot_key, script::decide_batchable(mode, limits))
+        .await?;
+    let mut decisions = Vec::with_capacity(limits.len());
+    script::decode_reply(limits, &reply, |_, decided| {
+        decisions.push(decided.decision);
+    })?;
+    groups.expect_one_each(decisions)
+}
+
 /// The script's view of the groups `members`.
 fn script_limits<'a>(
     groups: &'a Groups,
     requests: &'a [LimitRequest],
-    members: &[usize],
+    members: impl IntoIterator<Item = usize>,
 ) -> Vec<ScriptLimit<'a>> {
     members
-        .iter()
-        .map(|&g| {
-            let group = &groups.unique[g];
-            ScriptLimit {
-                key: &group.key,
-                algorithm: group.algorithm(requests),
-                cost: group.cost,
-                shadow: group.shadow,
-            }
-        })
+        .into_iter()
+        .map(|g| script_limit(&groups.unique[g], requests))
         .collect()
+}
+
+/// The script's view of `group`.
+fn script_limit<'a>(group: &'a Group, requests: &'a [LimitRequest]) -> ScriptLimit<'a> {
+    ScriptLimit {
+        key: &group.key,
+        algorithm: group.algorithm(requests),
+        cost: group.cost,
+        shadow: group.shadow,
+    }
 }
 
 /// One call of the decision script for the groups `members` (all on one
@@ -317,13 +356,13 @@ async fn run_decide(
     mode: Mode,
     answers: &mut [Option<Decided>],
 ) -> Result<(), StoreError> {
-    let limits = script_limits(groups, requests, members);
+    let limits = script_limits(groups, requests, members.iter().copied());
     let slot_key = limits.first().map_or("", |limit| limit.key);
-    let reply: Value = redis
+    let reply = redis
         .run_batched(slot_key, script::decide_batchable(mode, &limits))
         .await?;
-    // `decode_each` gives exactly one answer per member.
-    script::decode_each(&limits, &reply, |i, decided| {
+    // `decode_reply` gives exactly one answer per member.
+    script::decode_reply(&limits, &reply, |i, decided| {
         answers[members[i]] = Some(decided);
     })
 }
@@ -337,7 +376,7 @@ async fn refund(
     spent: &Answers,
 ) -> Result<(), StoreError> {
     let mut given_back = Vec::new();
-    for (limit, &g) in script_limits(groups, requests, members)
+    for (limit, &g) in script_limits(groups, requests, members.iter().copied())
         .into_iter()
         .zip(members)
     {

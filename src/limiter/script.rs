@@ -14,7 +14,7 @@ use crate::algorithm::registry::{Mark, Parameters, ScriptValue, with_parameters}
 use crate::error::StoreError;
 use crate::limit::{Decision, Micros, RetryAfter};
 pub use crate::store::BatchScripts;
-use crate::store::{Batchable, CLOCK_LUA, script_values};
+use crate::store::{Batchable, CLOCK_LUA, ScriptArgs, ScriptReply, script_values};
 
 pub mod lua;
 
@@ -189,7 +189,7 @@ pub fn decide_batchable_on(
     let values = ARGS_PER_LIMIT * limits.len() + 1;
     let key_bytes = limits.iter().map(|limit| limit.key.len()).sum::<usize>();
     // Each value is a short number or word.
-    let mut arguments = Cmd::with_capacity(limits.len() + values, key_bytes + 8 * values);
+    let mut arguments = ScriptArgs::with_capacity(limits.len() + values, key_bytes + 8 * values);
     for limit in limits {
         arguments.arg(limit.key);
     }
@@ -204,7 +204,7 @@ pub fn decide_batchable_on(
 
 /// Appends `decide.lua`'s values for `limits` in `mode` to `args` (see
 /// [`Batchable::new`]).
-fn write_decide_args(args: &mut Cmd, mode: Mode, limits: &[ScriptLimit<'_>]) {
+fn write_decide_args(args: &mut impl RedisWrite, mode: Mode, limits: &[ScriptLimit<'_>]) {
     for limit in limits {
         push_limit(args, limit.algorithm, limit.cost, u64::from(limit.shadow));
     }
@@ -262,13 +262,13 @@ impl ToRedisArgs for Micros {
 }
 
 /// Appends `value` as a script's values, in Redis's own encoding.
-fn put(args: &mut Cmd, value: impl ToRedisArgs) {
-    args.arg(value);
+fn put(args: &mut impl RedisWrite, value: impl ToRedisArgs) {
+    value.write_redis_args(args);
 }
 
 /// One limit's [`ARGS_PER_LIMIT`] values, the last being `last`: the
 /// algorithm by its registry tag, then its three parameters.
-fn push_limit(args: &mut Cmd, algorithm: &Algorithm, cost: u64, last: u64) {
+fn push_limit(args: &mut impl RedisWrite, algorithm: &Algorithm, cost: u64, last: u64) {
     put(args, algorithm.kind().tag());
     for value in with_parameters!(algorithm, p => p.script_values()) {
         match value {
@@ -295,11 +295,33 @@ pub fn decode(limits: &[ScriptLimit<'_>], reply: &Value) -> Result<Vec<Decided>,
 pub fn decode_each(
     limits: &[ScriptLimit<'_>],
     reply: &Value,
-    mut each: impl FnMut(usize, Decided),
+    each: impl FnMut(usize, Decided),
 ) -> Result<(), StoreError> {
     let Value::Array(values) = reply else {
         return Err(StoreError::Reply(format!("script replied {reply:?}")));
     };
+    decode_values(limits, values, each)
+}
+
+/// [`decode_each`] of a reply as the store hands it over (its values
+/// perhaps a part of a batch's reply).
+pub fn decode_reply(
+    limits: &[ScriptLimit<'_>],
+    reply: &ScriptReply,
+    each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
+    match reply.values() {
+        Ok(values) => decode_values(limits, values, each),
+        Err(reply) => Err(StoreError::Reply(format!("script replied {reply:?}"))),
+    }
+}
+
+/// [`decode_each`] of the reply's values.
+fn decode_values(
+    limits: &[ScriptLimit<'_>],
+    values: &[Value],
+    mut each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
     if values.len() != REPLY_PER_LIMIT * limits.len() {
         return Err(StoreError::Reply(format!(
             "script replied {} values for {} limits",

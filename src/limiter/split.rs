@@ -88,7 +88,7 @@ impl Limiter {
             Combination::AllOrNothing => self.together(&parts, policy).await?,
         };
         let mut decisions = vec![None; requests.len()];
-        for (part, decided) in parts.iter().zip(&decided) {
+        for (part, decided) in parts.iter().zip(decided) {
             let answers = part.groups.per_request(decided);
             for (&position, decision) in part.positions.iter().zip(answers) {
                 decisions[position] = Some(decision);

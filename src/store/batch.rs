@@ -31,23 +31,22 @@
 //! the first call's first key alone, which routes the batch to the node.
 //! A call there whose key the node does not serve (the slot moved) is
 //! stopped before it writes anything and goes out again on its own.
+//!
+//! `args` holds a call's keys and values, `queue` the calls waiting and
+//! the hand-over of each one's outcome, `reply` the cutting of a batch's
+//! reply into each call's.
 
+mod args;
+mod queue;
 mod reply;
 
-use std::collections::VecDeque;
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex, PoisonError};
-
 use redis::aio::ConnectionLike;
-use redis::{
-    Arg, Cmd, ErrorKind, RedisError, RedisResult, Script, ScriptInvocation, ServerErrorKind,
-    ToRedisArgs, Value,
-};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use redis::{Arg, Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, ToRedisArgs, Value};
 
-use self::reply::{not_served_here, reply_of_one, split_replies};
-use super::breaker::CircuitBreaker;
-use crate::error::StoreError;
+pub use self::args::{Args, ScriptArgs};
+pub(super) use self::queue::{Batcher, Outcome, Pending, answer_all, invocation};
+pub use self::reply::ScriptReply;
+use self::reply::{Part, split_replies};
 
 /// Batches in flight to one Redis at a time: while one runs, the next
 /// fills, and one in flight more keeps Redis busy while a reply travels.
@@ -77,12 +76,14 @@ pub struct BatchScripts {
 #[derive(Debug)]
 pub struct Batchable {
     scripts: BatchScripts,
-    /// The call's keys, then its values, in one buffer: a [`Cmd`] with no
-    /// command name, used as a list of arguments, so that building a call
-    /// and laying it into a batch takes no allocation per key or value.
-    arguments: Cmd,
+    /// The call's keys, then its values, in one buffer, so that building a
+    /// call and laying it into a batch takes no allocation per key or
+    /// value.
+    arguments: ScriptArgs,
     /// How many of `arguments` are keys.
     key_count: usize,
+    /// How many are values.
+    value_count: usize,
     /// How many values the call's reply has when the script decides it:
     /// its part of a batch's flat reply.
     reply_values: usize,
@@ -94,12 +95,13 @@ impl Batchable {
     /// decides it, has `reply_values` values.
     pub fn new(
         scripts: BatchScripts,
-        arguments: Cmd,
+        arguments: ScriptArgs,
         key_count: usize,
         reply_values: usize,
     ) -> Self {
         Self {
             scripts,
+            value_count: arguments.len().saturating_sub(key_count),
             arguments,
             key_count,
             reply_values,
@@ -108,24 +110,28 @@ impl Batchable {
 
     /// The call's keys.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        script_values(&self.arguments).take(self.key_count)
+        self.arguments.iter().take(self.key_count)
     }
 
     /// The call's values.
     pub fn values(&self) -> impl Iterator<Item = &[u8]> {
-        script_values(&self.arguments).skip(self.key_count)
+        self.arguments.iter().skip(self.key_count)
     }
 
-    /// The call alone, as the single script.
-    pub fn alone(&self) -> ScriptInvocation<'static> {
-        let mut invocation = self.scripts.single.prepare_invoke();
-        for key in self.keys() {
-            invocation.key(key);
+    /// The call alone, as the single script: its `EVALSHA` written
+    /// straight from the call's buffer.
+    pub fn alone(&self) -> BatchCall {
+        let script = self.scripts.single;
+        let mut evalsha =
+            Cmd::with_capacity(3 + self.arguments.len(), 64 + self.arguments.byte_len());
+        evalsha
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(self.key_count);
+        for arg in &self.arguments {
+            evalsha.arg(arg);
         }
-        for arg in self.values() {
-            invocation.arg(arg);
-        }
-        invocation
+        BatchCall { script, evalsha }
     }
 
     /// `calls` (all for the first one's batch script) as one call of the
@@ -159,12 +165,18 @@ impl Batchable {
         let values = forms
             .first_calls
             .iter()
-            .map(|call| call.value_count())
+            .map(|call| call.value_count)
             .sum::<usize>();
-        // Room for the command and its counts, every key and every value:
-        // each a short word or number, or a key.
-        let arguments = 6 + calls.len() + 2 * forms.first_calls.len() + keys + values;
-        let mut evalsha = Cmd::with_capacity(arguments, 24 * arguments);
+        // Room for the command and its counts (each a short word or
+        // number, the hash 40 bytes), then every key and every value.
+        let counts = 6 + calls.len() + 2 * forms.first_calls.len();
+        let bytes = 64
+            + 8 * counts
+            + calls
+                .iter()
+                .map(|call| call.arguments.byte_len())
+                .sum::<usize>();
+        let mut evalsha = Cmd::with_capacity(counts + keys + values, bytes);
         evalsha.arg("EVALSHA").arg(script.get_hash());
         if on_node {
             evalsha.arg(1).arg(first.keys().next()?);
@@ -182,7 +194,7 @@ impl Batchable {
             evalsha.arg(call.key_count);
         }
         for call in &forms.first_calls {
-            evalsha.arg(call.value_count());
+            evalsha.arg(call.value_count);
         }
         if on_node {
             calls.iter().flat_map(|call| call.keys()).for_each(|key| {
@@ -195,37 +207,28 @@ impl Batchable {
         Some(BatchCall { script, evalsha })
     }
 
-    /// How many values the call has.
-    fn value_count(&self) -> usize {
-        self.arguments
-            .args_iter()
-            .len()
-            .saturating_sub(self.key_count)
-    }
-
     /// The batch script's flat `reply` to `calls` (as laid out by
     /// [`Batchable::together`] or [`Batchable::together_on_node`]) as each
     /// call's own: its values as one list, or the text of the error it met;
     /// none if the reply is not laid out for these calls.
     pub fn replies_of(calls: &[&Self], reply: Value) -> Option<Vec<Value>> {
-        split_replies(calls.iter().map(|call| call.reply_values), reply).ok()
+        let (values, parts) =
+            split_replies(calls.iter().map(|call| call.reply_values), reply).ok()?;
+        let part = |part| match part {
+            Part::Values(range) => values
+                .get(range)
+                .map(|values| Value::Array(values.to_vec())),
+            Part::Failed(at) => values.get(at).cloned(),
+        };
+        parts.into_iter().map(part).collect()
     }
 
-    /// The same form as `other`: as many keys, and the same values (as
-    /// [`script_values`] reads them, and the batch sends them).
+    /// The same form as `other`: as many keys, and the same values, as
+    /// the batch sends them (compared as the one run of bytes they are).
     fn same_form(&self, other: &Self) -> bool {
-        self.key_count == other.key_count && self.values().eq(other.values())
-    }
-
-    /// A hash of the call's form, to tell most different forms apart
-    /// without comparing their values.
-    fn form_hash(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
-        self.key_count.hash(&mut hasher);
-        for value in self.values() {
-            value.hash(&mut hasher);
-        }
-        hasher.finish()
+        self.key_count == other.key_count
+            && self.arguments.bytes_after(self.key_count)
+                == other.arguments.bytes_after(other.key_count)
     }
 }
 
@@ -241,17 +244,13 @@ struct Forms<'a> {
 impl<'a> Forms<'a> {
     fn of(calls: &[&'a Batchable]) -> Self {
         let mut first_calls: Vec<&Batchable> = Vec::new();
-        let mut hashes: Vec<u64> = Vec::new();
         let mut of_call = Vec::with_capacity(calls.len());
         for &call in calls {
-            let hash = call.form_hash();
-            let known = hashes
-                .iter()
-                .zip(&first_calls)
-                .position(|(&known, form)| known == hash && form.same_form(call));
+            // Most batches hold one form or a few: a comparison with each,
+            // a short run of bytes, costs less than hashing every call.
+            let known = first_calls.iter().position(|form| form.same_form(call));
             of_call.push(known.unwrap_or_else(|| {
                 first_calls.push(call);
-                hashes.push(hash);
                 first_calls.len() - 1
             }));
         }
@@ -272,8 +271,9 @@ pub fn script_values(args: &Cmd) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// One call of a batch script, ready to send: its `EVALSHA` with every
-/// key and value in one buffer.
+/// One script call, ready to send: a batch script's, or one call's alone
+/// ([`Batchable::alone`]), its `EVALSHA` with every key and value in one
+/// buffer.
 pub struct BatchCall {
     script: &'static Script,
     evalsha: Cmd,
@@ -300,167 +300,6 @@ impl BatchCall {
     }
 }
 
-/// What became of a queued call.
-pub(super) enum Outcome {
-    /// Its reply.
-    Reply(Value),
-    /// The error it met, as it would have met it alone.
-    Failed(StoreError),
-    /// Its batch was refused before it ran (Redis answered the batch with
-    /// an error): the call goes out on its own.
-    OnItsOwn(Batchable),
-}
-
-/// A queued call and where its outcome goes.
-pub(super) struct Pending {
-    call: Batchable,
-    outcome: oneshot::Sender<Outcome>,
-}
-
-impl Pending {
-    /// The call.
-    pub(super) fn call(&self) -> &Batchable {
-        &self.call
-    }
-
-    /// Hands the caller its outcome (a caller that gave up is gone).
-    pub(super) fn answer(self, outcome: Outcome) {
-        let _gone = self.outcome.send(outcome);
-    }
-
-    /// Sends the call back to its caller, to go out on its own.
-    pub(super) fn on_its_own(self) {
-        let outcome = Outcome::OnItsOwn(self.call);
-        let _gone = self.outcome.send(outcome);
-    }
-}
-
-/// The calls waiting for one Redis, and the batches in flight to it.
-pub(super) struct Batcher {
-    queue: Mutex<VecDeque<Pending>>,
-    slots: Arc<Semaphore>,
-    max_calls: usize,
-}
-
-impl Batcher {
-    /// A queue whose batches carry at most `max_calls` calls (at most
-    /// [`MAX_CALLS`]).
-    pub(super) fn new(max_calls: usize) -> Self {
-        Self {
-            queue: Mutex::new(VecDeque::new()),
-            slots: Arc::new(Semaphore::new(SLOTS)),
-            max_calls: max_calls.clamp(1, MAX_CALLS),
-        }
-    }
-
-    /// Queues `call`: where its outcome will come, and a slot if one was
-    /// free (the caller then starts a driver with it).
-    pub(super) fn enqueue(
-        &self,
-        call: Batchable,
-    ) -> (oneshot::Receiver<Outcome>, Option<OwnedSemaphorePermit>) {
-        let (outcome, receiver) = oneshot::channel();
-        self.queue().push_back(Pending { call, outcome });
-        (receiver, Arc::clone(&self.slots).try_acquire_owned().ok())
-    }
-
-    /// The next batch: the calls at the front of the queue, within the
-    /// bounds, all for the same batch script; calls whose callers gave up
-    /// are dropped.
-    pub(super) fn take(&self) -> Vec<Pending> {
-        let mut queue = self.queue();
-        let mut batch: Vec<Pending> = Vec::new();
-        let mut keys = 0;
-        while let Some(next) = queue.front() {
-            if next.outcome.is_closed() {
-                queue.pop_front();
-                continue;
-            }
-            if let Some(first) = batch.first() {
-                let full = batch.len() >= self.max_calls || keys + next.call.key_count > MAX_KEYS;
-                if full || !std::ptr::eq(first.call.scripts.batch, next.call.scripts.batch) {
-                    break;
-                }
-            }
-            keys += next.call.key_count;
-            batch.extend(queue.pop_front());
-        }
-        batch
-    }
-
-    /// Do its batches carry more than one call?
-    pub(super) fn batches(&self) -> bool {
-        self.max_calls > 1
-    }
-
-    /// After a driver gave its slot back on finding the queue empty: a slot
-    /// for it to go on with, if a call came in meanwhile and no other
-    /// driver took the slot (so that no call is left in the queue with no
-    /// driver coming).
-    pub(super) fn lead_again(&self) -> Option<OwnedSemaphorePermit> {
-        if self.queue().is_empty() {
-            return None;
-        }
-        Arc::clone(&self.slots).try_acquire_owned().ok()
-    }
-
-    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
-        // The queue is left whole by every holder: a panic elsewhere does
-        // not make it unusable.
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Hands each caller of `batch` its part of the batch script's `reply`,
-/// and tells `breaker` how the call went; `classify` reads a call's error
-/// as the store reads any.
-pub(super) fn answer_all(
-    batch: Vec<Pending>,
-    reply: Result<Value, StoreError>,
-    breaker: &CircuitBreaker,
-    classify: fn(RedisError) -> StoreError,
-) {
-    let reply = reply
-        .map(|reply| split_replies(batch.iter().map(|pending| pending.call.reply_values), reply));
-    match reply {
-        Ok(Ok(replies)) => {
-            breaker.record_success();
-            for (pending, reply) in batch.into_iter().zip(replies) {
-                match reply_of_one(reply) {
-                    Ok(value) => pending.answer(Outcome::Reply(value)),
-                    Err(err) if not_served_here(&err) => pending.on_its_own(),
-                    Err(err) => pending.answer(Outcome::Failed(classify(err))),
-                }
-            }
-        }
-        Ok(Err(other)) => {
-            breaker.record_success();
-            let err = StoreError::Reply(format!("batch script replied {other:?}"));
-            for pending in batch {
-                pending.answer(Outcome::Failed(err.clone()));
-            }
-        }
-        Err(err) => {
-            // As if each call had failed alone: its failure counts towards
-            // the breaker as its own call's would have.
-            for pending in batch {
-                if err.is_transient() {
-                    breaker.record_failure();
-                }
-                pending.answer(Outcome::Failed(err.clone()));
-            }
-        }
-    }
-}
-
-/// The batch script's call for `batch` (see [`Batchable::together`]), for
-/// one node of a Redis Cluster if `on_cluster`
-/// ([`Batchable::together_on_node`]).
-pub(super) fn invocation(batch: &[Pending], on_cluster: bool) -> Option<BatchCall> {
-    let calls: Vec<&Batchable> = batch.iter().map(Pending::call).collect();
-    Batchable::laid_out(&calls, on_cluster)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::LazyLock;
@@ -469,15 +308,9 @@ mod tests {
 
     static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new("return 1"));
 
-    fn queued(key: &str) -> (Pending, oneshot::Receiver<Outcome>) {
-        let (outcome, receiver) = oneshot::channel();
-        let call = call(&[key], &[]);
-        (Pending { call, outcome }, receiver)
-    }
-
     /// A call of [`SCRIPT`] on `keys` with `values`.
-    fn call(keys: &[&str], values: &[&str]) -> Batchable {
-        let mut arguments = Cmd::new();
+    pub(super) fn call(keys: &[&str], values: &[&str]) -> Batchable {
+        let mut arguments = ScriptArgs::default();
         for argument in keys.iter().chain(values) {
             arguments.arg(*argument);
         }
@@ -528,69 +361,5 @@ mod tests {
             "fw", "10", "1000", "dry",
         ];
         assert_eq!(sent(&on_node), expected);
-    }
-
-    #[tokio::test]
-    async fn a_call_whose_key_the_node_does_not_serve_goes_out_on_its_own() {
-        let (decided, decided_outcome) = queued("a");
-        let (moved, moved_outcome) = queued("b");
-        let (down, down_outcome) = queued("c");
-        let (broken, broken_outcome) = queued("d");
-        let reply = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(2),
-            Value::BulkString(
-                b"ERR Script attempted to access a non local key in a cluster node script: 1f"
-                    .to_vec(),
-            ),
-            Value::BulkString(
-                b"ERR Script attempted to execute a command while the cluster is down".to_vec(),
-            ),
-            Value::BulkString(b"ERR unknown algorithm xx".to_vec()),
-        ]);
-        let breaker = CircuitBreaker::new(1);
-        answer_all(
-            vec![decided, moved, down, broken],
-            Ok(reply),
-            &breaker,
-            |err| StoreError::Refused { source: err },
-        );
-        assert!(matches!(
-            decided_outcome.await,
-            Ok(Outcome::Reply(Value::Array(values))) if values == [Value::Int(1), Value::Int(2)]
-        ));
-        assert!(
-            matches!(moved_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"b".as_slice()]))
-        );
-        assert!(
-            matches!(down_outcome.await, Ok(Outcome::OnItsOwn(call)) if call.keys().eq([b"c".as_slice()]))
-        );
-        assert!(
-            matches!(broken_outcome.await, Ok(Outcome::Failed(StoreError::Refused { source })) if source.to_string().contains("unknown algorithm"))
-        );
-        assert!(breaker.allows());
-    }
-
-    #[tokio::test]
-    async fn a_failed_batch_gives_every_caller_the_error_with_its_source() {
-        let (first, first_outcome) = queued("a");
-        let (second, second_outcome) = queued("b");
-        let lost: RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
-        let breaker = CircuitBreaker::new(2);
-        let failed = Err(StoreError::Unavailable { source: lost });
-        answer_all(vec![first, second], failed, &breaker, |err| {
-            StoreError::Refused { source: err }
-        });
-        for outcome in [first_outcome.await, second_outcome.await] {
-            let Ok(Outcome::Failed(err)) = outcome else {
-                panic!("a caller was not given the batch's error");
-            };
-            let source = std::error::Error::source(&err).and_then(|err| err.downcast_ref());
-            assert!(
-                source.is_some_and(RedisError::is_connection_dropped),
-                "{err:?}"
-            );
-        }
-        assert!(!breaker.allows(), "each caller's failure counts");
     }
 }

@@ -25,7 +25,9 @@ mod redis_errors;
 mod redis_settings;
 
 pub use self::backend::Backend;
-pub use self::batch::{BatchCall, BatchScripts, Batchable, script_values};
+pub use self::batch::{
+    Args, BatchCall, BatchScripts, Batchable, ScriptArgs, ScriptReply, script_values,
+};
 pub use self::clock::{CLOCK_LUA, Clock, ManualClock, SystemClock};
 pub use self::memory::{MemoryChange, MemoryStore};
 pub use self::options::{EmbeddedSettings, RedisUrl, StoreOptions, StoreSettings, redacted_url};

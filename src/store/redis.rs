@@ -22,7 +22,7 @@ use redis::{
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::{debug, warn};
 
-use super::batch::{self, Batchable, Outcome, Pending};
+use super::batch::{self, Batchable, Outcome, Pending, ScriptReply};
 use super::breaker::CircuitBreaker;
 use super::managers::{Cluster, Connections, Open, SentinelPrimary, Standalone};
 use super::nodes::{ClusterNodes, Node, Nodes};
@@ -226,11 +226,7 @@ impl RedisStore {
     /// Runs `call` as [`RedisStore::run_script`] runs it alone, in a batch
     /// with the calls waiting for the same Redis node (see `batch`): the
     /// same reply, the same errors. `key` is one of its keys.
-    pub async fn run_batched<T: FromRedisValue + Send>(
-        &self,
-        key: &str,
-        call: Batchable,
-    ) -> Result<T, StoreError> {
+    pub async fn run_batched(&self, key: &str, call: Batchable) -> Result<ScriptReply, StoreError> {
         if !self.nodes.batch() {
             return self.run_alone(key, call).await;
         }
@@ -251,23 +247,38 @@ impl RedisStore {
             Ok(Ok(outcome)) => outcome,
         };
         match outcome {
-            Outcome::Reply(value) => {
-                T::from_redis_value(value).map_err(|err| StoreError::Refused { source: err.into() })
-            }
+            Outcome::Reply(reply) => Ok(reply),
             Outcome::Failed(err) => Err(err),
             Outcome::OnItsOwn(call) => self.run_alone(key, call).await,
         }
     }
 
-    /// `call` on its own, as [`RedisStore::run_script`] runs it. (Boxed:
-    /// the compiler then proves it `Send` once, here, rather than inside
-    /// every caller's future, which would take it too deep.)
-    fn run_alone<'a, T: FromRedisValue + Send + 'a>(
+    /// `call` on its own, as [`RedisStore::run_script`] runs a script.
+    /// (Boxed: the compiler then proves it `Send` once, here, rather than
+    /// inside every caller's future, which would take it too deep.)
+    fn run_alone<'a>(
         &'a self,
         key: &'a str,
         call: Batchable,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>> {
-        Box::pin(async move { self.run_script(key, &call.alone()).await })
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<ScriptReply, StoreError>> + Send + 'a>> {
+        Box::pin(async move {
+            let node = self.nodes.for_key(key);
+            if !node.breaker.allows() {
+                metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
+                return Err(StoreError::CircuitOpen);
+            }
+            let started = std::time::Instant::now();
+            let call = call.alone();
+            let reply = self
+                .bounded(&node.breaker, async {
+                    on_shared_connection!(&self.pools, |connection| call
+                        .invoke_async(&mut connection))
+                    .map_err(classify)
+                })
+                .await;
+            metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
+            reply.map(ScriptReply::Whole)
+        })
     }
 
     /// Sends the calls queued for `node`, batch after batch, while there
@@ -297,17 +308,16 @@ impl RedisStore {
     /// Runs a batch of one: the call alone, as the single script.
     async fn run_one(&self, breaker: &CircuitBreaker, pending: Pending) {
         let started = std::time::Instant::now();
-        let invocation = pending.call().alone();
+        let call = pending.call().alone();
         let reply = self
             .bounded(breaker, async {
-                on_shared_connection!(&self.pools, |connection| invocation
-                    .invoke_async::<Value>(&mut connection))
-                .map_err(classify)
+                on_shared_connection!(&self.pools, |connection| call.invoke_async(&mut connection))
+                    .map_err(classify)
             })
             .await;
         metrics::redis_command(self.label, started.elapsed(), reply.as_ref().map(drop));
         pending.answer(match reply {
-            Ok(value) => Outcome::Reply(value),
+            Ok(value) => Outcome::Reply(ScriptReply::Whole(value)),
             Err(err) => Outcome::Failed(err),
         });
     }

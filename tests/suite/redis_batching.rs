@@ -119,7 +119,7 @@ fn batchable(call: &Call, algorithms: &[Algorithm], prefix: &str) -> Batchable {
 /// A call the script cannot decide: an unknown algorithm.
 fn broken_call(prefix: &str) -> Batchable {
     let args = ["xx", "1", "1", "0", "1", "0", "decide"];
-    let mut arguments = redis::Cmd::new();
+    let mut arguments = ratelimitd::store::ScriptArgs::default();
     arguments.arg(format!("{prefix}broken"));
     for arg in args {
         arguments.arg(arg);
@@ -128,7 +128,7 @@ fn broken_call(prefix: &str) -> Batchable {
 }
 
 async fn alone(redis: &mut MultiplexedConnection, call: &Batchable, now: u64) -> Value {
-    match call.alone().arg(now).invoke_async::<Value>(redis).await {
+    match call.alone().arg(now).invoke_async(redis).await {
         Ok(value) => value,
         Err(err) => Value::SimpleString(format!("error: {}", err.detail().unwrap_or(""))),
     }

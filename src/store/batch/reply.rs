@@ -2,51 +2,87 @@
 //! header): each call's values, or the error it met, as its own call would
 //! have met it.
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use redis::{RedisError, Value};
 
-/// A batch script's flat `reply` cut into each call's, given how many
-/// values each call's reply has (`reply_values`): a list of those values,
-/// or the error's text where the call met one. A call of no values has
-/// nothing that can fail, so text after it is the next call's. A reply of
-/// another shape comes back whole, as the error.
+/// A script call's reply, as its caller reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScriptReply {
+    /// The reply as Redis sent it (the call went out alone).
+    Whole(Value),
+    /// The call's values within its batch's flat reply, which the batch's
+    /// calls share rather than each taking a copy.
+    InBatch {
+        /// The batch script's reply.
+        reply: Arc<Vec<Value>>,
+        /// Where the call's values are in it.
+        values: Range<usize>,
+    },
+}
+
+impl ScriptReply {
+    /// The reply's values when it is a list of them, else the reply as
+    /// Redis sent it.
+    pub fn values(&self) -> Result<&[Value], &Value> {
+        match self {
+            Self::Whole(Value::Array(values)) => Ok(values),
+            Self::Whole(other) => Err(other),
+            Self::InBatch { reply, values } => reply.get(values.clone()).ok_or(&Value::Nil),
+        }
+    }
+}
+
+/// One call's part of a batch script's flat reply.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Part {
+    /// Its values, where they are in the reply.
+    Values(Range<usize>),
+    /// The error it met: the text at this place in the reply.
+    Failed(usize),
+}
+
+/// A batch script's flat `reply` cut into each call's part, given how
+/// many values each call's reply has (`reply_values`): its values, or the
+/// error's text where the call met one. A call of no values has nothing
+/// that can fail, so text after it is the next call's. A reply of another
+/// shape comes back whole, as the error.
 pub(super) fn split_replies(
-    reply_values: impl Iterator<Item = usize> + Clone,
+    reply_values: impl Iterator<Item = usize>,
     reply: Value,
-) -> Result<Vec<Value>, Value> {
+) -> Result<(Arc<Vec<Value>>, Vec<Part>), Value> {
     let Value::Array(values) = reply else {
         return Err(reply);
     };
     let is_text = |value: &Value| matches!(value, Value::BulkString(_) | Value::SimpleString(_));
-    // The layout is checked before anything is taken out of the reply.
+    let mut parts = Vec::with_capacity(reply_values.size_hint().0);
     let mut at = 0;
-    for count in reply_values.clone() {
-        at += match values.get(at) {
-            Some(value) if count > 0 && is_text(value) => 1,
-            _ => count,
-        };
+    for count in reply_values {
+        match values.get(at) {
+            Some(value) if count > 0 && is_text(value) => {
+                parts.push(Part::Failed(at));
+                at += 1;
+            }
+            _ => {
+                parts.push(Part::Values(at..at + count));
+                at += count;
+            }
+        }
     }
     if at != values.len() {
         return Err(Value::Array(values));
     }
-    let mut replies = Vec::new();
-    let mut values = values.into_iter();
-    for count in reply_values {
-        if count > 0 && values.as_slice().first().is_some_and(is_text) {
-            replies.extend(values.next());
-        } else {
-            replies.push(Value::Array(values.by_ref().take(count).collect()));
-        }
-    }
-    Ok(replies)
+    Ok((Arc::new(values), parts))
 }
 
-/// One call's part of the batch script's reply: its own reply, or the
-/// error it met, as its own call would have met it.
-pub(super) fn reply_of_one(reply: Value) -> Result<Value, RedisError> {
-    let text = match reply {
-        Value::BulkString(text) => text,
-        Value::SimpleString(text) => text.into_bytes(),
-        value => return Ok(value),
+/// The error a call of a batch met, from its `text` in the batch's reply,
+/// as its own call would have met it.
+pub(super) fn error_of_one(text: &Value) -> RedisError {
+    let text = match text {
+        Value::BulkString(text) => text.as_slice(),
+        Value::SimpleString(text) => text.as_bytes(),
+        _ => b"",
     };
     let mut line = Vec::with_capacity(text.len() + 3);
     line.push(b'-');
@@ -56,13 +92,13 @@ pub(super) fn reply_of_one(reply: Value) -> Result<Value, RedisError> {
     }));
     line.extend(b"\r\n");
     match redis::parse_redis_value(&line) {
-        Ok(Value::ServerError(err)) => Err(err.into()),
-        Ok(_) => Err(RedisError::from((
+        Ok(Value::ServerError(err)) => err.into(),
+        Ok(_) => RedisError::from((
             redis::ErrorKind::Extension,
             "script error",
-            String::from_utf8_lossy(&text).into_owned(),
-        ))),
-        Err(err) => Err(err),
+            String::from_utf8_lossy(text).into_owned(),
+        )),
+        Err(err) => err,
     }
 }
 
@@ -87,19 +123,22 @@ mod tests {
         let int = Value::Int;
         let text = |text: &str| Value::BulkString(text.as_bytes().to_vec());
         let reply = Value::Array(vec![int(1), int(2), text("ERR a"), int(3), int(4), int(5)]);
+        let (values, parts) = split_replies([2, 3, 3].into_iter(), reply).expect("laid out");
         assert_eq!(
-            split_replies([2, 3, 3].into_iter(), reply),
-            Ok(vec![
-                Value::Array(vec![int(1), int(2)]),
-                text("ERR a"),
-                Value::Array(vec![int(3), int(4), int(5)]),
-            ])
+            parts,
+            [Part::Values(0..2), Part::Failed(2), Part::Values(3..6)]
         );
+        let shared = ScriptReply::InBatch {
+            reply: Arc::clone(&values),
+            values: 3..6,
+        };
+        assert_eq!(shared.values(), Ok([int(3), int(4), int(5)].as_slice()));
+        let err = error_of_one(&values[2]);
+        assert_eq!(err.detail(), Some("a"), "{err}");
         // A call of no values cannot fail: the text is the next call's.
-        assert_eq!(
-            split_replies([0, 1].into_iter(), Value::Array(vec![text("ERR c")])),
-            Ok(vec![Value::Array(vec![]), text("ERR c")])
-        );
+        let (_, parts) =
+            split_replies([0, 1].into_iter(), Value::Array(vec![text("ERR c")])).expect("laid out");
+        assert_eq!(parts, [Part::Values(0..0), Part::Failed(0)]);
         // Too few values, one too many, a value where an error's text
         // would end the reply: each comes back whole.
         for (counts, values) in [
@@ -111,5 +150,6 @@ mod tests {
             assert_eq!(split_replies(counts.into_iter(), reply.clone()), Err(reply));
         }
         assert_eq!(split_replies([1].into_iter(), int(1)), Err(int(1)));
+        assert_eq!(ScriptReply::Whole(int(1)).values(), Err(&int(1)));
     }
 }
