@@ -313,15 +313,27 @@ async fn in_one_script(
         many = script_limits(groups, requests, 0..groups.unique.len());
         &many
     };
+    let mut decisions = Vec::with_capacity(limits.len());
+    decide_on_node(redis, limits, mode, |_, decided| {
+        decisions.push(decided.decision);
+    })
+    .await?;
+    groups.expect_one_each(decisions)
+}
+
+/// One decision script call for `limits` (all on one node) in `mode`:
+/// each limit's answer to `each`, by its index in `limits`, exactly once.
+async fn decide_on_node(
+    redis: &RedisStore,
+    limits: &[ScriptLimit<'_>],
+    mode: Mode,
+    each: impl FnMut(usize, Decided),
+) -> Result<(), StoreError> {
     let slot_key = limits.first().map_or("", |limit| limit.key);
     let reply = redis
         .run_batched(slot_key, script::decide_batchable(mode, limits))
         .await?;
-    let mut decisions = Vec::with_capacity(limits.len());
-    script::decode_reply(limits, &reply, |_, decided| {
-        decisions.push(decided.decision);
-    })?;
-    groups.expect_one_each(decisions)
+    script::decode_reply(limits, &reply, each)
 }
 
 /// The script's view of the groups `members`.
@@ -357,14 +369,10 @@ async fn run_decide(
     answers: &mut [Option<Decided>],
 ) -> Result<(), StoreError> {
     let limits = script_limits(groups, requests, members.iter().copied());
-    let slot_key = limits.first().map_or("", |limit| limit.key);
-    let reply = redis
-        .run_batched(slot_key, script::decide_batchable(mode, &limits))
-        .await?;
-    // `decode_reply` gives exactly one answer per member.
-    script::decode_reply(&limits, &reply, |i, decided| {
+    decide_on_node(redis, &limits, mode, |i, decided| {
         answers[members[i]] = Some(decided);
     })
+    .await
 }
 
 /// Gives back what the groups `members` (all on one node) spent.
