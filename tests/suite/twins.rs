@@ -221,18 +221,24 @@ impl Twins {
             ));
         }
         for (request, key) in requests.iter().zip(&keys) {
-            let lua = self.stored_in_redis(&request.algorithm, key).await;
-            let rust = self
-                .memory
-                .peek(key)
-                .map(|(state, expires_at)| (state.snapshot(), expires_at));
-            if lua != rust {
-                return Err(format!(
-                    "state of {key} differs\n   lua: {lua:?}\n  rust: {rust:?}"
-                ));
-            }
+            self.same_state(&request.algorithm, key).await?;
         }
         Ok(lua)
+    }
+
+    /// Whether Redis and the embedded store hold the same for `key`.
+    async fn same_state(&mut self, algorithm: &Algorithm, key: &str) -> Result<(), String> {
+        let lua = self.stored_in_redis(algorithm, key).await;
+        let rust = self
+            .memory
+            .peek(key)
+            .map(|(state, expires_at)| (state.snapshot(), expires_at));
+        if lua != rust {
+            return Err(format!(
+                "state of {key} differs\n   lua: {lua:?}\n  rust: {rust:?}"
+            ));
+        }
+        Ok(())
     }
 
     async fn decide_in_memory(
@@ -303,16 +309,7 @@ impl Twins {
             if (lua == 1) != rust {
                 return Err(format!("given back to {key}: lua {lua}, rust {rust}"));
             }
-            let lua = self.stored_in_redis(&request.algorithm, &key).await;
-            let rust = self
-                .memory
-                .peek(&key)
-                .map(|(state, expires_at)| (state.snapshot(), expires_at));
-            if lua != rust {
-                return Err(format!(
-                    "state of {key} after a give-back differs\n   lua: {lua:?}\n  rust: {rust:?}"
-                ));
-            }
+            self.same_state(&request.algorithm, &key).await?;
         }
         Ok(())
     }
