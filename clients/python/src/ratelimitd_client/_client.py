@@ -76,6 +76,35 @@ def _channel_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]
     return list({**dict(DEFAULT_CHANNEL_OPTIONS), **dict(options)}.items())
 
 
+def _by_policy_alone(
+    policy: str | None,
+    cost: Any,
+    type: str,
+    limit: Any,
+    window_ms: Any,
+    capacity: Any,
+    refill_rate: Any,
+    burst: Any,
+    failure_policy: Any,
+    limits: Any,
+) -> bool:
+    """Whether a check names a policy and a valid cost and nothing else (no
+    parameters of its own, no failure policy): one a lease may decide."""
+    return (
+        policy is not None
+        and cost.__class__ is int
+        and 0 <= cost <= MAX_QUANTITY
+        and type == "fixed_window"
+        and limit is None
+        and window_ms is None
+        and capacity is None
+        and refill_rate is None
+        and burst is None
+        and failure_policy is None
+        and limits is None
+    )
+
+
 def resolve_address(address: str | None) -> str:
     """`address`, else $RATELIMITD_ADDRESS, else DEFAULT_ADDRESS."""
     if address is None:
@@ -210,19 +239,8 @@ class Client:
         """
         book = self._book
         local = UNKNOWN
-        if (
-            policy is not None
-            and book is not None
-            and cost.__class__ is int
-            and 0 <= cost <= MAX_QUANTITY
-            and type == "fixed_window"
-            and limit is None
-            and window_ms is None
-            and capacity is None
-            and refill_rate is None
-            and burst is None
-            and failure_policy is None
-            and limits is None
+        if book is not None and _by_policy_alone(
+            policy, cost, type, limit, window_ms, capacity, refill_rate, burst, failure_policy, limits
         ):
             # The book checked the key and policy of a pair it knows when it
             # first saw them: a hot pair's check is decided before building
@@ -375,19 +393,8 @@ class AsyncClient:
         policy included)."""
         book = self._book
         local = UNKNOWN
-        if (
-            policy is not None
-            and book is not None
-            and cost.__class__ is int
-            and 0 <= cost <= MAX_QUANTITY
-            and type == "fixed_window"
-            and limit is None
-            and window_ms is None
-            and capacity is None
-            and refill_rate is None
-            and burst is None
-            and failure_policy is None
-            and limits is None
+        if book is not None and _by_policy_alone(
+            policy, cost, type, limit, window_ms, capacity, refill_rate, burst, failure_policy, limits
         ):
             # As in Client.check: a pair the book knows is decided first.
             self._stub_for_loop()
