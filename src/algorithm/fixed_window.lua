@@ -2,9 +2,12 @@
 --
 -- Anchored (aligned = 0), for CheckLimit: the window starts with the key's
 -- first spending request. KEY is a string counter whose expiry is the
--- window's end, created with its expiry in one SET ... PX, so no counter is
--- ever left without a TTL (the INCR-then-EXPIRE gap of the original
--- middleware). Time is Redis's own expiry clock.
+-- window's end, created with its expiry in one SET ... PXAT, so no counter
+-- is ever left without a TTL (the INCR-then-EXPIRE gap of the original
+-- middleware). The window's end, in Unix milliseconds as Redis keeps it
+-- (PEXPIRETIME, Redis 7.0), names the window: it is the mark a refund
+-- finds the spend's window by, and no later window of the key can end at
+-- the same millisecond (it starts no earlier than this one ends).
 --
 -- Aligned (aligned = 1), as envoyproxy/ratelimit: windows are the multiples
 -- of `window_ms` since the Unix epoch (a minute starts at :00). KEY is a
@@ -44,13 +47,13 @@ local function fw_count(key, now, window_ms, aligned, window, window_end_ms, in_
   elseif in_window then
     return reset_after, redis.call('INCRBY', key, cost_sent)
   end
-  redis.call('SET', key, cost_sent, 'PX', window_sent)
+  redis.call('SET', key, cost_sent, 'PXAT', window_end_ms)
   return window_ms * 1000
 end
 
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
--- window (0 when anchored or by name). With `spend` DRY it decides the
+-- window, the end (Unix ms) of an anchored one, 0 by name. With `spend` DRY it decides the
 -- same and writes nothing; with ALWAYS it counts a denied cost too (as
 -- envoyproxy/ratelimit does), and `remaining` is what is left after it.
 -- `window_sent` and `cost_sent` are `window_ms` and the limit's cost as
@@ -66,21 +69,29 @@ local function fixed_window(key, now, values, cost, spend)
   local reset_after = 0
   local window, window_end_ms, in_window
   if aligned == 0 then
-    local ttl_ms = redis.call('PTTL', key)
+    window_end_ms = redis.call('PEXPIRETIME', key)
     -- -2: no window in progress. -1: a key without expiry that this script
     -- did not write; it is overwritten with one.
-    in_window = ttl_ms >= 0
+    in_window = window_end_ms >= 0
+    local now_ms = math.floor(now / 1000)
     if in_window then
-      reset_after = ttl_ms * 1000
+      -- What PTTL says, on the script's clock: Redis may read its own
+      -- clock for expiry a moment before TIME was read, so a live key can
+      -- end within the millisecond `now` is in.
+      if window_end_ms > now_ms then
+        reset_after = (window_end_ms - now_ms) * 1000
+      end
       if count_at_once then
         local total
-        reset_after, total = fw_count(key, now, window_ms, aligned, nil, nil, true, reset_after,
-          window_sent, cost_sent)
+        reset_after, total = fw_count(key, now, window_ms, aligned, nil, window_end_ms, true,
+          reset_after, window_sent, cost_sent)
         used = total - cost
         counted = true
       else
         used = tonumber(redis.call('GET', key)) or 0
       end
+    else
+      window_end_ms = now_ms + window_ms
     end
   else
     window = math.floor(now / (window_ms * 1000))
@@ -124,8 +135,8 @@ local function fixed_window(key, now, values, cost, spend)
     if cost > limit then
       return 0, remaining, reset_after, -1, 0
     end
-    -- The whole limit is back when the window ends (PTTL 0 means "within
-    -- this millisecond").
+    -- The whole limit is back when the window ends (a reset_after of 0
+    -- means "within this millisecond").
     if reset_after > 1000 then
       return 0, remaining, reset_after, reset_after, 0
     end
@@ -137,27 +148,39 @@ local function fixed_window(key, now, values, cost, spend)
   end
   if aligned == 1 then
     return 1, remaining - cost, reset_after, 0, window
+  elseif aligned == 0 then
+    return 1, remaining - cost, reset_after, 0, window_end_ms
   end
   return 1, remaining - cost, reset_after, 0, 0
 end
 
 -- Refund (refund.lua's part):
 
--- Gives back `cost` units of a spend whose mark is `mark` (as sent):
--- aligned (`aligned` '1'), only if the key still counts the window that
--- was spent; anchored, or named by its window (the key is the window), if
--- the key is still there. Returns 1 if it gave them back.
+-- Gives back `cost` units of a spend whose mark is `mark` (as sent),
+-- never below none: aligned (`aligned` '1'), only if the key still counts
+-- the window that was spent; anchored ('0'), only if the key's window
+-- still ends when the spent one did (a later window ends later); named by
+-- its window ('2'; the key is the window), if the key is still there.
+-- Returns 1 if it gave them back.
 local function fixed_window_refund(key, limit, window_ms, aligned, cost, mark)
   if aligned == '1' then
     if redis.call('HGET', key, 'w') == mark then
-      redis.call('HINCRBY', key, 'n', -cost)
+      if redis.call('HINCRBY', key, 'n', -cost) < 0 then
+        redis.call('HSET', key, 'n', 0)
+      end
       return 1
     end
     return 0
   end
-  if redis.call('EXISTS', key) == 1 then
-    redis.call('DECRBY', key, cost)
-    return 1
+  if aligned == '0' then
+    if redis.call('PEXPIRETIME', key) ~= tonumber(mark) then
+      return 0
+    end
+  elseif redis.call('EXISTS', key) == 0 then
+    return 0
   end
-  return 0
+  if redis.call('DECRBY', key, cost) < 0 then
+    redis.call('SET', key, 0, 'KEEPTTL')
+  end
+  return 1
 end

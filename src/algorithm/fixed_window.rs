@@ -228,8 +228,9 @@ impl Found {
 /// nothing; with [`Spend::Always`] a denied cost is counted too (upstream's
 /// way), and `remaining` is what is left after it.
 ///
-/// An anchored window's `reset_after` is whole milliseconds: it is what
-/// Redis's `PTTL` says of the counter.
+/// An anchored window's `reset_after` is whole milliseconds: the time from
+/// the millisecond `now` is in to the counter's expiry, as Redis's `PTTL`
+/// would say it.
 pub fn decide(
     params: &FixedWindow,
     state: &mut Option<State>,
@@ -247,8 +248,8 @@ pub fn decide(
             (reset_after, change) = found.record(params, state, now, cost);
             remaining = limit.saturating_sub(used + cost);
         }
-        // The whole limit is back when the window ends; Redis's `PTTL` says
-        // 0 within the window's last millisecond, so never less than 1 ms.
+        // The whole limit is back when the window ends; `reset_after` is 0
+        // within the window's last millisecond, so never less than 1 ms.
         let retry_after = if cost > limit {
             RetryAfter::Never
         } else {
@@ -268,6 +269,31 @@ pub fn decide(
         Decision::allowed(limit, limit - used - cost, reset_after),
         change,
     )
+}
+
+/// The mark `fixed_window.lua` replies for a spend that left `state`: an
+/// aligned window's number, an anchored window's end (Unix ms), 0 by name.
+pub(super) fn mark(params: &FixedWindow, state: &State) -> u64 {
+    match params.mode() {
+        FixedWindowMode::Aligned => state.window.unwrap_or(0),
+        FixedWindowMode::Anchored => state.expires_ms,
+        FixedWindowMode::AlignedByName => 0,
+    }
+}
+
+/// Gives `cost` units of a spend marked `mark` back to `state`, never below
+/// none, if it still counts the window spent (by name: the key is the
+/// window): the twin of `fixed_window_refund`. Answers whether it did.
+pub(super) fn give_back(params: &FixedWindow, state: &mut State, cost: u64, mark: u64) -> bool {
+    let spent_here = match params.mode() {
+        FixedWindowMode::Aligned => state.window == Some(mark),
+        FixedWindowMode::Anchored => state.expires_ms == mark,
+        FixedWindowMode::AlignedByName => true,
+    };
+    if spent_here {
+        state.used = state.used.saturating_sub(cost);
+    }
+    spent_here
 }
 
 /// What the lists made from the registry need of its parameters.
@@ -304,13 +330,14 @@ impl Parameters for FixedWindow {
             ScriptValue::Whole(mode),
         ]
     }
-    /// An aligned window's number: a refund gives units back only while
-    /// the key counts that window. Anchored, or named by its window, the
-    /// key is the window.
+    /// An aligned window's number, an anchored window's end: a refund
+    /// gives units back only while the key counts that window. Named by
+    /// its window, the key is the window.
     fn mark(&self) -> Mark {
         match self.mode() {
             FixedWindowMode::Aligned => Mark::Window,
-            FixedWindowMode::Anchored | FixedWindowMode::AlignedByName => Mark::Unmarked,
+            FixedWindowMode::Anchored => Mark::WindowEnd,
+            FixedWindowMode::AlignedByName => Mark::Unmarked,
         }
     }
     fn shown(&self) -> Shown {

@@ -67,6 +67,9 @@ pub enum Mark {
     Unmarked,
     /// The number of the window the units were counted in.
     Window,
+    /// The end of the window the units were counted in (Unix milliseconds,
+    /// as Redis keeps a key's expiry).
+    WindowEnd,
     /// The stamp of the log entry the spend added.
     Entry,
 }

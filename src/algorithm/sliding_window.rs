@@ -49,6 +49,11 @@ impl State {
         Snapshot { entries }
     }
 
+    /// The newest entry's stamp (the mark of the spend that added it).
+    pub(super) fn newest_stamp(&self) -> Micros {
+        self.newest.0
+    }
+
     /// The bytes the log's buffer holds, used or not.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<(Micros, u64)>()

@@ -25,6 +25,11 @@ pub struct State {
 }
 
 impl State {
+    /// The index of the window it counts (the mark of a spend).
+    pub(super) fn index(&self) -> u64 {
+        self.index
+    }
+
     pub(super) fn snapshot(&self) -> Snapshot {
         Snapshot {
             index: self.index,

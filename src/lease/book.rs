@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::sizing::Allowance;
+use crate::limiter::script::SpendMark;
 use crate::policy::Policy;
 
 /// Below this part of its fair share, a client is underserved.
@@ -24,8 +25,8 @@ pub(crate) struct Holding {
     pub admitted: u64,
     /// Units given back, in all.
     pub returned: u64,
-    /// The grants whose units are still valid: (units, valid until).
-    pub tranches: VecDeque<(u64, Instant)>,
+    /// The grants whose units may still be valid, oldest first.
+    pub tranches: VecDeque<Tranche>,
     /// What may be granted now, held to the share.
     pub allowance: Allowance,
     /// Its share of the policy's rate, units per second.
@@ -39,6 +40,31 @@ pub(crate) struct Holding {
     pub demand: f64,
 }
 
+/// Units granted at once, and what finds their spend again.
+#[derive(Debug, Clone)]
+pub(crate) struct Tranche {
+    /// Units granted.
+    pub units: u64,
+    /// Until when they are valid.
+    pub until: Instant,
+    /// The policy they were spent on.
+    pub policy: Arc<Policy>,
+    /// Each of its limits' mark of the spend, in the policy's order;
+    /// `None` where a limit spent nothing (in shadow mode, it denied).
+    pub marks: Vec<Option<SpendMark>>,
+}
+
+/// Units to give back to the spends that one set of marks finds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GiveBack {
+    /// Units to give back.
+    pub units: u64,
+    /// The policy they were spent on.
+    pub policy: Arc<Policy>,
+    /// Each limit's mark of the spend, in the policy's order.
+    pub marks: Vec<Option<SpendMark>>,
+}
+
 impl Holding {
     /// Units granted that are still valid at `now` and were not reported
     /// spent: the most a client can give back.
@@ -46,12 +72,42 @@ impl Holding {
         while self
             .tranches
             .front()
-            .is_some_and(|&(_, until)| until <= now)
+            .is_some_and(|tranche| tranche.until <= now)
         {
             self.tranches.pop_front();
         }
-        let valid: u64 = self.tranches.iter().map(|&(units, _)| units).sum();
+        let valid: u64 = self.tranches.iter().map(|tranche| tranche.units).sum();
         valid.min(self.lapsed())
+    }
+
+    /// `units` (at most [`Holding::outstanding`]) as given back to the
+    /// tranches valid at `now`, the latest first: a client spends the
+    /// units it holds oldest first, so those it still holds are the
+    /// latest. Tranches spent on the same windows are given back at once.
+    pub(crate) fn give_back(&mut self, now: Instant, units: u64) -> Vec<GiveBack> {
+        let mut left = units.min(self.outstanding(now));
+        let mut parts: Vec<GiveBack> = Vec::new();
+        for tranche in self.tranches.iter().rev() {
+            if left == 0 {
+                break;
+            }
+            let taken = tranche.units.min(left);
+            left -= taken;
+            match parts.last_mut() {
+                Some(last)
+                    if Arc::ptr_eq(&last.policy, &tranche.policy)
+                        && last.marks == tranche.marks =>
+                {
+                    last.units += taken;
+                }
+                _ => parts.push(GiveBack {
+                    units: taken,
+                    policy: tranche.policy.clone(),
+                    marks: tranche.marks.clone(),
+                }),
+            }
+        }
+        parts
     }
 
     /// Whether other clients lease the same policy (and key) too.
@@ -133,6 +189,47 @@ mod tests {
             settled_at: Some(now),
             demand,
         }
+    }
+
+    #[test]
+    fn units_go_back_to_the_latest_valid_tranches_first_by_their_marks() {
+        let mut lease = holding(10.0, 10.0, 1);
+        let now = lease.settled_at.expect("settled");
+        let policy = lease.policy.clone();
+        let tranche = |units, secs, end| Tranche {
+            units,
+            until: now + std::time::Duration::from_secs(secs),
+            policy: policy.clone(),
+            marks: vec![Some(SpendMark::WindowEnd(end))],
+        };
+        lease.tranches =
+            VecDeque::from([tranche(5, 1, 100), tranche(7, 2, 100), tranche(4, 3, 200)]);
+        lease.granted = 16;
+        let parts = |lease: &mut Holding, at, units| -> Vec<(u64, Vec<Option<SpendMark>>)> {
+            lease
+                .give_back(at, units)
+                .into_iter()
+                .map(|part| (part.units, part.marks))
+                .collect()
+        };
+        let window = |end| vec![Some(SpendMark::WindowEnd(end))];
+        assert_eq!(
+            parts(&mut lease, now, 9),
+            [(4, window(200)), (5, window(100))]
+        );
+        // Tranches spent in one window go back together.
+        assert_eq!(
+            parts(&mut lease, now, 14),
+            [(4, window(200)), (10, window(100))]
+        );
+        // Never more than was granted, valid and not reported spent.
+        lease.admitted = 10;
+        assert_eq!(
+            parts(&mut lease, now, 100),
+            [(4, window(200)), (2, window(100))]
+        );
+        let later = now + std::time::Duration::from_millis(2500);
+        assert_eq!(parts(&mut lease, later, 100), [(4, window(200))]);
     }
 
     #[test]

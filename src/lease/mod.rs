@@ -23,12 +23,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use self::book::{Book, Holding};
+use self::book::{Book, Holding, Tranche};
 use self::sizing::{Allowance, Leasable, TopUp};
+use crate::algorithm::LimitRequest;
 use crate::decider::{self, Label};
 use crate::error::Error;
-use crate::limit::{CallerKey, Decision, FailurePolicy, InvalidArgument, RetryAfter};
-use crate::limiter::Limiter;
+use crate::limit::{CallerKey, Decision, InvalidArgument, RetryAfter};
+use crate::limiter::script::SpendMark;
+use crate::limiter::{Limiter, MarkedDecision};
 use crate::live;
 use crate::metrics;
 use crate::policy::{Policy, Scope};
@@ -312,7 +314,8 @@ impl Leaser {
                 return Ok(waiting(Some(wait), wait));
             }
         };
-        let (units, decisions) = self.spend_up_to(policy, key, wanted).await?;
+        let (units, spent) = self.spend_up_to(policy, key, wanted).await?;
+        let (decisions, marks): (Vec<Decision>, Vec<Option<SpendMark>>) = spent.into_iter().unzip();
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
         if units == 0 {
             let retry_after = longest_wait(&limits).unwrap_or(leasable.max_duration);
@@ -327,7 +330,12 @@ impl Leaser {
         let valid_for = valid_for(policy, &limits, leasable.max_duration);
         holding.granted += units;
         holding.allowance.units -= units as f64;
-        holding.tranches.push_back((units, now + valid_for));
+        holding.tranches.push_back(Tranche {
+            units,
+            until: now + valid_for,
+            policy: holding.policy.clone(),
+            marks,
+        });
         metrics::lease_units(&policy.name, "leased", units);
         Ok(Grant {
             units,
@@ -340,31 +348,33 @@ impl Leaser {
 
     /// Spends `wanted` units of every limit of `policy` for `key`, all or
     /// nothing; if a limit has fewer left, as many as the least of them
-    /// has. Answers the units spent (0: none) and each limit's decision.
+    /// has. Answers the units spent (0: none) and each limit's decision,
+    /// with the mark of its spend if it spent. A Redis that cannot answer
+    /// is an error: nothing is leased on a failure policy's word.
     async fn spend_up_to(
         &self,
         policy: &Policy,
         key: &CallerKey,
         wanted: u64,
-    ) -> Result<(u64, Vec<Decision>), Error> {
+    ) -> Result<(u64, Vec<MarkedDecision>), Error> {
         let mut cost = wanted;
         for _ in 0..2 {
-            let decisions = self
+            let spent = self
                 .limiter
-                .check_all(&policy.requests(key, cost), Some(FailurePolicy::FailClosed))
+                .spend_marked(&policy.requests(key, cost))
                 .await?;
             let denying = |decision: &&Decision| !decision.is_allowed();
             let enforcing = policy
                 .limits
                 .iter()
-                .zip(&decisions)
+                .zip(&spent)
                 .filter(|(limit, _)| !limit.shadow);
             let denied: Vec<&Decision> = enforcing
-                .map(|(_, decision)| decision)
+                .map(|(_, (decision, _))| decision)
                 .filter(denying)
                 .collect();
             if denied.is_empty() {
-                return Ok((cost, decisions));
+                return Ok((cost, spent));
             }
             let least = denied
                 .iter()
@@ -372,7 +382,7 @@ impl Leaser {
                 .min()
                 .unwrap_or(0);
             if least == 0 || least >= cost {
-                return Ok((0, decisions));
+                return Ok((0, spent));
             }
             cost = least;
         }
@@ -381,7 +391,8 @@ impl Leaser {
 
     /// Ends the lease on `ask`'s policy and key: gives back what the client
     /// says it holds (at most what was granted, still valid and not
-    /// reported spent) and leaves its share.
+    /// reported spent), each unit to the spend it came from (a window only
+    /// while it still counts), and leaves its share.
     async fn release(
         &self,
         subscriber: &str,
@@ -394,14 +405,27 @@ impl Leaser {
             return Ok(nothing());
         };
         let reported = report(&mut holding, ask);
-        let returned = ask.held.min(holding.outstanding(now));
-        let mut given_back = Ok(false);
-        if reported.is_ok() && returned > 0 {
-            let requests = holding.policy.requests(key, returned);
-            given_back = self.limiter.give_back(&requests).await;
-            if let Ok(true) = given_back {
-                holding.returned += returned;
-                metrics::lease_units(&ask.policy, "returned", returned);
+        let mut given_back = Ok(());
+        if reported.is_ok() {
+            for part in holding.give_back(now, ask.held) {
+                let spent: Vec<(LimitRequest, SpendMark)> = part
+                    .policy
+                    .requests(key, part.units)
+                    .into_iter()
+                    .zip(&part.marks)
+                    .filter_map(|(request, mark)| Some((request, (*mark)?)))
+                    .collect();
+                match self.limiter.give_back(&spent).await {
+                    Ok(true) => {
+                        holding.returned += part.units;
+                        metrics::lease_units(&ask.policy, "returned", part.units);
+                    }
+                    Ok(false) => {}
+                    Err(err) => {
+                        given_back = Err(err);
+                        break;
+                    }
+                }
             }
         }
         self.let_go(subscriber, (&ask.policy, &ask.key), holding)

@@ -3,11 +3,12 @@
 //! the decision script, through `algorithm`'s drivers.
 
 use super::keys::{Combination, GroupDecisions, Groups};
+use super::script::SpendMark;
 use crate::algorithm::LimitRequest;
 use crate::algorithm::{self, State};
 use crate::error::StoreError;
-use crate::store::MemoryStore;
 use crate::store::memory::HeapSize;
+use crate::store::{MemoryChange, MemoryStore};
 
 /// Decides the groups on `memory`, all of them under one lock of their
 /// shards, at one instant.
@@ -52,6 +53,49 @@ pub(super) fn decide(
         }
     });
     groups.expect_one_each(decisions)
+}
+
+/// Decides the groups on `memory` all or nothing, as [`decide`] does, and
+/// answers with each group's decision the mark of its spend, if it spent
+/// (every enforcing limit allowed, and it has a cost): the twin of the
+/// decision script's marks.
+pub(super) fn decide_marked(
+    memory: &MemoryStore<State>,
+    groups: &Groups,
+    requests: &[LimitRequest],
+) -> Result<(GroupDecisions, Vec<Option<SpendMark>>), StoreError> {
+    let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
+    let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
+    let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
+    let (decisions, marks) = memory.with_keys(&keys, |locked, now| {
+        let decisions = algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
+            let algorithm = groups.unique[i].algorithm(requests);
+            locked.decide(i, |state| {
+                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+            })
+        });
+        let spent = decisions
+            .iter()
+            .zip(&shadow)
+            .all(|(decision, &shadow)| shadow || decision.is_allowed());
+        let marks: Vec<Option<SpendMark>> = (0..decisions.len())
+            .map(|i| {
+                if !spent || !decisions[i].is_allowed() || costs[i] == 0 {
+                    return None;
+                }
+                let algorithm = groups.unique[i].algorithm(requests);
+                locked.decide(i, |state| {
+                    let mark = state
+                        .as_ref()
+                        .map(|state| algorithm::mark_in_memory(algorithm, state))
+                        .map(|value| SpendMark::of(algorithm, value));
+                    (mark, MemoryChange::None)
+                })
+            })
+            .collect();
+        (decisions, marks)
+    });
+    Ok((groups.expect_one_each(decisions)?, marks))
 }
 
 /// How much the embedded store charges a key for its state.

@@ -25,6 +25,7 @@ mod store;
 
 pub use self::decisions::Limiter;
 pub use self::denial_cache::DenialCache;
+pub use self::give_back::MarkedDecision;
 pub use self::keys::{Route, storage_key};
 pub use self::options::{DEFAULT_KEY_PREFIX, LimiterOptions};
 pub use self::reset::ResetKey;

@@ -4,7 +4,7 @@
 //! denies after another has spent.
 
 use super::keys::{Combination, Group, GroupDecisions, Groups};
-use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit};
+use super::script::{self, Decided, MAX_LIMITS_PER_SCRIPT, Mode, ScriptLimit, SpendMark};
 use crate::algorithm::LimitRequest;
 use crate::error::StoreError;
 use crate::limit::Decision;
@@ -105,6 +105,28 @@ pub(super) async fn decide_together(
     Ok(Together::nothing_spent(
         scripts.after_refund(&spent, &refunded)?,
     ))
+}
+
+/// All or nothing on one Redis, as [`decide_together`], with the mark of
+/// each group's spend if it spent (allowed, with a cost, in a call that
+/// spent).
+pub(super) async fn decide_marked(
+    redis: &RedisStore,
+    groups: &Groups,
+    requests: &[LimitRequest],
+) -> Result<(GroupDecisions, Vec<Option<SpendMark>>), StoreError> {
+    let together = decide_together(redis, groups, requests).await?;
+    let marks = match &together.spent {
+        Some(answers) => (0..groups.unique.len())
+            .map(|g| {
+                let decided = answers.get(g)?;
+                let spent = decided.decision.is_allowed() && groups.unique[g].cost > 0;
+                Ok(spent.then_some(decided.mark))
+            })
+            .collect::<Result<_, StoreError>>()?,
+        None => vec![None; groups.unique.len()],
+    };
+    Ok((together.decisions, marks))
 }
 
 /// The scripts that decide one call's groups on one Redis, and the steps

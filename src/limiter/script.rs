@@ -119,12 +119,15 @@ pub struct ScriptLimit<'a> {
 /// What a refund needs to find one spend again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpendMark {
-    /// Nothing: the units are given back to the key as it is (anchored
-    /// fixed window, or one named by its window; token bucket, GCRA).
+    /// Nothing: the units are given back to the key as it is (a fixed
+    /// window named by its window; token bucket, GCRA).
     Unmarked,
     /// The window the units were counted in: given back only while the key
     /// still counts it (aligned fixed window, sliding window counter).
     Window(u64),
+    /// The end (Unix ms) of the window the units were counted in: given
+    /// back only while the key's window ends then (anchored fixed window).
+    WindowEnd(u64),
     /// The stamp of the log entry the spend added (sliding window).
     Entry(Micros),
 }
@@ -134,17 +137,26 @@ impl SpendMark {
     fn from_reply(algorithm: &Algorithm, mark: i64) -> Result<Self, StoreError> {
         let unsigned = u64::try_from(mark)
             .map_err(|_| StoreError::Reply(format!("script replied mark = {mark}")))?;
-        Ok(match with_parameters!(algorithm, p => p.mark()) {
-            Mark::Unmarked => Self::Unmarked,
-            Mark::Window => Self::Window(unsigned),
-            Mark::Entry => Self::Entry(Micros::from_micros(unsigned)),
-        })
+        Ok(Self::of(algorithm, unsigned))
     }
 
-    fn arg(self) -> u64 {
+    /// The mark `value` (as the script replies it) of a spend under
+    /// `algorithm`.
+    pub fn of(algorithm: &Algorithm, value: u64) -> Self {
+        match with_parameters!(algorithm, p => p.mark()) {
+            Mark::Unmarked => Self::Unmarked,
+            Mark::Window => Self::Window(value),
+            Mark::WindowEnd => Self::WindowEnd(value),
+            Mark::Entry => Self::Entry(Micros::from_micros(value)),
+        }
+    }
+
+    /// The mark as the refund script takes it (and the decision script
+    /// replies it).
+    pub fn arg(self) -> u64 {
         match self {
             Self::Unmarked => 0,
-            Self::Window(window) => window,
+            Self::Window(window) | Self::WindowEnd(window) => window,
             Self::Entry(stamp) => stamp.as_micros(),
         }
     }

@@ -2,9 +2,10 @@
 //! only policies whose limits all say `lease: true` are leased; a lease's
 //! units are spent in the store before they are handed out, so however
 //! many streams on however many instances lease a limit, it never grants
-//! more than the limit allows; a bucket takes back what a release returns;
-//! shares follow demand across instances; and bad asks, oversize messages,
-//! floods of leases and a store that is gone are refused or bounded.
+//! more than the limit allows; a bucket and a window take back what a
+//! release returns; shares follow demand across instances; and bad asks,
+//! oversize messages, floods of leases and a store that is gone are
+//! refused or bounded.
 
 use crate::common;
 
@@ -223,27 +224,36 @@ async fn leases_and_calls_on_two_instances_spend_each_unit_once() {
     }
 }
 
-/// A token bucket takes back what a release returns (at most what was
-/// granted and not reported spent), on Redis and on the embedded store,
-/// and the release leaves nothing leased.
+/// A token bucket and a fixed window take back what a release returns (at
+/// most what was granted and not reported spent), on Redis and on the
+/// embedded store, and the release leaves nothing leased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bucket_takes_back_what_a_release_returns() {
+async fn a_bucket_and_a_window_take_back_what_a_release_returns() {
     let redis = RedisServer::start().await;
     let (_dir, path) = config_dir();
     let on_redis = ["--config", &path, "--redis-url", &redis.url()];
-    a_release_is_taken_back(TestServer::start(&on_redis).await).await;
-    a_release_is_taken_back(TestServer::start(&["--config", &path]).await).await;
+    for server in [
+        TestServer::start(&on_redis).await,
+        TestServer::start(&["--config", &path]).await,
+    ] {
+        a_release_is_taken_back(&server, "bucket", 100).await;
+        a_release_is_taken_back(&server, "window", 500).await;
+        server.stop().await;
+    }
 }
 
-async fn a_release_is_taken_back(server: TestServer) {
+/// A lease of `policy` (one limit of `limit`), 10 of its units spent and
+/// the rest released: only those 10 and two checks stay spent (a bucket
+/// may refill a unit or two meanwhile).
+async fn a_release_is_taken_back(server: &TestServer, policy: &str, limit: u64) {
     let mut stream = LeaseStream::open(server.address).await;
-    let grant = stream.ask(ask("bucket", "k")).await;
+    let grant = stream.ask(ask(policy, "k")).await;
     let units = grant.units;
-    assert!(units >= 10, "{grant:?}");
-    let after_lease = check(&server, "bucket", "k").await;
+    assert!(units >= 10, "{policy}: {grant:?}");
+    let after_lease = check(server, policy, "k").await;
     assert!(
-        after_lease.remaining <= 100 - units - 1 + 1,
-        "{after_lease:?}"
+        after_lease.remaining <= limit - units - 1 + 1,
+        "{policy}: {after_lease:?}"
     );
     // It spent 10, gives the rest back, and claims far more: only what it
     // was granted and did not spend comes back.
@@ -252,20 +262,19 @@ async fn a_release_is_taken_back(server: TestServer) {
             release: true,
             admitted: 10,
             held: 10_000,
-            ..ask("bucket", "k")
+            ..ask(policy, "k")
         })
         .await;
     assert!(
         released.error.is_none() && released.units == 0,
-        "{released:?}"
+        "{policy}: {released:?}"
     );
-    let after_release = check(&server, "bucket", "k").await;
-    let expected = 100 - 10 - 1 - 1;
+    let after_release = check(server, policy, "k").await;
+    let expected = limit - 10 - 1 - 1;
     assert!(
         after_release.remaining >= expected && after_release.remaining <= expected + 2,
-        "{units} leased, 10 spent, the rest returned: {after_release:?}"
+        "{policy}: {units} leased, 10 spent, the rest returned: {after_release:?}"
     );
-    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

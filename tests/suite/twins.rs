@@ -4,8 +4,10 @@
 //! and expiry) after every step of random sequences of (time, cost,
 //! parameters), for every registered algorithm in each of its layouts
 //! (the fixed window anchored, aligned, and aligned by name), alone and
-//! several per call, in every script mode, and through a lease's give-back
-//! of a token bucket's or GCRA's units (the refund script and its twin).
+//! several per call, in every script mode, with the marks a lease's spend
+//! keeps, and through a lease's give-back of a fixed window's, token
+//! bucket's or GCRA's units by those marks (the refund script and its
+//! twin).
 //!
 //! The Lua side is the production script with its clock replaced
 //! (tests/fixtures/twins/fake_clock.lua): `now` comes from an argument and
@@ -21,6 +23,7 @@
 
 use crate::common;
 
+use std::collections::HashMap;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -34,7 +37,7 @@ use ratelimitd::algorithm::{
 };
 use ratelimitd::algorithm::{Algorithm, FixedWindowMode, LimitRequest};
 use ratelimitd::limit::{CallerKey, Decision, Micros};
-use ratelimitd::limiter::script::{self, Mode, ScriptLimit, SpendMark};
+use ratelimitd::limiter::script::{self, Decided, Mode, ScriptLimit, SpendMark};
 use ratelimitd::limiter::{Limiter, Store, storage_key};
 use ratelimitd::store::{ManualClock, MemoryStore};
 use redis::Script;
@@ -162,6 +165,9 @@ struct Twins {
     memory: Arc<MemoryStore<State>>,
     limiter: Limiter,
     now: u64,
+    /// Each key's mark of its latest spend by a call in `decide` mode, as
+    /// both sides answered it: what a give-back names.
+    marks: HashMap<String, u64>,
 }
 
 impl Twins {
@@ -175,6 +181,7 @@ impl Twins {
             clock,
             memory,
             now: START,
+            marks: HashMap::new(),
         }
     }
 
@@ -189,6 +196,7 @@ impl Twins {
         &mut self,
         mode: Mode,
         requests: &[LimitRequest],
+        marked: bool,
     ) -> Result<Vec<Decision>, String> {
         let keys: Vec<String> = requests
             .iter()
@@ -209,12 +217,13 @@ impl Twins {
             .invoke_async(&mut self.redis)
             .await
             .map_err(|err| format!("script: {err}"))?;
-        let lua: Vec<Decision> = script::decode(&limits, &reply)
-            .map_err(|err| err.to_string())?
-            .into_iter()
-            .map(|decided| decided.decision)
-            .collect();
-        let rust = self.decide_in_memory(mode, requests, &keys).await?;
+        let decided = script::decode(&limits, &reply).map_err(|err| err.to_string())?;
+        let lua: Vec<Decision> = decided.iter().map(|one| one.decision).collect();
+        let rust = if mode == Mode::Decide && marked {
+            self.spend_marked(requests, &keys, &decided).await?
+        } else {
+            self.decide_in_memory(mode, requests, &keys).await?
+        };
         if lua != rust {
             return Err(format!(
                 "decisions differ\n   lua: {lua:?}\n  rust: {rust:?}"
@@ -224,6 +233,41 @@ impl Twins {
             self.same_state(&request.algorithm, key).await?;
         }
         Ok(lua)
+    }
+
+    /// The embedded store's spend with marks (a lease's), whose marks must
+    /// be those the script replied (`lua`) for every limit that spent;
+    /// they are kept for later give-backs. Its decisions.
+    async fn spend_marked(
+        &mut self,
+        requests: &[LimitRequest],
+        keys: &[String],
+        lua: &[Decided],
+    ) -> Result<Vec<Decision>, String> {
+        let spent = self
+            .limiter
+            .spend_marked(requests)
+            .await
+            .map_err(|err| format!("embedded store: {err}"))?;
+        let call_spent = lua
+            .iter()
+            .zip(requests)
+            .all(|(one, request)| request.shadow || one.decision.is_allowed());
+        for (((decision, mark), one), (request, key)) in
+            spent.iter().zip(lua).zip(requests.iter().zip(keys))
+        {
+            let spends = call_spent && decision.is_allowed() && request.cost > 0;
+            let expected = spends.then_some(one.mark);
+            if *mark != expected {
+                return Err(format!(
+                    "marks of {key} differ\n   lua: {expected:?}\n  rust: {mark:?}"
+                ));
+            }
+            if let Some(mark) = mark {
+                self.marks.insert(key.clone(), mark.arg());
+            }
+        }
+        Ok(spent.into_iter().map(|(decision, _)| decision).collect())
     }
 
     /// Whether Redis and the embedded store hold the same for `key`.
@@ -282,28 +326,42 @@ impl Twins {
     }
 
     /// Gives each of `requests` its cost back where a lease's release
-    /// would (a token bucket's or GCRA's live key) on both: whether each
-    /// was given back, after checking both stores hold the same.
+    /// would (a fixed window's, token bucket's or GCRA's live key) on
+    /// both, with the mark of the key's latest marked spend (perhaps of a
+    /// window gone since; 0 if none): whether each was given back, after
+    /// checking both stores hold the same.
     async fn give_back(&mut self, requests: &[LimitRequest]) -> Result<(), String> {
         let givable = requests.iter().filter(|r| {
-            matches!(r.algorithm, Algorithm::TokenBucket(_) | Algorithm::Gcra(_)) && r.cost > 0
+            matches!(
+                r.algorithm,
+                Algorithm::FixedWindow(_) | Algorithm::TokenBucket(_) | Algorithm::Gcra(_)
+            ) && r.cost > 0
         });
         for request in givable {
             let key = storage_key(PREFIX, &request.algorithm, &request.key);
+            let mark = SpendMark::of(
+                &request.algorithm,
+                self.marks.get(&key).copied().unwrap_or(0),
+            );
             let limit = ScriptLimit {
                 key: &key,
                 algorithm: &request.algorithm,
                 cost: request.cost,
                 shadow: false,
             };
-            let lua: i64 = script::refund_call_on(&REFUND_AT, &[(limit, SpendMark::Unmarked)])
+            let lua: i64 = script::refund_call_on(&REFUND_AT, &[(limit, mark)])
                 .arg(self.now)
                 .invoke_async(&mut self.redis)
                 .await
                 .map_err(|err| format!("refund script: {err}"))?;
             let rust = self.memory.with_keys(&[key.as_str()], |locked, _| {
                 locked.decide(0, |state| {
-                    algorithm::give_back_in_memory(&request.algorithm, state, request.cost)
+                    algorithm::give_back_in_memory(
+                        &request.algorithm,
+                        state,
+                        request.cost,
+                        mark.arg(),
+                    )
                 })
             });
             if (lua == 1) != rust {
@@ -489,7 +547,9 @@ async fn run_sequence(redis: &RedisServer, tape: &Tape, limits: usize) -> Result
         let stepped = if give_back {
             twins.give_back(&requests).await
         } else {
-            twins.step(mode, &requests).await.map(drop)
+            // Every other step in `decide` mode, the twin is the spend
+            // with marks (a lease's).
+            twins.step(mode, &requests, step % 2 == 0).await.map(drop)
         };
         if let Err(difference) = stepped {
             let recent = history[history.len().saturating_sub(12)..].join("\n");
