@@ -659,10 +659,15 @@ class ThreadedLeases:
         self._lease = lease_pb2_grpc.LeasesStub(channel).Lease
         self._thread: threading.Thread | None = None
         self._wakeup: queue.SimpleQueue[bool] | None = None
+        # A wake-up is queued that the sender has not yet acted on: every
+        # check until it runs would otherwise queue another.
+        self._wake_pending = False
         self._stopping = threading.Event()
 
     def wake(self) -> None:
         """An ask may be due: starts the thread, or wakes the sender."""
+        if self._wake_pending:
+            return
         with self.book.lock:
             if self.book.closing:
                 return
@@ -670,6 +675,7 @@ class ThreadedLeases:
                 self._thread = threading.Thread(target=self._run, name="ratelimitd-leases", daemon=True)
                 self._thread.start()
             elif self._wakeup is not None:
+                self._wake_pending = True
                 self._wakeup.put(True)
 
     def close(self) -> None:
@@ -689,6 +695,7 @@ class ThreadedLeases:
         except BaseException:
             with self.book.lock:
                 self._thread = None
+                self._wake_pending = False
             raise
 
     def _streams(self) -> None:
@@ -699,10 +706,12 @@ class ThreadedLeases:
                 book.forget_idle(time.monotonic())
                 if not book.wants_stream():
                     self._thread = None  # under the lock: wake() starts another
+                    self._wake_pending = False
                     return
                 stream = book.stream_opened()
                 wakeup: queue.SimpleQueue[bool] = queue.SimpleQueue()
                 self._wakeup = wakeup
+                self._wake_pending = False
             granted = False
             try:
                 for response in self._lease(self._requests(stream, wakeup)):
@@ -722,6 +731,7 @@ class ThreadedLeases:
                 with book.lock:
                     book.stream_closed(stream)
                     self._wakeup = None
+                    self._wake_pending = False
                 wakeup.put(False)  # ends the request iterator if gRPC still reads it
             backoff = STREAM_BACKOFF_FIRST if granted else min(backoff * 2, STREAM_BACKOFF_LAST)
             self._stopping.wait(backoff)
@@ -732,6 +742,9 @@ class ThreadedLeases:
             with book.lock:
                 if book.stream != stream:
                     return
+                # What is due is read below: a check from now on wakes it
+                # again.
+                self._wake_pending = False
                 now = time.monotonic()
                 asks = book.asks(now)
                 done = book.holds_nothing()  # closing: once the releases are answered
@@ -840,6 +853,9 @@ class AsyncLeases:
             with book.lock:
                 if book.stream != stream:
                     return
+                # What is due is read below: a check from now on wakes it
+                # again.
+                self._wake_pending = False
                 now = time.monotonic()
                 asks = book.asks(now)
                 done = book.holds_nothing()  # closing: once the releases are answered
