@@ -1,7 +1,9 @@
--- Takes back what decide.lua spent, for a request whose limits live on
+-- Takes back what decide.lua spent: for a request whose limits live on
 -- several Redis Cluster nodes and which another node denied after this one
--- had spent (see the limiter). Best effort by design: units already
--- refilled or expired are not given back twice.
+-- had spent (see the limiter), and for a lease's release of units its
+-- client did not use. Each spend is found by its mark, so units whose
+-- window has passed are not given to the next one, and units already
+-- refilled are not given back twice.
 --
 -- KEYS[i]  the key of limit i
 -- ARGV     six values per limit, limit i's from 6 * (i - 1) + 1:
