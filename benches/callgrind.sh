@@ -24,6 +24,13 @@
 #
 #   benches/callgrind.sh                            # 50 000 decisions each
 #   DECISIONS=50000 SERVERS="embedded redis" benches/callgrind.sh
+#   TARGET=should-rate-limit SERVERS="embedded redis" benches/callgrind.sh
+#
+# TARGET=should-rate-limit measures Envoy's ShouldRateLimit instead (one
+# descriptor ("key", <key>) per request, the same keys, rules written by
+# `ratelimitd-bench --print-envoy-config`, a fixed window of an hour
+# aligned as upstream's): only ratelimitd's servers, since the echo
+# server speaks CheckLimit alone.
 #
 # The warm-up sends each key once (`--keys sequence`), so every measured
 # decision updates a key that exists; the window is an hour, so none
@@ -41,7 +48,12 @@ DECISIONS=${DECISIONS:-50000}
 KEYS=${KEYS:-10000}
 CONCURRENCY=${CONCURRENCY:-50}
 CONNECTIONS=${CONNECTIONS:-2}
-SERVERS=${SERVERS:-echo embedded echo-redis redis}
+TARGET=${TARGET:-check-limit}
+case $TARGET in
+    check-limit) SERVERS=${SERVERS:-echo embedded echo-redis redis} ;;
+    should-rate-limit) SERVERS=${SERVERS:-embedded redis} ;;
+    *) echo "TARGET is check-limit or should-rate-limit, not $TARGET" >&2; exit 2 ;;
+esac
 TOP=${TOP:-15}
 # Where the callgrind files are kept (default: a scratch folder removed at
 # exit).
@@ -61,9 +73,18 @@ OUT=${KEEP:-$WORK/callgrind}
 mkdir -p "$OUT"
 start_redis
 
+# Envoy's domain for ShouldRateLimit: a limit no run reaches, per hour.
+RULES=()
+if [ "$TARGET" = should-rate-limit ]; then
+    mkdir -p "$OUT/rules"
+    "$BIN/ratelimitd-bench" --print-envoy-config --domain bench --limit 1000000000 --window 1h \
+        > "$OUT/rules/bench.yaml"
+    RULES=(--config "$OUT/rules")
+fi
+
 # Two worker threads on both stores, as the echo servers' runtimes have
 # here: by default ratelimitd leaves a core to a Redis on the same host.
-SLOW=(--worker-threads 2
+SLOW=("${RULES[@]}" --worker-threads 2
     --redis-connect-timeout 30s --redis-command-timeout 30s --request-timeout 120s
     --health-interval 1h --memory-sweep-interval 1h --http2-keepalive-interval 0s
     --quota-instance-timeout 1h --quota-rebalance-interval 1h)
@@ -81,12 +102,16 @@ measure() {
             --redis-url "$REDIS_URL") ;;
         *) echo "unknown server $server" >&2; exit 1 ;;
     esac
+    if [ "$TARGET" != check-limit ] && [[ $server == echo* ]]; then
+        echo "the $server server speaks CheckLimit alone: SERVERS=\"embedded redis\" for $TARGET" >&2
+        exit 2
+    fi
     valgrind --tool=callgrind --callgrind-out-file="$OUT/$server.%p" \
         "${command[@]}" > "$OUT/$server.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
     wait_port "$port"
-    local load=(--address "http://127.0.0.1:$port" --warm-up 0s --concurrency "$CONCURRENCY"
+    local load=(--target "$TARGET" --address "http://127.0.0.1:$port" --warm-up 0s --concurrency "$CONCURRENCY"
         --connections "$CONNECTIONS" --key-count "$KEYS" --window 1h --timeout 120s
         --key-prefix "$server:" --json)
     "$BIN/ratelimitd-bench" "${load[@]}" --keys sequence --requests "$KEYS" > "$OUT/$server.warm-up.json"
@@ -116,7 +141,7 @@ for server in "${servers[@]}"; do
 done
 
 print_machine
-echo "build: $(git rev-parse --short HEAD), profile bench-symbols; $DECISIONS decisions per server"
+echo "build: $(git rev-parse --short HEAD), profile bench-symbols; $DECISIONS $TARGET decisions per server"
 echo
 args=()
 for server in "${servers[@]}"; do

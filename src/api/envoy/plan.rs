@@ -4,7 +4,7 @@
 //! and the limit requests the limiter decides for the counted ones, their
 //! counters named in the layout in force (`--envoy-key-layout`).
 
-use std::fmt::Write;
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -85,10 +85,10 @@ pub(super) struct Plan {
     pub(super) routes: Vec<Route>,
 }
 
-/// A descriptor's governing rules, what its counters' names start with,
-/// and what it spends.
-struct Matched {
-    rules: Vec<Arc<Rule>>,
+/// A descriptor's governing rules (the configured ones borrowed as they
+/// are), what its counters' names start with, and what it spends.
+struct Matched<'r> {
+    rules: Cow<'r, [Arc<Rule>]>,
     names: CounterNames,
     cost: u64,
     stats: Option<Arc<RuleStats>>,
@@ -159,10 +159,10 @@ impl Plan {
     /// rule named in another matched rule's `replaces` is dropped; a
     /// blocked limit that denies the request makes the others only look,
     /// so they spend nothing (unless each is counted on its own).
-    fn govern(&mut self, matched: &[Matched], settings: &EnvoySettings, now: Micros) {
+    fn govern(&mut self, matched: &[Matched<'_>], settings: &EnvoySettings, now: Micros) {
         let replaced: Vec<&str> = matched
             .iter()
-            .flat_map(|matched| &matched.rules)
+            .flat_map(|matched| matched.rules.iter())
             .flat_map(|rule| rule.replaces().iter().map(String::as_str))
             .collect();
         for matched in matched {
@@ -170,7 +170,7 @@ impl Plan {
             if matched.rules.is_empty() {
                 self.parts.push(Governed::Nothing);
             }
-            for rule in &matched.rules {
+            for rule in matched.rules.iter() {
                 let part = if rule.name().is_some_and(|name| replaced.contains(&name)) {
                     Governed::Nothing
                 } else {
@@ -203,7 +203,7 @@ impl Plan {
     fn part(
         &mut self,
         rule: &Arc<Rule>,
-        matched: &Matched,
+        matched: &Matched<'_>,
         settings: &EnvoySettings,
         now: Micros,
     ) -> Governed {
@@ -241,12 +241,12 @@ impl Plan {
 /// unit) is named as upstream names it, with the start of the window `now`
 /// is in (in seconds, on this instance's clock, as upstream's), and
 /// counted by that name; every other limit keeps ratelimitd's.
-fn counter(matched: &Matched, counted: &Counted, now: Micros) -> (CallerKey, Algorithm) {
+fn counter(matched: &Matched<'_>, counted: &Counted, now: Micros) -> (CallerKey, Algorithm) {
     let period = counted.period();
     if let (Some(prefix), Algorithm::FixedWindow(fixed), [_]) = (
         &matched.names.upstream,
         counted.algorithm(),
-        matched.rules.as_slice(),
+        &*matched.rules,
     ) && fixed.is_aligned()
         && period == Period::of(period.unit())
     {
@@ -259,8 +259,13 @@ fn counter(matched: &Matched, counted: &Counted, now: Micros) -> (CallerKey, Alg
     }
     // Two limits of one descriptor differ in window or algorithm (checked
     // at load), so their storage keys differ though these names may not.
-    let window = period.window().as_millis();
-    let name = format!("{}w{window}", matched.names.ours);
+    let mut digits = itoa::Buffer::new();
+    let window = digits.format(period.window().as_millis());
+    let ours = &matched.names.ours;
+    let mut name = String::with_capacity(ours.len() + 1 + window.len());
+    name.push_str(ours);
+    name.push('w');
+    name.push_str(window);
     (CallerKey::envoy(name), *counted.algorithm())
 }
 
@@ -269,16 +274,16 @@ fn counter(matched: &Matched, counted: &Counted, now: Micros) -> (CallerKey, Alg
 /// it: the request's own limit override if it has one (only for a
 /// configured domain, as upstream; it stands for all the configured
 /// limits), else the configured rules. No rules when nothing governs it.
-fn match_descriptor(
-    rules: &Rules,
+fn match_descriptor<'r>(
+    rules: &'r Rules,
     domain: &str,
-    descriptor: &RateLimitDescriptor,
+    descriptor: &'r RateLimitDescriptor,
     cost: u64,
     layout: KeyLayout,
     field: &dyn Fn(&str) -> String,
-) -> Result<Matched, InvalidArgument> {
+) -> Result<Matched<'r>, InvalidArgument> {
     let nothing = Matched {
-        rules: Vec::new(),
+        rules: Cow::Borrowed(&[]),
         names: CounterNames::default(),
         cost,
         stats: None,
@@ -308,7 +313,7 @@ fn match_descriptor(
             .then(|| stats::request_rule(&override_stats_key(domain, &entries)))
             .flatten();
         return Ok(Matched {
-            rules: vec![Arc::new(rule)],
+            rules: Cow::Owned(vec![Arc::new(rule)]),
             names: counter_names(domain, &entries, &values, layout),
             cost,
             stats,
@@ -322,7 +327,7 @@ fn match_descriptor(
         .first()
         .and_then(|rule| rule_stats(rules, domain, &entries, rule.descriptor()));
     Ok(Matched {
-        rules: found.rules.to_vec(),
+        rules: Cow::Borrowed(found.rules),
         names: counter_names(domain, &entries, &found.counter_values, layout),
         cost,
         stats,
@@ -415,9 +420,12 @@ fn counter_prefix(domain: &str, entries: &[(&str, &str)], values: &[&str]) -> St
     // allocation.
     let room = parts().map(|part| part.len() + 22).sum::<usize>();
     let mut key = String::with_capacity(room);
+    let mut digits = itoa::Buffer::new();
     for part in parts() {
-        // Writing into a String cannot fail.
-        let _ = write!(key, "{}:{part}|", part.len());
+        key.push_str(digits.format(part.len()));
+        key.push(':');
+        key.push_str(part);
+        key.push('|');
     }
     key
 }
