@@ -14,6 +14,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::rule::Rule;
 use super::wildcard::Wildcard;
 
@@ -63,7 +65,7 @@ pub struct Found<'a> {
     pub rules: &'a [Arc<Rule>],
     /// Per entry: the request's value, or the wildcard pattern where the
     /// level shares one counter (`share_threshold`).
-    pub counter_values: Vec<&'a str>,
+    pub counter_values: SmallVec<[&'a str; 4]>,
 }
 
 impl Level {
@@ -119,7 +121,7 @@ impl Level {
     /// level.
     pub(crate) fn find<'a>(&'a self, entries: &[(&'a str, &'a str)]) -> Option<Found<'a>> {
         let mut level = self;
-        let mut counter_values = Vec::with_capacity(entries.len());
+        let mut counter_values = SmallVec::with_capacity(entries.len());
         for (depth, (key, value)) in entries.iter().enumerate() {
             let node = level.node(key, value)?;
             counter_values.push(node.shared_pattern.as_deref().unwrap_or(value));

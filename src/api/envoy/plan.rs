@@ -8,6 +8,8 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::settings::{EnvoySettings, KeyLayout};
 use crate::algorithm::{Algorithm, LimitRequest};
 use crate::limit::{self, CallerKey, Decision, InvalidArgument, Micros};
@@ -70,19 +72,19 @@ pub(super) struct Plan {
     /// because a rule it matched says `count_denied_hits`.
     pub(super) count_denied_hits: bool,
     /// Every limit of every descriptor, descriptor after descriptor.
-    pub(super) parts: Vec<Governed>,
+    pub(super) parts: SmallVec<[Governed; 2]>,
     /// Per request descriptor, in order: its limits in `parts`, at least
     /// one (a `Nothing` for a descriptor no rule governs).
-    pub(super) descriptors: Vec<Range<usize>>,
+    pub(super) descriptors: SmallVec<[Range<usize>; 2]>,
     /// What the limiter decides: one per counted limit.
-    pub(super) requests: Vec<LimitRequest>,
+    pub(super) requests: SmallVec<[LimitRequest; 2]>,
     /// Per request descriptor, in order: upstream's statistics for it,
     /// when statistics are on and a limit governs it.
     pub(super) stats: Vec<Option<Arc<RuleStats>>>,
     /// The store of each of `requests`: the per-second one for a rule
     /// whose unit is second (whatever its multiplier), as upstream's
     /// REDIS_PERSECOND routes them.
-    pub(super) routes: Vec<Route>,
+    pub(super) routes: SmallVec<[Route; 2]>,
 }
 
 /// A descriptor's governing rules (the configured ones borrowed as they
@@ -120,7 +122,8 @@ impl Plan {
         if request.descriptors.is_empty() {
             return Err(InvalidArgument::new("descriptors", "must not be empty"));
         }
-        let mut matched = Vec::with_capacity(request.descriptors.len());
+        let mut matched: SmallVec<[Matched<'_>; 2]> =
+            SmallVec::with_capacity(request.descriptors.len());
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             let field = |name: &str| format!("descriptors[{i}].{name}");
             let cost = limit::cost(Some(match descriptor.hits_addend {
@@ -141,11 +144,11 @@ impl Plan {
         let mut plan = Self {
             domain: request.domain.clone(),
             count_denied_hits: false,
-            parts: Vec::with_capacity(matched.len()),
-            descriptors: Vec::with_capacity(matched.len()),
-            requests: Vec::new(),
+            parts: SmallVec::with_capacity(matched.len()),
+            descriptors: SmallVec::with_capacity(matched.len()),
+            requests: SmallVec::new(),
             stats: Vec::new(),
-            routes: Vec::new(),
+            routes: SmallVec::new(),
         };
         plan.govern(&matched, settings, now);
         // Without statistics every entry would be `None`: nothing to keep.
@@ -292,7 +295,7 @@ fn match_descriptor<'r>(
         stats::unknown_domain(domain);
         return Ok(nothing);
     }
-    let entries: Vec<(&str, &str)> = descriptor
+    let entries: SmallVec<[(&str, &str); 4]> = descriptor
         .entries
         .iter()
         .map(|entry| (entry.key.as_str(), entry.value.as_str()))
@@ -465,7 +468,7 @@ mod tests {
     fn each_descriptor_gets_its_parts_and_replaced_rules_drop_out() {
         let request = request(&[("a", "1"), ("b", "2"), ("nothing", "3"), ("open", "4")]);
         let plan = plan(&request, &EnvoySettings::default()).unwrap();
-        assert_eq!(plan.descriptors, [0..2, 2..3, 3..4, 4..5]);
+        assert_eq!(&plan.descriptors[..], [0..2, 2..3, 3..4, 4..5]);
         let kinds: Vec<&str> = plan
             .parts
             .iter()

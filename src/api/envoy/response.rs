@@ -3,6 +3,7 @@
 //! IETF's headers, and upstream's dynamic metadata. Pure: the time is
 //! given, read once per request.
 
+use smallvec::SmallVec;
 use tracing::info;
 
 use super::headers;
@@ -22,6 +23,9 @@ use crate::stats;
 
 const MICROS_PER_SECOND: u64 = 1_000_000;
 
+/// Each descriptor's answer, in order: most requests carry one or two.
+pub(super) type Answers = SmallVec<[Answer; 2]>;
+
 /// One descriptor's answer: its status, and which of its limits speaks for
 /// it (the most restrictive; see [`most_restrictive`]).
 pub(super) struct Answer {
@@ -33,12 +37,12 @@ pub(super) struct Answer {
 
 /// Each descriptor's answer, in order: the status of its most restrictive
 /// limit, OVER_LIMIT if any of its limits is. `now` is the Unix time.
-pub(super) fn answers(plan: &Plan, decisions: &[Decision], now: Micros) -> Vec<Answer> {
+pub(super) fn answers(plan: &Plan, decisions: &[Decision], now: Micros) -> Answers {
     plan.descriptors
         .iter()
         .map(|range| {
             let parts = &plan.parts[range.clone()];
-            let statuses: Vec<DescriptorStatus> = parts
+            let statuses: SmallVec<[DescriptorStatus; 2]> = parts
                 .iter()
                 .map(|part| status(part, decisions, now))
                 .collect();
@@ -62,13 +66,13 @@ pub(super) fn answers(plan: &Plan, decisions: &[Decision], now: Micros) -> Vec<A
 pub(super) fn response(
     plan: &Plan,
     request: &rls::RateLimitRequest,
-    answers: Vec<Answer>,
+    answers: Answers,
     decisions: &[Decision],
     settings: &EnvoySettings,
     now: Micros,
 ) -> rls::RateLimitResponse {
     // The limit that speaks for each descriptor.
-    let speakers: Vec<&Governed> = answers
+    let speakers: SmallVec<[&Governed; 2]> = answers
         .iter()
         .map(|answer| &plan.parts[answer.part])
         .collect();
