@@ -53,9 +53,10 @@ end
 
 -- Returns allowed (1|0), remaining, reset_after_us, retry_after_us (-1:
 -- never), and a mark for refund.lua: the window number of an aligned
--- window, the end (Unix ms) of an anchored one, 0 by name. With `spend` DRY it decides the
--- same and writes nothing; with ALWAYS it counts a denied cost too (as
--- envoyproxy/ratelimit does), and `remaining` is what is left after it.
+-- window, the end (Unix ms) of an anchored one, 0 by name. With `spend`
+-- DRY it decides the same and writes nothing; with ALWAYS it counts a
+-- denied cost too (as envoyproxy/ratelimit does), and `remaining` is what
+-- is left after it.
 -- `window_sent` and `cost_sent` are `window_ms` and the limit's cost as
 -- sent (see fw_count): it writes only the limit's own cost.
 local function fixed_window(key, now, values, cost, spend)
@@ -75,9 +76,9 @@ local function fixed_window(key, now, values, cost, spend)
     in_window = window_end_ms >= 0
     local now_ms = math.floor(now / 1000)
     if in_window then
-      -- What PTTL says, on the script's clock: Redis may read its own
-      -- clock for expiry a moment before TIME was read, so a live key can
-      -- end within the millisecond `now` is in.
+      -- What PTTL would say, on the script's clock. Redis reads its own
+      -- clock for expiry a moment before TIME is read, so a key it still
+      -- holds may end no later than the millisecond `now` is in: 0 then.
       if window_end_ms > now_ms then
         reset_after = (window_end_ms - now_ms) * 1000
       end
