@@ -354,16 +354,11 @@ impl Twins {
                 .invoke_async(&mut self.redis)
                 .await
                 .map_err(|err| format!("refund script: {err}"))?;
-            let rust = self.memory.with_keys(&[key.as_str()], |locked, _| {
-                locked.decide(0, |state| {
-                    algorithm::give_back_in_memory(
-                        &request.algorithm,
-                        state,
-                        request.cost,
-                        mark.arg(),
-                    )
-                })
-            });
+            let rust = self
+                .limiter
+                .give_back(&[(request.clone(), mark)])
+                .await
+                .map_err(|err| format!("embedded store: {err}"))?;
             if (lua == 1) != rust {
                 return Err(format!("given back to {key}: lua {lua}, rust {rust}"));
             }
