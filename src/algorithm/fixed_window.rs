@@ -271,31 +271,6 @@ pub fn decide(
     )
 }
 
-/// The mark `fixed_window.lua` replies for a spend that left `state`: an
-/// aligned window's number, an anchored window's end (Unix ms), 0 by name.
-pub(super) fn mark(params: &FixedWindow, state: &State) -> u64 {
-    match params.mode() {
-        FixedWindowMode::Aligned => state.window.unwrap_or(0),
-        FixedWindowMode::Anchored => state.expires_ms,
-        FixedWindowMode::AlignedByName => 0,
-    }
-}
-
-/// Gives `cost` units of a spend marked `mark` back to `state`, never below
-/// none, if it still counts the window spent (by name: the key is the
-/// window): the twin of `fixed_window_refund`. Answers whether it did.
-pub(super) fn give_back(params: &FixedWindow, state: &mut State, cost: u64, mark: u64) -> bool {
-    let spent_here = match params.mode() {
-        FixedWindowMode::Aligned => state.window == Some(mark),
-        FixedWindowMode::Anchored => state.expires_ms == mark,
-        FixedWindowMode::AlignedByName => true,
-    };
-    if spent_here {
-        state.used = state.used.saturating_sub(cost);
-    }
-    spent_here
-}
-
 /// What the lists made from the registry need of its parameters.
 impl Parameters for FixedWindow {
     type State = State;
@@ -339,6 +314,28 @@ impl Parameters for FixedWindow {
             FixedWindowMode::Anchored => Mark::WindowEnd,
             FixedWindowMode::AlignedByName => Mark::Unmarked,
         }
+    }
+    /// As `fixed_window.lua` replies: an aligned window's number, an
+    /// anchored window's end (Unix ms), 0 by name.
+    fn spend_mark(&self, state: &State) -> u64 {
+        match self.mode() {
+            FixedWindowMode::Aligned => state.window.unwrap_or(0),
+            FixedWindowMode::Anchored => state.expires_ms,
+            FixedWindowMode::AlignedByName => 0,
+        }
+    }
+    /// As `fixed_window_refund`: only while the key counts the window
+    /// spent (by name: the key is the window), never below none.
+    fn give_back(&self, state: &mut State, cost: u64, mark: u64) -> bool {
+        let spent_here = match self.mode() {
+            FixedWindowMode::Aligned => state.window == Some(mark),
+            FixedWindowMode::Anchored => state.expires_ms == mark,
+            FixedWindowMode::AlignedByName => true,
+        };
+        if spent_here {
+            state.used = state.used.saturating_sub(cost);
+        }
+        spent_here
     }
     fn shown(&self) -> Shown {
         Shown {

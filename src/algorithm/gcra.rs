@@ -120,12 +120,6 @@ pub fn decide(
     (decision, written_for(now, new_tat - now))
 }
 
-/// The in-memory twin of `gcra_refund`: the theoretical arrival time
-/// moved back by `cost` intervals (one before now is an idle key's).
-pub(super) fn give_back(params: &Gcra, state: &mut State, cost: u64) {
-    state.tat = state.tat.saturating_sub(params.interval() * cost);
-}
-
 /// What the lists made from the registry need of its parameters.
 impl Parameters for Gcra {
     type State = State;
@@ -155,6 +149,15 @@ impl Parameters for Gcra {
     /// Intervals are simply given back.
     fn mark(&self) -> Mark {
         Mark::Unmarked
+    }
+    fn spend_mark(&self, _state: &State) -> u64 {
+        0
+    }
+    /// As `gcra_refund`: the theoretical arrival time moved back by `cost`
+    /// intervals (one before now is an idle key's).
+    fn give_back(&self, state: &mut State, cost: u64, _mark: u64) -> bool {
+        state.tat = state.tat.saturating_sub(self.interval() * cost);
+        true
     }
     fn shown(&self) -> Shown {
         Shown {

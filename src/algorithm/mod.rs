@@ -106,51 +106,28 @@ pub fn decide_in_memory(
 
 /// The mark the decision script replies for a spend under `algorithm` that
 /// left `state`: what the refund script needs to find that spend (its
-/// window, or its log entry), 0 where it needs nothing. The in-memory twin
-/// of each algorithm's reply.
+/// window, or its log entry), 0 where it needs nothing: the in-memory twin
+/// of each algorithm's reply, its [`spend_mark`](parameters::Parameters::spend_mark).
 pub fn mark_in_memory(algorithm: &Algorithm, state: &State) -> u64 {
-    match (algorithm, state) {
-        (Algorithm::FixedWindow(params), State::FixedWindow(window)) => {
-            fixed_window::mark(params, window)
-        }
-        (Algorithm::SlidingWindow(_), State::SlidingWindow(log)) => log.newest_stamp().as_micros(),
-        (Algorithm::SlidingWindowCounter(_), State::SlidingWindowCounter(counter)) => {
-            counter.index()
-        }
-        _ => 0,
-    }
+    algorithm.spend_mark_on(state)
 }
 
 /// Gives `cost` units of a spend marked `mark` back to a key's live `state`
 /// under `algorithm`: the in-memory twin of the refund script for a fixed
 /// window (only to the window spent, never below none), a token bucket
-/// (never above its capacity) and GCRA. Answers whether anything was.
+/// (never above its capacity) and GCRA, by each algorithm's
+/// [`give_back`](parameters::Parameters::give_back). Answers whether anything was.
 pub fn give_back_in_memory(
     algorithm: &Algorithm,
     state: &mut Option<State>,
     cost: u64,
     mark: u64,
 ) -> (bool, MemoryChange) {
-    let given = match (algorithm, state) {
-        (Algorithm::FixedWindow(params), Some(State::FixedWindow(window))) => {
-            fixed_window::give_back(params, window, cost, mark)
-        }
-        (Algorithm::TokenBucket(params), Some(State::TokenBucket(bucket))) => {
-            token_bucket::give_back(params, bucket, cost);
-            true
-        }
-        (Algorithm::Gcra(params), Some(State::Gcra(gcra))) => {
-            gcra::give_back(params, gcra, cost);
-            true
-        }
-        _ => false,
-    };
-    let change = if given {
-        MemoryChange::Updated
+    if algorithm.give_back_on(state, cost, mark) {
+        (true, MemoryChange::Updated)
     } else {
-        MemoryChange::None
-    };
-    (given, change)
+        (false, MemoryChange::None)
+    }
 }
 
 /// The twin of `decide.lua`'s driver in `decide` mode: decides

@@ -42,6 +42,19 @@ pub trait Parameters: Sized {
     /// What the script replies as the mark of an allowed spend.
     fn mark(&self) -> Mark;
 
+    /// The mark the script replies for an allowed spend that left `state`:
+    /// the in-memory twin of that reply (0 where [`Parameters::mark`] is
+    /// [`Mark::Unmarked`]).
+    fn spend_mark(&self, state: &Self::State) -> u64;
+
+    /// Gives `cost` units of a spend marked `mark` back to `state`: the
+    /// in-memory twin of its refund function, for the algorithms whose
+    /// units a lease gives back (the others' are never given back on the
+    /// embedded store). Answers whether it gave them back.
+    fn give_back(&self, _state: &mut Self::State, _cost: u64, _mark: u64) -> bool {
+        false
+    }
+
     /// Its parameters as the admin API shows them.
     fn shown(&self) -> Shown;
 

@@ -49,11 +49,6 @@ impl State {
         Snapshot { entries }
     }
 
-    /// The newest entry's stamp (the mark of the spend that added it).
-    pub(super) fn newest_stamp(&self) -> Micros {
-        self.newest.0
-    }
-
     /// The bytes the log's buffer holds, used or not.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<(Micros, u64)>()
@@ -197,6 +192,10 @@ impl Parameters for SlidingWindow {
     /// The stamp of the entry the spend added.
     fn mark(&self) -> Mark {
         Mark::Entry
+    }
+    /// The newest entry's stamp: that of the entry the spend added.
+    fn spend_mark(&self, state: &State) -> u64 {
+        state.newest.0.as_micros()
     }
     fn shown(&self) -> Shown {
         Shown {

@@ -25,11 +25,6 @@ pub struct State {
 }
 
 impl State {
-    /// The index of the window it counts (the mark of a spend).
-    pub(super) fn index(&self) -> u64 {
-        self.index
-    }
-
     pub(super) fn snapshot(&self) -> Snapshot {
         Snapshot {
             index: self.index,
@@ -171,6 +166,10 @@ impl Parameters for SlidingWindowCounter {
     /// counts it.
     fn mark(&self) -> Mark {
         Mark::Window
+    }
+    /// The index of the window the state counts.
+    fn spend_mark(&self, state: &State) -> u64 {
+        state.index
     }
     fn shown(&self) -> Shown {
         Shown {

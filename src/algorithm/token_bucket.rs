@@ -149,13 +149,6 @@ pub fn decide(
     (decision, written_for(now, reset_after))
 }
 
-/// The in-memory twin of `token_bucket_refund`: `cost` tokens back to a
-/// bucket, never above its capacity (its refill to now is left to the
-/// next decision, as the script leaves it).
-pub(super) fn give_back(params: &TokenBucket, state: &mut State, cost: u64) {
-    state.tokens = (state.tokens + cost as f64).min(params.capacity() as f64);
-}
-
 /// What the lists made from the registry need of its parameters.
 impl Parameters for TokenBucket {
     type State = State;
@@ -190,6 +183,16 @@ impl Parameters for TokenBucket {
     /// Tokens are simply given back.
     fn mark(&self) -> Mark {
         Mark::Unmarked
+    }
+    fn spend_mark(&self, _state: &State) -> u64 {
+        0
+    }
+    /// As `token_bucket_refund`: `cost` tokens back, never above the
+    /// capacity (its refill to now is left to the next decision, as the
+    /// script leaves it).
+    fn give_back(&self, state: &mut State, cost: u64, _mark: u64) -> bool {
+        state.tokens = (state.tokens + cost as f64).min(self.capacity() as f64);
+        true
     }
     fn shown(&self) -> Shown {
         Shown {

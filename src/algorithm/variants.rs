@@ -103,6 +103,37 @@ macro_rules! algorithms {
                 }
             }
 
+            /// The mark of an allowed spend that left `state` (see
+            /// [`Parameters::spend_mark`]); 0 for another algorithm's state.
+            pub(super) fn spend_mark_on(&self, state: &State) -> u64 {
+                match (self, state) {
+                    $(
+                        (Self::$variant(parameters), State::$variant(own)) => {
+                            parameters.spend_mark(own)
+                        }
+                    )+
+                    _ => 0,
+                }
+            }
+
+            /// Gives `cost` units of a spend marked `mark` back to
+            /// `state` (see [`Parameters::give_back`]): whether it did.
+            pub(super) fn give_back_on(
+                &self,
+                state: &mut Option<State>,
+                cost: u64,
+                mark: u64,
+            ) -> bool {
+                match (self, state) {
+                    $(
+                        (Self::$variant(parameters), Some(State::$variant(own))) => {
+                            parameters.give_back(own, cost, mark)
+                        }
+                    )+
+                    _ => false,
+                }
+            }
+
             /// Decides `cost` on `state`, lending the algorithm its own
             /// variant of the state and putting it back after.
             pub(super) fn decide_on(
