@@ -7,7 +7,8 @@ use super::script::SpendMark;
 use crate::algorithm::LimitRequest;
 use crate::algorithm::{self, State};
 use crate::error::StoreError;
-use crate::store::memory::HeapSize;
+use crate::limit::{Decision, Micros};
+use crate::store::memory::{HeapSize, LockedKeys};
 use crate::store::{MemoryChange, MemoryStore};
 
 /// Decides the groups on `memory`, all of them under one lock of their
@@ -38,27 +39,40 @@ pub(super) fn decide(
     let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
     let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
     let decisions = memory.with_keys(&keys, |locked, now| {
-        let mut decide = |i: usize, cost, spend| {
-            let algorithm = groups.unique[i].algorithm(requests);
-            locked.decide(i, |state| {
-                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-            })
-        };
-        match combination {
-            Combination::Each => algorithm::decide_each(&costs, decide),
-            Combination::AllOrNothing => {
-                let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
-                algorithm::decide_together(&costs, &shadow, &mut decide)
-            }
-        }
+        decide_locked(locked, now, groups, requests, &costs, combination)
     });
     groups.expect_one_each(decisions)
 }
 
+/// Decides every group on its locked key at `now`, each spending its
+/// `costs[i]`, as `combination` says: one decision per group.
+fn decide_locked(
+    locked: &mut LockedKeys<'_, State>,
+    now: Micros,
+    groups: &Groups,
+    requests: &[LimitRequest],
+    costs: &[u64],
+    combination: Combination,
+) -> Vec<Decision> {
+    let mut decide = |i: usize, cost, spend| {
+        let algorithm = groups.unique[i].algorithm(requests);
+        locked.decide(i, |state| {
+            algorithm::decide_in_memory(algorithm, state, now, cost, spend)
+        })
+    };
+    match combination {
+        Combination::Each => algorithm::decide_each(costs, decide),
+        Combination::AllOrNothing => {
+            let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
+            algorithm::decide_together(costs, &shadow, &mut decide)
+        }
+    }
+}
+
 /// Decides the groups on `memory` all or nothing, as [`decide`] does, and
 /// answers with each group's decision the mark of its spend, if it spent
-/// (every enforcing limit allowed, and it has a cost): the twin of the
-/// decision script's marks.
+/// (no enforcing limit denied, and it has a cost), read under the same
+/// locks: the twin of the decision script's marks.
 pub(super) fn decide_marked(
     memory: &MemoryStore<State>,
     groups: &Groups,
@@ -66,36 +80,36 @@ pub(super) fn decide_marked(
 ) -> Result<(GroupDecisions, Vec<Option<SpendMark>>), StoreError> {
     let keys: Vec<&str> = groups.unique.iter().map(|g| g.key.as_str()).collect();
     let costs: Vec<u64> = groups.unique.iter().map(|g| g.cost).collect();
-    let shadow: Vec<bool> = groups.unique.iter().map(|g| g.shadow).collect();
-    let (decisions, marks) = memory.with_keys(&keys, |locked, now| {
-        let decisions = algorithm::decide_together(&costs, &shadow, |i, cost, spend| {
-            let algorithm = groups.unique[i].algorithm(requests);
-            locked.decide(i, |state| {
-                algorithm::decide_in_memory(algorithm, state, now, cost, spend)
-            })
-        });
-        let spent = decisions
+    memory.with_keys(&keys, |locked, now| {
+        let decided = decide_locked(
+            locked,
+            now,
+            groups,
+            requests,
+            &costs,
+            Combination::AllOrNothing,
+        );
+        let decisions = groups.expect_one_each(decided)?;
+        let spent = !decisions.denies(groups);
+        let marks = decisions
+            .by_group()
             .iter()
-            .zip(&shadow)
-            .all(|(decision, &shadow)| shadow || decision.is_allowed());
-        let marks: Vec<Option<SpendMark>> = (0..decisions.len())
-            .map(|i| {
-                if !spent || !decisions[i].is_allowed() || costs[i] == 0 {
+            .enumerate()
+            .map(|(i, decision)| {
+                if !spent || !decision.is_allowed() || costs[i] == 0 {
                     return None;
                 }
                 let algorithm = groups.unique[i].algorithm(requests);
                 locked.decide(i, |state| {
-                    let mark = state
-                        .as_ref()
-                        .map(|state| algorithm::mark_in_memory(algorithm, state))
-                        .map(|value| SpendMark::of(algorithm, value));
+                    let mark = state.as_ref().map(|state| {
+                        SpendMark::of(algorithm, algorithm::mark_in_memory(algorithm, state))
+                    });
                     (mark, MemoryChange::None)
                 })
             })
             .collect();
-        (decisions, marks)
-    });
-    Ok((groups.expect_one_each(decisions)?, marks))
+        Ok((decisions, marks))
+    })
 }
 
 /// How much the embedded store charges a key for its state.
