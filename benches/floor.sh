@@ -17,6 +17,7 @@
 #
 #   benches/floor.sh                      # 3 rounds of 10 s
 #   ROUNDS=5 DURATION=5s benches/floor.sh
+#   OURS_FLAGS="--worker-threads 1" benches/floor.sh  # more ratelimitd flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,7 @@ BIN=target/release
 source benches/common.sh
 start_redis
 
+read -r -a ours_flags <<< "${OURS_FLAGS:-}"
 declare -A PORT PID
 PORT[echo]=$(free_port)
 "$BIN/examples/echo_server" "127.0.0.1:${PORT[echo]}" 2> "$WORK/echo.log" &
@@ -42,16 +44,17 @@ PORT[echo-redis]=$(free_port)
 PID[echo-redis]=$!
 PORT[embedded]=$(free_port)
 "$BIN/ratelimitd" --listen "127.0.0.1:${PORT[embedded]}" --http-listen "" \
-    > "$WORK/embedded.log" 2>&1 &
+    "${ours_flags[@]}" > "$WORK/embedded.log" 2>&1 &
 PID[embedded]=$!
 PORT[redis]=$(free_port)
 "$BIN/ratelimitd" --listen "127.0.0.1:${PORT[redis]}" --http-listen "" \
-    --redis-url "$REDIS_URL" > "$WORK/redis-ratelimitd.log" 2>&1 &
+    --redis-url "$REDIS_URL" "${ours_flags[@]}" > "$WORK/redis-ratelimitd.log" 2>&1 &
 PID[redis]=$!
 SERVERS=(echo embedded echo-redis redis)
 for server in "${SERVERS[@]}"; do PIDS+=("${PID[$server]}"); wait_port "${PORT[$server]}"; done
 
 print_machine
+echo "ratelimitd flags: ${OURS_FLAGS:-(none)}"
 echo
 echo "| round | server | decisions/s | p50 µs | p99 µs | CPU µs per decision: bench / server / redis |"
 echo "|---|---|---:|---:|---:|---|"

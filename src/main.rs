@@ -28,9 +28,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all().worker_threads(threads.count.get());
-    match runtime.build() {
+    match threads.runtime() {
         Ok(runtime) => runtime.block_on(serve(config, upstream, threads)),
         Err(err) => {
             eprintln!("ratelimitd: cannot start the runtime: {err}");
@@ -45,6 +43,7 @@ async fn serve(config: Config, upstream: Report, threads: WorkerThreads) -> Exit
     info!(
         worker_threads = threads.count.get(),
         worker_threads_because = threads.reason,
+        scheduler = threads.scheduler(),
         "ratelimitd {} starting",
         env!("CARGO_PKG_VERSION")
     );
