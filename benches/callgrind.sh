@@ -25,6 +25,10 @@
 #   benches/callgrind.sh                            # 50 000 decisions each
 #   DECISIONS=50000 SERVERS="embedded redis" benches/callgrind.sh
 #   TARGET=should-rate-limit SERVERS="embedded redis" benches/callgrind.sh
+#   THREADS=1 SERVERS="embedded redis" benches/callgrind.sh
+#
+# THREADS sets ratelimitd's worker threads (default 2, as the echo servers'
+# runtimes have here); with 1 it runs tokio's current-thread scheduler.
 #
 # TARGET=should-rate-limit measures Envoy's ShouldRateLimit instead (one
 # descriptor ("key", <key>) per request, the same keys, rules written by
@@ -55,6 +59,7 @@ case $TARGET in
     *) echo "TARGET is check-limit or should-rate-limit, not $TARGET" >&2; exit 2 ;;
 esac
 TOP=${TOP:-15}
+THREADS=${THREADS:-2}
 # Where the callgrind files are kept (default: a scratch folder removed at
 # exit).
 KEEP=${KEEP:-}
@@ -82,9 +87,10 @@ if [ "$TARGET" = should-rate-limit ]; then
     RULES=(--config "$OUT/rules")
 fi
 
-# Two worker threads on both stores, as the echo servers' runtimes have
-# here: by default ratelimitd leaves a core to a Redis on the same host.
-SLOW=("${RULES[@]}" --worker-threads 2
+# Two worker threads on both stores unless THREADS says otherwise, as the
+# echo servers' runtimes have here: by default ratelimitd leaves a core to a
+# Redis on the same host.
+SLOW=("${RULES[@]}" --worker-threads "$THREADS"
     --redis-connect-timeout 30s --redis-command-timeout 30s --request-timeout 120s
     --health-interval 1h --memory-sweep-interval 1h --http2-keepalive-interval 0s
     --quota-instance-timeout 1h --quota-rebalance-interval 1h)
