@@ -15,8 +15,9 @@
 #   OURS_BIN=/tmp/before/ratelimitd benches/syscalls.sh  # another build
 #   REQUESTS=300000 H2_CONNECTIONS=4 H2_STREAMS=16 benches/syscalls.sh
 #
-# perf needs /proc/sys/kernel/perf_event_paranoid at 2 or below for a
-# process of one's own (Debian: linux-perf).
+# perf (Debian: linux-perf) reads tracepoints only where it may read the
+# kernel's tracefs: as root, as the measurements in docs/benchmarks.md were
+# taken, or with CAP_PERFMON and tracefs opened to the user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
