@@ -1,6 +1,7 @@
 //! The floor under CheckLimit: a tonic server of ratelimitd's own API whose
 //! CheckLimit answers "allowed" at once, with no validation, no limiter
-//! and no store, on the same multi-threaded tokio runtime ratelimitd uses.
+//! and no store, on tokio's multi-thread runtime, which ratelimitd runs with
+//! two worker threads or more (with one it runs the current-thread one).
 //! Driven by the same load generator as ratelimitd, the difference is what
 //! ratelimitd itself spends per decision above tonic, HTTP/2 and protobuf.
 //! Given a Redis URL too, it first sends Redis one `PING` per CheckLimit,
