@@ -101,3 +101,41 @@ write_side_by_side_rules() {
     "$1" --print-envoy-config --domain bench --limit "$SIDE_BY_SIDE_LIMIT" --window 1m \
         > "$2/bench.yaml"
 }
+
+# The same limit for Limitador, into file $1: namespace "bench", a counter
+# per value of the descriptor "key", a minute.
+write_side_by_side_limitador_limits() {
+    cat > "$1" <<EOF
+- namespace: bench
+  max_value: $SIDE_BY_SIDE_LIMIT
+  seconds: 60
+  conditions: []
+  variables:
+    - descriptors[0]['key']
+EOF
+}
+
+# One ShouldRateLimit request for those rules, gRPC-framed, into file $1
+# (for h2load): domain "bench", one descriptor ("key", "hot"), hits_addend 1.
+write_should_rate_limit_body() {
+    python3 - "$1" <<'EOF'
+import struct, sys
+def field(number, payload):
+    return bytes([number << 3 | 2, len(payload)]) + payload
+entry = field(1, b"key") + field(2, b"hot")
+request = field(1, b"bench") + field(2, field(1, entry)) + bytes([3 << 3, 1])
+with open(sys.argv[1], "wb") as out:
+    out.write(b"\x00" + struct.pack(">I", len(request)) + request)
+EOF
+}
+
+# h2load sending body file $2 as ShouldRateLimit to loopback port $1 over
+# H2_CONNECTIONS connections of H2_STREAMS streams; h2load's own flags
+# (-n or -D, ...) follow.
+h2load_should_rate_limit() {
+    local port=$1 body=$2
+    shift 2
+    h2load -c "$H2_CONNECTIONS" -m "$H2_STREAMS" -d "$body" \
+        -H 'content-type: application/grpc' -H 'te: trailers' "$@" \
+        "http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+}

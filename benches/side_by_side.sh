@@ -59,7 +59,6 @@ fi
 cargo build --release --features bench --bins --quiet
 BIN=target/release
 
-LIMIT=$SIDE_BY_SIDE_LIMIT
 ours_args=()
 theirs_store=(memory)
 if [ "$STORE" = redis ]; then
@@ -70,14 +69,7 @@ fi
 
 # The same limit twice: a descriptor ("key", <value>), a counter per value.
 write_side_by_side_rules "$BIN/ratelimitd-bench" "$WORK/rules"
-cat > "$WORK/limitador.yaml" <<EOF
-- namespace: bench
-  max_value: $LIMIT
-  seconds: 60
-  conditions: []
-  variables:
-    - descriptors[0]['key']
-EOF
+write_side_by_side_limitador_limits "$WORK/limitador.yaml"
 
 OURS_PORT=$(free_port)
 read -r -a ours_flags <<< "${OURS_FLAGS:-}"
@@ -92,17 +84,7 @@ PIDS+=($!)
 wait_port "$OURS_PORT"
 wait_port "$THEIRS_PORT"
 
-# One ShouldRateLimit request, gRPC-framed, for h2load: domain "bench", one
-# descriptor ("key", "hot"), hits_addend 1.
-python3 - "$WORK/body.bin" <<'EOF'
-import struct, sys
-def field(number, payload):
-    return bytes([number << 3 | 2, len(payload)]) + payload
-entry = field(1, b"key") + field(2, b"hot")
-request = field(1, b"bench") + field(2, field(1, entry)) + bytes([3 << 3, 1])
-with open(sys.argv[1], "wb") as out:
-    out.write(b"\x00" + struct.pack(">I", len(request)) + request)
-EOF
+write_should_rate_limit_body "$WORK/body.bin"
 
 # ratelimitd-bench's JSON report -> "decisions/s p50 p99 p99.9"; a run
 # with errors does not count.
@@ -119,9 +101,7 @@ seconds=${DURATION%s}
 h2load_run() { # port, seconds, h2load flags... -> h2load's report
     local port=$1 duration=$2
     shift 2
-    h2load -D "$duration" -c "$H2_CONNECTIONS" -m "$H2_STREAMS" -d "$WORK/body.bin" \
-        -H 'content-type: application/grpc' -H 'te: trailers' "$@" \
-        "http://127.0.0.1:$port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    h2load_should_rate_limit "$port" "$WORK/body.bin" -D "$duration" "$@"
 }
 h2() { # port -> "requests/s p99" (µs)
     local rate

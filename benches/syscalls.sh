@@ -40,17 +40,7 @@ OURS_BIN=${OURS_BIN:-$BIN/ratelimitd}
 if [ "$STORE" = redis ]; then
     start_redis
 fi
-# One ShouldRateLimit request, gRPC-framed: domain "bench", one descriptor
-# ("key", "hot"), hits_addend 1.
-python3 - "$WORK/body.bin" <<'EOF'
-import struct, sys
-def field(number, payload):
-    return bytes([number << 3 | 2, len(payload)]) + payload
-entry = field(1, b"key") + field(2, b"hot")
-request = field(1, b"bench") + field(2, field(1, entry)) + bytes([3 << 3, 1])
-with open(sys.argv[1], "wb") as out:
-    out.write(b"\x00" + struct.pack(">I", len(request)) + request)
-EOF
+write_should_rate_limit_body "$WORK/body.bin"
 
 # Starts server $1 on a free port: sets PORT and SERVER_PID.
 start_server() {
@@ -65,14 +55,7 @@ start_server() {
     else
         local store=(memory)
         [ "$STORE" = redis ] && store=(redis "redis://127.0.0.1:$REDIS_PORT")
-        cat > "$WORK/limitador.yaml" <<EOF
-- namespace: bench
-  max_value: $SIDE_BY_SIDE_LIMIT
-  seconds: 60
-  conditions: []
-  variables:
-    - descriptors[0]['key']
-EOF
+        write_side_by_side_limitador_limits "$WORK/limitador.yaml"
         "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$PORT" --http-ip 127.0.0.1 \
             --http-port "$(free_port)" "$WORK/limitador.yaml" "${store[@]}" \
             > "$WORK/limitador.log" 2>&1 &
@@ -83,10 +66,7 @@ EOF
 }
 
 h2() { # requests -> h2load's "finished" line
-    h2load -n "$1" -c "$H2_CONNECTIONS" -m "$H2_STREAMS" -d "$WORK/body.bin" \
-        -H 'content-type: application/grpc' -H 'te: trailers' \
-        "http://127.0.0.1:$PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" |
-        grep '^finished'
+    h2load_should_rate_limit "$PORT" "$WORK/body.bin" -n "$1" | grep '^finished'
 }
 
 # User and system CPU ticks of process $1.
