@@ -148,3 +148,4 @@ pub mod stats;
 pub mod store;
 pub mod telemetry;
 pub(crate) mod tls;
+pub mod worker;

@@ -23,6 +23,7 @@ use redis::Value;
 
 use super::batch::Batcher;
 use super::breaker::CircuitBreaker;
+use crate::worker::PerThread;
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: usize = 16384;
@@ -30,14 +31,17 @@ const SLOTS: usize = 16384;
 /// One Redis node's breaker and batch queue.
 pub(super) struct Node {
     pub(super) breaker: CircuitBreaker,
-    pub(super) batcher: Batcher,
+    /// Each worker thread's queue: a thread's calls batch with its own
+    /// calls, and the driver that sends them runs on that thread, so a
+    /// batch's reply wakes no other thread.
+    pub(super) batchers: PerThread<Batcher>,
 }
 
 impl Node {
     fn new(breaker: CircuitBreaker, batch_calls: usize) -> Arc<Self> {
         Arc::new(Self {
             breaker,
-            batcher: Batcher::new(batch_calls),
+            batchers: PerThread::new(|| Batcher::new(batch_calls)),
         })
     }
 }
@@ -70,7 +74,7 @@ impl Nodes {
     /// a Cluster whose nodes cannot run the node batch script.
     pub(super) fn batch(&self) -> bool {
         match self {
-            Self::One(node) => node.batcher.batches(),
+            Self::One(node) => node.batchers.get().batches(),
             Self::PerPrimary(nodes) => {
                 nodes.batch_calls > 1 && nodes.batching.load(Ordering::Relaxed)
             }

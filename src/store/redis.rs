@@ -31,6 +31,7 @@ use super::redis_errors::{classify, classify_pool, refused_unrun, script_failed}
 use super::redis_settings::{RedisSettings, Topology};
 use crate::error::StoreError;
 use crate::metrics;
+use crate::worker::PerThread;
 
 /// Runs `$call` (a future using `$connection`, a shared handle from
 /// whichever pool `$pools` holds; the pool has its connection back before
@@ -40,7 +41,7 @@ use crate::metrics;
 /// that refuses every write). Pool errors return early, classified.
 macro_rules! on_shared_connection {
     ($pools:expr, |$connection:ident| $call:expr) => {
-        match $pools {
+        match $pools.get() {
             Pools::Standalone(pool) => on_shared_connection!(@on pool, $connection, $call),
             Pools::Cluster(pool) => on_shared_connection!(@on pool, $connection, $call),
             Pools::Sentinel(pool) => on_shared_connection!(@on pool, $connection, $call),
@@ -84,7 +85,7 @@ impl Pools {
 /// A pool of connections to Redis, behind a circuit breaker.
 #[derive(Clone)]
 pub struct RedisStore {
-    pools: Pools,
+    pools: Arc<PerThread<Pools>>,
     command_timeout: Duration,
     /// The breakers and batch queues in front of its node or nodes.
     nodes: Arc<Nodes>,
@@ -94,7 +95,7 @@ pub struct RedisStore {
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let status = self.pools.status();
+        let status = self.pool_status();
         f.debug_struct("RedisStore")
             .field("label", &self.label)
             .field("pool", &status)
@@ -117,59 +118,64 @@ impl RedisStore {
         // whole call) is the one that answers, with its own message. Equal,
         // the two would race now that a checkout takes no time.
         let reply_backstop = settings.command_timeout.saturating_mul(2);
-        let pools = match &settings.topology {
-            Topology::Standalone => {
-                let connection = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(settings.connect_timeout))
-                    .set_response_timeout(Some(reply_backstop));
-                // TLS is opened here so that a server certificate that is
-                // itself trusted is accepted (pinned_tls.rs).
-                let trust = match &settings.tls.ca {
-                    Some(ca) => Trust::Given(ca),
-                    None => Trust::System,
-                };
-                let client = settings
-                    .tls
-                    .client
-                    .as_ref()
-                    .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
-                let pinned = PinnedTls::new(
-                    first.clone(),
-                    trust,
-                    client,
-                    connection.clone(),
-                    settings.connect_timeout,
-                )
-                .map_err(misconfigured)?;
-                let standalone =
-                    Standalone::new(first, connection, pinned).map_err(misconfigured)?;
-                Pools::Standalone(bounded_pool(standalone, settings)?)
-            }
-            Topology::Cluster => {
-                let cluster = Cluster::new(
-                    plain_connection_infos(settings).map_err(misconfigured)?,
-                    certificates(settings),
-                    settings.connect_timeout,
-                    reply_backstop,
-                )
-                .map_err(misconfigured)?;
-                Pools::Cluster(bounded_pool(cluster, settings)?)
-            }
-            Topology::Sentinel => {
-                let primary = SentinelPrimary::new(
-                    plain_connection_infos(settings).map_err(misconfigured)?,
-                    &settings.sentinel.master,
-                    settings.sentinel.credentials.as_ref(),
-                    certificates(settings),
-                )
-                .map_err(misconfigured)?;
-                Pools::Sentinel(bounded_pool(primary, settings)?)
-            }
+        let pools_of_a_thread = || -> Result<Pools, StoreError> {
+            Ok(match &settings.topology {
+                Topology::Standalone => {
+                    let connection = AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(settings.connect_timeout))
+                        .set_response_timeout(Some(reply_backstop));
+                    // TLS is opened here so that a server certificate that is
+                    // itself trusted is accepted (pinned_tls.rs).
+                    let trust = match &settings.tls.ca {
+                        Some(ca) => Trust::Given(ca),
+                        None => Trust::System,
+                    };
+                    let client = settings
+                        .tls
+                        .client
+                        .as_ref()
+                        .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
+                    let pinned = PinnedTls::new(
+                        first.clone(),
+                        trust,
+                        client,
+                        connection.clone(),
+                        settings.connect_timeout,
+                    )
+                    .map_err(misconfigured)?;
+                    let standalone = Standalone::new(first.clone(), connection, pinned)
+                        .map_err(misconfigured)?;
+                    Pools::Standalone(bounded_pool(standalone, settings)?)
+                }
+                Topology::Cluster => {
+                    let cluster = Cluster::new(
+                        plain_connection_infos(settings).map_err(misconfigured)?,
+                        certificates(settings),
+                        settings.connect_timeout,
+                        reply_backstop,
+                    )
+                    .map_err(misconfigured)?;
+                    Pools::Cluster(bounded_pool(cluster, settings)?)
+                }
+                Topology::Sentinel => {
+                    let primary = SentinelPrimary::new(
+                        plain_connection_infos(settings).map_err(misconfigured)?,
+                        &settings.sentinel.master,
+                        settings.sentinel.credentials.as_ref(),
+                        certificates(settings),
+                    )
+                    .map_err(misconfigured)?;
+                    Pools::Sentinel(bounded_pool(primary, settings)?)
+                }
+            })
         };
+        // Each worker thread its own pool: its connections are then read and
+        // written by that thread alone.
+        let pools = Arc::new(PerThread::try_new(pools_of_a_thread)?);
         metrics::redis_store(MAIN);
         // A node's breaker tries a call every command timeout: so at most
         // about one call at a time waits on a node that is down.
-        let nodes = match &pools {
+        let nodes = match pools.get() {
             Pools::Cluster(_) => Nodes::PerPrimary(ClusterNodes::new(
                 settings.breaker_threshold,
                 settings.command_timeout,
@@ -235,7 +241,7 @@ impl RedisStore {
             metrics::redis_command(self.label, Duration::ZERO, Err(&StoreError::CircuitOpen));
             return Err(StoreError::CircuitOpen);
         }
-        let (outcome, slot) = node.batcher.enqueue(call);
+        let (outcome, slot) = node.batchers.get().enqueue(call);
         if let Some(slot) = slot {
             // A task of its own, so that a caller that gives up does not
             // take the other callers' batch with it.
@@ -291,10 +297,12 @@ impl RedisStore {
     ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             loop {
-                let batch = node.batcher.take();
+                // On the thread that queued the call: its queue.
+                let batcher = node.batchers.get();
+                let batch = batcher.take();
                 if batch.is_empty() {
                     drop(slot);
-                    match node.batcher.lead_again() {
+                    match batcher.lead_again() {
                         Some(again) => slot = again,
                         None => return,
                     }
@@ -376,7 +384,7 @@ impl RedisStore {
 
     /// Reports the pool's connections in use and idle to the metrics.
     pub fn report_pool(&self) {
-        let status = self.pools.status();
+        let status = self.pool_status();
         metrics::redis_pool(
             self.label,
             status.size.saturating_sub(status.available),
@@ -386,7 +394,25 @@ impl RedisStore {
 
     /// Is this a Redis Cluster, where keys live on different nodes?
     pub fn is_cluster(&self) -> bool {
-        matches!(self.pools, Pools::Cluster(_))
+        matches!(self.pools.get(), Pools::Cluster(_))
+    }
+
+    /// Every thread's pool's connections, in one.
+    fn pool_status(&self) -> deadpool::Status {
+        self.pools.iter().map(Pools::status).fold(
+            deadpool::Status {
+                max_size: 0,
+                size: 0,
+                available: 0,
+                waiting: 0,
+            },
+            |all, one| deadpool::Status {
+                max_size: all.max_size + one.max_size,
+                size: all.size + one.size,
+                available: all.available + one.available,
+                waiting: all.waiting + one.waiting,
+            },
+        )
     }
 
     /// Deletes `key` (`DEL`; on a Cluster, on the node serving its slot),
@@ -534,8 +560,11 @@ fn bounded_pool<O: Open>(
     open: O,
     settings: &RedisSettings,
 ) -> Result<Pool<Connections<O>>, StoreError> {
+    // The connections are shared by calls (see `managers`), so a thread
+    // rarely needs more than one or two: the size is split among threads.
+    let per_thread = settings.pool_size.div_ceil(crate::worker::count()).max(1);
     Pool::builder(Connections(open))
-        .max_size(settings.pool_size)
+        .max_size(per_thread)
         .wait_timeout(Some(settings.command_timeout))
         .create_timeout(Some(settings.connect_timeout))
         .recycle_timeout(Some(settings.command_timeout))
