@@ -33,8 +33,11 @@ use crate::metrics;
 use crate::telemetry::WarnThrottle;
 
 mod per_ip;
+mod spread;
 
 use per_ip::{PeerConnections, PeerSlot};
+pub(crate) use spread::Share;
+use spread::{Handed, Spread, ThreadSlot};
 
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
@@ -72,15 +75,20 @@ const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(10);
 /// and handshakes run concurrently, so slow ones hold up no one else).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The connections `listener` accepts, forever, over TLS with `tls`. Never
-/// yields an error: accept errors are handled here (tonic would retry them
-/// at once), and a failed handshake drops only that connection.
-pub(crate) fn connections(
+/// Accepts connections on `listener`, forever, and hands each, with its
+/// places under the caps, to the one of `threads` serving threads that has
+/// the fewest open: the loop to run (on any runtime; it ends when dropped)
+/// and each thread's share, for [`connections`]. Accept errors are handled
+/// here (tonic would retry them at once).
+pub(crate) fn accept_among(
     listener: TcpListener,
-    settings: IncomingSettings,
-    tls: Option<TlsAcceptor>,
-) -> Pin<Box<dyn Stream<Item = Result<Connection, io::Error>> + Send>> {
-    let state = Acceptor {
+    settings: &IncomingSettings,
+    threads: usize,
+) -> (
+    impl Future<Output = ()> + Send + 'static,
+    Vec<Share<Accepted>>,
+) {
+    let mut acceptor = Acceptor {
         listener,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
         peers: PeerConnections::new(settings.max_connections_per_ip),
@@ -91,9 +99,46 @@ pub(crate) fn connections(
     };
     // Exported at 0 from the start, so a rate over it needs no first refusal.
     metrics::connection_refused("per_ip", 0);
-    let accepted = futures::stream::unfold(state, |mut state| async move {
-        let accepted = state.next().await;
-        Some((accepted, state))
+    let (mut spread, shares) = Spread::new(threads);
+    let accepting = async move {
+        loop {
+            let (stream, slot) = acceptor.next().await;
+            // Out of this runtime's reactor, into the serving thread's.
+            match stream.into_std() {
+                Ok(stream) => spread.hand(Handed { stream, slot }, |handed, thread| {
+                    handed.slot._thread = Some(thread);
+                }),
+                Err(err) => debug!(%err, "an accepted connection could not be handed on"),
+            }
+        }
+    };
+    (accepting, shares)
+}
+
+/// An accepted connection on its way to the thread that serves it.
+pub(crate) type Accepted = Handed<Slot>;
+
+/// The connections of one serving thread's `share`, over TLS with `tls`,
+/// as they come. Never yields an error: a connection that cannot join this
+/// thread's runtime, or fails its handshake, is dropped alone. Runs on the
+/// serving thread's runtime, whose reactor then watches them.
+pub(crate) fn connections(
+    share: Share<Accepted>,
+    settings: IncomingSettings,
+    tls: Option<TlsAcceptor>,
+) -> Pin<Box<dyn Stream<Item = Result<Connection, io::Error>> + Send>> {
+    let handed = futures::stream::unfold(share, |mut share| async move {
+        let handed = share.recv().await?;
+        Some((handed, share))
+    });
+    let accepted = handed.filter_map(|Handed { stream, slot }| {
+        std::future::ready(match TcpStream::from_std(stream) {
+            Ok(stream) => Some((stream, slot)),
+            Err(err) => {
+                debug!(%err, "an accepted connection could not join its thread's runtime");
+                None
+            }
+        })
     });
     let concurrent = settings.max_connections;
     let Some(tls) = tls else {
@@ -144,10 +189,12 @@ struct Acceptor {
     refusals: WarnThrottle,
 }
 
-/// A connection's places: under the cap, and under its address's.
-struct Slot {
+/// A connection's places: under the cap, under its address's, and, once
+/// handed to a serving thread, among that thread's.
+pub(crate) struct Slot {
     _all: OwnedSemaphorePermit,
     _peer: PeerSlot,
+    _thread: Option<ThreadSlot>,
 }
 
 impl Acceptor {
@@ -183,6 +230,7 @@ impl Acceptor {
                     let slot = Slot {
                         _all: slot,
                         _peer: peer_slot,
+                        _thread: None,
                     };
                     return (stream, slot);
                 }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use ratelimitd::config::Config;
 use ratelimitd::config::upstream::Report;
 use ratelimitd::server::threads::WorkerThreads;
-use ratelimitd::server::{self, Listeners};
+use ratelimitd::server::{self, Listeners, ServingThreads};
 use ratelimitd::telemetry;
 use tracing::{error, info, warn};
 
@@ -28,8 +28,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-    match threads.runtime() {
-        Ok(runtime) => runtime.block_on(serve(config, upstream, threads)),
+    match threads.runtimes() {
+        // The other threads end when `others` drops, after serving.
+        Ok((main, others)) => main.block_on(serve(config, upstream, threads, &others)),
         Err(err) => {
             eprintln!("ratelimitd: cannot start the runtime: {err}");
             ExitCode::FAILURE
@@ -38,7 +39,12 @@ fn main() -> ExitCode {
 }
 
 /// Starts logging, binds the listeners and serves until a shutdown signal.
-async fn serve(config: Config, upstream: Report, threads: WorkerThreads) -> ExitCode {
+async fn serve(
+    config: Config,
+    upstream: Report,
+    threads: WorkerThreads,
+    others: &ServingThreads,
+) -> ExitCode {
     telemetry::init(config.telemetry.log_format, config.telemetry.log_level);
     info!(
         worker_threads = threads.count.get(),
@@ -75,7 +81,7 @@ async fn serve(config: Config, upstream: Report, threads: WorkerThreads) -> Exit
             return ExitCode::FAILURE;
         }
     }
-    match server::run(config, listeners, shutdown_signal()).await {
+    match server::run_on_threads(config, listeners, shutdown_signal(), others).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!(%err, "server failed");

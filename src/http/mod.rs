@@ -26,7 +26,8 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, any, get, post};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -53,12 +54,14 @@ impl Served {
     /// HTTP/1.1; a client must send a request's headers whole within
     /// `header_timeout` of starting them, or its connection is closed.
     /// A closing connection lingers as long (see [`linger`]): a client is
-    /// given that long to send a request body anyway.
+    /// given that long to send a request body anyway. The connections are
+    /// served on `runtimes` in turn (the worker threads' runtimes).
     pub(crate) fn start(
         name: &'static str,
         listener: TcpListener,
         router: Router,
         header_timeout: Duration,
+        runtimes: Vec<Handle>,
     ) -> Self {
         let address = listener.local_addr().ok();
         // The start-up lines say what each listener serves.
@@ -72,8 +75,11 @@ impl Served {
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(header_timeout);
         let task = tokio::spawn(serve(
-            name,
-            listener,
+            Listening {
+                name,
+                listener,
+                runtimes,
+            },
             router,
             http1,
             header_timeout,
@@ -98,13 +104,25 @@ impl Served {
     }
 }
 
+/// A listener, and the runtimes its connections are served on in turn.
+struct Listening {
+    /// Which listener, for logs.
+    name: &'static str,
+    listener: TcpListener,
+    /// At least one.
+    runtimes: Vec<Handle>,
+}
+
 /// Accepts connections on `listener` and serves `router` on each until
 /// `stopped`; then stops accepting, asks each connection to close once its
 /// request in flight is answered, and returns when all have. (axum's own
 /// `serve` sets no deadline on a request's headers: this is it, with one.)
 async fn serve(
-    name: &'static str,
-    listener: TcpListener,
+    Listening {
+        name,
+        listener,
+        runtimes,
+    }: Listening,
     router: Router,
     http1: hyper::server::conn::http1::Builder,
     linger: Duration,
@@ -114,6 +132,7 @@ async fn serve(
     // Dropped with this task (aborted past the grace): so are they.
     let mut connections = tokio::task::JoinSet::new();
     let mut stopped = std::pin::pin!(stopped);
+    let mut turn = 0;
     loop {
         tokio::select! {
             _ = &mut stopped => break,
@@ -131,7 +150,16 @@ async fn serve(
                     let service = hyper_util::service::TowerToHyperService::new(router);
                     let http1 = http1.clone();
                     let mut close = close.clone();
-                    connections.spawn(async move {
+                    // Out of this runtime's reactor, into the serving one's.
+                    let Ok(stream) = stream.into_std() else {
+                        continue;
+                    };
+                    let runtime = &runtimes[turn % runtimes.len()];
+                    turn += 1;
+                    connections.spawn_on(async move {
+                        let Ok(stream) = TcpStream::from_std(stream) else {
+                            return;
+                        };
                         let io = hyper_util::rt::TokioIo::new(Lingering::new(stream, linger));
                         let connection = http1.serve_connection(io, service);
                         let mut connection = std::pin::pin!(connection);
@@ -147,7 +175,7 @@ async fn serve(
                                 let _ = connection.await;
                             }
                         }
-                    });
+                    }, runtime);
                 }
                 // Out of file descriptors, or a connection reset before it
                 // was accepted: the next accept may do.

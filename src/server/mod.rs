@@ -25,12 +25,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
 use tracing::{debug, error, info, warn};
 
 pub use self::listeners::{BindError, Listeners};
+pub use self::threads::ServingThreads;
 use crate::api::check::CheckService;
 use crate::api::envoy::options::RulesSource;
 use crate::api::envoy::{EnvoyService, xds};
@@ -80,6 +82,9 @@ pub enum ServeError {
     /// The gRPC transport failed.
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// A worker thread's server ended abnormally.
+    #[error("a worker thread's gRPC server failed: {0}")]
+    Thread(#[source] tokio::task::JoinError),
 }
 
 /// The metrics recorder and upstream's statistics, as configured: the
@@ -116,11 +121,23 @@ fn install_telemetry(config: &Config) -> Result<Option<PrometheusHandle>, ServeE
 /// Serves on `listeners` until `shutdown` resolves, then stops in the
 /// order the module's documentation gives; returns once calls in flight
 /// have finished (waiting at most the configured grace, so a client
-/// holding a stream open cannot keep the process alive).
+/// holding a stream open cannot keep the process alive). Serves on the
+/// caller's runtime alone.
 pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    run_on_threads(config, listeners, shutdown, &ServingThreads::none()).await
+}
+
+/// [`run`], with gRPC connections spread among the caller's runtime and
+/// those of `threads` (see [`threads::WorkerThreads::runtimes`]).
+pub async fn run_on_threads(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    threads: &ServingThreads,
 ) -> Result<(), ServeError> {
     // rustls (TLS to clients and to Redis) needs one crypto provider for
     // the process; a second call finds it installed, which is fine.
@@ -154,7 +171,8 @@ pub async fn run(
         .tasks
         .extend(tls.as_ref().map(|tls| tokio::spawn(tls.watch())));
     let Listeners { grpc, http, debug } = listeners;
-    let http_side = http_side.start(http, debug, config.http.http_read_timeout);
+    let runtimes = threads.handles();
+    let http_side = http_side.start((http, debug), config.http.http_read_timeout, &runtimes);
     let grace = config.listener.shutdown_grace;
     let mut shutdown = std::pin::pin!(shutdown);
     if waits_for_rules && !first_configuration(&rules, shutdown.as_mut()).await {
@@ -171,11 +189,33 @@ pub async fn run(
     log_opened(&listener, waits_for_rules);
     health.opened();
     let shutting_down = incoming::ShutdownStarted::default();
-    let incoming = incoming::connections(
-        listener,
-        config.bounds.connections(shutting_down.clone()),
-        tls.as_ref().map(ServerTls::acceptor),
-    );
+    let settings = config.bounds.connections(shutting_down.clone());
+    let (accepting, shares) = incoming::accept_among(listener, &settings, runtimes.len());
+    let (stop_serving, serving_stopped) = watch::channel(false);
+    let acceptor = tls.as_ref().map(ServerTls::acceptor);
+    // Each thread serves the connections handed to it, on its own runtime.
+    let mut ticking = Vec::with_capacity(runtimes.len());
+    let served: Vec<_> = runtimes
+        .iter()
+        .zip(shares)
+        .map(|(runtime, share)| {
+            let incoming = incoming::connections(share, settings.clone(), acceptor.clone());
+            ticking.push(runtime.spawn(threads::tick_timer()));
+            runtime.spawn(
+                router
+                    .clone()
+                    .serve_with_incoming_shutdown(incoming, stopped(serving_stopped.clone())),
+            )
+        })
+        .collect();
+    // Accepting ends when serving stops: new connections then find the
+    // port closed, and try another instance at once.
+    let accepting = tokio::spawn(async move {
+        tokio::select! {
+            () = accepting => {}
+            () = stopped(serving_stopped) => {}
+        }
+    });
     let draining = Arc::new(Notify::new());
     let stop = Stopping {
         shutting_down,
@@ -184,11 +224,22 @@ pub async fn run(
         delay: config.listener.shutdown_delay.get(),
         quota_shutdown,
         draining: draining.clone(),
+        stop_serving,
+    };
+    let serving = async {
+        let ((), served) = tokio::join!(stop.after(shutdown), futures::future::join_all(served));
+        served.into_iter().try_for_each(|served| {
+            served
+                .map_err(ServeError::Thread)?
+                .map_err(ServeError::from)
+        })
     };
     tokio::select! {
-        result = router.serve_with_incoming_shutdown(incoming, stop.after(shutdown)) => result?,
+        result = serving => result?,
         () = grace_after(draining, grace) => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
     }
+    accepting.abort();
+    ticking.iter().for_each(JoinHandle::abort);
     http_side.stop(grace).await;
     info!("stopped");
     Ok(())
@@ -347,12 +398,13 @@ impl HttpSide {
     }
 
     /// Serves each router on its listener, when it has one, with
-    /// `header_timeout` for a request's headers.
+    /// `header_timeout` for a request's headers; the service listener's
+    /// connections on `runtimes` in turn, the debug listener's on this one.
     fn start(
         self,
-        http: Option<TcpListener>,
-        debug: Option<TcpListener>,
+        (http, debug): (Option<TcpListener>, Option<TcpListener>),
         header_timeout: Duration,
+        runtimes: &[Handle],
     ) -> HttpServed {
         HttpServed {
             service: http.map(|l| {
@@ -361,9 +413,18 @@ impl HttpSide {
                     l,
                     self.service,
                     header_timeout,
+                    runtimes.to_vec(),
                 )
             }),
-            debug: debug.map(|l| Served::start("debug endpoints", l, self.debug, header_timeout)),
+            debug: debug.map(|l| {
+                Served::start(
+                    "debug endpoints",
+                    l,
+                    self.debug,
+                    header_timeout,
+                    vec![Handle::current()],
+                )
+            }),
         }
     }
 }
@@ -498,10 +559,13 @@ struct Stopping {
     quota_shutdown: watch::Sender<bool>,
     /// Told when calls in flight start draining.
     draining: Arc<Notify>,
+    /// Tells every thread's server to stop accepting and drain.
+    stop_serving: watch::Sender<bool>,
 }
 
 impl Stopping {
-    /// Waits for `shutdown`, then stops: the future tonic serves until.
+    /// Waits for `shutdown`, then stops, in order; last, every thread's
+    /// server stops accepting and drains.
     async fn after(self, shutdown: impl Future<Output = ()>) {
         shutdown.await;
         // First of all, so that load balancers stop sending calls here.
@@ -524,7 +588,13 @@ impl Stopping {
         // Envoys reconnect to another instance.
         let _ = self.quota_shutdown.send(true);
         self.draining.notify_one();
+        let _ = self.stop_serving.send(true);
     }
+}
+
+/// Resolves once `stop` says serving stops (or its sender is gone).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
 /// Resolves `grace` after calls started draining.
