@@ -329,7 +329,10 @@ impl Leaser {
         }
         let valid_for = valid_for(policy, &limits, leasable.max_duration);
         holding.granted += units;
-        holding.allowance.units -= units as f64;
+        // Alone, a client is not held to its allowance: what it took then
+        // is no debt to repay once others come (it would starve it for as
+        // long as it was alone).
+        holding.allowance.units = (holding.allowance.units - units as f64).max(0.0);
         holding.tranches.push_back(Tranche {
             units,
             until: now + valid_for,
