@@ -3,7 +3,9 @@
 //! units are spent in the store before they are handed out, so however
 //! many streams on however many instances lease a limit, it never grants
 //! more than the limit allows; a bucket and a window take back what a
-//! release returns; shares follow demand across instances; and bad asks,
+//! release returns; grants shrink to single units as a limit runs out,
+//! leaving the last units to every client; shares follow demand across
+//! instances; and bad asks,
 //! oversize messages, floods of leases and a store that is gone are
 //! refused or bounded.
 
@@ -29,6 +31,8 @@ policies:
     - {name: hourly, per: 1h, limit: 1000}
   plain:
     - {per: 1m, limit: 100}
+  draining:
+    - {per: 1m, limit: 6000, scope: policy, lease: true, lease_max_duration: 1s}
 ";
 
 fn config_dir() -> (tempfile::TempDir, String) {
@@ -275,6 +279,136 @@ async fn a_release_is_taken_back(server: &TestServer, policy: &str, limit: u64) 
         after_release.remaining >= expected && after_release.remaining <= expected + 2,
         "{policy}: {units} leased, 10 spent, the rest returned: {after_release:?}"
     );
+}
+
+/// What one grant took: the client's index, its units, and what the limit
+/// had left before it (what the grant says is left, and its units).
+#[derive(Debug, Clone, Copy)]
+struct Took {
+    client: usize,
+    units: u64,
+    left: u64,
+}
+
+/// Two clients lease one window, each held to its share (half of 100 a
+/// second, in leases of a second: 50 units); then a CheckLimit caller
+/// spends the window down to 60 units, not much over a lease. From there
+/// each grant takes at most half of what is left: the grants halve down to
+/// single units, both clients get units to the very end, and together they
+/// take exactly the 60, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_shrink_to_single_units_as_a_window_runs_out() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&[
+        "--config",
+        &path,
+        "--redis-url",
+        &redis.url(),
+        "--lease-settle-interval",
+        "100ms",
+    ])
+    .await;
+    let mut streams = [
+        LeaseStream::open(server.address).await,
+        LeaseStream::open(server.address).await,
+    ];
+    let greedy = || pb::LeaseAsk {
+        demand: 1000.0,
+        ..ask("draining", "any")
+    };
+    // Shares settled: each client has had a grant of over a third of its
+    // lease (its share is half of 100/s, for a second).
+    let deadline = Instant::now() + common::PATIENCE;
+    let mut settled = [false; 2];
+    while settled != [true; 2] {
+        assert!(Instant::now() < deadline, "shares never settled");
+        for (stream, settled) in streams.iter_mut().zip(&mut settled) {
+            let grant = stream.ask(greedy()).await;
+            assert!(grant.error.is_none(), "{grant:?}");
+            *settled |= grant.units >= 20;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Each says it holds a whole lease while its allowance fills up again
+    // (its share accrues a lease's worth in a lease's time, a second), so
+    // that both start the end of the window able to take a lease.
+    let full = Instant::now() + Duration::from_millis(1200);
+    while Instant::now() < full {
+        for stream in &mut streams {
+            let grant = stream
+                .ask(pb::LeaseAsk {
+                    held: 1000,
+                    ..greedy()
+                })
+                .await;
+            assert!(grant.error.is_none() && grant.units == 0, "{grant:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = check(&server, "draining", "any").await.remaining;
+    let drained = server
+        .client()
+        .await
+        .check_limit(pb::CheckLimitRequest {
+            key: "any".into(),
+            policy: "draining".into(),
+            cost: Some(left - 60),
+            ..Default::default()
+        })
+        .await
+        .expect("CheckLimit answers")
+        .into_inner();
+    assert!(drained.allowed && drained.remaining == 60, "{drained:?}");
+
+    let mut took: Vec<Took> = Vec::new();
+    let mut empty = [false; 2];
+    while empty != [true; 2] {
+        assert!(Instant::now() < deadline, "not drained: {took:?}");
+        for (client, stream) in streams.iter_mut().enumerate() {
+            let grant = stream.ask(greedy()).await;
+            assert!(grant.error.is_none(), "{grant:?}");
+            let Some(after) = grant.limits.first() else {
+                // Held to its share for a moment: nothing was spent.
+                continue;
+            };
+            empty[client] = grant.units == 0 && after.remaining == 0;
+            if grant.units > 0 {
+                took.push(Took {
+                    client,
+                    units: grant.units,
+                    left: after.remaining + grant.units,
+                });
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        took.iter().map(|t| t.units).sum::<u64>(),
+        60,
+        "the last 60 units leased, each once: {took:?}"
+    );
+    for t in &took {
+        assert!(
+            t.units <= (t.left / 2).max(1),
+            "a grant took more than half of what was left: {took:?}"
+        );
+    }
+    let last = took.last().expect("grants");
+    assert_eq!(
+        (last.units, last.left),
+        (1, 1),
+        "the last unit alone: {took:?}"
+    );
+    for client in 0..2 {
+        assert!(
+            took.iter().any(|t| t.client == client && t.left <= 8),
+            "client {client} got none of the last 8 units: {took:?}"
+        );
+    }
+    let after = check(&server, "draining", "any").await;
+    assert!(!after.allowed && after.remaining == 0, "{after:?}");
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
