@@ -5,7 +5,8 @@
 //! more than the limit allows; a bucket and a window take back what a
 //! release returns; grants shrink to single units as a limit runs out,
 //! leaving the last units to every client; shares follow demand across
-//! instances; and bad asks,
+//! instances; the lease metrics count what was leased, renewed, returned
+//! and lapsed; and bad asks,
 //! oversize messages, floods of leases and a store that is gone are
 //! refused or bounded.
 
@@ -14,7 +15,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::leases::{LeaseStream, ask};
-use common::{RedisServer, TestServer};
+use common::{RedisServer, ServerProcess, TestServer, free_port, prometheus};
 use ratelimitd::pb::ratelimitd::v1 as pb;
 use tonic::Code;
 
@@ -409,6 +410,113 @@ async fn grants_shrink_to_single_units_as_a_window_runs_out() {
     let after = check(&server, "draining", "any").await;
     assert!(!after.allowed && after.remaining == 0, "{after:?}");
     server.stop().await;
+}
+
+/// The lease series of a scrape of `port`, for the `window` policy.
+async fn lease_metrics(port: u16) -> [u64; 6] {
+    let (_, series) = prometheus::scrape(port).await;
+    let window = [("policy", "window")];
+    let units = |outcome| {
+        prometheus::value(
+            &series,
+            "ratelimitd_lease_units_total",
+            &[("policy", "window"), ("outcome", outcome)],
+        ) as u64
+    };
+    [
+        prometheus::value(&series, "ratelimitd_lease_streams", &[]) as u64,
+        prometheus::value(&series, "ratelimitd_leases_held", &window) as u64,
+        units("leased"),
+        units("returned"),
+        units("lapsed"),
+        prometheus::value(&series, "ratelimitd_lease_renewals_total", &window) as u64,
+    ]
+}
+
+/// A lease granted, renewed with a report and released, and another one
+/// whose stream ends while it holds units: the server's lease metrics say
+/// exactly what was leased, renewed, returned and lapsed, what the client
+/// reported deciding, and how many streams and leases are open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_metrics_count_grants_renewals_releases_and_lapses() {
+    let (_dir, path) = config_dir();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let server = ServerProcess::builder()
+        .flags(&["--config", &path, "--metrics-listen", &listen])
+        .start()
+        .await;
+    let mut stream = LeaseStream::open(server.address).await;
+    let first = stream.ask(ask("window", "k")).await.units;
+    assert!(first > 10, "{first}");
+    // It spent 10 and renews: topped up by what it spent.
+    let second = stream
+        .ask(pb::LeaseAsk {
+            admitted: 10,
+            held: first - 10,
+            ..ask("window", "k")
+        })
+        .await
+        .units;
+    let leased = first + second;
+    let [streams, held, units, returned, lapsed, renewals] = lease_metrics(port).await;
+    assert_eq!(
+        (streams, held, units, returned, lapsed, renewals),
+        (1, 1, leased, 0, 0, 1),
+        "one stream holding one lease of {first} and {second} units, renewed once"
+    );
+    // It spent 5 more and releases the rest.
+    let released = stream
+        .ask(pb::LeaseAsk {
+            release: true,
+            admitted: 5,
+            denied: 2,
+            held: leased - 15,
+            ..ask("window", "k")
+        })
+        .await;
+    assert!(released.error.is_none(), "{released:?}");
+    let [_, held, units, returned, lapsed, renewals] = lease_metrics(port).await;
+    assert_eq!(
+        (held, units, returned, lapsed, renewals),
+        (0, leased, leased - 15, 0, 1),
+        "released: the {} units not spent returned",
+        leased - 15
+    );
+    let (_, series) = prometheus::scrape(port).await;
+    let decided = |outcome| {
+        prometheus::value(
+            &series,
+            "ratelimitd_lease_client_decisions_total",
+            &[("policy", "window"), ("outcome", outcome)],
+        ) as u64
+    };
+    assert_eq!((decided("allowed"), decided("denied")), (15, 2));
+
+    // A stream that ends holding a lease: its units lapse, unreported.
+    let mut other = LeaseStream::open(server.address).await;
+    let kept = other.ask(ask("window", "other")).await.units;
+    assert!(kept > 0);
+    drop(other);
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        let [streams, held, units, returned, lapsed, _] = lease_metrics(port).await;
+        if (streams, held) == (1, 0) {
+            assert_eq!(
+                (units, returned, lapsed),
+                (leased + kept, leased - 15, kept),
+                "the ended stream's {kept} units lapsed"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ended stream's lease never let go"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(stream);
+    server.terminate().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
