@@ -672,6 +672,96 @@ async fn shares_follow_demand_across_instances() {
     }
 }
 
+/// Four clients on two instances lease one policy-wide limit of 1000 a
+/// second (leases of half a second), each spending what it holds at its
+/// own demand, 1450 a second in all. Once their shares have settled, the
+/// units they hold at once, unspent, never pass the limit's rate times a
+/// lease's time: 500, half the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_held_at_once_stay_within_the_rate_times_a_lease() {
+    let redis = RedisServer::start().await;
+    let (_dir, path) = config_dir();
+    let url = redis.url();
+    let flags = [
+        "--config",
+        path.as_str(),
+        "--redis-url",
+        url.as_str(),
+        "--lease-settle-interval",
+        "100ms",
+    ];
+    let servers = [
+        TestServer::start(&flags).await,
+        TestServer::start(&flags).await,
+    ];
+    let held = std::sync::Mutex::new(([0u64; 4], 0u64));
+    let started = Instant::now();
+    let settled = Duration::from_millis(1500);
+    let clients = [600.0, 400.0, 300.0, 150.0]
+        .into_iter()
+        .enumerate()
+        .map(|(client, demand)| {
+            let (server, held) = (&servers[client % 2], &held);
+            async move {
+                let mut stream = LeaseStream::open(server.address).await;
+                // Units held, as (valid until, units), oldest first.
+                let mut tranches: std::collections::VecDeque<(Instant, u64)> = Default::default();
+                let (mut last, mut wanted) = (Instant::now(), 0.0);
+                while started.elapsed() < settled + Duration::from_secs(2) {
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                    let now = Instant::now();
+                    tranches.retain(|(until, _)| *until > now);
+                    wanted = (wanted + demand * (now - last).as_secs_f64()).min(demand * 0.1);
+                    last = now;
+                    let mut admitted = 0;
+                    while let Some((_, units)) = tranches.front_mut() {
+                        let take = (*units).min(wanted as u64 - admitted);
+                        *units -= take;
+                        admitted += take;
+                        if *units > 0 {
+                            break;
+                        }
+                        tranches.pop_front();
+                    }
+                    wanted -= admitted as f64;
+                    let holding: u64 = tranches.iter().map(|(_, units)| units).sum();
+                    let sent = Instant::now();
+                    let grant = stream
+                        .ask(pb::LeaseAsk {
+                            demand,
+                            held: holding,
+                            admitted,
+                            ..ask("shared", "any")
+                        })
+                        .await;
+                    assert!(grant.error.is_none(), "{grant:?}");
+                    if grant.units > 0 {
+                        let valid_for = Duration::from_secs_f64(seconds(grant.valid_for));
+                        tranches.push_back((sent + valid_for, grant.units));
+                    }
+                    let mut held = held.lock().expect("the tally");
+                    held.0[client] = holding + grant.units;
+                    if started.elapsed() > settled {
+                        held.1 = held.1.max(held.0.iter().sum());
+                    }
+                }
+            }
+        });
+    futures::future::join_all(clients).await;
+    let most = held.lock().expect("the tally").1;
+    assert!(
+        most <= 500,
+        "{most} units held at once, over the rate times a lease"
+    );
+    assert!(
+        most >= 100,
+        "the clients held leases: at most {most} at once"
+    );
+    for server in servers {
+        server.stop().await;
+    }
+}
+
 /// With Redis gone, an ask is answered UNAVAILABLE within the Redis
 /// timeout (100 ms by default), and nothing is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
