@@ -597,14 +597,11 @@ async fn floods_are_bounded_and_oversize_messages_end_the_stream() {
     server.stop().await;
 }
 
-/// Two clients lease one policy-wide limit of 1000 a second from two
-/// instances, each spending what it holds at its own demand: the one that
-/// wants 100 a second gets about that, the one that wants 3000 gets the
-/// rest, and together they never get more than the limit allows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shares_follow_demand_across_instances() {
+/// Two instances on one Redis, settling shares every tenth of a second:
+/// the Redis and the configuration live as long as they are kept.
+async fn two_instances_settling_quickly() -> (RedisServer, tempfile::TempDir, [TestServer; 2]) {
     let redis = RedisServer::start().await;
-    let (_dir, path) = config_dir();
+    let (dir, path) = config_dir();
     let url = redis.url();
     let flags = [
         "--config",
@@ -618,6 +615,16 @@ async fn shares_follow_demand_across_instances() {
         TestServer::start(&flags).await,
         TestServer::start(&flags).await,
     ];
+    (redis, dir, servers)
+}
+
+/// Two clients lease one policy-wide limit of 1000 a second from two
+/// instances, each spending what it holds at its own demand: the one that
+/// wants 100 a second gets about that, the one that wants 3000 gets the
+/// rest, and together they never get more than the limit allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_follow_demand_across_instances() {
+    let (_redis, _dir, servers) = two_instances_settling_quickly().await;
     let clients =
         [(3000.0, &servers[0]), (100.0, &servers[1])].map(|(demand, server)| async move {
             let mut stream = LeaseStream::open(server.address).await;
@@ -679,21 +686,7 @@ async fn shares_follow_demand_across_instances() {
 /// lease's time: 500, half the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn units_held_at_once_stay_within_the_rate_times_a_lease() {
-    let redis = RedisServer::start().await;
-    let (_dir, path) = config_dir();
-    let url = redis.url();
-    let flags = [
-        "--config",
-        path.as_str(),
-        "--redis-url",
-        url.as_str(),
-        "--lease-settle-interval",
-        "100ms",
-    ];
-    let servers = [
-        TestServer::start(&flags).await,
-        TestServer::start(&flags).await,
-    ];
+    let (_redis, _dir, servers) = two_instances_settling_quickly().await;
     let held = std::sync::Mutex::new(([0u64; 4], 0u64));
     let started = Instant::now();
     let settled = Duration::from_millis(1500);
