@@ -433,7 +433,7 @@ impl Leaser {
                 Some(_) if decision.is_allowed() => (
                     Decision::allowed(
                         decision.limit(),
-                        decision.remaining() + excess,
+                        decision.remaining().saturating_add(excess),
                         decision.reset_after(),
                     ),
                     mark,
