@@ -2,8 +2,9 @@
 up (the policy turns hot and is leased), then makes `decisions` checks,
 closed loop (rate 0) or paced at `rate` a second, and prints one JSON
 object: the process's CPU time per decision (its lease thread's or task's
-included), decisions per second, how many were allowed, and the client's
-lease counters. `asyncio`: true drives the AsyncClient instead of the Client.
+included), decisions per second, how many were allowed, the calls
+ratelimitd served for them (the lease stream's asks, and the checks no
+lease decided), and the client's lease counters. `asyncio`: true drives the AsyncClient instead of the Client.
 
 Usage: python benches/lease_client.py '{"address": "127.0.0.1:50051",
   "policy": "hot", "decisions": 100000, "rate": 0, "leases": true,
@@ -22,6 +23,7 @@ def run(settings):
     client = Client(settings["address"], leases=settings["leases"])
     for _ in range(500):
         client.check("bench", policy=settings["policy"])
+    before = client.lease_stats()
     decisions, rate = settings["decisions"], settings["rate"]
     cpu = time.process_time()
     started = time.monotonic()
@@ -37,13 +39,14 @@ def run(settings):
     used = time.process_time() - cpu
     stats = client.lease_stats()
     client.close()
-    return used, seconds, allowed, stats
+    return used, seconds, allowed, before, stats
 
 
 async def run_async(settings):
     client = AsyncClient(settings["address"], leases=settings["leases"])
     for _ in range(500):
         await client.check("bench", policy=settings["policy"])
+    before = client.lease_stats()
     decisions, rate = settings["decisions"], settings["rate"]
     cpu = time.process_time()
     started = time.monotonic()
@@ -59,22 +62,28 @@ async def run_async(settings):
     used = time.process_time() - cpu
     stats = client.lease_stats()
     await client.close()
-    return used, seconds, allowed, stats
+    return used, seconds, allowed, before, stats
 
 
 def main():
     settings = json.loads(sys.argv[1])
     if settings.get("asyncio"):
-        used, seconds, allowed, stats = asyncio.run(run_async(settings))
+        used, seconds, allowed, before, stats = asyncio.run(run_async(settings))
     else:
-        used, seconds, allowed, stats = run(settings)
+        used, seconds, allowed, before, stats = run(settings)
     decisions = settings["decisions"]
+
+    def local(counts):
+        return counts["local_allowed"] + counts["local_denied"]
+
+    server_calls = stats["asks"] - before["asks"] + decisions - (local(stats) - local(before))
     print(
         json.dumps(
             {
                 "cpu_us_per_decision": used * 1e6 / decisions,
                 "per_second": decisions / seconds,
                 "allowed": allowed,
+                "server_calls": server_calls,
                 "stats": stats,
             }
         )

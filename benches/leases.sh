@@ -4,8 +4,9 @@
 # default) and without (every decision a CheckLimit call), against
 # ratelimitd on a private redis-server. For each: decisions per second and
 # the client's CPU time per decision, closed loop; then, paced at 1000
-# decisions a second for PACED_SECONDS, the script calls Redis served per
-# 1000 admitted.
+# decisions a second for PACED_SECONDS, the calls ratelimitd served (the
+# lease stream's asks and the CheckLimit calls) and the script calls Redis
+# served, each per 1000 admitted.
 #
 #   benches/leases.sh
 #   RATELIMITD_BIN=target/debug/ratelimitd DECISIONS=20000 benches/leases.sh
@@ -51,8 +52,8 @@ wait_port "$PORT"
 print_machine
 echo "ratelimitd: $BIN; decisions: $DECISIONS with leases, $CALL_DECISIONS without"
 echo
-echo "| client | decided by | decisions/s | client CPU per decision | Redis script calls per 1000 admitted (1000/s) |"
-echo "|---|---|---:|---:|---:|"
+echo "| client | decided by | decisions/s | client CPU per decision | ratelimitd calls per 1000 admitted (1000/s) | Redis script calls per 1000 admitted (1000/s) |"
+echo "|---|---|---:|---:|---:|---:|"
 run() { # client (node|python|python-async), leases (true|false), decisions, rate, policy
     local settings
     settings=$(printf '{"address": "127.0.0.1:%s", "policy": "%s", "decisions": %s, "rate": %s, "leases": %s, "asyncio": %s}' \
@@ -63,6 +64,7 @@ run() { # client (node|python|python-async), leases (true|false), decisions, rat
     esac
 }
 field() { python3 -c "import json, sys; print(round(json.load(sys.stdin)[\"$1\"], 1))"; }
+per_1000() { python3 -c "print(round($1 * 1000 / max($allowed, 1), 1))"; } # of the paced run's admitted
 for client in node python python-async; do
     for leases in true false; do
         decisions=$DECISIONS
@@ -71,10 +73,11 @@ for client in node python python-async; do
         before=$(script_calls)
         paced=$(run "$client" "$leases" $((PACED_SECONDS * 1000)) 1000 hot)
         calls=$(($(script_calls) - before))
-        allowed=$(echo "$paced" | python3 -c 'import json, sys; print(json.load(sys.stdin)["allowed"])')
+        allowed=$(echo "$paced" | field allowed)
+        served=$(echo "$paced" | field server_calls)
         label=$([ "$leases" = true ] && echo "a lease" || echo "CheckLimit")
-        printf '| %s | %s | %s | %s µs | %s |\n' "$client" "$label" \
+        printf '| %s | %s | %s | %s µs | %s | %s |\n' "$client" "$label" \
             "$(echo "$closed" | field per_second)" "$(echo "$closed" | field cpu_us_per_decision)" \
-            "$(python3 -c "print(round($calls * 1000 / max($allowed, 1), 1))")"
+            "$(per_1000 "$served")" "$(per_1000 "$calls")"
     done
 done

@@ -38,6 +38,8 @@ pub(crate) struct Holding {
     pub settled_at: Option<Instant>,
     /// Its last reported demand, requests per second.
     pub demand: f64,
+    /// Whether its last grant was cut short by what the limits had left.
+    pub low: bool,
 }
 
 /// Units granted at once, and what finds their spend again.
@@ -188,6 +190,7 @@ mod tests {
             subscribers,
             settled_at: Some(now),
             demand,
+            low: false,
         }
     }
 

@@ -185,6 +185,7 @@ impl Leaser {
             subscribers: 0,
             settled_at: None,
             demand: 0.0,
+            low: false,
         }
     }
 
@@ -304,7 +305,7 @@ impl Leaser {
         let share = holding
             .contended()
             .then_some((holding.allowance.units, holding.share_rate));
-        let wanted = match sizing::top_up(size, held, share) {
+        let wanted = match sizing::top_up(size, held, share, holding.low) {
             TopUp::Spend(units) => units,
             TopUp::Enough => return Ok(waiting(None, renew_after)),
             TopUp::Wait(wait) => {
@@ -315,6 +316,7 @@ impl Leaser {
             }
         };
         let (units, spent) = self.spend_up_to(policy, key, wanted).await?;
+        holding.low = units < wanted;
         let (decisions, marks): (Vec<Decision>, Vec<Option<SpendMark>>) = spent.into_iter().unzip();
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
         if units == 0 {
@@ -329,7 +331,10 @@ impl Leaser {
         }
         let valid_for = valid_for(policy, &limits, leasable.max_duration);
         holding.granted += units;
-        holding.allowance.units -= units as f64;
+        // Alone, a client is not held to its allowance: what it took then
+        // is no debt to repay once others come (it would starve it for as
+        // long as it was alone).
+        holding.allowance.units = (holding.allowance.units - units as f64).max(0.0);
         holding.tranches.push_back(Tranche {
             units,
             until: now + valid_for,
@@ -347,10 +352,13 @@ impl Leaser {
     }
 
     /// Spends `wanted` units of every limit of `policy` for `key`, all or
-    /// nothing; if a limit has fewer left, as many as the least of them
-    /// has. Answers the units spent (0: none) and each limit's decision,
-    /// with the mark of its spend if it spent. A Redis that cannot answer
-    /// is an error: nothing is leased on a failure policy's word.
+    /// nothing, within what the limits have left ([`sizing::within_left`]:
+    /// at most half of it): if a limit has fewer left, that part of the
+    /// least of them; if the spend took more than that part (others spent
+    /// since), the rest goes straight back. Answers the units spent (0:
+    /// none) and each limit's decision, with the mark of its spend if it
+    /// spent. A Redis that cannot answer is an error: nothing is leased on
+    /// a failure policy's word.
     async fn spend_up_to(
         &self,
         policy: &Policy,
@@ -363,30 +371,95 @@ impl Leaser {
                 .limiter
                 .spend_marked(&policy.requests(key, cost))
                 .await?;
-            let denying = |decision: &&Decision| !decision.is_allowed();
-            let enforcing = policy
+            let enforcing: Vec<&Decision> = policy
                 .limits
                 .iter()
                 .zip(&spent)
-                .filter(|(limit, _)| !limit.shadow);
-            let denied: Vec<&Decision> = enforcing
+                .filter(|(limit, _)| !limit.shadow)
                 .map(|(_, (decision, _))| decision)
-                .filter(denying)
                 .collect();
-            if denied.is_empty() {
-                return Ok((cost, spent));
-            }
-            let least = denied
+            let least_denied = enforcing
                 .iter()
+                .filter(|decision| !decision.is_allowed())
                 .map(|decision| decision.remaining())
-                .min()
-                .unwrap_or(0);
+                .min();
+            let Some(least) = least_denied else {
+                // Spent: what the limits had left was what they have now
+                // and this spend.
+                let left = enforcing
+                    .iter()
+                    .map(|decision| decision.remaining().saturating_add(cost))
+                    .min();
+                let kept = left.map_or(cost, |left| sizing::within_left(cost, left));
+                return Ok(self.keep(policy, key, cost, kept, spent).await);
+            };
+            // Denied, nothing spent: `least` is what the tightest limit has.
             if least == 0 || least >= cost {
                 return Ok((0, spent));
             }
-            cost = least;
+            cost = sizing::within_left(cost, least);
         }
         Ok((0, Vec::new()))
+    }
+
+    /// Of `cost` units just spent as `spent`, keeps `kept` for the client
+    /// and gives the rest back to the spend they came from. A give-back
+    /// that does not happen keeps them all: they are spent either way, and
+    /// the limits still allowed them.
+    async fn keep(
+        &self,
+        policy: &Policy,
+        key: &CallerKey,
+        cost: u64,
+        kept: u64,
+        spent: Vec<MarkedDecision>,
+    ) -> (u64, Vec<MarkedDecision>) {
+        let excess = cost - kept;
+        if excess == 0 {
+            return (cost, spent);
+        }
+        let marks: Vec<Option<SpendMark>> = spent.iter().map(|(_, mark)| *mark).collect();
+        match self.give_back_units(policy, key, excess, &marks).await {
+            Ok(true) => {}
+            Ok(false) => return (cost, spent),
+            Err(err) => {
+                tracing::debug!(%err, "could not give back what a grant spent beyond its part");
+                return (cost, spent);
+            }
+        }
+        let spent = spent
+            .into_iter()
+            .map(|(decision, mark)| match mark {
+                Some(_) if decision.is_allowed() => (
+                    Decision::allowed(
+                        decision.limit(),
+                        decision.remaining().saturating_add(excess),
+                        decision.reset_after(),
+                    ),
+                    mark,
+                ),
+                _ => (decision, mark),
+            })
+            .collect();
+        (kept, spent)
+    }
+
+    /// Gives `units` of `key`'s spend on `policy` back, each limit to the
+    /// spend its mark finds; answers whether anything was given back.
+    async fn give_back_units(
+        &self,
+        policy: &Policy,
+        key: &CallerKey,
+        units: u64,
+        marks: &[Option<SpendMark>],
+    ) -> Result<bool, Error> {
+        let spent: Vec<(LimitRequest, SpendMark)> = policy
+            .requests(key, units)
+            .into_iter()
+            .zip(marks)
+            .filter_map(|(request, mark)| Some((request, (*mark)?)))
+            .collect();
+        Ok(self.limiter.give_back(&spent).await?)
     }
 
     /// Ends the lease on `ask`'s policy and key: gives back what the client
@@ -408,14 +481,10 @@ impl Leaser {
         let mut given_back = Ok(());
         if reported.is_ok() {
             for part in holding.give_back(now, ask.held) {
-                let spent: Vec<(LimitRequest, SpendMark)> = part
-                    .policy
-                    .requests(key, part.units)
-                    .into_iter()
-                    .zip(&part.marks)
-                    .filter_map(|(request, mark)| Some((request, (*mark)?)))
-                    .collect();
-                match self.limiter.give_back(&spent).await {
+                match self
+                    .give_back_units(&part.policy, key, part.units, &part.marks)
+                    .await
+                {
                     Ok(true) => {
                         holding.returned += part.units;
                         metrics::lease_units(&ask.policy, "returned", part.units);

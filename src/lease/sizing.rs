@@ -114,8 +114,12 @@ const CONTENDED_CHUNK: f64 = 0.75;
 /// (`share` is `None`), it gets what it lacks. Beside others, held to its
 /// share (`Some((allowance, rate))`: what may be granted now, and how fast
 /// that grows), it gets what it lacks once its allowance covers that or
-/// three quarters of a lease, whichever is less; until then it waits.
-pub(crate) fn top_up(size: f64, held: u64, share: Option<(f64, f64)>) -> TopUp {
+/// three quarters of a lease, whichever is less; until then it waits. While
+/// the limits run `low` (its last grant was cut to what they had left), it
+/// gets what its allowance covers, however little: grants are small then
+/// anyway, and waiting for a chunk would deny requests that the limits
+/// and its share both allow.
+pub(crate) fn top_up(size: f64, held: u64, share: Option<(f64, f64)>, low: bool) -> TopUp {
     let lacking = (size - held as f64).floor();
     if lacking < 1.0 {
         return TopUp::Enough;
@@ -123,7 +127,12 @@ pub(crate) fn top_up(size: f64, held: u64, share: Option<(f64, f64)>) -> TopUp {
     let Some((allowance, rate)) = share else {
         return TopUp::Spend(lacking as u64);
     };
-    let needed = lacking.min((size * CONTENDED_CHUNK).floor()).max(1.0);
+    let chunk = if low {
+        1.0
+    } else {
+        (size * CONTENDED_CHUNK).floor()
+    };
+    let needed = lacking.min(chunk).max(1.0);
     if allowance >= needed {
         return TopUp::Spend(lacking.min(allowance.floor()) as u64);
     }
@@ -133,6 +142,21 @@ pub(crate) fn top_up(size: f64, held: u64, share: Option<(f64, f64)>) -> TopUp {
         3600.0
     };
     TopUp::Wait(Duration::from_secs_f64(wait))
+}
+
+/// Of the units a limit has left, the most one grant takes: half (and the
+/// last one, when one is left). Every grant leaves at least as much as it
+/// takes for the other clients leasing the limit and for `CheckLimit`
+/// callers, so as the limit runs out successive grants halve down to single
+/// units and then none: near the end of a window or in an empty bucket the
+/// clients ask per request, and no client holds units that another could
+/// have used. Half, rather than a part per client: a lease is at most a
+/// quarter of the limit by default and held units at most half of it, so
+/// while a limit has half or more left the rule takes nothing from a
+/// lease's size and costs no store call; it bites only as the limit runs
+/// low.
+pub(crate) fn within_left(units: u64, left: u64) -> u64 {
+    units.min((left / 2).max(1)).min(left)
 }
 
 #[cfg(test)]
@@ -205,19 +229,64 @@ mod tests {
 
     #[test]
     fn a_top_up_is_what_the_lease_lacks_within_the_allowance() {
-        assert_eq!(top_up(100.0, 0, None), TopUp::Spend(100));
-        assert_eq!(top_up(100.0, 30, None), TopUp::Spend(70));
-        assert_eq!(top_up(100.0, 120, None), TopUp::Enough);
-        assert_eq!(top_up(100.0, 30, Some((1000.0, 50.0))), TopUp::Spend(70));
-        assert_eq!(top_up(100.0, 0, Some((80.5, 50.0))), TopUp::Spend(80));
+        assert_eq!(top_up(100.0, 0, None, false), TopUp::Spend(100));
+        assert_eq!(top_up(100.0, 30, None, false), TopUp::Spend(70));
+        assert_eq!(top_up(100.0, 120, None, false), TopUp::Enough);
+        let share = |allowance, rate| Some((allowance, rate));
+        assert_eq!(
+            top_up(100.0, 30, share(1000.0, 50.0), false),
+            TopUp::Spend(70)
+        );
+        assert_eq!(top_up(100.0, 0, share(80.5, 50.0), false), TopUp::Spend(80));
         // Less than three quarters accrued: it waits for the rest.
         assert_eq!(
-            top_up(100.0, 0, Some((50.0, 50.0))),
+            top_up(100.0, 0, share(50.0, 50.0), false),
             TopUp::Wait(Duration::from_millis(500))
         );
         // Lacking little, it has it once that much accrued.
-        assert_eq!(top_up(100.0, 90, Some((10.0, 50.0))), TopUp::Spend(10));
-        assert!(matches!(top_up(100.0, 0, Some((0.0, 0.0))), TopUp::Wait(_)));
+        assert_eq!(
+            top_up(100.0, 90, share(10.0, 50.0), false),
+            TopUp::Spend(10)
+        );
+        assert!(matches!(
+            top_up(100.0, 0, share(0.0, 0.0), false),
+            TopUp::Wait(_)
+        ));
+        // With the limits running low, whatever the allowance covers.
+        assert_eq!(top_up(100.0, 0, share(50.0, 50.0), true), TopUp::Spend(50));
+        assert_eq!(top_up(100.0, 0, share(1.5, 50.0), true), TopUp::Spend(1));
+        assert_eq!(
+            top_up(100.0, 0, share(0.5, 50.0), true),
+            TopUp::Wait(Duration::from_millis(10))
+        );
+    }
+
+    #[test]
+    fn a_grant_takes_at_most_half_of_what_is_left_down_to_single_units() {
+        assert_eq!(
+            within_left(250, 20_000),
+            250,
+            "plenty left: the whole lease"
+        );
+        assert_eq!(within_left(250, 500), 250);
+        assert_eq!(within_left(250, 300), 150);
+        assert_eq!(within_left(250, 4), 2);
+        assert_eq!(within_left(250, 3), 1);
+        assert_eq!(within_left(250, 2), 1);
+        assert_eq!(within_left(250, 1), 1, "the last unit, to whoever asks");
+        assert_eq!(within_left(250, 0), 0);
+        assert_eq!(within_left(0, 100), 0);
+        // One client draining a limit alone: each grant takes half of what
+        // is left, the last ones single units, and never one unit too many.
+        let (mut left, mut grants) = (500u64, Vec::new());
+        while left > 0 {
+            let units = within_left(125, left);
+            assert!(units >= 1 && units <= left - units + 1, "{units} of {left}");
+            grants.push(units);
+            left -= units;
+        }
+        assert_eq!(grants, [125, 125, 125, 62, 31, 16, 8, 4, 2, 1, 1]);
+        assert_eq!(grants.iter().sum::<u64>(), 500);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! With things failing (a Python client killed; an instance killed under
 //! a Node and a Python client; Redis stopped and started again under a
 //! third): still never more than the bucket allows; the killed client's
-//! share taken up by the others; clients cut off from their instance, or
+//! unspent units lapsed, at most a lease's worth, and its share taken up
+//! by the others; clients cut off from their instance, or
 //! from Redis, admitting nothing beyond what they held.
 //!
 //! `LEASE_DEBUG_DIR=<dir>` keeps each driver's lines (with its lease
@@ -28,7 +29,7 @@ use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::client_installs::{node_client, python_client};
-use common::{RedisServer, ServerProcess};
+use common::{RedisServer, ServerProcess, free_port, prometheus};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
@@ -273,8 +274,9 @@ fn rounded(rates: &[f64]) -> Vec<i64> {
     rates.iter().map(|rate| rate.round() as i64).collect()
 }
 
-/// Redis and two ratelimitd processes on it with [`POLICIES`].
-async fn two_instances() -> (RedisServer, [ServerProcess; 2], tempfile::TempDir) {
+/// Redis and two ratelimitd processes on it with [`POLICIES`], and the
+/// ports of their metrics listeners.
+async fn two_instances() -> (RedisServer, [ServerProcess; 2], [u16; 2], tempfile::TempDir) {
     node_client();
     python_client();
     let redis = RedisServer::start().await;
@@ -292,11 +294,15 @@ async fn two_instances() -> (RedisServer, [ServerProcess; 2], tempfile::TempDir)
         "--redis-command-timeout",
         "1s",
     ];
-    let servers = [
-        ServerProcess::builder().flags(&flags).start().await,
-        ServerProcess::builder().flags(&flags).start().await,
-    ];
-    (redis, servers, dir)
+    let ports = [free_port(), free_port()];
+    let mut servers = Vec::new();
+    for port in ports {
+        let metrics = format!("127.0.0.1:{port}");
+        let flags = [&flags[..], &["--metrics-listen", &metrics]].concat();
+        servers.push(ServerProcess::builder().flags(&flags).start().await);
+    }
+    let servers: [ServerProcess; 2] = servers.try_into().ok().expect("two instances");
+    (redis, servers, ports, dir)
 }
 
 /// The end of the minute window, read from its key's expiry on Redis
@@ -336,7 +342,7 @@ const PER_MINUTE: f64 = 150.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_clients_on_two_instances_keep_both_limits_and_share_them_by_demand() {
-    let (redis, servers, _dir) = two_instances().await;
+    let (redis, servers, _, _dir) = two_instances().await;
     let addresses = servers.each_ref().map(|server| server.address.to_string());
     let calls_before = redis.script_calls().await;
     let started = now_ms();
@@ -462,7 +468,7 @@ async fn until(at: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_clients_instances_and_a_restarted_redis_never_let_more_through() {
-    let (mut redis, mut servers, _dir) = two_instances().await;
+    let (mut redis, mut servers, metrics, _dir) = two_instances().await;
     let addresses = servers.each_ref().map(|server| server.address.to_string());
     let schedule = json!([{"seconds": 27, "rates": {"per-second": 400.0}}]);
     let started = now_ms();
@@ -480,6 +486,28 @@ async fn killed_clients_instances_and_a_restarted_redis_never_let_more_through()
     until(started + 4000).await;
     common::send_signal(killed.pid(), "-KILL");
     let client_killed = now_ms();
+    // Its instance lets its lease go as its stream breaks, and counts the
+    // units it held and never reported spent as lapsed: at most one lease
+    // of this limit (`lease_max_units`, a quarter of it), and none given
+    // back, nobody knowing how many it admitted. (The survivor beside it
+    // still holds its own lease: nothing else has lapsed there yet.)
+    let lapsed = common::wait::settle("the killed client's lease let go", || async {
+        let (_, series) = prometheus::scrape(metrics[0]).await;
+        let policy = [("policy", "per-second")];
+        let held = prometheus::value(&series, "ratelimitd_leases_held", &policy);
+        let lapsed: Vec<f64> = prometheus::matching(
+            &series,
+            "ratelimitd_lease_units_total",
+            &[("policy", "per-second"), ("outcome", "lapsed")],
+        )
+        .collect();
+        match lapsed[..] {
+            [lapsed] if held == 1.0 => Ok(lapsed),
+            _ => Err(format!("{held} leases held, lapsed {lapsed:?}")),
+        }
+    })
+    .await;
+    assert!(lapsed <= 250.0, "{lapsed} units lapsed, over one lease");
     // An instance killed: its clients decide from what they hold, then
     // ask it per request, and it is gone.
     until(started + 14_000).await;

@@ -58,7 +58,7 @@ static SCRIPT_AT: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// The refund script under the test's clock: a lease's give-back of a
-/// token bucket's or GCRA's units.
+/// fixed window's, a token bucket's or a GCRA limit's units.
 static REFUND_AT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[

@@ -24,8 +24,8 @@ const OPTIONS = new Set([
   'limits',
   'policy',
   'keyGenerator',
-  // express-rate-limit's users know `keyGenerator`; issue examples and
-  // other limiters say `key`: either names the same option.
+  // express-rate-limit's users know `keyGenerator`; ratelimitd's own
+  // examples and other limiters say `key`: either names the same option.
   'key',
   // The default key's: how much of an IPv6 address is the client.
   'ipv6Subnet',

@@ -1,6 +1,6 @@
 'use strict';
 
-// Issue 16: express-rate-limit's options, against a real ratelimitd.
+// express-rate-limit's options, against a real ratelimitd.
 
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');

@@ -1,6 +1,6 @@
 'use strict';
 
-// Issue 16: the defaults (300 ms deadline, fail open) and every fail-open
+// The defaults (300 ms deadline, fail open) and every fail-open
 // made visible: the RateLimit-Degraded header, the onDegraded hook, the
 // limiter's stats, and the throttled warning.
 

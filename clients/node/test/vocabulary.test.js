@@ -1,6 +1,6 @@
 'use strict';
 
-// Issue 16: one vocabulary with the server and the Python client (algorithm
+// One vocabulary with the server and the Python client (algorithm
 // and failure-policy names), each limiter's own namespace, and the address
 // and TLS from the environment.
 
