@@ -40,6 +40,9 @@ pub(crate) struct Holding {
     pub demand: f64,
     /// Whether its last grant was cut short by what the limits had left.
     pub low: bool,
+    /// What the tightest limit had left after its last grant, and until
+    /// when that stands.
+    pub left: Option<(u64, Instant)>,
 }
 
 /// Units granted at once, and what finds their spend again.
@@ -191,6 +194,7 @@ mod tests {
             settled_at: Some(now),
             demand,
             low: false,
+            left: None,
         }
     }
 

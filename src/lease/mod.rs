@@ -12,6 +12,7 @@
 //! `sizing` says what may be leased and how much; `book` is one stream's
 //! leases. The gRPC face is `api::lease`.
 
+mod answers;
 pub(crate) mod book;
 mod options;
 pub(crate) mod sizing;
@@ -23,12 +24,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use self::answers::{labels, lease_size, least_left, longest_wait, nothing, valid_for, waiting};
 use self::book::{Book, Holding, Tranche};
 use self::sizing::{Allowance, Leasable, TopUp};
 use crate::algorithm::LimitRequest;
 use crate::decider::{self, Label};
 use crate::error::Error;
-use crate::limit::{CallerKey, Decision, InvalidArgument, RetryAfter};
+use crate::limit::{CallerKey, Decision, InvalidArgument};
 use crate::limiter::script::SpendMark;
 use crate::limiter::{Limiter, MarkedDecision};
 use crate::live;
@@ -186,6 +188,7 @@ impl Leaser {
             settled_at: None,
             demand: 0.0,
             low: false,
+            left: None,
         }
     }
 
@@ -315,8 +318,16 @@ impl Leaser {
                 return Ok(waiting(Some(wait), wait));
             }
         };
-        let (units, spent) = self.spend_up_to(policy, key, wanted).await?;
+        // Within what the limits had left at the last grant, when that still
+        // stands: spending more and giving the rest back would show other
+        // callers, for a moment, less left than there is.
+        let cost = holding
+            .left
+            .filter(|&(_, until)| now < until)
+            .map_or(wanted, |(left, _)| sizing::within_left(wanted, left));
+        let (units, spent) = self.spend_up_to(policy, key, cost).await?;
         holding.low = units < wanted;
+        holding.left = least_left(policy, &spent, now);
         let (decisions, marks): (Vec<Decision>, Vec<Option<SpendMark>>) = spent.into_iter().unzip();
         let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
         if units == 0 {
@@ -568,66 +579,6 @@ fn shown(holding: &Holding) -> live::HolderStats {
         granted: holding.granted,
         admitted: holding.admitted,
     }
-}
-
-/// The answer to an ask that gets no units now: `retry_after` set when the
-/// client is to deny once its holding is spent.
-fn waiting(retry_after: Option<Duration>, renew_after: Duration) -> Grant {
-    Grant {
-        units: 0,
-        valid_for: Duration::ZERO,
-        limits: Vec::new(),
-        retry_after,
-        renew_after,
-    }
-}
-
-/// The answer to an ask that gets nothing and need not wait.
-fn nothing() -> Grant {
-    waiting(None, Duration::ZERO)
-}
-
-/// A lease's size: the share's rate for the lease's time, within the
-/// policy's largest lease, and at least one unit.
-fn lease_size(leasable: &Leasable, share_rate: f64) -> f64 {
-    (share_rate * leasable.max_duration.as_secs_f64())
-        .min(leasable.max_units as f64)
-        .max(1.0)
-}
-
-/// How long granted units are valid: the policy's longest lease, and for a
-/// window no longer than the window the units were spent in.
-fn valid_for(policy: &Policy, limits: &[(Label, Decision)], longest: Duration) -> Duration {
-    policy
-        .limits
-        .iter()
-        .zip(limits)
-        .filter(|(limit, _)| matches!(limit.algorithm, crate::algorithm::Algorithm::FixedWindow(_)))
-        .map(|(_, (_, decision))| decision.reset_after().as_duration())
-        .fold(longest, Duration::min)
-}
-
-/// The longest wait among the denying limits.
-fn longest_wait(limits: &[(Label, Decision)]) -> Option<Duration> {
-    limits
-        .iter()
-        .filter_map(|(_, decision)| match decision.retry_after() {
-            RetryAfter::After(wait) if !decision.is_allowed() => Some(wait.as_duration()),
-            _ => None,
-        })
-        .max()
-}
-
-/// The labels of a policy's limits, in order.
-fn labels(policy: &Policy) -> Vec<Label> {
-    policy
-        .limits
-        .iter()
-        .map(|limit| Label {
-            name: limit.name.clone(),
-            shadow: limit.shadow,
-        })
-        .collect()
 }
 
 fn micro(rate: f64) -> u64 {
