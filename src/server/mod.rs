@@ -17,10 +17,11 @@ pub mod bounds;
 pub mod listeners;
 pub mod options;
 mod reflection;
+mod serving;
 pub mod threads;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -29,9 +30,10 @@ use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 pub use self::listeners::{BindError, Listeners};
+use self::serving::{Serving, Stopping};
 pub use self::threads::ServingThreads;
 use crate::api::check::CheckService;
 use crate::api::envoy::options::RulesSource;
@@ -190,56 +192,18 @@ pub async fn run_on_threads(
     health.opened();
     let shutting_down = incoming::ShutdownStarted::default();
     let settings = config.bounds.connections(shutting_down.clone());
-    let (accepting, shares) = incoming::accept_among(listener, &settings, runtimes.len());
-    let (stop_serving, serving_stopped) = watch::channel(false);
-    let acceptor = tls.as_ref().map(ServerTls::acceptor);
-    // Each thread serves the connections handed to it, on its own runtime.
-    let mut ticking = Vec::with_capacity(runtimes.len());
-    let served: Vec<_> = runtimes
-        .iter()
-        .zip(shares)
-        .map(|(runtime, share)| {
-            let incoming = incoming::connections(share, settings.clone(), acceptor.clone());
-            ticking.push(runtime.spawn(threads::tick_timer()));
-            runtime.spawn(
-                router
-                    .clone()
-                    .serve_with_incoming_shutdown(incoming, stopped(serving_stopped.clone())),
-            )
-        })
-        .collect();
-    // Accepting ends when serving stops: new connections then find the
-    // port closed, and try another instance at once.
-    let accepting = tokio::spawn(async move {
-        tokio::select! {
-            () = accepting => {}
-            () = stopped(serving_stopped) => {}
-        }
-    });
-    let draining = Arc::new(Notify::new());
+    let tls = tls.as_ref().map(ServerTls::acceptor);
+    let serving = Serving::start(listener, &settings, tls, &router, &runtimes);
     let stop = Stopping {
         shutting_down,
         background,
         health,
         delay: config.listener.shutdown_delay.get(),
         quota_shutdown,
-        draining: draining.clone(),
-        stop_serving,
+        draining: Arc::new(Notify::new()),
+        stop_serving: serving.stop_serving.clone(),
     };
-    let serving = async {
-        let ((), served) = tokio::join!(stop.after(shutdown), futures::future::join_all(served));
-        served.into_iter().try_for_each(|served| {
-            served
-                .map_err(ServeError::Thread)?
-                .map_err(ServeError::from)
-        })
-    };
-    tokio::select! {
-        result = serving => result?,
-        () = grace_after(draining, grace) => warn!(?grace, "calls still in flight after the grace period; stopping anyway"),
-    }
-    accepting.abort();
-    ticking.iter().for_each(JoinHandle::abort);
+    serving.until(stop, shutdown, grace).await?;
     http_side.stop(grace).await;
     info!("stopped");
     Ok(())
@@ -547,60 +511,6 @@ impl Apis {
             lease,
         }
     }
-}
-
-/// What a shutdown stops, in order.
-struct Stopping {
-    shutting_down: incoming::ShutdownStarted,
-    background: Background,
-    health: Health,
-    /// `--shutdown-delay`.
-    delay: Option<Duration>,
-    quota_shutdown: watch::Sender<bool>,
-    /// Told when calls in flight start draining.
-    draining: Arc<Notify>,
-    /// Tells every thread's server to stop accepting and drain.
-    stop_serving: watch::Sender<bool>,
-}
-
-impl Stopping {
-    /// Waits for `shutdown`, then stops, in order; last, every thread's
-    /// server stops accepting and drains.
-    async fn after(self, shutdown: impl Future<Output = ()>) {
-        shutdown.await;
-        // First of all, so that load balancers stop sending calls here.
-        self.health.stop();
-        let _ = self.background.grpc_health.await;
-        if let Some(delay) = self.delay {
-            info!(
-                ?delay,
-                "shutting down: health NOT_SERVING; serving on for --shutdown-delay"
-            );
-            tokio::time::sleep(delay).await;
-        }
-        // Before tonic sends GOAWAY: from now on a connection closes as
-        // soon as it has no call in flight.
-        let _ = self.shutting_down.set(Instant::now());
-        self.health.closed();
-        info!("shutting down: health NOT_SERVING, finishing calls in flight");
-        self.background.tasks.iter().for_each(JoinHandle::abort);
-        // Quota streams never finish by themselves: end them, so the
-        // Envoys reconnect to another instance.
-        let _ = self.quota_shutdown.send(true);
-        self.draining.notify_one();
-        let _ = self.stop_serving.send(true);
-    }
-}
-
-/// Resolves once `stop` says serving stops (or its sender is gone).
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stopped| *stopped).await;
-}
-
-/// Resolves `grace` after calls started draining.
-async fn grace_after(draining: Arc<Notify>, grace: Duration) {
-    draining.notified().await;
-    tokio::time::sleep(grace).await;
 }
 
 /// The rules from `source`, and the task that follows its changes: a

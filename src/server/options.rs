@@ -51,12 +51,13 @@ pub struct ListenerOptions {
 #[derive(Clone, Debug, PartialEq, clap::Args)]
 #[command(next_help_heading = "Runtime")]
 pub struct RuntimeOptions {
-    /// Threads that serve calls and talk to the stores. Default: as many as
-    /// the cores this process may use (its CPU affinity and cgroup quota),
-    /// less one when every Redis named is on this host (a loopback address
-    /// or a Unix socket). Where other busy processes (Envoy, the
-    /// application) share those cores, fewer threads spend less CPU waking
-    /// one another: give ratelimitd as many as the cores it has to itself.
+    /// Threads that serve calls and talk to the stores, each running its
+    /// own runtime; each new connection goes to the thread with the fewest
+    /// open, and is served by it alone. Default: as many as the cores this
+    /// process may use (its CPU affinity and cgroup quota), less one when
+    /// every Redis named is on this host (a loopback address or a Unix
+    /// socket). Where other busy processes (Envoy, the application) share
+    /// those cores, give ratelimitd as many as the cores it has to itself.
     #[arg(long, env = "RATELIMITD_WORKER_THREADS")]
     pub worker_threads: Option<NonZeroUsize>,
 }

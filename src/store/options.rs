@@ -65,7 +65,8 @@ pub struct StoreOptions {
     #[arg(long, env = "RATELIMITD_REDIS_TLS_KEY", requires = "redis_tls_cert")]
     pub redis_tls_key: Option<PathBuf>,
 
-    /// Most Redis connections held open at once.
+    /// Most Redis connections held open at once, split evenly among the
+    /// worker threads (at least one each): a thread's calls share its own.
     #[arg(long, env = "RATELIMITD_REDIS_POOL_SIZE", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub redis_pool_size: u16,
@@ -137,7 +138,7 @@ pub struct StoreOptions {
     pub redis_persecond_tls_key: Option<PathBuf>,
 
     /// Most connections to the per-second Redis held open at once (unset:
-    /// --redis-pool-size).
+    /// --redis-pool-size), split among the worker threads as that one is.
     #[arg(long, env = "RATELIMITD_REDIS_PERSECOND_POOL_SIZE", requires = "redis_persecond_url",
           value_parser = clap::value_parser!(u16).range(1..), help_heading = "Per-second store")]
     pub redis_persecond_pool_size: Option<u16>,

@@ -72,6 +72,70 @@ enum Pools {
 }
 
 impl Pools {
+    /// One pool for `settings`: connections open lazily, so this succeeds
+    /// while Redis is down.
+    fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
+        let misconfigured = |err: RedisError| StoreError::config(err);
+        let urls = connection_infos(settings).map_err(misconfigured)?;
+        let Some(first) = urls.first().cloned() else {
+            return Err(StoreError::config("no Redis URL"));
+        };
+        // The connections' own reply timeout is a backstop, twice the
+        // command timeout: the store's timeout (`bounded`, which covers the
+        // whole call) is the one that answers, with its own message. Equal,
+        // the two would race now that a checkout takes no time.
+        let reply_backstop = settings.command_timeout.saturating_mul(2);
+        Ok(match &settings.topology {
+            Topology::Standalone => {
+                let connection = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(settings.connect_timeout))
+                    .set_response_timeout(Some(reply_backstop));
+                // TLS is opened here so that a server certificate that is
+                // itself trusted is accepted (pinned_tls.rs).
+                let trust = match &settings.tls.ca {
+                    Some(ca) => Trust::Given(ca),
+                    None => Trust::System,
+                };
+                let client = settings
+                    .tls
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
+                let pinned = PinnedTls::new(
+                    first.clone(),
+                    trust,
+                    client,
+                    connection.clone(),
+                    settings.connect_timeout,
+                )
+                .map_err(misconfigured)?;
+                let standalone =
+                    Standalone::new(first.clone(), connection, pinned).map_err(misconfigured)?;
+                Pools::Standalone(bounded_pool(standalone, settings)?)
+            }
+            Topology::Cluster => {
+                let cluster = Cluster::new(
+                    plain_connection_infos(settings).map_err(misconfigured)?,
+                    certificates(settings),
+                    settings.connect_timeout,
+                    reply_backstop,
+                )
+                .map_err(misconfigured)?;
+                Pools::Cluster(bounded_pool(cluster, settings)?)
+            }
+            Topology::Sentinel => {
+                let primary = SentinelPrimary::new(
+                    plain_connection_infos(settings).map_err(misconfigured)?,
+                    &settings.sentinel.master,
+                    settings.sentinel.credentials.as_ref(),
+                    certificates(settings),
+                )
+                .map_err(misconfigured)?;
+                Pools::Sentinel(bounded_pool(primary, settings)?)
+            }
+        })
+    }
+
     /// The pool's size and connections available.
     fn status(&self) -> deadpool::Status {
         match self {
@@ -108,70 +172,9 @@ impl RedisStore {
     /// Builds the pool; connections open lazily, so this succeeds while Redis
     /// is down (health reports it until it is up).
     pub fn new(settings: &RedisSettings) -> Result<Self, StoreError> {
-        let misconfigured = |err: RedisError| StoreError::config(err);
-        let urls = connection_infos(settings).map_err(misconfigured)?;
-        let Some(first) = urls.first().cloned() else {
-            return Err(StoreError::config("no Redis URL"));
-        };
-        // The connections' own reply timeout is a backstop, twice the
-        // command timeout: the store's timeout (`bounded`, which covers the
-        // whole call) is the one that answers, with its own message. Equal,
-        // the two would race now that a checkout takes no time.
-        let reply_backstop = settings.command_timeout.saturating_mul(2);
-        let pools_of_a_thread = || -> Result<Pools, StoreError> {
-            Ok(match &settings.topology {
-                Topology::Standalone => {
-                    let connection = AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(settings.connect_timeout))
-                        .set_response_timeout(Some(reply_backstop));
-                    // TLS is opened here so that a server certificate that is
-                    // itself trusted is accepted (pinned_tls.rs).
-                    let trust = match &settings.tls.ca {
-                        Some(ca) => Trust::Given(ca),
-                        None => Trust::System,
-                    };
-                    let client = settings
-                        .tls
-                        .client
-                        .as_ref()
-                        .map(|(cert, key)| (cert.as_slice(), key.as_slice()));
-                    let pinned = PinnedTls::new(
-                        first.clone(),
-                        trust,
-                        client,
-                        connection.clone(),
-                        settings.connect_timeout,
-                    )
-                    .map_err(misconfigured)?;
-                    let standalone = Standalone::new(first.clone(), connection, pinned)
-                        .map_err(misconfigured)?;
-                    Pools::Standalone(bounded_pool(standalone, settings)?)
-                }
-                Topology::Cluster => {
-                    let cluster = Cluster::new(
-                        plain_connection_infos(settings).map_err(misconfigured)?,
-                        certificates(settings),
-                        settings.connect_timeout,
-                        reply_backstop,
-                    )
-                    .map_err(misconfigured)?;
-                    Pools::Cluster(bounded_pool(cluster, settings)?)
-                }
-                Topology::Sentinel => {
-                    let primary = SentinelPrimary::new(
-                        plain_connection_infos(settings).map_err(misconfigured)?,
-                        &settings.sentinel.master,
-                        settings.sentinel.credentials.as_ref(),
-                        certificates(settings),
-                    )
-                    .map_err(misconfigured)?;
-                    Pools::Sentinel(bounded_pool(primary, settings)?)
-                }
-            })
-        };
         // Each worker thread its own pool: its connections are then read and
         // written by that thread alone.
-        let pools = Arc::new(PerThread::try_new(pools_of_a_thread)?);
+        let pools = Arc::new(PerThread::try_new(|| Pools::new(settings))?);
         metrics::redis_store(MAIN);
         // A node's breaker tries a call every command timeout: so at most
         // about one call at a time waits on a node that is down.
