@@ -193,7 +193,8 @@ pub async fn run_on_threads(
     let shutting_down = incoming::ShutdownStarted::default();
     let settings = config.bounds.connections(shutting_down.clone());
     let tls = tls.as_ref().map(ServerTls::acceptor);
-    let serving = Serving::start(listener, &settings, tls, &router, &runtimes);
+    let stores = limiter.stores();
+    let serving = Serving::start(listener, &settings, tls, &router, stores, &runtimes);
     let stop = Stopping {
         shutting_down,
         background,

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use super::{Background, GrpcRouter, ServeError, threads};
 use crate::health::Health;
 use crate::incoming::{self, IncomingSettings};
+use crate::limiter::Store;
 
 /// gRPC being served on every worker thread.
 pub(super) struct Serving {
@@ -30,12 +31,14 @@ pub(super) struct Serving {
 }
 
 impl Serving {
-    /// Accepts on `listener` and serves `router` on each of `runtimes`.
+    /// Accepts on `listener` and serves `router` on each of `runtimes`,
+    /// each having opened its connections to `stores` first.
     pub(super) fn start(
         listener: TcpListener,
         settings: &IncomingSettings,
         tls: Option<TlsAcceptor>,
         router: &GrpcRouter,
+        stores: Vec<Store>,
         runtimes: &[Handle],
     ) -> Self {
         let (accepting, shares) = incoming::accept_among(listener, settings, runtimes.len());
@@ -47,6 +50,14 @@ impl Serving {
             .map(|(runtime, share)| {
                 let incoming = incoming::connections(share, settings.clone(), tls.clone());
                 ticking.push(runtime.spawn(threads::tick_timer()));
+                // Each thread has Redis connections of its own: opened now,
+                // rather than within its first call's command timeout.
+                let stores = stores.clone();
+                runtime.spawn(async move {
+                    for store in &stores {
+                        store.warm().await;
+                    }
+                });
                 runtime.spawn(
                     router
                         .clone()

@@ -55,6 +55,14 @@ impl<M> Backend<M> {
         }
     }
 
+    /// Opens the calling thread's first Redis connection ahead of its
+    /// first call (see [`RedisStore::warm`]); memory needs none.
+    pub async fn warm(&self) {
+        if let Self::Redis(redis) = self {
+            redis.warm().await;
+        }
+    }
+
     /// Reports the Redis pool's connections in use and idle to the
     /// metrics; memory has none.
     pub fn report_pool(&self) {

@@ -436,6 +436,21 @@ impl RedisStore {
         deleted.map(|count| count > 0)
     }
 
+    /// Opens the calling thread's first connection ahead of its first call,
+    /// so that the call does not spend its command timeout connecting (on
+    /// Sentinel, asking where the primary is first). A failure is left to
+    /// the calls and the health probe to meet.
+    pub async fn warm(&self) {
+        let opened = match self.pools.get() {
+            Pools::Standalone(pool) => pool.get().await.map(drop),
+            Pools::Cluster(pool) => pool.get().await.map(drop),
+            Pools::Sentinel(pool) => pool.get().await.map(drop),
+        };
+        if let Err(err) = opened {
+            debug!(%err, "no Redis connection opened ahead of the first call");
+        }
+    }
+
     /// Asks Redis for `PING`, whatever the breakers say: the health
     /// check's probe, whose answer also closes (or opens) the breaker. On a
     /// Cluster the `PING` goes to every primary, and closes every node's
