@@ -4,7 +4,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Output};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Held while a test has Cargo build in this checkout's target directory
@@ -19,12 +19,30 @@ pub(crate) fn cargo_builds_here() -> MutexGuard<'static, ()> {
     CARGO_BUILDS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, for a server a test
+/// starts. Taken below the range the kernel gives outgoing connections
+/// their ports from (32768 and up by default), so that a connection some
+/// other test opens meanwhile cannot take it before the server binds it,
+/// and never the same one twice in this process.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("no free loopback port")
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static TAKEN: AtomicU32 = AtomicU32::new(0);
+    // Another test process (a client's own suite) starts elsewhere.
+    let start = std::process::id() % COUNT;
+    for _ in 0..COUNT {
+        let next = TAKEN.fetch_add(1, Ordering::Relaxed);
+        let Ok(port) = u16::try_from(FIRST + (start + next) % COUNT) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free loopback port from {FIRST} to {}",
+        FIRST + COUNT - 1
+    )
 }
 
 /// `output`'s stdout, once `what` (the command, as a message names it)
