@@ -7,7 +7,7 @@
 //! leaving the last units to every client; shares follow demand across
 //! instances; the lease metrics count what was leased, renewed, returned
 //! and lapsed; and bad asks,
-//! oversize messages, floods of leases and a store that is gone are
+//! oversize messages, floods of leases and of streams, and a store that is gone are
 //! refused or bounded.
 
 use crate::common;
@@ -594,6 +594,42 @@ async fn floods_are_bounded_and_oversize_messages_end_the_stream() {
     let status = second.exchange(huge).await.expect_err("over the bound");
     assert_eq!(status.code(), Code::OutOfRange, "{status}");
     assert!(status.message().contains("--max-request-bytes"), "{status}");
+    server.stop().await;
+}
+
+/// A flood of lease streams is held to the bounds every call has: on one
+/// connection at most `--max-concurrent-streams` at once, a further one
+/// waiting for a place (and the connections from one address are capped by
+/// `--max-connections-per-ip`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_beyond_a_connections_bound_waits_for_a_place() {
+    let (_dir, path) = config_dir();
+    let server = TestServer::start(&["--config", &path, "--max-concurrent-streams", "3"]).await;
+    let channel = common::grpc::channel(server.address).await;
+    let mut streams = Vec::new();
+    for n in 0..3 {
+        let mut stream = LeaseStream::on(channel.clone()).await;
+        let grant = stream.ask(ask("window", &format!("flood-{n}"))).await;
+        assert!(grant.error.is_none(), "{grant:?}");
+        streams.push(stream);
+    }
+    let fourth = tokio::spawn(async move {
+        let mut stream = LeaseStream::on(channel).await;
+        stream.ask(ask("window", "flood-3")).await
+    });
+    // Nothing to await for something that must not happen: a while in
+    // which a fourth stream beside three would have been answered.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !fourth.is_finished(),
+        "a fourth stream on the connection was served beside three"
+    );
+    drop(streams.pop());
+    let grant = tokio::time::timeout(common::PATIENCE, fourth)
+        .await
+        .expect("served once a place is free")
+        .expect("the stream's task");
+    assert!(grant.error.is_none(), "{grant:?}");
     server.stop().await;
 }
 

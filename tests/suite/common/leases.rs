@@ -20,9 +20,15 @@ pub(crate) struct LeaseStream {
 }
 
 impl LeaseStream {
-    /// A stream to the gRPC listener at `address`.
+    /// A stream to the gRPC listener at `address`, on a connection of its
+    /// own.
     pub(crate) async fn open(address: SocketAddr) -> Self {
-        let mut client = LeasesClient::new(super::grpc::channel(address).await);
+        Self::on(super::grpc::channel(address).await).await
+    }
+
+    /// A stream on `channel`'s connection, beside whatever else it carries.
+    pub(crate) async fn on(channel: tonic::transport::Channel) -> Self {
+        let mut client = LeasesClient::new(channel);
         let (asks, requests) = mpsc::unbounded();
         let grants = client
             .lease(requests)
