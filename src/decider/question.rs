@@ -59,6 +59,20 @@ pub struct Label {
     pub shadow: bool,
 }
 
+impl Label {
+    /// The labels of `policy`'s limits, in order.
+    pub fn of_policy(policy: &crate::policy::Policy) -> Vec<Self> {
+        policy
+            .limits
+            .iter()
+            .map(|limit| Self {
+                name: limit.name.clone(),
+                shadow: limit.shadow,
+            })
+            .collect()
+    }
+}
+
 impl Question {
     /// A question on one limit, under the limiter's failure policy.
     pub fn one(request: LimitRequest) -> Self {
@@ -91,16 +105,7 @@ impl Question {
                     })
                     .collect(),
             ),
-            Limits::Policy { policy, .. } => Some(
-                policy
-                    .limits
-                    .iter()
-                    .map(|limit| Label {
-                        name: limit.name.clone(),
-                        shadow: limit.shadow,
-                    })
-                    .collect(),
-            ),
+            Limits::Policy { policy, .. } => Some(Label::of_policy(policy)),
         }
     }
 

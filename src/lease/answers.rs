@@ -1,6 +1,5 @@
 //! What a grant says beside its units: how long they are valid, how long
-//! to wait when there are none, the labels of the policy's limits, and
-//! what the limits had left after it.
+//! to wait when there are none, and what the limits had left after it.
 
 use std::time::{Duration, Instant};
 
@@ -61,18 +60,6 @@ pub(super) fn longest_wait(limits: &[(Label, Decision)]) -> Option<Duration> {
             _ => None,
         })
         .max()
-}
-
-/// The labels of a policy's limits, in order.
-pub(super) fn labels(policy: &Policy) -> Vec<Label> {
-    policy
-        .limits
-        .iter()
-        .map(|limit| Label {
-            name: limit.name.clone(),
-            shadow: limit.shadow,
-        })
-        .collect()
 }
 
 /// What the tightest enforcing limit of `policy` has left after `spent`,

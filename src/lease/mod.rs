@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use self::answers::{labels, lease_size, least_left, longest_wait, nothing, valid_for, waiting};
+use self::answers::{lease_size, least_left, longest_wait, nothing, valid_for, waiting};
 use self::book::{Book, Holding, Tranche};
 use self::sizing::{Allowance, Leasable, TopUp};
 use crate::algorithm::LimitRequest;
@@ -329,7 +329,10 @@ impl Leaser {
         holding.low = units < wanted;
         holding.left = least_left(policy, &spent, now);
         let (decisions, marks): (Vec<Decision>, Vec<Option<SpendMark>>) = spent.into_iter().unzip();
-        let limits: Vec<(Label, Decision)> = labels(policy).into_iter().zip(decisions).collect();
+        let limits: Vec<(Label, Decision)> = Label::of_policy(policy)
+            .into_iter()
+            .zip(decisions)
+            .collect();
         if units == 0 {
             let retry_after = longest_wait(&limits).unwrap_or(leasable.max_duration);
             return Ok(Grant {
