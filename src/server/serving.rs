@@ -47,17 +47,21 @@ impl Serving {
         let served = runtimes
             .iter()
             .zip(shares)
-            .map(|(runtime, share)| {
+            .enumerate()
+            .map(|(thread, (runtime, share))| {
                 let incoming = incoming::connections(share, settings.clone(), tls.clone());
                 ticking.push(runtime.spawn(threads::tick_timer()));
                 // Each thread has Redis connections of its own: opened now,
-                // rather than within its first call's command timeout.
-                let stores = stores.clone();
-                runtime.spawn(async move {
-                    for store in &stores {
-                        store.warm().await;
-                    }
-                });
+                // rather than within its first call's command timeout. The
+                // caller's thread has its opened by the health probe.
+                if thread > 0 {
+                    let stores = stores.clone();
+                    runtime.spawn(async move {
+                        for store in &stores {
+                            store.warm().await;
+                        }
+                    });
+                }
                 runtime.spawn(
                     router
                         .clone()
