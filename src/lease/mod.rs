@@ -320,11 +320,13 @@ impl Leaser {
         };
         // Within what the limits had left at the last grant, when that still
         // stands: spending more and giving the rest back would show other
-        // callers, for a moment, less left than there is.
+        // callers, for a moment, less left than there is. Nothing left then
+        // still tries one unit: a refill may have come, and a denial says
+        // how long to wait.
         let cost = holding
             .left
             .filter(|&(_, until)| now < until)
-            .map_or(wanted, |(left, _)| sizing::within_left(wanted, left));
+            .map_or(wanted, |(left, _)| sizing::within_left(wanted, left.max(1)));
         let (units, spent) = self.spend_up_to(policy, key, cost).await?;
         holding.low = units < wanted;
         holding.left = least_left(policy, &spent, now);
