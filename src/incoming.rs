@@ -37,7 +37,7 @@ mod spread;
 
 use per_ip::{PeerConnections, PeerSlot};
 pub(crate) use spread::Share;
-use spread::{Handed, Spread, ThreadSlot};
+use spread::{Spread, ThreadSlot};
 
 /// How connections are accepted and closed.
 #[derive(Debug, Clone)]
@@ -105,8 +105,8 @@ pub(crate) fn accept_among(
             let (stream, slot) = acceptor.next().await;
             // Out of this runtime's reactor, into the serving thread's.
             match stream.into_std() {
-                Ok(stream) => spread.hand(Handed { stream, slot }, |handed, thread| {
-                    handed.slot._thread = Some(thread);
+                Ok(stream) => spread.hand(Accepted { stream, slot }, |accepted, thread| {
+                    accepted.slot._thread = Some(thread);
                 }),
                 Err(err) => debug!(%err, "an accepted connection could not be handed on"),
             }
@@ -116,7 +116,10 @@ pub(crate) fn accept_among(
 }
 
 /// An accepted connection on its way to the thread that serves it.
-pub(crate) type Accepted = Handed<Slot>;
+pub(crate) struct Accepted {
+    stream: std::net::TcpStream,
+    slot: Slot,
+}
 
 /// The connections of one serving thread's `share`, over TLS with `tls`,
 /// as they come. Never yields an error: a connection that cannot join this
@@ -131,7 +134,7 @@ pub(crate) fn connections(
         let handed = share.recv().await?;
         Some((handed, share))
     });
-    let accepted = handed.filter_map(|Handed { stream, slot }| {
+    let accepted = handed.filter_map(|Accepted { stream, slot }| {
         std::future::ready(match TcpStream::from_std(stream) {
             Ok(stream) => Some((stream, slot)),
             Err(err) => {

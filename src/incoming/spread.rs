@@ -1,7 +1,6 @@
 //! Hands each accepted connection to the serving thread with the fewest
 //! open, so that every thread's runtime serves its part of the clients.
 
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -95,13 +94,6 @@ impl<T> Spread<T> {
             .filter(|&thread| !self.gone[thread])
             .min_by_key(|&thread| self.open.0[thread].load(Ordering::Acquire))
     }
-}
-
-/// A connection as it crosses from the accepting thread to a serving one.
-#[derive(Debug)]
-pub(crate) struct Handed<S> {
-    pub(super) stream: TcpStream,
-    pub(super) slot: S,
 }
 
 #[cfg(test)]
