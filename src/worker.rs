@@ -58,7 +58,7 @@ impl<T> PerThread<T> {
 
     /// The calling thread's.
     pub fn get(&self) -> &T {
-        // Never empty: `try_new` makes one at least.
+        // Never empty: both constructors make one at least.
         &self.0[index() % self.0.len()]
     }
 
